@@ -1,0 +1,400 @@
+"""`torchrun --nproc-per-node N -m distdiag.check`: run the probes, print one verdict, exit.
+
+Flow on every rank: parse and validate (bad input -> one line, exit 2), connect to the job's
+store, start the sentinel, init the process groups, then for each probe: run it, post the
+result to the store, wait until every rank posted. Rank 0 consolidates, writes the report,
+prints the table and publishes the verdict; every rank exits with the verdict's code after
+the report is written. When a rank hangs, dies or raises, the sentinels end the run instead
+(distdiag.sentinel) and one of them writes the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from distdiag.config import CheckConfig
+from distdiag.consolidate import build_report, consolidate_probe, hang_result
+from distdiag.errors import ConfigError
+from distdiag.exchange import Exchange
+from distdiag.faults import FaultPlan
+from distdiag.plan import Plan, make_plan, parse_config
+from distdiag.probes.base import ConsolidationView
+from distdiag.render import render_report
+from distdiag.report import (
+    EXIT_BAD_INPUT,
+    ProbeResult,
+    RankInfo,
+    Report,
+    write_report,
+)
+
+__all__ = ["main", "run_check"]
+
+log = logging.getLogger("distdiag.check")
+
+STRANDED_GRACE_S = 3.0
+"""After a rank's probe raised, how long the others may still be finishing before the run
+is declared stranded (they are waiting in a collective the raising rank will never enter)."""
+ACK_WAIT_S = 3.0
+
+
+def _is_comm_error(exc: BaseException) -> bool:
+    import torch.distributed as dist
+
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc)
+    return any(
+        marker in text
+        for marker in ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe", "NCCL error")
+    )
+
+
+def _error_summary(exc: BaseException) -> dict[str, Any]:
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8)
+    return {"type": type(exc).__name__, "message": str(exc).splitlines()[0][:500] if str(exc) else "", "traceback": "".join(tb)[-4000:]}
+
+
+def _print_err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class CheckRun:
+    """One rank's run of the plan."""
+
+    def __init__(self, config: CheckConfig, plan: Plan, info: Any) -> None:
+        from distdiag.tracker import Tracker
+
+        self.config = config
+        self.plan = plan
+        self.info = info
+        self.tracker = Tracker()
+        self.faults = FaultPlan.from_env(info.rank)
+        self.started = time.monotonic()
+        self.rank_infos: list[RankInfo] = []
+        self.results: list[ProbeResult] = []
+
+    # -- store and sentinel ---------------------------------------------------------------
+    def _store(self) -> Any:
+        from distdiag.runtime import connect_store
+
+        return connect_store(self.info, timedelta(seconds=max(30.0, self.config.timeout_s)))
+
+    def execute(self) -> int:
+        import torch
+
+        from distdiag.comm import Comm
+        from distdiag.runtime import RankContext, init_process_groups, pick_device
+        from distdiag.sentinel import Sentinel, install_sigterm_wakeup
+
+        info, cfg = self.info, self.config
+        install_sigterm_wakeup()
+        self.store = self._store()
+        self.ex = Exchange(self.store, info.rank, info.world_size)
+        device, backend = pick_device(info)
+        self.sentinel = Sentinel(
+            store_factory=self._store,
+            rank=info.rank,
+            world_size=info.world_size,
+            host=info.host,
+            tracker=self.tracker,
+            timeout_s=cfg.timeout_s,
+            setup_timeout_s=max(cfg.timeout_s, 60.0),
+            deadline_at=self.started + cfg.deadline_s,
+            write_abort_report=self._write_abort_report,
+        )
+        self.sentinel.mirror = self._mirror  # type: ignore[attr-defined]
+        self.sentinel.start()
+        self.sentinel.started_ok.wait(30)
+
+        self.ex.post("info", RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
+        side_group = init_process_groups(info, self.store, backend, device, timedelta(seconds=cfg.deadline_s + 60))
+        torch.manual_seed(1234)
+        ctx = RankContext(
+            info=info, device=device, backend=backend, tracker=self.tracker,
+            comm=Comm(self.tracker, self.faults), store=self.store, side_group=side_group, faults=self.faults,
+        )
+        for index, planned in enumerate(self.plan.probes):
+            self._run_probe(ctx, index, planned)
+        return self._finish()
+
+    def _run_probe(self, ctx: Any, index: int, planned: Any) -> None:
+        probe = planned.probe
+        self.tracker.enter_phase("probe", index, probe.name)
+        started = time.perf_counter()
+        entry: dict[str, Any]
+        if planned.skip_reason:
+            entry = {"status": "skip", "reason": planned.skip_reason}
+        else:
+            ctx.options = planned.options
+            try:
+                reason = probe.skip_reason(ctx)
+                if reason:
+                    entry = {"status": "skip", "reason": reason}
+                else:
+                    self.faults.at(probe.name, 0)
+                    entry = {"status": "ok", "payload": probe.run(ctx)}
+            except Exception as exc:  # noqa: BLE001 - a probe's exception is a finding
+                entry = {"status": "error", "error": _error_summary(exc), "comm_error": _is_comm_error(exc)}
+        entry["duration_s"] = round(time.perf_counter() - started, 4)
+        self.tracker.enter_phase("barrier", index, probe.name)
+        key = f"res/{index}"
+        self.ex.post(key, entry)
+        if entry["status"] == "error":
+            self.ex.bump(f"err/{index}")
+            if entry.get("comm_error"):
+                self.ex.bump(f"commerr/{index}")
+        posted = time.monotonic()
+        while not self.ex.wait_count(key, self.info.world_size, time.monotonic() + 0.25, stop=self.sentinel.aborting.is_set):
+            if self.sentinel.aborting.is_set():
+                self._park()
+            if self.ex.bump(f"commerr/{index}", 0) > 0:
+                self.sentinel.trigger("lost", f"a rank lost its connection to a peer during probe '{probe.name}'")
+                self._park()
+            if self.ex.bump(f"err/{index}", 0) > 0 and time.monotonic() - posted > STRANDED_GRACE_S:
+                self.sentinel.trigger("stranded", f"probe '{probe.name}' raised on a rank; others did not finish")
+                self._park()
+        if self.ex.bump(f"commerr/{index}", 0) > 0:
+            # Every rank answered, but a connection broke: the main group is unusable now.
+            self.sentinel.trigger("lost", f"a connection between ranks broke during probe '{probe.name}'")
+            self._park()
+
+    def _park(self) -> None:
+        """The sentinel is ending the run: wait for it to exit the process."""
+        self.sentinel.aborting.wait(self.config.deadline_s)
+        time.sleep(self.config.timeout_s + 60)
+        _print_err(f"distdiag[rank {self.info.rank}]: the sentinel did not end the run; exiting 3")
+        os._exit(3)
+
+    # -- the normal end --------------------------------------------------------------------
+    def _finish(self) -> int:
+        info = self.info
+        self.tracker.enter_phase("final")
+        self.faults.at("final", 0)
+        if info.rank == 0:
+            if not self.ex.claim("writer"):
+                self._park()
+            report = self._consolidate()
+            self._emit(report)
+            self.ex.publish("verdict", {"exit_code": report.exit_code, "writer": info.rank, "host": info.host})
+            self.sentinel.finishing_code = report.exit_code
+            self.ex.wait_count("ack", info.world_size - 1, time.monotonic() + ACK_WAIT_S)
+            return report.exit_code
+        verdict = None
+        while verdict is None:
+            verdict = self.ex.wait_read("verdict", time.monotonic() + 0.5, stop=self.sentinel.aborting.is_set)
+            if self.sentinel.aborting.is_set():
+                self._park()
+        code = int(verdict["exit_code"])
+        self.sentinel.finishing_code = code
+        self._mirror(self.ex, verdict)
+        self.ex.post("ack", 1)
+        return code
+
+    def _view(self, name: str, options: Any) -> ConsolidationView:
+        return ConsolidationView(world_size=self.info.world_size, ranks=self.rank_infos, options=options)
+
+    def _load_rank_infos(self, ex: Exchange) -> None:
+        posted = ex.collect("info")
+        self.rank_infos = [
+            RankInfo.from_dict(posted[r]) if r in posted else RankInfo(r, "?", -1, -1, "?", -1)
+            for r in range(self.info.world_size)
+        ]
+
+    def _consolidate(self) -> Report:
+        self._load_rank_infos(self.ex)
+        results = []
+        for index, planned in enumerate(self.plan.probes):
+            posted = self.ex.collect(f"res/{index}")
+            results.append(consolidate_probe(planned.probe, posted, self._view(planned.probe.name, planned.options)))
+        return self._report(results, [], outcome="completed", hung=False, writer=self.info.rank)
+
+    def _report(self, results: list[ProbeResult], not_run: list[str], *, outcome: str, hung: bool, writer: int) -> Report:
+        cfg = self.config.to_dict()
+        return build_report(
+            world_size=self.info.world_size,
+            ranks=self.rank_infos,
+            probes=results,
+            not_run=not_run,
+            outcome=outcome,
+            hung=hung,
+            restart_count=self.info.restart_count,
+            run_id=self.info.run_id,
+            duration_s=time.monotonic() - self.started,
+            config=cfg,
+            written_by=writer,
+        )
+
+    def _emit(self, report: Report, ex: Exchange | None = None) -> None:
+        """Write the report atomically, keep a copy in the store for other nodes, print it."""
+        ex = ex or self.ex
+        text = report.to_json()
+        try:
+            write_report(report, self.config.report)
+            where = self.config.report
+        except OSError as exc:
+            where = None
+            _print_err(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
+        try:
+            ex.publish("report", {"json": text, "host": self.info.host})
+        except Exception as exc:  # noqa: BLE001 - the local copy is written already
+            log.warning("could not share the report through the store: %s", exc)
+        if self.config.format == "json":
+            sys.stdout.write(text + "\n")
+        elif self.config.quiet:
+            sys.stdout.write(f"verdict: {report.verdict.upper()} (exit {report.exit_code}) - {report.summary}\n")
+        else:
+            sys.stdout.write(render_report(report) + "\n")
+            if where:
+                sys.stdout.write(f"report: {os.path.abspath(where)}\n")
+        sys.stdout.flush()
+
+    def _mirror(self, ex: Exchange, verdict: dict[str, Any]) -> None:
+        """Local rank 0 of every other node writes the same report there."""
+        if self.info.local_rank != 0 or verdict.get("host") == self.info.host:
+            return
+        shared = ex.read("report")
+        if shared and shared.get("host") != self.info.host:
+            from distdiag.report import write_json_atomic
+
+            write_json_atomic(self.config.report, shared["json"].rstrip("\n"))
+
+    # -- the broken end (called on the sentinel thread of the rank that claims the writer) --
+    def _write_abort_report(self, ex: Exchange, reason: dict[str, Any]) -> int:
+        from distdiag.sentinel import process_state
+
+        world = self.info.world_size
+        self._load_rank_infos(ex)
+        snaps = {int(r): s for r, s in ex.collect("snap").items()}
+        reasons = {}
+        for r in range(world):
+            if ex.store.check([f"abort_reason/{r}"]):
+                import json
+
+                reasons[r] = json.loads(ex.store.get(f"abort_reason/{r}"))
+        lost: dict[int, str] = {}
+        for r in range(world):
+            if r in snaps:
+                continue
+            info = self.rank_infos[r]
+            if info.host == self.info.host and info.pid > 0:
+                state = process_state(info.pid)
+                lost[r] = {
+                    "gone": f"its process (pid {info.pid}) is gone: killed or exited",
+                    "stopped": f"its process (pid {info.pid}) is stopped (SIGSTOP or a debugger)",
+                    "alive": f"its process (pid {info.pid}) is alive but did not answer (stuck holding the GIL?)",
+                }.get(state, f"its process (pid {info.pid}) is in state {state}")
+            else:
+                lost[r] = f"no answer from host {info.host} (dead, stopped or unreachable)"
+        # Where did the run stop? The lowest step any live rank was still in.
+        indices = [s["probe_index"] for s in snaps.values() if s.get("phase") in ("probe", "barrier")]
+        final = all(s.get("phase") == "final" for s in snaps.values()) and snaps
+        cur = min(indices) if indices else (len(self.plan.probes) if final else -1)
+        results: list[ProbeResult] = []
+        for index, planned in enumerate(self.plan.probes[: max(cur, 0)]):
+            posted = ex.collect(f"res/{index}")
+            results.append(consolidate_probe(planned.probe, posted, self._view(planned.probe.name, planned.options)))
+        if 0 <= cur < len(self.plan.probes):
+            name = self.plan.probes[cur].probe.name
+            posted = ex.collect(f"res/{cur}")
+            errors = {r: p["error"] for r, p in posted.items() if p["status"] == "error" and not p.get("comm_error")}
+            comm_errors = {r: p["error"] for r, p in posted.items() if p.get("comm_error")}
+        else:
+            name = "final" if final else "setup"
+            errors, comm_errors = {}, {}
+        first = reasons.get(min(reasons)) if reasons else reason
+        detail = first.get("detail", "") if first else ""
+        if comm_errors and not lost:
+            for r, err in comm_errors.items():
+                errors.setdefault(r, err)
+        result = hang_result(
+            name, snaps, lost, errors, world, timeout_s=self.config.timeout_s, reason=detail,
+            duration_s=time.monotonic() - self.started,
+        )
+        results.append(result)
+        not_run = [p.probe.name for p in self.plan.probes[cur + 1 :]] if cur >= 0 else self.plan.names
+        kinds = {r.get("kind") for r in reasons.values()} or {reason.get("kind")}
+        outcome = (
+            "lost_rank" if lost or "lost" in kinds
+            else "stranded" if "stranded" in kinds
+            else "deadline" if "deadline" in kinds
+            else "hang" if "timeout" in kinds
+            else "terminated"
+        )
+        report = self._report(results, not_run, outcome=outcome, hung=True, writer=self.info.rank)
+        self._emit(report, ex)
+        ex.publish("verdict", {"exit_code": report.exit_code, "writer": self.info.rank, "host": self.info.host})
+        # A stopped process ignores SIGTERM; end the same-host ones ourselves, by pid.
+        for r, why in lost.items():
+            info = self.rank_infos[r]
+            if "stopped" in why and info.host == self.info.host:
+                try:
+                    os.kill(info.pid, 9)
+                except OSError:
+                    pass
+        return report.exit_code
+
+
+def _bad_input(exc: ConfigError, argv: list[str]) -> int:
+    """Every rank prints the same line; rank 0 also leaves a report saying nothing ran."""
+    rank = os.environ.get("RANK", "0")
+    _print_err(f"distdiag: error: {exc}")
+    if rank == "0":
+        report_path = "distdiag-report.json"
+        for i, arg in enumerate(argv):
+            if arg == "--report" and i + 1 < len(argv):
+                report_path = argv[i + 1]
+            elif arg.startswith("--report="):
+                report_path = arg.split("=", 1)[1]
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1) if os.environ.get("WORLD_SIZE", "1").isdigit() else 1
+        report = Report(world_size=world, exit_code=EXIT_BAD_INPUT, verdict="error", outcome="bad_input", summary=str(exc))
+        try:
+            write_report(report, report_path)
+        except OSError:
+            pass
+    return EXIT_BAD_INPUT
+
+
+def run_check(argv: list[str]) -> int:
+    """Run the check on this rank; returns the exit code (the process should then end)."""
+    from distdiag.runtime import LaunchInfo
+
+    if any(a in ("-h", "--help") for a in argv):
+        if os.environ.get("RANK", "0") == "0":
+            from distdiag.plan import build_parser
+
+            build_parser().print_help()
+        return 0
+    try:
+        config = parse_config(argv)
+        info = LaunchInfo.from_env()
+        plan = make_plan(config, info.world_size)
+        FaultPlan.from_env(info.rank)  # a malformed DISTDIAG_INJECT is bad input too
+    except ConfigError as exc:
+        return _bad_input(exc, argv)
+    return CheckRun(config, plan, info).execute()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `python -m distdiag.check`: run, flush, leave with the verdict's code."""
+    logging.basicConfig(
+        level=logging.DEBUG if os.environ.get("DISTDIAG_DEBUG") == "1" else logging.WARNING,
+        format="distdiag %(levelname)s %(name)s: %(message)s",
+    )
+    code = run_check(sys.argv[1:] if argv is None else argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit: a hung collective on another thread of torch must not keep the process alive,
+    # and interpreter teardown with torch loaded costs time for nothing.
+    os._exit(code)
+
+
+if __name__ == "__main__" and threading.current_thread() is threading.main_thread():
+    main()

@@ -1,0 +1,47 @@
+"""`distdiag report show PATH`: render a saved report the way rank 0 printed it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from distdiag.cli.options import FormatOpt, fail
+
+__all__ = ["register"]
+
+report_app = typer.Typer(help="Work with saved distdiag reports.", no_args_is_help=True)
+
+
+@report_app.command("show")
+def show(
+    path: Annotated[Path, typer.Argument(help="A distdiag-report.json written by the check.")],
+    format: FormatOpt = "text",
+    min_severity: Annotated[
+        str, typer.Option("--min-severity", help="Hide findings below this: info, warning, error, critical.")
+    ] = "info",
+    exit_code: Annotated[
+        bool, typer.Option("--exit-code", help="Exit with the code the check exited with (default: 0 once shown).")
+    ] = False,
+) -> None:
+    """Render a saved report the way rank 0 printed it."""
+    from distdiag.errors import ReportError
+    from distdiag.render import render_report
+    from distdiag.report import SEVERITIES, read_report
+
+    if min_severity not in SEVERITIES:
+        raise fail(f"--min-severity must be one of {', '.join(SEVERITIES)}, got {min_severity!r}")
+    if format not in ("text", "json"):
+        raise fail(f"--format must be text or json, got {format!r}")
+    try:
+        report = read_report(path)
+    except ReportError as exc:
+        raise fail(str(exc)) from None
+    typer.echo(report.to_json() if format == "json" else render_report(report, min_severity=min_severity))
+    if exit_code:
+        raise typer.Exit(report.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(report_app, name="report")

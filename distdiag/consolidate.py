@@ -1,0 +1,170 @@
+"""From what every rank posted to one Report: per-probe consolidation and the verdict."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import traceback
+from typing import Any
+
+from distdiag.hang import analyze_hang, state_rows
+from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.render import format_ranks
+from distdiag.report import (
+    EXIT_HANG,
+    Finding,
+    ProbeResult,
+    RankInfo,
+    Report,
+    exit_code_for,
+    verdict_for,
+)
+
+__all__ = ["consolidate_probe", "build_report", "summary_line", "now_iso"]
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _error_findings(name: str, errors: dict[int, dict[str, Any]]) -> list[Finding]:
+    groups: dict[tuple[str, str], list[int]] = {}
+    for rank, err in sorted(errors.items()):
+        groups.setdefault((err["type"], err["message"]), []).append(rank)
+    return [
+        Finding(
+            severity="error",
+            issue=f"probe '{name}' raised on {format_ranks(ranks)}: {etype}: {message}",
+            evidence=errors[ranks[0]].get("traceback", ""),
+            ranks=ranks,
+            fix="the exception is shown with its traceback; if it is distdiag's own bug, report it with this report attached",
+            confidence=0.9,
+        )
+        for (etype, message), ranks in groups.items()
+    ]
+
+
+def consolidate_probe(probe: Probe, posted: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+    """One probe's result from every rank's posted entry ({status, payload|error|reason})."""
+    duration = max((p.get("duration_s", 0.0) for p in posted.values()), default=0.0)
+    skipped = {r: p for r, p in posted.items() if p["status"] == "skip"}
+    if skipped and len(skipped) == len(posted):
+        reasons = sorted({p["reason"] for p in skipped.values()})
+        return ProbeResult(probe.name, status="skip", reason="; ".join(reasons), duration_s=duration)
+    errors = {r: p["error"] for r, p in posted.items() if p["status"] == "error"}
+    if errors:
+        return ProbeResult(
+            probe.name,
+            status="error",
+            findings=_error_findings(probe.name, errors),
+            duration_s=duration,
+            reason=f"raised on {format_ranks(sorted(errors), view.world_size)}",
+        )
+    payloads = {r: p["payload"] for r, p in posted.items() if p["status"] == "ok"}
+    try:
+        result = probe.consolidate(payloads, view)
+    except Exception as exc:  # noqa: BLE001 - a consolidation bug must not lose the report
+        return ProbeResult(
+            probe.name,
+            status="error",
+            findings=[
+                Finding(
+                    severity="error",
+                    issue=f"consolidating probe '{probe.name}' failed: {type(exc).__name__}: {exc}",
+                    evidence=traceback.format_exc(limit=6),
+                    fix="a bug in distdiag: report it with this report attached",
+                )
+            ],
+            duration_s=duration,
+            reason="consolidation failed",
+        )
+    if skipped:
+        result.findings.append(
+            Finding(
+                severity="info",
+                issue=f"probe '{probe.name}' skipped on {format_ranks(sorted(skipped))}",
+                evidence="; ".join(sorted({p['reason'] for p in skipped.values()})),
+                ranks=sorted(skipped),
+            )
+        )
+    result.duration_s = duration
+    return result
+
+
+def summary_line(report: Report) -> str:
+    worst = [(n, f) for n, f in report.findings("warning")]
+    if report.exit_code == 0 and not worst:
+        return f"all {len(report.probes)} probe(s) passed on {report.world_size} rank(s)"
+    if report.exit_code == 0:
+        return f"passed with {len(worst)} warning(s)"
+    order = {"critical": 0, "error": 1, "warning": 2}
+    worst.sort(key=lambda nf: order.get(nf[1].severity, 3))
+    name, top = worst[0] if worst else ("", None)
+    lead = f"{name}: {top.issue}" if top else report.outcome
+    more = f" (+{len(worst) - 1} more finding(s))" if len(worst) > 1 else ""
+    return lead + more
+
+
+def build_report(
+    *,
+    world_size: int,
+    ranks: list[RankInfo],
+    probes: list[ProbeResult],
+    not_run: list[str],
+    outcome: str,
+    hung: bool,
+    restart_count: int,
+    run_id: str,
+    duration_s: float,
+    config: dict[str, Any],
+    written_by: int,
+) -> Report:
+    code = exit_code_for(probes, hung=hung)
+    report = Report(
+        world_size=world_size,
+        probes=probes,
+        ranks=ranks,
+        exit_code=code,
+        verdict=verdict_for(code, probes),
+        outcome=outcome if code == EXIT_HANG or outcome != "completed" else "completed",
+        not_run=not_run,
+        restart_count=restart_count,
+        run_id=run_id,
+        created=now_iso(),
+        duration_s=duration_s,
+        config=config,
+        written_by=written_by,
+    )
+    report.summary = summary_line(report)
+    return report
+
+
+def hang_result(
+    name: str,
+    snaps: dict[int, dict[str, Any]],
+    lost: dict[int, str],
+    errors: dict[int, dict[str, Any]],
+    world: int,
+    *,
+    timeout_s: float,
+    reason: str,
+    duration_s: float,
+) -> ProbeResult:
+    """The result of the step during which the run ended."""
+    what = f"probe '{name}'" if name not in ("setup", "final") else f"the {name} phase"
+    findings = analyze_hang(snaps, lost, errors, world, what=what, timeout_s=timeout_s)
+    if not any(f.severity == "critical" for f in findings):
+        findings.append(
+            Finding(
+                severity="critical",
+                issue=f"the run ended during {what}: {reason}",
+                evidence="ranks' states at the end are in this probe's details",
+                fix="see the other findings and the per-rank stacks",
+                confidence=0.5,
+            )
+        )
+    details = {
+        "table:ranks at the end": state_rows(snaps, lost, world),
+        "stacks": {str(r): s.get("stack", []) for r, s in sorted(snaps.items())},
+        "recent_collectives": {str(r): s.get("recent", []) for r, s in sorted(snaps.items())},
+    }
+    return ProbeResult(name, status="error", findings=findings, duration_s=duration_s, details=details, reason=reason)

@@ -1,0 +1,113 @@
+"""Command-line and config parsing of `distdiag.check`, and the plan of probes to run."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from distdiag.config import CheckConfig, dataclass_from_dict, load_profile, load_toml, merge_config
+from distdiag.errors import ConfigError
+from distdiag.probes import PROBES, Probe
+
+__all__ = ["Plan", "build_parser", "parse_config", "make_plan"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (one line, exit 2 on every rank) instead of printing usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (see: python -m distdiag.check --help)")
+
+
+def build_parser(prog: str = "python -m distdiag.check") -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=prog,
+        description=(
+            "Run distdiag's probes on every rank of a torchrun job; rank 0 prints one verdict and "
+            "writes a JSON report. Exit codes: 0 pass (warnings allowed), 1 a probe failed, "
+            "2 bad input, 3 a rank hung, died or never reported, 4 take a node out."
+        ),
+        epilog="Example: torchrun --nproc-per-node 4 -m distdiag.check --profile quick",
+    )
+    p.add_argument("--probes", metavar="A,B", help="probes to run, in order (default: every probe that applies; see `distdiag probes`)")
+    p.add_argument("--skip", metavar="A,B", help="probes to leave out")
+    p.add_argument("--profile", metavar="NAME", help="a profile shipped with distdiag: default, quick, full, ... (configs/ has copies)")
+    p.add_argument("--config", metavar="PATH", help="a TOML config file ([check] and [probes.NAME] tables); flags override it")
+    p.add_argument("--report", metavar="PATH", help="where to write the JSON report (default: distdiag-report.json)")
+    p.add_argument("--timeout-s", type=float, metavar="S", help="deadline of one probe on every rank, in seconds (default: 60)")
+    p.add_argument("--deadline-s", type=float, metavar="S", help="deadline of the whole check, in seconds (default: 600)")
+    p.add_argument("--format", choices=["text", "json"], help="text: a table on stdout (default); json: the report on stdout")
+    p.add_argument("--quiet", action="store_true", default=None, help="print only the verdict line")
+    p.add_argument("--target", metavar="MODULE|FILE.py", help="the user's target exposing hook functions (module name or .py path)")
+    return p
+
+
+def parse_config(argv: list[str]) -> CheckConfig:
+    args = build_parser().parse_args(argv)
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if args.profile:
+        layers.append((f"profile {args.profile!r}", load_profile(args.profile)))
+    if args.config:
+        layers.append((args.config, load_toml(args.config)))
+    overrides = {
+        "probes": args.probes,
+        "skip": args.skip,
+        "report": args.report,
+        "timeout_s": args.timeout_s,
+        "deadline_s": args.deadline_s,
+        "format": args.format,
+        "quiet": args.quiet,
+        "target": args.target,
+    }
+    return merge_config(layers, overrides)
+
+
+@dataclass
+class PlannedProbe:
+    probe: Probe
+    options: Any
+    skip_reason: str | None = None
+    """Set when the probe does not apply to this world (listed as skipped, never run)."""
+
+
+@dataclass
+class Plan:
+    config: CheckConfig
+    probes: list[PlannedProbe] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [p.probe.name for p in self.probes]
+
+
+def make_plan(config: CheckConfig, world_size: int) -> Plan:
+    """Which probes run, with their options. Every problem is a ConfigError, the same on every rank."""
+    known = ", ".join(PROBES)
+    for name in (config.probes or []) + config.skip:
+        if name not in PROBES:
+            raise ConfigError(f"unknown probe {name!r}; available: {known}")
+    for name in config.probe_options:
+        if name not in PROBES:
+            raise ConfigError(f"probes.{name}: unknown probe {name!r}; available: {known}")
+    explicit = config.probes is not None
+    names = list(dict.fromkeys(config.probes if explicit else PROBES))
+    plan = Plan(config)
+    for name in names:
+        if name in config.skip:
+            continue
+        probe = PROBES[name]()
+        options = None
+        if probe.Config is not None:
+            options = dataclass_from_dict(probe.Config, config.probe_options.get(name, {}), f"probes.{name}")
+        elif config.probe_options.get(name):
+            raise ConfigError(f"probes.{name} takes no options, got {sorted(config.probe_options[name])}")
+        problem = probe.world_problem(world_size)
+        if problem and explicit:
+            raise ConfigError(problem)
+        plan.probes.append(PlannedProbe(probe, options, problem))
+    if not any(p.skip_reason is None for p in plan.probes):
+        raise ConfigError(
+            f"nothing to run: every selected probe was skipped or does not apply to a world of {world_size}"
+        )
+    return plan

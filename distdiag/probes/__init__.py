@@ -1,0 +1,18 @@
+"""The probe registry: a literal dict, in the default order of the suite."""
+
+from __future__ import annotations
+
+from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.probes.collectives import CollectivesProbe
+from distdiag.probes.env import EnvProbe
+
+__all__ = ["PROBES", "Probe", "ConsolidationView", "get_probe"]
+
+PROBES: dict[str, type[Probe]] = {
+    "env": EnvProbe,
+    "collectives": CollectivesProbe,
+}
+
+
+def get_probe(name: str) -> Probe:
+    return PROBES[name]()

@@ -1,0 +1,98 @@
+"""The probe plug-in: runs on every rank, concluded once on the writing rank."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from distdiag.report import Finding, ProbeResult, RankInfo
+
+__all__ = ["Probe", "ConsolidationView", "merge_local_findings", "local_finding"]
+
+
+@dataclass
+class ConsolidationView:
+    """What consolidation knows about the job: its size, the rank table, the probe's options."""
+
+    world_size: int
+    ranks: list[RankInfo]
+    options: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def host_of(self, rank: int) -> str:
+        return self.ranks[rank].host if rank < len(self.ranks) else "?"
+
+
+class Probe(abc.ABC):
+    """A diagnostic that runs on every rank and reports findings, never just True/False.
+
+    `run` is called on every rank's main thread under the probe deadline. It may issue
+    collectives, but only through `ctx.comm` (so hangs can be attributed) and the same
+    sequence on every rank. It returns a JSON-able payload; raising makes the probe `error`
+    on that rank, with the exception summary as a finding. `consolidate` runs once, on the
+    rank that writes the report, over every rank's payload, and issues no collectives.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    """One line: what bug this probe catches (shown by `distdiag probes`)."""
+    min_world_size: ClassVar[int] = 1
+    Config: ClassVar[type | None] = None
+    """A dataclass of options, read from the `[probes.NAME]` table of the config."""
+
+    def world_problem(self, world_size: int) -> str | None:
+        """Why this world cannot run the probe (bad input if the probe was asked for by name)."""
+        if world_size < self.min_world_size:
+            return (
+                f"WORLD_SIZE must be >= {self.min_world_size} for probe '{self.name}', "
+                f"got {world_size}; relaunch with --nproc-per-node {self.min_world_size} or more"
+            )
+        return None
+
+    def skip_reason(self, ctx: Any) -> str | None:
+        """Why the probe skips on this machine (missing hardware, missing torch API), or None."""
+        return None
+
+    @abc.abstractmethod
+    def run(self, ctx: Any) -> dict[str, Any]:
+        """Do this rank's part; return a JSON-able payload."""
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        """Turn every rank's payload into one result; the default merges local findings."""
+        return ProbeResult.from_findings(self.name, merge_local_findings(payloads))
+
+
+def local_finding(severity: str, issue: str, evidence: str = "", fix: str = "", confidence: float = 1.0) -> dict[str, Any]:
+    """A finding one rank made about itself, for `merge_local_findings` to combine."""
+    return {"severity": severity, "issue": issue, "evidence": evidence, "fix": fix, "confidence": confidence}
+
+
+def merge_local_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
+    """Combine the `findings` lists of every rank's payload: one finding per issue, with ranks."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for rank in sorted(payloads):
+        for item in payloads[rank].get("findings", []):
+            key = (item["severity"], item["issue"])
+            entry = merged.setdefault(key, {**item, "ranks": [], "evidences": {}})
+            entry["ranks"].append(rank)
+            if item.get("evidence"):
+                entry["evidences"].setdefault(item["evidence"], []).append(rank)
+    out = []
+    for entry in merged.values():
+        evidences = entry.pop("evidences")
+        if len(evidences) == 1:
+            evidence = next(iter(evidences))
+        else:
+            evidence = "\n".join(f"rank {','.join(map(str, rs))}: {ev}" for ev, rs in evidences.items())
+        out.append(
+            Finding(
+                severity=entry["severity"],
+                issue=entry["issue"],
+                evidence=evidence,
+                ranks=entry["ranks"],
+                fix=entry.get("fix", ""),
+                confidence=entry.get("confidence", 1.0),
+            )
+        )
+    return out

@@ -1,0 +1,223 @@
+"""The sentinel: one daemon thread per rank that ends a broken run with a report.
+
+The main thread runs probes and may block forever in a collective (a hung gloo collective
+cannot be aborted from another thread, FACTS.md). The sentinel keeps a heartbeat in the
+store, watches the probe deadline, the whole-check deadline, SIGTERM from the launcher and
+the job-wide `abort` flag. When any of them fires on any rank, every sentinel posts a
+snapshot of its main thread (phase, collective, stack); one sentinel claims the writer role,
+consolidates what the store holds into a report naming the culprits, writes it and publishes
+the verdict; then every rank leaves with `os._exit(code)` - after the report is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from distdiag.exchange import Exchange
+
+__all__ = ["Sentinel", "install_sigterm_wakeup"]
+
+log = logging.getLogger("distdiag.sentinel")
+
+TICK_S = 0.1
+HEARTBEAT_EVERY_S = 0.5
+SNAPSHOT_GRACE_S = 2.0
+"""How long the writer waits for every live rank's snapshot once a run is aborted."""
+VERDICT_WAIT_S = 20.0
+"""How long a non-writer waits for the verdict before leaving with exit code 3 on its own."""
+
+_wakeup_read_fd: int | None = None
+
+
+def install_sigterm_wakeup() -> None:
+    """Route SIGTERM to the sentinel, whatever thread the kernel delivers it to.
+
+    torch starts a thread at import, so blocking SIGTERM in the main thread alone would let
+    the default action kill the process. Instead a no-op Python handler keeps the process
+    alive and the C-level handler writes the signal number to a wakeup pipe the sentinel reads.
+    Call from the main thread.
+    """
+    global _wakeup_read_fd
+    if _wakeup_read_fd is not None:
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    _wakeup_read_fd = read_fd
+
+
+def _sigterm_pending(timeout: float) -> bool:
+    if _wakeup_read_fd is None:
+        time.sleep(timeout)
+        return False
+    ready, _, _ = select.select([_wakeup_read_fd], [], [], timeout)
+    if not ready:
+        return False
+    try:
+        data = os.read(_wakeup_read_fd, 512)
+    except BlockingIOError:
+        return False
+    return int(signal.SIGTERM) in data
+
+
+def _flush_and_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+    os._exit(code)
+
+
+def process_state(pid: int) -> str:
+    """How a same-host process looks from outside: gone, stopped, zombie or alive."""
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return "gone"
+    except psutil.Error:
+        return "unknown"
+    if status in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop")):
+        return "stopped"
+    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+        return "gone"
+    return "alive"
+
+
+class Sentinel(threading.Thread):
+    """Per-rank watcher. `write_abort_report` is the check's callback that builds the report."""
+
+    def __init__(
+        self,
+        *,
+        store_factory: Callable[[], Any],
+        rank: int,
+        world_size: int,
+        host: str,
+        tracker: Any,
+        timeout_s: float,
+        setup_timeout_s: float,
+        deadline_at: float,
+        write_abort_report: Callable[[Exchange, dict[str, Any]], int],
+    ) -> None:
+        super().__init__(name="distdiag-sentinel", daemon=True)
+        self.store_factory = store_factory
+        self.rank = rank
+        self.world_size = world_size
+        self.host = host
+        self.tracker = tracker
+        self.timeout_s = timeout_s
+        self.setup_timeout_s = setup_timeout_s
+        self.deadline_at = deadline_at
+        self.write_abort_report = write_abort_report
+        self.aborting = threading.Event()
+        self.finishing_code: int | None = None
+        """Set by the main thread once the verdict is known: SIGTERM then just exits with it."""
+        self._trigger: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self.exchange: Exchange | None = None
+        self.started_ok = threading.Event()
+
+    # -- called from the main thread ---------------------------------------------------
+    def trigger(self, kind: str, detail: str) -> None:
+        """Ask the sentinel to end the run (it acts within one tick)."""
+        with self._lock:
+            if self._trigger is None:
+                self._trigger = {"kind": kind, "detail": detail, "rank": self.rank}
+
+    # -- the thread ----------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self.exchange = Exchange(self.store_factory(), self.rank, self.world_size)
+        except Exception as exc:  # noqa: BLE001 - without a store nothing can be reported
+            print(f"distdiag[rank {self.rank}]: cannot reach the job's store: {exc}", file=sys.stderr)
+            _flush_and_exit(3)
+        self.started_ok.set()
+        last_beat = 0.0
+        try:
+            while True:
+                if _sigterm_pending(TICK_S):
+                    if self.finishing_code is not None:
+                        _flush_and_exit(self.finishing_code)
+                    self.trigger("terminated", "the launcher sent SIGTERM (another worker failed or the job was cancelled)")
+                now = time.monotonic()
+                if now - last_beat >= HEARTBEAT_EVERY_S:
+                    self.exchange.bump(f"hb/{self.rank}")
+                    last_beat = now
+                if self.finishing_code is not None:
+                    continue
+                reason = self._check(now)
+                if reason is not None:
+                    self._emergency(reason)
+        except Exception as exc:  # noqa: BLE001 - the store went away (agent gone): leave
+            if self.finishing_code is not None:
+                _flush_and_exit(self.finishing_code)
+            print(f"distdiag[rank {self.rank}]: lost the job's store ({type(exc).__name__}: {exc}); exiting 3", file=sys.stderr)
+            _flush_and_exit(3)
+
+    def _check(self, now: float) -> dict[str, Any] | None:
+        with self._lock:
+            if self._trigger is not None:
+                return self._trigger
+        assert self.exchange is not None
+        if self.exchange.bump("abort", 0) > 0:
+            return {"kind": "peer", "detail": "another rank aborted the run", "rank": self.rank}
+        phase, since = self.tracker.phase, self.tracker.phase_since
+        limit = self.setup_timeout_s if phase == "setup" else self.timeout_s
+        if phase in ("setup", "probe", "barrier", "final") and now - since > limit:
+            where = f"probe '{self.tracker.probe_name}'" if phase in ("probe", "barrier") else f"the {phase} phase"
+            return {"kind": "timeout", "detail": f"{where} exceeded its deadline of {limit:g}s on rank {self.rank}", "rank": self.rank}
+        if now > self.deadline_at:
+            return {"kind": "deadline", "detail": "the whole check exceeded --deadline-s", "rank": self.rank}
+        return None
+
+    def _emergency(self, reason: dict[str, Any]) -> None:
+        assert self.exchange is not None
+        ex = self.exchange
+        self.aborting.set()
+        if reason["kind"] != "peer":
+            ex.store.set(f"abort_reason/{self.rank}", json.dumps(reason))
+            ex.bump("abort")
+        snap = self.tracker.snapshot()
+        snap.update({"rank": self.rank, "host": self.host, "pid": os.getpid(), "reason": reason})
+        ex.post("snap", snap)
+        grace_end = time.monotonic() + SNAPSHOT_GRACE_S + 0.002 * self.world_size
+        ex.wait_count("snap", self.world_size, grace_end, poll_s=0.05)
+        code = 3
+        if ex.claim("writer"):
+            try:
+                code = self.write_abort_report(ex, reason)
+            except Exception as exc:  # noqa: BLE001 - say so, still leave with 3
+                import traceback
+
+                print(f"distdiag[rank {self.rank}]: failed to write the report: {exc}", file=sys.stderr)
+                traceback.print_exc()
+                ex.publish("verdict", {"exit_code": 3, "writer": self.rank})
+        else:
+            verdict = ex.wait_read("verdict", time.monotonic() + VERDICT_WAIT_S, poll_s=0.05)
+            if verdict is not None:
+                code = int(verdict.get("exit_code", 3))
+                self._mirror_report(ex, verdict)
+        _flush_and_exit(code)
+
+    def _mirror_report(self, ex: Exchange, verdict: dict[str, Any]) -> None:
+        """On a node other than the writer's, local rank 0 keeps a copy (no shared FS assumed)."""
+        mirror = getattr(self, "mirror", None)
+        if mirror is not None:
+            try:
+                mirror(ex, verdict)
+            except Exception as exc:  # noqa: BLE001 - the writer's copy exists
+                log.warning("could not mirror the report on this node: %s", exc)
