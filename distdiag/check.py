@@ -158,7 +158,8 @@ class CheckRun:
             if self.ex.bump(f"commerr/{index}", 0) > 0:
                 self.sentinel.trigger("lost", f"a rank lost its connection to a peer during probe '{probe.name}'")
                 self._park()
-            if self.ex.bump(f"err/{index}", 0) > 0 and time.monotonic() - posted > STRANDED_GRACE_S:
+            grace = min(STRANDED_GRACE_S, self.config.timeout_s / 2)
+            if self.ex.bump(f"err/{index}", 0) > 0 and time.monotonic() - posted > grace:
                 self.sentinel.trigger("stranded", f"probe '{probe.name}' raised on a rank; others did not finish")
                 self._park()
         if self.ex.bump(f"commerr/{index}", 0) > 0:

@@ -122,20 +122,24 @@ def analyze_hang(
                     confidence=0.95,
                 )
             )
+    live = {r: s for r, s in snaps.items() if r not in lost}
+    states = {r: rank_state(s) for r, s in live.items()}
+    in_coll = {r: live[r]["in_collective"] for r, st in states.items() if st == "collective"}
+    stranded = sorted(in_coll)
     for rank, err in sorted(errors.items()):
+        left = ""
+        if stranded:
+            left = f"; {format_ranks(stranded)} were left waiting in {_coll_label(in_coll[stranded[0]])} that it never entered"
         findings.append(
             Finding(
-                severity="error",
-                issue=f"{what} raised on rank {rank}: {err.get('type')}: {err.get('message')}",
+                severity="critical" if stranded else "error",
+                issue=f"{what} raised on rank {rank}: {err.get('type')}: {err.get('message')}{left}",
                 evidence=err.get("traceback", ""),
                 ranks=[rank],
                 fix="the exception is the cause; the ranks waiting for this rank are its consequence",
                 confidence=0.9,
             )
         )
-    live = {r: s for r, s in snaps.items() if r not in lost}
-    states = {r: rank_state(s) for r, s in live.items()}
-    in_coll = {r: live[r]["in_collective"] for r, st in states.items() if st == "collective"}
     computing = sorted(r for r, st in states.items() if st in ("computing", "setup"))
     finished = sorted(r for r, st in states.items() if st == "finished")
     if in_coll:

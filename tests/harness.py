@@ -1,0 +1,179 @@
+"""The multi-process harness: N real ranks, a real TCPStore in the parent, hard timeouts.
+
+Ranks are forked from a forkserver that has already imported torch and distdiag, so a rank
+starts in milliseconds instead of paying torch's import (seconds on 2 cores). The parent
+hosts the TCPStore the way torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE=True), so the
+store outlives any rank. Every run has a timeout after which every rank is SIGKILLed (and
+SIGCONTed first, so stopped ones die too); the result says which ranks were killed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RankOutcome", "RunResult", "run_ranks", "run_check"]
+
+_CTX: Any = None
+
+
+def _context() -> Any:
+    global _CTX
+    if _CTX is None:
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "distdiag.check", "tests.harness"])
+    return _CTX
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    exitcode: int | None
+    """The process's exit code; negative for a signal; None if it had to be killed."""
+    stdout: str
+    stderr: str
+    killed: bool = False
+
+
+@dataclass
+class RunResult:
+    outcomes: list[RankOutcome]
+    elapsed: float
+    workdir: Path
+    timed_out: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def codes(self) -> list[int | None]:
+        return [o.exitcode for o in self.outcomes]
+
+    @property
+    def stdout(self) -> str:
+        return "".join(o.stdout for o in self.outcomes)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(o.stderr for o in self.outcomes)
+
+    def report(self, name: str = "distdiag-report.json") -> Any:
+        from distdiag.report import read_report
+
+        return read_report(self.workdir / name)
+
+
+def _child(entry: str, argv: list[str], env: dict[str, str], workdir: str, rank: int) -> None:
+    out = os.open(os.path.join(workdir, f"rank{rank}.out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    err = os.open(os.path.join(workdir, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.environ.update(env)
+    os.chdir(workdir)
+    import torch
+
+    # torch read OMP_NUM_THREADS when the forkserver imported it; apply this rank's value.
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    module, _, func = entry.partition(":")
+    code = 0
+    try:
+        result = getattr(importlib.import_module(module), func)(argv)
+        code = int(result) if isinstance(result, int) else 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - show it in the rank's stderr, like a real process
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_ranks(
+    world_size: int,
+    argv: list[str],
+    workdir: str | Path,
+    *,
+    entry: str = "distdiag.check:main",
+    env: dict[str, str] | None = None,
+    rank_env: dict[int, dict[str, str]] | None = None,
+    timeout: float = 60.0,
+    hosts: int = 1,
+) -> RunResult:
+    """Start `world_size` ranks running `entry(argv)`; wait at most `timeout` seconds.
+
+    `hosts` > 1 splits the ranks into that many pretend nodes (GROUP_RANK, LOCAL_RANK) on
+    this one machine.
+    """
+    import torch.distributed as dist
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    per_node = world_size // hosts
+    base_env = {
+        "WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(store.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RUN_ID": uuid.uuid4().hex[:8],
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "LOCAL_WORLD_SIZE": str(per_node),
+        "OMP_NUM_THREADS": "1",
+        **(env or {}),
+    }
+    ctx = _context()
+    procs = []
+    started = time.monotonic()
+    for rank in range(world_size):
+        renv = dict(base_env)
+        renv.update({"RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "GROUP_RANK": str(rank // per_node)})
+        renv.update((rank_env or {}).get(rank, {}))
+        proc = ctx.Process(target=_child, args=(entry, list(argv), renv, str(workdir), rank), daemon=False)
+        proc.start()
+        procs.append(proc)
+    deadline = started + timeout
+    timed_out = False
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    killed = set()
+    for rank, proc in enumerate(procs):
+        if proc.is_alive():
+            timed_out = True
+            killed.add(rank)
+            try:
+                os.kill(proc.pid, signal.SIGCONT)
+                os.kill(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.join(5)
+    elapsed = time.monotonic() - started
+    outcomes = []
+    for rank, proc in enumerate(procs):
+        outcomes.append(
+            RankOutcome(
+                rank=rank,
+                exitcode=None if rank in killed else proc.exitcode,
+                stdout=(workdir / f"rank{rank}.out").read_text(errors="replace") if (workdir / f"rank{rank}.out").exists() else "",
+                stderr=(workdir / f"rank{rank}.err").read_text(errors="replace") if (workdir / f"rank{rank}.err").exists() else "",
+                killed=rank in killed,
+            )
+        )
+    del store
+    return RunResult(outcomes=outcomes, elapsed=elapsed, workdir=workdir, timed_out=timed_out)
+
+
+def run_check(world_size: int, args: list[str], workdir: str | Path, *, inject: str | None = None, timeout: float = 60.0, **kw: Any) -> RunResult:
+    """Run `distdiag.check` with args on world_size ranks (DISTDIAG_INJECT=inject if given)."""
+    env = dict(kw.pop("env", {}) or {})
+    if inject:
+        env["DISTDIAG_INJECT"] = inject
+    return run_ranks(world_size, args, workdir, env=env, timeout=timeout, **kw)
