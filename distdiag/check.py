@@ -115,15 +115,46 @@ class CheckRun:
         self.sentinel.started_ok.wait(30)
 
         self.ex.post("info", RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
+        target = self._load_target_everywhere()
         side_group = init_process_groups(info, self.store, backend, device, timedelta(seconds=cfg.deadline_s + 60))
         torch.manual_seed(1234)
         ctx = RankContext(
             info=info, device=device, backend=backend, tracker=self.tracker,
             comm=Comm(self.tracker, self.faults), store=self.store, side_group=side_group, faults=self.faults,
+            target=target,
         )
         for index, planned in enumerate(self.plan.probes):
             self._run_probe(ctx, index, planned)
         return self._finish()
+
+    def _load_target_everywhere(self) -> Any:
+        """Load the user's target on every rank; if any rank fails, every rank exits 2.
+
+        A target can fail on one node only (a file missing there), so ranks agree through the
+        store before anyone initialises a process group that the failed rank would never join.
+        """
+        from distdiag.target import load_target
+
+        error = None
+        target = None
+        if self.config.target:
+            try:
+                target = load_target(self.config.target)
+            except ConfigError as exc:
+                error = str(exc)
+        self.ex.post("valid", error)
+        self.ex.wait_count("valid", self.info.world_size, time.monotonic() + max(self.config.timeout_s, 60.0))
+        errors = {r: e for r, e in self.ex.collect("valid").items() if e}
+        if errors:
+            first = min(errors)
+            where = "" if len(errors) == self.info.world_size else f" (on rank {first})"
+            exc = ConfigError(f"{errors[first]}{where}")
+            self.sentinel.finishing_code = EXIT_BAD_INPUT
+            code = _bad_input(exc, [], report_path=self.config.report)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return target
 
     def _run_probe(self, ctx: Any, index: int, planned: Any) -> None:
         probe = planned.probe
@@ -343,12 +374,11 @@ class CheckRun:
         return report.exit_code
 
 
-def _bad_input(exc: ConfigError, argv: list[str]) -> int:
+def _bad_input(exc: ConfigError, argv: list[str], report_path: str = "distdiag-report.json") -> int:
     """Every rank prints the same line; rank 0 also leaves a report saying nothing ran."""
     rank = os.environ.get("RANK", "0")
     _print_err(f"distdiag: error: {exc}")
     if rank == "0":
-        report_path = "distdiag-report.json"
         for i, arg in enumerate(argv):
             if arg == "--report" and i + 1 < len(argv):
                 report_path = argv[i + 1]
