@@ -36,6 +36,8 @@ SNAPSHOT_GRACE_S = 2.0
 """How long the writer waits for every live rank's snapshot once a run is aborted."""
 VERDICT_WAIT_S = 20.0
 """How long a non-writer waits for the verdict before leaving with exit code 3 on its own."""
+WRITER_DEFER_S = 1.0
+"""How long a rank that is not waiting on anyone (a possible culprit) defers the writer role."""
 
 _wakeup_read_fd: int | None = None
 
@@ -197,6 +199,10 @@ class Sentinel(threading.Thread):
         grace_end = time.monotonic() + SNAPSHOT_GRACE_S + 0.002 * self.world_size
         ex.wait_count("snap", self.world_size, grace_end, poll_s=0.05)
         code = 3
+        if snap.get("in_collective") is None and snap.get("phase") in ("setup", "probe"):
+            # This rank may be the culprit (it is not waiting on anyone): let a rank that is
+            # only waiting write the report, so a stuck rank 0 is reported by another rank.
+            time.sleep(WRITER_DEFER_S)
         if ex.claim("writer"):
             try:
                 code = self.write_abort_report(ex, reason)

@@ -1,0 +1,32 @@
+"""Shared fixtures. Multi-process tests use tests/harness.py (real gloo, real store)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A fresh directory the ranks run in (the report lands here)."""
+    return tmp_path
+
+
+@pytest.fixture
+def cli_env() -> dict[str, str]:
+    """Environment for subprocess CLI runs: this checkout first on the path, one thread per rank."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("DISTDIAG_INJECT", None)
+    return env
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable

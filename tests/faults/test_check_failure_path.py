@@ -1,0 +1,127 @@
+"""The failure path is the product: each injected fault ends in a report naming the rank.
+
+Every run has a hard timeout in the harness; elapsed-time bounds are wide (loaded 2-core box)
+but prove that the run ends near the probe deadline instead of hanging.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import run_check
+
+pytestmark = pytest.mark.timeout(120)
+
+T = 3.0  # --timeout-s of the runs below
+ARGS = ["--probes", "env,collectives", "--timeout-s", str(T)]
+
+
+def _crit(report):
+    return [f for _, f in report.findings("critical")]
+
+
+def test_probe_raises_on_one_rank(workdir):
+    """A raise on rank 1 is the lead finding, with its exception; the stranded rank is named as waiting."""
+    result = run_check(2, ARGS, workdir, inject="raise:collectives:1", timeout=60)
+    assert result.codes == [3, 3], result.stderr
+    report = result.report()
+    (lead,) = _crit(report)
+    assert lead.ranks == [1]
+    assert "RuntimeError: injected fault: raise in collectives on rank 1" in lead.issue
+    assert "rank 0 were left waiting in all_reduce" in lead.issue
+    assert "Traceback" in lead.evidence
+    assert result.elapsed < T + 15
+
+
+def test_probe_raises_on_every_rank_is_a_failed_probe_not_a_hang(workdir):
+    """When every rank raises, nobody is stranded: exit 1 and the run goes on to the next probe."""
+    spec = "raise:env:0;raise:env:1"
+    result = run_check(2, ARGS, workdir, inject=spec, timeout=60)
+    assert result.codes == [1, 1], result.stderr
+    report = result.report()
+    assert report.probe("env").status == "error"
+    assert report.probe("collectives").status == "pass"
+    findings = report.probe("env").findings
+    assert sorted(r for f in findings for r in f.ranks) == [0, 1]
+    assert all("injected fault" in f.issue and f.severity == "error" for f in findings)
+
+
+def test_rank_hangs_outside_collective(workdir):
+    """Rank 1 sleeps forever in the probe: exit 3, named with the line it is at."""
+    result = run_check(3, ARGS, workdir, inject="hang:collectives:1", timeout=60)
+    assert result.codes == [3, 3, 3], result.stderr
+    report = result.report()
+    (f,) = _crit(report)
+    assert f.ranks == [1] and "never entered all_reduce(sum)" in f.issue
+    assert "faults.py" in f.issue and "time.sleep" in f.evidence
+    rows = report.probe("collectives").details["table:ranks at the end"]
+    assert [r["state"] for r in rows] == ["collective", "computing", "collective"]
+    assert result.elapsed < T + 15
+
+
+def test_hang_ends_the_run_and_lists_probes_not_run(workdir):
+    """Once a rank hung, the group is unusable: later probes are listed as not run."""
+    result = run_check(2, ARGS, workdir, inject="hang:env:0", timeout=60)
+    assert result.codes == [3, 3], result.stderr
+    report = result.report()
+    assert report.not_run == ["collectives"]
+    assert report.outcome == "hang"
+    assert _crit(report)[0].ranks == [0]
+
+
+def test_rank0_hangs_another_rank_writes(workdir):
+    """Rank 0 is the stuck one: a rank that was only waiting writes the report and names rank 0."""
+    result = run_check(3, ARGS, workdir, inject="hang:collectives:0", timeout=60)
+    assert result.codes == [3, 3, 3], result.stderr
+    report = result.report()
+    assert report.written_by != 0
+    assert _crit(report)[0].ranks == [0]
+    assert "verdict: FAIL (exit 3)" in result.outcomes[report.written_by].stdout
+
+
+def test_rank_killed_mid_probe(workdir):
+    """SIGKILL of rank 2 mid-probe: the survivors exit 3 and the report names the lost rank."""
+    result = run_check(3, ARGS, workdir, inject="kill:collectives:2:after=3", timeout=60)
+    assert result.codes[2] == -9
+    assert result.codes[:2] == [3, 3], result.stderr
+    report = result.report()
+    assert report.outcome == "lost_rank"
+    lead = _crit(report)[0]
+    assert lead.ranks == [2] and "is gone" in lead.issue
+    assert result.elapsed < T + 15
+
+
+def test_rank_stopped_is_named_and_ended(workdir):
+    """SIGSTOP of rank 1: it cannot answer; it is named as stopped and ended by pid."""
+    result = run_check(2, ARGS, workdir, inject="stop:collectives:1:after=2", timeout=60)
+    assert not result.timed_out, "the stopped rank should have been killed by distdiag"
+    assert result.codes == [3, -9]
+    lead = _crit(result.report())[0]
+    assert lead.ranks == [1] and "stopped" in lead.issue
+
+
+def test_skipped_collective_is_a_desync(workdir):
+    """Rank 1 skips its 4th collective: the ranks end in different collectives; both are shown."""
+    result = run_check(2, ARGS, workdir, inject="skip:collectives:1:after=4", timeout=60)
+    assert result.codes == [3, 3]
+    lead = _crit(result.report())[0]
+    assert "desync" in lead.issue and "first divergence" in lead.evidence
+
+
+def test_corrupted_result_names_rank_op_dtype(workdir):
+    """A wrong all_reduce result on rank 1 is a failed probe (exit 1) naming rank, op, dtype, error."""
+    result = run_check(2, ARGS, workdir, inject="corrupt:collectives:1:after=2", timeout=60)
+    assert result.codes == [1, 1]
+    report = result.report()
+    (f,) = report.probe("collectives").findings
+    assert f.ranks == [1] and f.issue == "all_reduce(max) on float32 returned wrong values on rank 1"
+    assert "max abs error 1" in f.evidence and "got" in f.evidence
+
+
+def test_whole_check_deadline(workdir):
+    """--deadline-s bounds the whole check even when each probe is within its own deadline."""
+    result = run_check(2, ["--probes", "env,collectives", "--timeout-s", "30", "--deadline-s", "2"], workdir,
+                       inject="sleep:collectives:0:seconds=20", timeout=60)
+    assert result.codes == [3, 3]
+    assert result.report().outcome == "deadline"
+    assert result.elapsed < 15
