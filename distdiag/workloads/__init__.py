@@ -1,0 +1,57 @@
+"""Small built-in models with a loss, for probes that run without a user target.
+
+Each workload is tiny and fast on CPU (well under a millisecond a step at 4 ranks on 2
+cores) and deterministic given `torch.manual_seed`. The API is deliberately plain:
+
+    from distdiag.workloads import get_workload
+    w = get_workload("transformer")          # or "mlp"; sizes: get_workload("mlp", dim=64)
+    torch.manual_seed(0); model = w.build_model()
+    batch = w.make_batch(step=1)              # the GLOBAL batch of that step, same on every rank
+    shard = w.shard_batch(batch, rank, world) # this rank's part (dim 0), annotated
+    loss = w.loss_fn(model, shard)            # the loss this rank backpropagates
+    w.blocks(model)                           # the repeated blocks (FSDP2 wraps each one)
+
+A workload exposes the same hooks as a user target (see docs/targets.md), so a probe treats
+both alike (`Workload.hooks()`). The models are also usable alone:
+
+- `TinyMLP(dim, hidden, depth, classes)`: `blocks` (nn.ModuleList of Linear+GELU+LayerNorm
+  residual blocks) and a `head`; batch: dict `x` (float [B, dim]), `y` (long [B]).
+- `TinyTransformer(vocab, dim, heads, layers, seq)`: token `embed`, `layers` (nn.ModuleList
+  of pre-norm causal self-attention + MLP blocks), final `norm`, `head`, and a `scale`
+  buffer; batch: dict `tokens` (long [B, seq+1]) and `mask` (bool [B, seq], valid target
+  tokens; rows hold different numbers of valid tokens on purpose, which is what makes
+  per-rank loss normalisation wrong).
+
+Losses are normalised by the GLOBAL number of items (samples or valid tokens): the shard
+carries `global_count` and `world_size` (set by `shard_batch`), and the loss is
+`sum(per-item loss) * world_size / global_count`, so the average over ranks that FSDP
+applies to gradients gives exactly the gradient of the global-batch mean.
+"""
+
+from __future__ import annotations
+
+from distdiag.workloads.base import Workload, split_batch
+from distdiag.workloads.mlp import TinyMLP, mlp_workload
+from distdiag.workloads.transformer import TinyTransformer, transformer_workload
+
+__all__ = [
+    "WORKLOADS",
+    "Workload",
+    "TinyMLP",
+    "TinyTransformer",
+    "get_workload",
+    "split_batch",
+]
+
+WORKLOADS = {
+    "mlp": mlp_workload,
+    "transformer": transformer_workload,
+}
+"""Workload factories by name; each takes size keywords and returns a Workload."""
+
+
+def get_workload(name: str, **sizes: int) -> Workload:
+    """The named built-in workload (`mlp`, `transformer`) with optional size overrides."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    return WORKLOADS[name](**sizes)
