@@ -1,0 +1,95 @@
+"""The `distdiag` command and `python -m distdiag.check` as a user runs them (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from distdiag.render import render_report
+from distdiag.report import Finding, ProbeResult, Report, write_report
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def distdiag(args, env, cwd, timeout=120):
+    return subprocess.run([sys.executable, "-m", "distdiag", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_probes_lists_each_probe_with_a_line(cli_env, tmp_path):
+    """`distdiag probes` names every registered probe with what it catches."""
+    from distdiag.probes import PROBES
+
+    out = distdiag(["probes"], cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    for name in PROBES:
+        assert any(line.startswith(name) for line in out.stdout.splitlines())
+    rows = json.loads(distdiag(["probes", "--format", "json"], cli_env, tmp_path).stdout)
+    assert {r["name"] for r in rows} == set(PROBES)
+
+
+def test_report_show_renders_like_rank0(cli_env, tmp_path):
+    """`distdiag report show` prints what rank 0 printed; --exit-code returns the check's code."""
+    report = Report(world_size=2, exit_code=1, verdict="fail", summary="x",
+                    probes=[ProbeResult.from_findings("collectives", [Finding("error", "bad", ranks=[1])])])
+    path = write_report(report, tmp_path / "r.json")
+    out = distdiag(["report", "show", str(path)], cli_env, tmp_path)
+    assert out.returncode == 0
+    assert out.stdout.rstrip("\n") == render_report(report)
+    assert distdiag(["report", "show", str(path), "--exit-code"], cli_env, tmp_path).returncode == 1
+
+
+@pytest.mark.parametrize("content", [None, "{trunc", '{"a": 1}'])
+def test_report_show_bad_file_is_one_line(cli_env, tmp_path, content):
+    """Missing, truncated or foreign files: one line on stderr, exit 2, no traceback."""
+    path = tmp_path / "r.json"
+    if content is not None:
+        path.write_text(content)
+    out = distdiag(["report", "show", str(path)], cli_env, tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("distdiag: error:")
+    assert "Traceback" not in out.stderr
+
+
+def test_check_help_explains_every_option(cli_env, tmp_path):
+    """Both entry points document every option in --help."""
+    helps = [
+        distdiag(["check", "--help"], cli_env, tmp_path).stdout,
+        subprocess.run([sys.executable, "-m", "distdiag.check", "--help"], env=cli_env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60).stdout,
+    ]
+    for text in helps:
+        for option in ("--probes", "--skip", "--profile", "--config", "--report", "--timeout-s", "--deadline-s",
+                       "--format", "--quiet", "--target"):
+            assert option in text, (option, text)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--probes", "nope"], "unknown probe 'nope'"),
+        (["--timeout-s", "-5"], "check.timeout_s must be a number of seconds > 0"),
+        (["--nproc", "1", "--probes", "collectives"], "WORLD_SIZE must be >= 2"),
+    ],
+)
+def test_check_bad_input_before_launch(cli_env, tmp_path, args, words):
+    """`distdiag check` validates before paying for torchrun: one line, exit 2."""
+    out = distdiag(["check", *args], cli_env, tmp_path)
+    assert out.returncode == 2
+    assert words in out.stderr and out.stderr.count("\n") == 1
+
+
+@pytest.mark.torchrun
+def test_check_end_to_end_healthy_and_hung(cli_env, tmp_path):
+    """`distdiag check --nproc 2`: exit 0 when healthy; a hang gives exit 3 without torchrun's traceback."""
+    ok = distdiag(["check", "--nproc", "2", "--probes", "env,collectives"], cli_env, tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "verdict: PASS (exit 0)" in ok.stdout
+    env = dict(cli_env, DISTDIAG_INJECT="hang:collectives:1")
+    hung = distdiag(["check", "--nproc", "2", "--probes", "env,collectives", "--timeout-s", "3", "--quiet"], env, tmp_path)
+    assert hung.returncode == 3, hung.stderr
+    assert "rank 1 never entered" in hung.stdout
+    assert "ChildFailedError" not in hung.stderr and "Traceback" not in hung.stderr
