@@ -1,0 +1,86 @@
+"""`distdiag analyze PATH...`: read metric logs, report divergence, NaN, spikes, plateaus, ..."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from distdiag.cli.options import FormatOpt, fail
+
+__all__ = ["register"]
+
+
+def analyze(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(help="Logs: .jsonl (distdiag's or {\"step\",\"loss\"} lines), .csv, TensorBoard event files or log dirs. Several: compared side by side."),
+    ],
+    format: FormatOpt = "text",
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of the curves with the findings marked (needs matplotlib).")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", help="The training-loss metric (default: loss, or the one named like it).")] = None,
+    val_metric: Annotated[str | None, typer.Option("--val-metric", help="The validation-loss metric (default: one named like val/eval loss).")] = None,
+    grad_metric: Annotated[str | None, typer.Option("--grad-metric", help="The gradient-norm metric (default: grad_norm, or one named like it).")] = None,
+    spike_factor: Annotated[float, typer.Option("--spike-factor", help="A spike is >= this many times the recent median.")] = 2.0,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Relative gap at which several runs part (0.05 = 5%).")] = 0.05,
+    min_severity: Annotated[str, typer.Option("--min-severity", help="Hide findings below this: info, warning, error.")] = "info",
+    strict: Annotated[bool, typer.Option("--strict", help="A truncated last line or record is an error too (default: skipped with a note).")] = False,
+    exit_code: Annotated[bool, typer.Option("--exit-code", help="Exit 1 when a finding is an error (default: 0 once analysed).")] = False,
+) -> None:
+    """Diagnose training curves from metric logs: divergence, NaN/Inf, loss spikes (and whether
+    gradient spikes preceded them), plateaus, vanishing/exploding gradients, overfitting, and
+    where several runs part."""
+    from distdiag.analyze import AnalyzeConfig, LogFormatError, load_run
+    from distdiag.analyze import analyze as run_analysis
+    from distdiag.errors import ConfigError
+    from distdiag.render import render_report
+    from distdiag.report import SEVERITIES
+
+    if format not in ("text", "json"):
+        raise fail(f"--format must be text or json, got {format!r}")
+    if min_severity not in SEVERITIES:
+        raise fail(f"--min-severity must be one of {', '.join(SEVERITIES)}, got {min_severity!r}")
+    try:
+        config = AnalyzeConfig(metric=metric, val_metric=val_metric, grad_metric=grad_metric, spike_factor=spike_factor, tolerance=tolerance)
+        labels = _labels(paths)
+        runs = [load_run(p, strict=strict, label=label) for p, label in zip(paths, labels, strict=True)]
+        report = run_analysis(runs, config)
+    except (LogFormatError, ConfigError) as exc:
+        # the config's dotted keys are the CLI's flags: analyze.spike_factor -> --spike-factor
+        raise fail(re.sub(r"analyze\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(exc))) from None
+    except OSError as exc:
+        raise fail(f"cannot read {exc.filename}: {exc.strerror}") from None
+    for run in runs:
+        for note in run.notes:
+            typer.echo(f"distdiag: note: {note}", err=True)
+    if plot is not None:
+        from distdiag.analyze.plot import PlotUnavailable, plot_report
+
+        try:
+            written = plot_report(runs, report, plot, config)
+        except PlotUnavailable as exc:
+            raise fail(str(exc)) from None
+        typer.echo(f"distdiag: plot written to {written}", err=True)
+    if format == "json":
+        typer.echo(report.to_json())
+    else:
+        text = render_report(report, min_severity=min_severity)
+        # render_report's first line introduces a check ("N rank(s) on M host(s)"): say what was read instead
+        sources = ", ".join(f"{r.label} ({r.source}, {max((len(s) for s in r.series.values()), default=0)} points)" for r in runs)
+        typer.echo(f"distdiag analyze: {sources}\n" + text.split("\n", 1)[1])
+    if exit_code:
+        raise typer.Exit(report.exit_code)
+
+
+def _labels(paths: list[Path]) -> list[str]:
+    """Short names for the runs: the file stem, or the parent folder when stems collide."""
+    stems = [p.stem if p.is_file() else p.name for p in paths]
+    if len(set(stems)) == len(stems):
+        return stems
+    return [str(p) for p in paths]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("analyze")(analyze)
