@@ -11,6 +11,7 @@ import sys
 
 import typer
 
+from distdiag.cli import analyze as _analyze
 from distdiag.cli import check as _check
 from distdiag.cli import probes as _probes
 from distdiag.cli import report as _report
@@ -28,6 +29,7 @@ app = typer.Typer(
 _check.register(app)
 _probes.register(app)
 _report.register(app)
+_analyze.register(app)
 
 
 def main() -> None:
