@@ -390,7 +390,28 @@ def _bad_input(exc: ConfigError, argv: list[str], report_path: str = "distdiag-r
             write_report(report, report_path)
         except OSError:
             pass
+    _wait_for_peers_to_say_it()
     return EXIT_BAD_INPUT
+
+
+def _wait_for_peers_to_say_it(wait_s: float = 10.0) -> None:
+    """Leave only once every rank has printed its line.
+
+    torchrun SIGTERMs the other workers about 0.1 s after the first one exits, so a rank that
+    is still importing torch would die without a word; every rank checks in through the
+    store first (bounded: a rank that never comes does not hold the others long).
+    """
+    from distdiag.runtime import LaunchInfo, connect_store
+
+    try:
+        info = LaunchInfo.from_env()
+        if not info.distributed or info.world_size < 2:
+            return
+        ex = Exchange(connect_store(info, timedelta(seconds=wait_s)), info.rank, info.world_size)
+        ex.post("bad_input", 1)
+        ex.wait_count("bad_input", info.world_size, time.monotonic() + wait_s, poll_s=0.05)
+    except Exception:  # noqa: BLE001 - best effort: the line is printed already
+        return
 
 
 def run_check(argv: list[str]) -> int:
