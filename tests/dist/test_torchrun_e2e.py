@@ -41,6 +41,6 @@ def test_bad_input_every_rank_one_line(cli_env, tmp_path):
     """Malformed TOML: every rank prints one line and exits 2; nothing hangs."""
     (tmp_path / "bad.toml").write_text("[check\n")
     out = torchrun(2, ["--config", "bad.toml"], cli_env, tmp_path, timeout=60)
-    ours = [line for line in out.stderr.splitlines() if line.startswith("distdiag")]
+    ours = [line for line in out.stderr.splitlines() if line.startswith("distdiag:")]
     assert len(ours) == 2 and all("not valid TOML" in line for line in ours)
     assert json.loads((tmp_path / "distdiag-report.json").read_text())["exit_code"] == 2
