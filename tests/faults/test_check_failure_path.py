@@ -125,3 +125,28 @@ def test_whole_check_deadline(workdir):
     assert result.codes == [3, 3]
     assert result.report().outcome == "deadline"
     assert result.elapsed < 15
+
+
+def test_target_fails_on_one_rank_only_every_rank_exits_2(workdir):
+    """A target that fails to import on rank 1 only: every rank exits 2 with that line, no hang."""
+    target = workdir / "t.py"
+    target.write_text(
+        "import os\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    raise ImportError('no module named fancy_kernels on this node')\n"
+        "def build_model():\n    pass\n"
+    )
+    result = run_check(2, ["--probes", "env", "--target", str(target)], workdir, timeout=60)
+    assert result.codes == [2, 2]
+    for outcome in result.outcomes:
+        (line,) = outcome.stderr.strip().splitlines()
+        assert "fancy_kernels" in line and "(on rank 1)" in line
+    assert result.report().outcome == "bad_input"
+
+
+def test_world_too_small_for_named_probe(workdir):
+    """collectives asked by name in a world of 1: one line, exit 2."""
+    result = run_check(1, ["--probes", "collectives"], workdir, timeout=60)
+    assert result.codes == [2]
+    assert "WORLD_SIZE must be >= 2 for probe 'collectives', got 1" in result.stderr
+    assert "Traceback" not in result.stderr
