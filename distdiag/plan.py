@@ -91,7 +91,9 @@ def make_plan(config: CheckConfig, world_size: int) -> Plan:
         if name not in PROBES:
             raise ConfigError(f"probes.{name}: unknown probe {name!r}; available: {known}")
     explicit = config.probes is not None
-    names = list(dict.fromkeys(config.probes if explicit else PROBES))
+    # Probes with default_enabled = False (slow ones, e.g. bandwidth) run only when a profile
+    # or --probes names them.
+    names = list(dict.fromkeys(config.probes if explicit else [n for n, p in PROBES.items() if p.default_enabled]))
     plan = Plan(config)
     for name in names:
         if name in config.skip:

@@ -38,6 +38,8 @@ class Probe(abc.ABC):
     summary: ClassVar[str]
     """One line: what bug this probe catches (shown by `distdiag probes`)."""
     min_world_size: ClassVar[int] = 1
+    default_enabled: ClassVar[bool] = True
+    """False: left out of the default suite (too slow); runs when a profile or --probes names it."""
     Config: ClassVar[type | None] = None
     """A dataclass of options, read from the `[probes.NAME]` table of the config."""
 

@@ -1,0 +1,51 @@
+"""bandwidth on real gloo ranks: an injected slow rank is named; its healthy twin is silent."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import run_check
+
+pytestmark = pytest.mark.timeout(120)
+
+SMALL = 'sizes = ["4KiB", "256KiB"]\np2p_size = "256KiB"\n'
+
+
+def _config(workdir, body: str):
+    path = workdir / "bw.toml"
+    path.write_text("[probes.bandwidth]\n" + body)
+    return str(path)
+
+
+def test_slow_rank_is_named_by_score_and_ring_and_fails_the_expected_busbw(workdir):
+    """Rank 2 sleeps 10 ms before each call: straggler + both ring links + busbw error name it."""
+    cfg = _config(workdir, SMALL + 'delay_rank = 2\ndelay_s = 0.01\nexpected_busbw_gbps = {"256KiB" = {all_reduce = 50}}\n')
+    result = run_check(4, ["--probes", "bandwidth", "--config", cfg], workdir, timeout=90, hosts=2)
+    assert result.codes == [1] * 4, result.stderr
+    probe = result.report().probe("bandwidth")
+    warnings = [f for f in probe.findings if f.severity == "warning"]
+    assert any("rank 2 (host" in f.issue and "straggler" in f.issue and f.ranks == [2] for f in warnings), probe.findings
+    assert any("both its ring links are slow" in f.issue and f.ranks == [2] for f in warnings), probe.findings
+    (err,) = [f for f in probe.findings if f.severity == "error"]
+    assert err.ranks == [2] and "all_reduce at 256KiB" in err.issue and "suspects: rank 2" in err.issue
+
+
+def test_healthy_twin_has_no_finding_above_info(workdir):
+    """The same world with no delay: every op and size measured, nothing named."""
+    result = run_check(4, ["--probes", "bandwidth", "--config", _config(workdir, SMALL)], workdir, timeout=90, hosts=2)
+    assert result.codes == [0] * 4, result.stderr
+    report = result.report()
+    assert report.findings("warning") == [], [f.issue for _, f in report.findings("warning")]
+    probe = report.probe("bandwidth")
+    assert {(r["op"], r["size"]) for r in probe.details["table:bandwidth"]} == {
+        (op, s) for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast") for s in ("4KiB", "256KiB")
+    }
+    assert len(probe.details["table:ring links"]) == 4
+
+
+def test_bandwidth_is_not_in_the_default_suite(workdir):
+    """Without a profile or --probes naming it, the default plan leaves bandwidth out."""
+    from distdiag.plan import make_plan, parse_config
+
+    assert "bandwidth" not in make_plan(parse_config([]), 4).names
+    assert "bandwidth" in make_plan(parse_config(["--probes", "env,bandwidth"]), 4).names
