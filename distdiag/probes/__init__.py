@@ -5,8 +5,12 @@ from __future__ import annotations
 from distdiag.probes.bandwidth import BandwidthProbe
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.probes.collectives import CollectivesProbe
+from distdiag.probes.determinism import DeterminismProbe
 from distdiag.probes.env import EnvProbe
+from distdiag.probes.fsdp_plan import FsdpPlanProbe
 from distdiag.probes.gpu import GpuProbe
+from distdiag.probes.loss_parity import LossParityProbe
+from distdiag.probes.param_sync import ParamSyncProbe
 
 __all__ = ["PROBES", "Probe", "ConsolidationView", "get_probe"]
 
@@ -15,6 +19,10 @@ PROBES: dict[str, type[Probe]] = {
     "collectives": CollectivesProbe,
     "gpu": GpuProbe,
     "bandwidth": BandwidthProbe,
+    "fsdp_plan": FsdpPlanProbe,
+    "loss_parity": LossParityProbe,
+    "param_sync": ParamSyncProbe,
+    "determinism": DeterminismProbe,
 }
 
 

@@ -1,0 +1,199 @@
+"""`determinism`: the same step twice gives the same bits, and every rank computes the same bits.
+
+Two checks on each rank, one comparison across ranks:
+- repeat, reference: forward + backward of loss_fn on the unsharded model and the global
+  batch, twice, with the RNG state restored: the loss and every gradient must be bitwise equal;
+- repeat, parallel: one full parallel step (train_step or loss_fn + backward + optimizer
+  step, with its collectives) twice from the same state (parameters, buffers, optimizer
+  state and RNG restored): bitwise equal loss and gradients;
+- across ranks: the reference computation is the same on every rank (same model, same
+  batch, same seed), so its bits must agree; a rank in the minority is named as a
+  silent-data-corruption suspect (ranks on different hardware or software may differ
+  legitimately: the env probe shows that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from distdiag.errors import ConfigError
+from distdiag.probes import _training as tr
+from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.probes.param_sync import _minority, bit_checksum
+from distdiag.render import format_ranks
+from distdiag.report import Finding, ProbeResult
+from distdiag.workloads import WORKLOADS
+
+__all__ = ["DeterminismProbe", "DeterminismConfig"]
+
+_SEED = 4242
+
+
+@dataclass
+class DeterminismConfig:
+    """Options of the determinism probe, the `[probes.determinism]` table."""
+
+    workload: str = "transformer"
+    """Built-in workload used without a target: mlp or transformer."""
+    parallel: bool = True
+    """Also repeat one full parallel step (with its collectives), not only the local reference."""
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ConfigError(f"probes.determinism.workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+        if not isinstance(self.parallel, bool):
+            raise ConfigError(f"probes.determinism.parallel must be true or false, got {self.parallel!r}")
+
+
+def _fingerprint(loss: float, grads: dict[str, torch.Tensor]) -> dict[str, Any]:
+    return {"loss": float(loss).hex(), "grads": {n: bit_checksum(g.to_local() if hasattr(g, "to_local") else g) for n, g in grads.items()}}
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    out = ["loss"] if a["loss"] != b["loss"] else []
+    return out + [n for n in a["grads"] if a["grads"][n] != b["grads"].get(n)]
+
+
+def _ref_pass(ctx: Any, hooks: tr.Hooks, model: nn.Module, shard: Any) -> dict[str, Any]:
+    model.zero_grad(set_to_none=True)
+    ctx.seed(_SEED)
+    loss = tr.call_hook("loss_fn", hooks.loss_fn, model, shard)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+        raise tr.HookError("hook loss_fn must return a scalar tensor that requires grad")
+    loss.backward()
+    grads = {tr.canonical_name(n): p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return _fingerprint(float(loss.detach()), grads)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class _State:
+    """A copy of one rank's local training state (its shards only) to run a step again."""
+
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        import copy
+
+        self.tensors = [(t, _local(t).detach().clone()) for t in list(model.parameters()) + list(model.buffers())]
+        self.opt = copy.deepcopy(opt.state_dict())
+        self.rng = torch.get_rng_state()
+
+    def restore(self, opt: torch.optim.Optimizer) -> None:
+        with torch.no_grad():
+            for t, saved in self.tensors:
+                _local(t).copy_(saved)
+        opt.load_state_dict(self.opt)
+        torch.set_rng_state(self.rng)
+
+
+class DeterminismProbe(Probe):
+    name = "determinism"
+    summary = "a step that is not bitwise reproducible, or a rank whose identical computation gives different bits (SDC suspect)"
+    Config = DeterminismConfig
+
+    def skip_reason(self, ctx: Any) -> str | None:
+        return tr.missing_hooks_reason(ctx, self.name)
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        opts: DeterminismConfig = ctx.options or DeterminismConfig()
+        hooks = tr.resolve_hooks(ctx, opts.workload)
+        mesh = tr.make_mesh(ctx)
+        error = None
+        try:
+            par = hooks.wrap(hooks.model(ctx.seed), mesh) if opts.parallel else None
+            ref = hooks.model(ctx.seed)
+            batch = hooks.batch(1)
+            ref_shard = hooks.shard(batch, 0, 1)
+            par_shard = hooks.shard(batch, ctx.rank, ctx.world_size)
+            first = _ref_pass(ctx, hooks, ref, ref_shard)
+            second = _ref_pass(ctx, hooks, ref, ref_shard)
+            opt = hooks.optimizer(par) if par is not None else None
+        except tr.HookError as exc:
+            error = str(exc)
+        if tr.agree(ctx, error is not None):
+            return {"setup_error": error, "source": hooks.source}
+        del ref
+        out: dict[str, Any] = {"source": hooks.source, "ref": first, "ref_diff": _diff(first, second)}
+        if par is not None and opt is not None:
+            state = _State(par, opt)
+            ctx.seed(_SEED)
+            a = tr.run_step(hooks, par, opt, par_shard)
+            fa = _fingerprint(a.loss, a.grads)
+            state.restore(opt)
+            ctx.seed(_SEED)
+            b = tr.run_step(hooks, par, opt, par_shard)
+            fb = _fingerprint(b.loss, b.grads)
+            out["par_diff"] = _diff(fa, fb)
+            out["par_losses"] = [a.loss, b.loss]
+        return out
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        from distdiag.probes._parity_report import _setup_findings
+
+        if any("ref" not in p for p in payloads.values()):
+            return ProbeResult.from_findings(self.name, _setup_findings(self.name, payloads))
+        ranks = sorted(payloads)
+        findings: list[Finding] = []
+        unstable = {r: p["ref_diff"] for r, p in payloads.items() if p["ref_diff"]}
+        par_unstable = {r: p["par_diff"] for r, p in payloads.items() if p.get("par_diff")}
+        for label, bad in (("the reference forward/backward", unstable), ("the parallel step", par_unstable)):
+            if not bad:
+                continue
+            names = sorted({n for d in bad.values() for n in d})
+            lines = [f"rank {r}: differs in {', '.join(d[:6])}" + (f" (+{len(d) - 6})" if len(d) > 6 else "") for r, d in sorted(bad.items())]
+            if label == "the parallel step":
+                lines += [f"rank {r}: losses {payloads[r]['par_losses'][0]!r} then {payloads[r]['par_losses'][1]!r}" for r in sorted(bad)]
+            findings.append(Finding(
+                severity="error",
+                issue=f"{label} is not reproducible on {format_ranks(sorted(bad))}: run twice from the same state and RNG, {len(names)} of loss/gradients differ bitwise",
+                evidence="\n".join(lines),
+                ranks=sorted(bad),
+                fix=(
+                    "a nondeterministic op or an unseeded random source is in the step: run it under "
+                    "torch.use_deterministic_algorithms(True) to have torch name the op (atomic scatter/index_add on GPU, "
+                    "nondeterministic cuDNN/cuBLAS kernels), and draw randomness from torch's seeded generators"
+                ),
+                confidence=0.9,
+            ))
+        stable = [r for r in ranks if r not in unstable]
+        groups: dict[str, list[int]] = {}
+        for r in stable:
+            fp = payloads[r]["ref"]
+            key = fp["loss"] + "|" + "|".join(f"{n}:{c}" for n, c in sorted(fp["grads"].items()))
+            groups.setdefault(key, []).append(r)
+        if len(groups) > 1:
+            odd = _minority(groups)
+            tie = len(odd) == len(stable)
+            base = payloads[max(groups.values(), key=len)[0]]["ref"]
+            lines = []
+            for r in odd:
+                diff = _diff(base, payloads[r]["ref"])
+                lines.append(f"rank {r} (host {view.host_of(r)}): differs in {', '.join(diff[:6])}; loss {float.fromhex(payloads[r]['ref']['loss'])!r} vs {float.fromhex(base['loss'])!r}")
+            findings.append(Finding(
+                severity="error",
+                issue=(
+                    f"the same computation gives different bits on {format_ranks(odd)}: "
+                    + ("the ranks split evenly, so which side is wrong is unknown" if tie else "silent-data-corruption suspect")
+                ),
+                evidence="\n".join(lines),
+                ranks=odd,
+                fix=(
+                    "every rank ran the same model, batch and seed; if the hardware and software are the same (see the env "
+                    "probe), run the check again and, if the same rank differs, take its device out and run the vendor's diagnostics"
+                ),
+                confidence=0.5 if tie else 0.8,
+            ))
+        elif unstable and not stable:
+            findings.append(Finding(severity="info", issue="cross-rank bit comparison skipped: the reference step is not reproducible on any rank"))
+        findings.append(Finding(
+            severity="info",
+            issue=f"repeated one step of {payloads[ranks[0]]['source']} bitwise on {len(ranks)} rank(s) and compared the ranks' bits",
+            evidence=f"reference reproducible on {len(stable)}/{len(ranks)} rank(s); parallel step checked: {'par_diff' in payloads[ranks[0]]}",
+        ))
+        metrics = {"nondeterministic_ranks": sorted(set(unstable) | set(par_unstable)), "bit_groups": len(groups)}
+        return ProbeResult.from_findings(self.name, findings, metrics=metrics)

@@ -1,0 +1,254 @@
+"""`loss_parity`: does the N-rank setup compute what one process computes on the global batch?
+
+Every rank runs the reference (the unsharded model from build_model, the whole global
+batch, shard_batch(batch, 0, 1), no collectives) next to its part of the parallel run
+(parallelize + shard_batch(batch, rank, world)), step by step. After each step it compares
+the gradients the optimizer stepped with, and the parameters after the step, shard by
+shard: a rank's local shard against the same slice of the reference tensor, so nothing is
+gathered and the reference is the only extra copy of the model a rank holds. The losses
+shown for the parallel run are the mean of the ranks' losses.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distdiag.errors import ConfigError
+from distdiag.probes import _training as tr
+from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.report import ProbeResult
+from distdiag.workloads import WORKLOADS
+
+__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors"]
+
+_TOP = 8
+
+
+@dataclass
+class LossParityConfig:
+    """Options of the loss_parity probe, the `[probes.loss_parity]` table."""
+
+    steps: int = 3
+    """Training steps compared (make_batch(1) ... make_batch(steps))."""
+    workload: str = "transformer"
+    """Built-in workload used without a target: mlp or transformer."""
+    tolerance_scale: float = 1.0
+    """Multiplies the dtype-aware relative tolerances (fp32 1e-4, bf16 5e-2, fp16 1e-2)."""
+    reference_limit_mib: float = 0.0
+    """Largest model (MiB of parameters and buffers) the reference may build on a rank;
+    0 = a third of the memory available per local rank (params, grads and optimizer state)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 1 <= self.steps <= 100:
+            raise ConfigError(f"probes.loss_parity.steps must be an integer in [1, 100], got {self.steps!r}")
+        if self.workload not in WORKLOADS:
+            raise ConfigError(f"probes.loss_parity.workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+        if not isinstance(self.tolerance_scale, (int, float)) or not 0 < self.tolerance_scale <= 1e6:
+            raise ConfigError(f"probes.loss_parity.tolerance_scale must be in (0, 1e6], got {self.tolerance_scale!r}")
+        if not isinstance(self.reference_limit_mib, (int, float)) or self.reference_limit_mib < 0:
+            raise ConfigError(f"probes.loss_parity.reference_limit_mib must be >= 0, got {self.reference_limit_mib!r}")
+
+
+def _local_slice(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The part of a full reference tensor that this rank's (possibly DTensor) tensor holds."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(like, DTensor):
+        return full
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(full.shape, like.device_mesh, like.placements)
+    index = tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=False))
+    return full[index]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def compare_tensors(ref: dict[str, torch.Tensor], par: dict[str, torch.Tensor], scale: float) -> dict[str, Any]:
+    """Compare each parallel tensor's local part with the same slice of the reference.
+
+    Relative error is ||a - b|| / ||b|| over the slice (with the slice's share of the full
+    norm as the floor, so an all-zero slice does not inflate it). Returns the maxima and the
+    tensors over tolerance, in model order.
+    """
+    bad, max_abs, max_rel, missing = [], 0.0, 0.0, []
+    for name, full in ref.items():
+        if name not in par:
+            missing.append(name)
+            continue
+        mine = par[name]
+        want = _local_slice(full.detach(), mine).to(torch.float64)
+        got = _local(mine.detach()).to(torch.float64)
+        if got.shape != want.shape:
+            bad.append({"name": name, "abs": math.inf, "rel": math.inf, "tol": 0.0,
+                        "detail": f"local shape {list(got.shape)} vs reference slice {list(want.shape)}"})
+            continue
+        if want.numel() == 0:
+            continue
+        diff = got - want
+        abs_err = float(diff.abs().max())
+        share = float(full.detach().double().norm()) * math.sqrt(want.numel() / max(full.numel(), 1))
+        denom = max(float(want.norm()), share, 1e-12)
+        rel = float(diff.norm()) / denom if math.isfinite(abs_err) else math.inf
+        tol = tr.rtol_for(full.dtype, scale)
+        max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel)
+        if not rel <= tol:
+            from torch.distributed.tensor import DTensor
+
+            bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor)})
+    return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing}
+
+
+def _sq_share(grads: dict[str, torch.Tensor], world: int) -> float:
+    """This rank's share of the parallel grad norm squared (summed over ranks: the norm squared)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    total = 0.0
+    for g in grads.values():
+        if isinstance(g, DTensor):
+            replicas = 1
+            for dim, p in enumerate(g.placements):
+                if isinstance(p, Replicate):
+                    replicas *= g.device_mesh.size(dim)
+            total += float(g.to_local().double().pow(2).sum()) / replicas
+        else:
+            total += float(g.double().pow(2).sum()) / world
+    return total
+
+
+def _norm(grads: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float(g.detach().double().pow(2).sum()) for g in grads.values()))
+
+
+def _accumulation_check(hooks: tr.Hooks, ref: torch.nn.Module, shard: Any, stepped: dict[str, torch.Tensor], plain: dict[str, torch.Tensor], scale: float) -> dict[str, Any]:
+    """train_step's gradients against one loss_fn backward on the same global batch."""
+    cmp = compare_tensors(plain, stepped, scale)
+    dot = sum(float((stepped[n].double() * plain[n].double()).sum()) for n in plain if n in stepped)
+    pp = sum(float(plain[n].double().pow(2).sum()) for n in plain)
+    factor = dot / pp if pp > 0 else 1.0
+    resid = math.sqrt(sum(float((stepped[n].double() - factor * plain[n].double()).pow(2).sum()) for n in plain if n in stepped))
+    return {
+        "equal": not cmp["bad"],
+        "max_rel": cmp["max_rel"],
+        "bad": cmp["bad"][:_TOP],
+        "factor": factor,
+        "scaled_resid": resid / max(math.sqrt(pp) * abs(factor), 1e-12),
+        "plain_norm": math.sqrt(pp),
+        "stepped_norm": _norm(stepped),
+    }
+
+
+class LossParityProbe(Probe):
+    name = "loss_parity"
+    summary = "an N-rank setup whose loss, gradients or parameters differ from a 1-process reference on the same global batch"
+    Config = LossParityConfig
+
+    def skip_reason(self, ctx: Any) -> str | None:
+        return tr.missing_hooks_reason(ctx, self.name)
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        opts: LossParityConfig = ctx.options or LossParityConfig()
+        hooks = tr.resolve_hooks(ctx, opts.workload)
+        rank, world = ctx.rank, ctx.world_size
+        base = {"source": hooks.source, "defaults": hooks.defaults, "optimizer": hooks.optimizer_desc}
+        mesh = tr.make_mesh(ctx)
+        error = None
+        try:
+            par = hooks.wrap(hooks.model(ctx.seed), mesh)
+            size = tr.model_bytes(par)
+            limit = _limit_bytes(opts, ctx)
+            if size > limit:
+                raise tr.HookError(
+                    f"the model ({size / 2**20:.1f} MiB of parameters and buffers) does not fit the reference on rank {rank}: "
+                    f"the limit is {limit / 2**20:.1f} MiB (probes.loss_parity.reference_limit_mib, default a third of "
+                    "the free memory per local rank); run the probe on a smaller configuration of the model"
+                )
+            ref = hooks.model(ctx.seed)
+            par_opt, ref_opt = hooks.optimizer(par), hooks.optimizer(ref)
+            batches = [hooks.batch(step) for step in range(1, opts.steps + 1)]
+            ref_shards = [hooks.shard(b, 0, 1) for b in batches]
+            par_shards = [hooks.shard(b, rank, world) for b in batches]
+        except tr.HookError as exc:
+            error = str(exc)
+        except MemoryError as exc:
+            error = f"building the model ran out of memory on rank {rank}: {exc}"
+        if tr.agree(ctx, error is not None):
+            return {**base, "setup_error": error}
+        started = time.perf_counter()
+        steps, accum = [], None
+        for i in range(opts.steps):
+            step = i + 1
+            plain = None
+            if hooks.train_step is not None and step == 1:
+                plain = self._plain_grads(ctx, hooks, ref, ref_opt, ref_shards[i])
+            ctx.seed(1000 + step)
+            ref_res = tr.run_step(hooks, ref, ref_opt, ref_shards[i])
+            if plain is not None:
+                accum = _accumulation_check(hooks, ref, ref_shards[i], ref_res.grads, plain, opts.tolerance_scale)
+                del plain
+            ctx.seed(1000 + step)
+            par_res = tr.run_step(hooks, par, par_opt, par_shards[i])
+            names = [tr.canonical_name(n) for n, _ in par.named_parameters()]
+            grads = compare_tensors(ref_res.grads, par_res.grads, opts.tolerance_scale)
+            params = compare_tensors(
+                {tr.canonical_name(n): p for n, p in ref.named_parameters()},
+                {tr.canonical_name(n): p for n, p in par.named_parameters()},
+                opts.tolerance_scale,
+            )
+            steps.append({
+                "step": step,
+                "loss": par_res.loss,
+                "ref_loss": ref_res.loss,
+                "ref_grad_norm": _norm(ref_res.grads),
+                "grad_sq_share": _sq_share(par_res.grads, world),
+                "grad": {**grads, "bad": grads["bad"][:_TOP]},
+                "param": {**params, "bad": params["bad"][:_TOP]},
+                "order": names if step == 1 else None,
+                "dtype": str(next(iter(ref.parameters())).dtype).replace("torch.", ""),
+            })
+        return {
+            **base,
+            "steps": steps,
+            "accumulation": accum,
+            "model_bytes": tr.model_bytes(ref),
+            "time_s": round(time.perf_counter() - started, 4),
+        }
+
+    @staticmethod
+    def _plain_grads(ctx: Any, hooks: tr.Hooks, ref: torch.nn.Module, opt: torch.optim.Optimizer, shard: Any) -> dict[str, torch.Tensor]:
+        """One loss_fn backward on the global batch; the grads are moved out, not copied."""
+        opt.zero_grad(set_to_none=True)
+        ctx.seed(1000 + 1)
+        loss = tr.call_hook("loss_fn", hooks.loss_fn, ref, shard)
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            raise tr.HookError("hook loss_fn must return a scalar tensor that requires grad")
+        loss.backward()
+        out = {}
+        for n, p in ref.named_parameters():
+            if p.grad is not None:
+                out[tr.canonical_name(n)] = p.grad
+                p.grad = None
+        return out
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        from distdiag.probes._parity_report import consolidate_parity
+
+        return consolidate_parity(self.name, payloads, view)
+
+
+def _limit_bytes(opts: LossParityConfig, ctx: Any) -> float:
+    if opts.reference_limit_mib > 0:
+        return opts.reference_limit_mib * 2**20
+    import psutil
+
+    local = max(1, getattr(ctx.info, "local_world_size", 1))
+    return psutil.virtual_memory().available / local / 3

@@ -1,0 +1,212 @@
+"""`param_sync`: what must be identical on every rank, checksummed after setup and after each step.
+
+Comparing the full tensors of a sharded parameter proves nothing (gathering makes them agree
+by construction), so the probe checksums only what each rank holds as a replica: buffers,
+parameters FSDP does not manage (plain tensors), and DTensor parameters with Replicate
+placements, grouped by their coordinates on the sharded mesh dims (the replicas of one
+shard under HSDP). The CPU (and CUDA) RNG states are checksummed too. Checksums are exact
+(over the bits), so "equal" means bitwise equal, as replicas of one update must be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from distdiag.errors import ConfigError
+from distdiag.probes import _training as tr
+from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.render import format_ranks
+from distdiag.report import Finding, ProbeResult
+from distdiag.workloads import WORKLOADS
+
+__all__ = ["ParamSyncProbe", "ParamSyncConfig", "bit_checksum", "replica_tensors"]
+
+_INT_VIEW = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+@dataclass
+class ParamSyncConfig:
+    """Options of the param_sync probe, the `[probes.param_sync]` table."""
+
+    steps: int = 2
+    """Training steps after setup; replicas are compared after setup and after each step."""
+    workload: str = "transformer"
+    """Built-in workload used without a target: mlp or transformer."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 0 <= self.steps <= 100:
+            raise ConfigError(f"probes.param_sync.steps must be an integer in [0, 100], got {self.steps!r}")
+        if self.workload not in WORKLOADS:
+            raise ConfigError(f"probes.param_sync.workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+
+
+def bit_checksum(t: torch.Tensor) -> str:
+    """A checksum of a tensor's bits (equal bits -> equal checksum), without copying to numpy."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    if t.dtype == torch.bool:
+        t = t.to(torch.uint8)
+    if t.is_complex():
+        t = torch.view_as_real(t).reshape(-1)
+    bits = t.view(_INT_VIEW[t.element_size()]).to(torch.int64)
+    # Position-weighted sums (wrapping int64 arithmetic): a swap or a flipped bit changes them.
+    weights = torch.arange(1, bits.numel() + 1, dtype=torch.int64) * 2654435761 % 2147483647
+    return f"{int((bits * weights).sum()) & 0xFFFFFFFFFFFFFFFF:016x}-{int(bits.sum()) & 0xFFFFFFFF:08x}-{bits.numel()}"
+
+
+def replica_tensors(model: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
+    """key -> (kind, local tensor) for everything that must be equal on the ranks sharing the key."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    out: dict[str, tuple[str, torch.Tensor]] = {}
+    for name, b in model.named_buffers():
+        out[f"buffer {tr.canonical_name(name)}"] = ("buffer", b.to_local() if isinstance(b, DTensor) else b)
+    for name, p in model.named_parameters():
+        fqn = tr.canonical_name(name)
+        if not isinstance(p, DTensor):
+            out[f"param {fqn}"] = ("unmanaged param", p)
+            continue
+        replicated = [d for d, pl in enumerate(p.placements) if isinstance(pl, Replicate)]
+        if not replicated:
+            continue  # every rank holds a different shard: nothing to compare
+        coords = p.device_mesh.get_coordinate() or []
+        where = ",".join(f"{d}={c}" for d, c in enumerate(coords) if d not in replicated)
+        kind = "replicated param" if len(replicated) == len(p.placements) else "HSDP shard replica"
+        out[f"param {fqn}" + (f" [shard {where}]" if where else "")] = (kind, p.to_local())
+    return out
+
+
+def _rng_states() -> dict[str, str]:
+    states = {"cpu": bit_checksum(torch.get_rng_state())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = bit_checksum(torch.cuda.get_rng_state())
+    return states
+
+
+def _snapshot(model: nn.Module) -> dict[str, Any]:
+    tensors = replica_tensors(model)
+    return {
+        "sums": {k: [kind, bit_checksum(t), float(t.detach().double().sum())] for k, (kind, t) in tensors.items()},
+        "rng": _rng_states(),
+    }
+
+
+class ParamSyncProbe(Probe):
+    name = "param_sync"
+    summary = "buffers, unmanaged or replicated parameters and RNG states that differ across ranks (replicas drifting)"
+    Config = ParamSyncConfig
+
+    def skip_reason(self, ctx: Any) -> str | None:
+        return tr.missing_hooks_reason(ctx, self.name)
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        opts: ParamSyncConfig = ctx.options or ParamSyncConfig()
+        hooks = tr.resolve_hooks(ctx, opts.workload)
+        mesh = tr.make_mesh(ctx)
+        error = None
+        try:
+            model = hooks.wrap(hooks.model(ctx.seed), mesh)
+            opt = hooks.optimizer(model)
+            shards = [hooks.shard(hooks.batch(s), ctx.rank, ctx.world_size) for s in range(1, opts.steps + 1)]
+        except tr.HookError as exc:
+            error = str(exc)
+        if tr.agree(ctx, error is not None):
+            return {"setup_error": error, "source": hooks.source}
+        snaps = [_snapshot(model)]
+        for shard in shards:
+            tr.run_step(hooks, model, opt, shard)
+            snaps.append(_snapshot(model))
+        return {"source": hooks.source, "snaps": snaps}
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        from distdiag.probes._parity_report import _setup_findings
+
+        if any("snaps" not in p for p in payloads.values()):
+            return ProbeResult.from_findings(self.name, _setup_findings(self.name, payloads))
+        ranks = sorted(payloads)
+        nsnaps = min(len(p["snaps"]) for p in payloads.values())
+        findings: list[Finding] = []
+        keys = sorted({k for p in payloads.values() for k in p["snaps"][0]["sums"]})
+        compared = 0
+        for key in keys:
+            holders = [r for r in ranks if key in payloads[r]["snaps"][0]["sums"]]
+            if len(holders) < 2:
+                continue
+            compared += 1
+            for i in range(nsnaps):
+                groups = _group(holders, lambda r, i=i, key=key: payloads[r]["snaps"][i]["sums"][key][1])
+                if len(groups) > 1:
+                    kind = payloads[holders[0]]["snaps"][0]["sums"][key][0]
+                    findings.append(_drift_finding(key, kind, i, groups, payloads))
+                    break
+        for which in ("cpu", "cuda"):
+            for i in range(nsnaps):
+                holders = [r for r in ranks if which in payloads[r]["snaps"][i]["rng"]]
+                groups = _group(holders, lambda r, i=i, which=which: payloads[r]["snaps"][i]["rng"][which])
+                if len(groups) > 1:
+                    odd = _minority(groups)
+                    findings.append(Finding(
+                        severity="warning",
+                        issue=f"the {which.upper()} RNG state differs across ranks {_when(i)}: {format_ranks(odd)} out of step with the others",
+                        evidence="; ".join(f"{format_ranks(g)}: state {h[:16]}" for h, g in groups.items()),
+                        ranks=odd,
+                        fix=(
+                            "a rank drew a different amount of random numbers (rank-dependent code in build_model, "
+                            "parallelize or the step); anything that needs equal randomness across ranks (tensor-parallel "
+                            "dropout, weight init) then differs: seed after rank-dependent code, or use a dedicated generator"
+                        ),
+                        confidence=0.8,
+                    ))
+                    break
+        findings.append(Finding(
+            severity="info",
+            issue=f"checked {compared} replicated tensor(s) of {payloads[ranks[0]]['source']} after setup and {nsnaps - 1} step(s)",
+            evidence="buffers, parameters FSDP does not manage, Replicate DTensor parameters and HSDP shard replicas; bitwise",
+        ))
+        metrics = {"replicated_tensors": compared, "steps": nsnaps - 1, "drifting": sum(1 for f in findings if f.severity == "error")}
+        return ProbeResult.from_findings(self.name, findings, metrics=metrics)
+
+
+def _group(ranks: list[int], value: Any) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for r in ranks:
+        groups.setdefault(value(r), []).append(r)
+    return groups
+
+
+def _minority(groups: dict[str, list[int]]) -> list[int]:
+    """The ranks outside the largest group (every rank when no group is larger than the others)."""
+    ordered = sorted(groups.values(), key=len, reverse=True)
+    if len(ordered[0]) == len(ordered[1]):
+        return sorted(r for g in ordered for r in g)
+    return sorted(r for g in ordered[1:] for r in g)
+
+
+def _when(i: int) -> str:
+    return "right after setup" if i == 0 else f"after step {i}"
+
+
+def _drift_finding(key: str, kind: str, i: int, groups: dict[str, list[int]], payloads: dict[int, dict[str, Any]]) -> Finding:
+    odd = _minority(groups)
+    lines = []
+    for _, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        total = payloads[members[0]]["snaps"][i]["sums"][key][2]
+        lines.append(f"{format_ranks(members)}: sum {total:.9g}")
+    if kind == "buffer":
+        fix = "the buffer is computed differently per rank (rank-dependent init or an update not synchronised); initialise it identically, or broadcast it from rank 0 after build"
+    elif kind == "unmanaged param":
+        fix = "no FSDP group manages this parameter, so its gradient is never reduced and each rank steps with its own: include it in fully_shard (do not list it in ignored_params), or all-reduce its gradient"
+    else:
+        fix = "replicas of one shard diverged: the reduction across the replicate mesh dim is missing or uses a different group"
+    first = "already at setup" if i == 0 else f"first after step {i}"
+    return Finding(
+        severity="error",
+        issue=f"{kind} {key.split(' ', 1)[1]} differs across ranks ({first}): {format_ranks(odd)} disagree with the others",
+        evidence="\n".join(lines),
+        ranks=odd,
+        fix=fix,
+        confidence=0.95,
+    )
