@@ -93,7 +93,10 @@ def consolidate_probe(probe: Probe, posted: dict[int, dict[str, Any]], view: Con
 def summary_line(report: Report) -> str:
     worst = [(n, f) for n, f in report.findings("warning")]
     if report.exit_code == 0 and not worst:
-        return f"all {len(report.probes)} probe(s) passed on {report.world_size} rank(s)"
+        ran = [p for p in report.probes if p.status != "skip"]
+        skipped = len(report.probes) - len(ran)
+        tail = f"; {skipped} skipped" if skipped else ""
+        return f"all {len(ran)} probe(s) that ran passed on {report.world_size} rank(s){tail}"
     if report.exit_code == 0:
         return f"passed with {len(worst)} warning(s)"
     order = {"critical": 0, "error": 1, "warning": 2}
