@@ -215,7 +215,7 @@ class CheckRun:
                 self._park()
             report = self._consolidate()
             self._emit(report)
-            self.ex.publish("verdict", {"exit_code": report.exit_code, "writer": info.rank, "host": info.host})
+            self.ex.publish("verdict", {"exit_code": report.exit_code, "writer": info.rank, "host": info.host, "node": info.node})
             self.sentinel.finishing_code = report.exit_code
             self.ex.wait_count("ack", info.world_size - 1, time.monotonic() + ACK_WAIT_S)
             return report.exit_code
@@ -274,8 +274,9 @@ class CheckRun:
         except OSError as exc:
             where = None
             _print_err(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
+        self._write_junit(report)
         try:
-            ex.publish("report", {"json": text, "host": self.info.host})
+            ex.publish("report", {"json": text, "host": self.info.host, "node": self.info.node})
         except Exception as exc:  # noqa: BLE001 - the local copy is written already
             log.warning("could not share the report through the store: %s", exc)
         if self.config.format == "json":
@@ -290,13 +291,28 @@ class CheckRun:
 
     def _mirror(self, ex: Exchange, verdict: dict[str, Any]) -> None:
         """Local rank 0 of every other node writes the same report there."""
-        if self.info.local_rank != 0 or verdict.get("host") == self.info.host:
+        # By node, not host: two torchrun agents on one machine are two nodes sharing a hostname.
+        here = (self.info.host, self.info.node)
+        if self.info.local_rank != 0 or (verdict.get("host"), verdict.get("node")) == here:
             return
         shared = ex.read("report")
-        if shared and shared.get("host") != self.info.host:
+        if shared and (shared.get("host"), shared.get("node")) != here:
+            import json
+
             from distdiag.report import write_json_atomic
 
             write_json_atomic(self.config.report, shared["json"].rstrip("\n"))
+            self._write_junit(Report.from_dict(json.loads(shared["json"])))
+
+    def _write_junit(self, report: Report) -> None:
+        if not self.config.junit:
+            return
+        from distdiag.junit import write_junit
+
+        try:
+            write_junit(report, self.config.junit)
+        except OSError as exc:
+            _print_err(f"distdiag: cannot write the JUnit XML to {self.config.junit}: {exc.strerror}")
 
     # -- the broken end (called on the sentinel thread of the rank that claims the writer) --
     def _write_abort_report(self, ex: Exchange, reason: dict[str, Any]) -> int:
@@ -362,7 +378,7 @@ class CheckRun:
         )
         report = self._report(results, not_run, outcome=outcome, hung=True, writer=self.info.rank)
         self._emit(report, ex)
-        ex.publish("verdict", {"exit_code": report.exit_code, "writer": self.info.rank, "host": self.info.host})
+        ex.publish("verdict", {"exit_code": report.exit_code, "writer": self.info.rank, "host": self.info.host, "node": self.info.node})
         # A stopped process ignores SIGTERM; end the same-host ones ourselves, by pid.
         for r, why in lost.items():
             info = self.rank_infos[r]

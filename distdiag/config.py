@@ -52,6 +52,8 @@ class CheckConfig:
     """Print only the verdict line (text format)."""
     target: str | None = None
     """The user's target: a module name or a .py file exposing hook functions."""
+    junit: str | None = None
+    """Also write the verdict as JUnit XML here (for CI systems and schedulers); None: don't."""
     probe_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-probe options, the `[probes.NAME]` tables; each probe validates its own."""
 
@@ -69,6 +71,8 @@ class CheckConfig:
             raise ConfigError(f"check.quiet must be true or false, got {self.quiet!r}")
         if self.target is not None and (not isinstance(self.target, str) or not self.target):
             raise ConfigError(f"check.target must be a module name or a .py path, got {self.target!r}")
+        if self.junit is not None and (not isinstance(self.junit, str) or not self.junit):
+            raise ConfigError(f"check.junit must be a file path, got {self.junit!r}")
         if not isinstance(self.probe_options, dict):
             raise ConfigError("[probes] must be a table of per-probe tables")
         for name, opts in self.probe_options.items():

@@ -40,6 +40,7 @@ def build_parser(prog: str = "python -m distdiag.check") -> argparse.ArgumentPar
     p.add_argument("--format", choices=["text", "json"], help="text: a table on stdout (default); json: the report on stdout")
     p.add_argument("--quiet", action="store_true", default=None, help="print only the verdict line")
     p.add_argument("--target", metavar="MODULE|FILE.py", help="the user's target exposing hook functions (module name or .py path)")
+    p.add_argument("--junit", metavar="PATH", help="also write the verdict as JUnit XML to PATH (on every node, like the report)")
     return p
 
 
@@ -59,6 +60,7 @@ def parse_config(argv: list[str]) -> CheckConfig:
         "format": args.format,
         "quiet": args.quiet,
         "target": args.target,
+        "junit": args.junit,
     }
     return merge_config(layers, overrides)
 
@@ -84,16 +86,18 @@ class Plan:
 def make_plan(config: CheckConfig, world_size: int) -> Plan:
     """Which probes run, with their options. Every problem is a ConfigError, the same on every rank."""
     known = ", ".join(PROBES)
-    for name in (config.probes or []) + config.skip:
+    every = config.probes == ["all"]  # `probes = ["all"]` (the full profile): opt-in probes too
+    requested = None if every else config.probes
+    for name in (requested or []) + config.skip:
         if name not in PROBES:
             raise ConfigError(f"unknown probe {name!r}; available: {known}")
     for name in config.probe_options:
         if name not in PROBES:
             raise ConfigError(f"probes.{name}: unknown probe {name!r}; available: {known}")
-    explicit = config.probes is not None
+    explicit = requested is not None
     # Probes with default_enabled = False (slow ones, e.g. bandwidth) run only when a profile
     # or --probes names them.
-    names = list(dict.fromkeys(config.probes if explicit else [n for n, p in PROBES.items() if p.default_enabled]))
+    names = list(dict.fromkeys(requested if explicit else [n for n, p in PROBES.items() if p.default_enabled or every]))
     plan = Plan(config)
     for name in names:
         if name in config.skip:

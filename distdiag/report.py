@@ -32,6 +32,7 @@ __all__ = [
     "exit_code_for",
     "write_report",
     "read_report",
+    "group_by_node",
 ]
 
 SCHEMA = "distdiag.report/1"
@@ -173,6 +174,39 @@ class RankInfo:
         return cls(**{k: data[k] for k in ("rank", "host", "node", "local_rank", "device", "pid")})
 
 
+def group_by_node(report: Report) -> dict[str, Any]:
+    """Findings grouped per node (torchrun's GROUP_RANK, with its host), for operators.
+
+    Each node lists the findings that name one of its ranks (restricted to those ranks) or
+    that drain its host; findings naming no rank and draining nothing are job-wide. Derived
+    from `probes` and `ranks`, so it is written but never read back.
+    """
+    nodes: dict[tuple[int, str], list[int]] = {}
+    for info in report.ranks:
+        nodes.setdefault((info.node, info.host), []).append(info.rank)
+    out: dict[str, Any] = {"nodes": [], "job": []}
+    for (node, host), ranks in sorted(nodes.items()):
+        mine = set(ranks)
+        items = []
+        for probe, f in report.findings():
+            drains_here = bool(f.drain) and f.drain.get("host") == host and (not f.ranks or mine & set(f.ranks))
+            if mine & set(f.ranks) or drains_here:
+                item = {"probe": probe, "severity": f.severity, "issue": f.issue, "ranks": sorted(mine & set(f.ranks))}
+                if f.drain:
+                    item["drain"] = f.drain
+                items.append(item)
+        worst = max((_severity_rank(i["severity"]) for i in items), default=-1)
+        out["nodes"].append({
+            "node": node, "host": host, "ranks": sorted(ranks),
+            "worst": SEVERITIES[worst] if worst >= 0 else "none",
+            "drain": any("drain" in i for i in items), "findings": items,
+        })
+    for probe, f in report.findings():
+        if not f.ranks and not f.drain:
+            out["job"].append({"probe": probe, "severity": f.severity, "issue": f.issue})
+    return out
+
+
 def exit_code_for(probes: list[ProbeResult], *, hung: bool = False, bad_input: bool = False) -> int:
     """The contract: 2 stands alone (nothing ran), else 3 over 4 over 1 over 0."""
     if bad_input:
@@ -252,6 +286,7 @@ class Report:
             "ranks": [r.to_dict() for r in self.ranks],
             "probes": [p.to_dict() for p in self.probes],
             "not_run": list(self.not_run),
+            "by_node": group_by_node(self),
             "config": self.config,
         }
 

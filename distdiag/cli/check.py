@@ -22,6 +22,7 @@ def check(
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="Deadline of one probe, seconds (default 60).")] = None,
     deadline_s: Annotated[float | None, typer.Option("--deadline-s", help="Deadline of the whole check, seconds (default 600).")] = None,
     format: Annotated[str | None, typer.Option("--format", help="text (a table) or json (the report on stdout).")] = None,
+    junit: Annotated[str | None, typer.Option("--junit", help="Also write the verdict as JUnit XML here.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="Print only the verdict line.")] = False,
     target: Annotated[str | None, typer.Option("--target", help="Your target: a module name or a .py file with hook functions.")] = None,
 ) -> None:
@@ -40,6 +41,7 @@ def check(
     for flag, value in (
         ("--probes", probes), ("--skip", skip), ("--profile", profile), ("--config", config),
         ("--timeout-s", timeout_s), ("--deadline-s", deadline_s), ("--format", format), ("--target", target),
+        ("--junit", junit),
     ):
         if value is not None:
             args += [flag, str(value)]
