@@ -100,7 +100,7 @@ def pick_metric(run: Run, role: str, explicit: str | None) -> Series | None:
 def _grad_series(run: Run, main: Series | None) -> list[Series]:
     """The main gradient norm and the per-module ones a TrainingMonitor logs (grad_norm/<module>)."""
     out = [main] if main is not None else []
-    out += [s for n, s in run.series.items() if n.startswith("grad_norm/") and s is not main]
+    out += [s for n, s in run.series.items() if n.startswith(("grad_norm/", "grad_norm_by_module/")) and s is not main]
     return out
 
 

@@ -1,0 +1,215 @@
+"""Pure checks on the values one look of the monitor gathered: each returns (key, Finding).
+
+The key dedupes: the monitor reports a finding once, with the first step it was seen, and
+counts the later looks that saw it again. No torch here: these take plain numbers, so they
+are unit-tested directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+from distdiag.analyze.series import median
+from distdiag.monitor.config import MonitorConfig
+from distdiag.report import Finding
+
+__all__ = ["agreement", "grad_checks", "component_checks", "code_checks", "entropy_checks", "update_checks"]
+
+Keyed = list[tuple[str, Finding]]
+
+
+def _g(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _disagreeing(values: dict[int, float], rtol: float) -> tuple[list[int], bool]:
+    """Ranks off the median by more than rtol, and whether they are a clear minority."""
+    med = median(list(values.values()))
+    off = [r for r, v in values.items() if abs(v - med) > rtol * max(abs(med), 1e-30)]
+    return sorted(off), 0 < len(off) < len(values) / 2
+
+
+def agreement(rows: dict[int, dict], cfg: MonitorConfig, step: int) -> Keyed:
+    """Cross-rank checks. rows: global rank -> {step, loss, grad_bad, grad_plain, param_plain, has_plain}."""
+    out: Keyed = []
+    if len(rows) < 2:
+        return out
+    steps = {r: row["step"] for r, row in rows.items()}
+    mode = max(set(steps.values()), key=list(steps.values()).count)
+    odd = sorted(r for r, s in steps.items() if s != mode)
+    if odd:
+        out.append((
+            "agree:step",
+            Finding(
+                "error",
+                f"rank(s) {', '.join(map(str, odd))} called the monitor at another step than the others ({', '.join(f'rank {r}: {int(steps[r])}' for r in odd)}; others: {int(mode)})",
+                "the monitor's all_reduce pairs calls by order: the ranks' loops are out of step",
+                odd,
+                fix="Call monitor.after_backward on every rank at every step with the same step number.",
+            ),
+        ))
+    bad_loss = sorted(r for r, row in rows.items() if not math.isfinite(row["loss"]))
+    if bad_loss and len(bad_loss) < len(rows):
+        good = [r for r in rows if r not in bad_loss]
+        out.append((
+            "agree:loss_nonfinite",
+            Finding(
+                "error",
+                f"rank(s) {', '.join(map(str, bad_loss))} see a non-finite loss at step {step} while rank(s) {', '.join(map(str, good))} see finite ones",
+                "; ".join(f"rank {r}: loss {_g(rows[r]['loss'])}" for r in sorted(rows)),
+                bad_loss,
+                fix="The data shard or the forward of those ranks produced it: see the trace finding for the module.",
+            ),
+        ))
+    bad_grad = sorted(r for r, row in rows.items() if row["grad_bad"])
+    if bad_grad and len(bad_grad) < len(rows):
+        out.append((
+            "agree:grad_nonfinite",
+            Finding(
+                "error",
+                f"rank(s) {', '.join(map(str, bad_grad))} hold non-finite gradients at step {step}, the other ranks do not",
+                "gradients of replicas are reduced together: a difference means the reduction did not cover them",
+                bad_grad,
+                fix="Check that every parameter's gradient is reduced (DDP/FSDP wraps the whole model) on every rank.",
+            ),
+        ))
+    for key, label in (("grad_plain", "gradient norm"), ("param_plain", "parameter norm")):
+        vals = {r: row[key] for r, row in rows.items() if row["has_plain"] and math.isfinite(row[key])}
+        if len(vals) < 2:
+            continue
+        off, minority = _disagreeing(vals, cfg.rank_rtol)
+        if not off:
+            continue
+        named = off if minority else sorted(vals)
+        out.append((
+            f"agree:{key}",
+            Finding(
+                "error",
+                (f"rank(s) {', '.join(map(str, off))} disagree with the others on the replicated {label} at step {step}" if minority
+                 else f"ranks {', '.join(map(str, named))} disagree on the replicated {label} at step {step} (no majority to tell which is wrong)"),
+                "; ".join(f"rank {r}: {_g(v)}" for r, v in sorted(vals.items())) + f" (relative tolerance {cfg.rank_rtol:g})",
+                named,
+                fix="Replicas must stay identical: check that gradients are all-reduced on every rank, that parameters were broadcast at start, "
+                "and that no rank-dependent code touches the model.",
+                confidence=0.9 if minority else 0.6,
+            ),
+        ))
+    losses = {r: row["loss"] for r, row in rows.items() if math.isfinite(row["loss"])}
+    if len(losses) >= 2:
+        for r, v in sorted(losses.items()):
+            others = median([x for q, x in losses.items() if q != r])
+            if others > 0 and v > cfg.loss_outlier_factor * others:
+                out.append((
+                    f"agree:loss_outlier:{r}",
+                    Finding(
+                        "warning",
+                        f"rank {r}'s loss {_g(v)} at step {step} is {v / others:.0f}x the other ranks' median {_g(others)}",
+                        "; ".join(f"rank {q}: {_g(x)}" for q, x in sorted(losses.items())),
+                        [r],
+                        fix="Check that rank's data shard (a corrupt file, a wrong label mapping) and its inputs' preprocessing.",
+                        confidence=0.7,
+                    ),
+                ))
+    return out
+
+
+def grad_checks(total: float, groups: dict[str, float], cfg: MonitorConfig, step: int) -> Keyed:
+    out: Keyed = []
+    if not math.isfinite(total):
+        return out  # the non-finite finding covers it
+    if total < cfg.vanish_below:
+        out.append(("grad:vanish", Finding("warning", f"gradient norm {_g(total)} at step {step} is below {cfg.vanish_below:g}: vanishing gradients",
+                                           fix="Check for saturated activations, a detached graph, a zero learning-rate scale or loss.")))
+    elif total > cfg.explode_above:
+        out.append(("grad:explode", Finding("warning", f"gradient norm {_g(total)} at step {step} is above {cfg.explode_above:g}: exploding gradients",
+                                            fix="Clip gradients, lower the learning rate, check normalisation and the loss scale.")))
+    for name, v in groups.items():
+        if total >= cfg.vanish_below and v < cfg.vanish_below:
+            out.append((f"grad:vanish:{name}", Finding("warning", f"gradient norm of {name} is {_g(v)} at step {step}, below {cfg.vanish_below:g}",
+                                                       f"total gradient norm {_g(total)}",
+                                                       fix=f"{name} barely learns: check that its output reaches the loss and is not detached or saturated.")))
+        elif total <= cfg.explode_above and v > cfg.explode_above:
+            out.append((f"grad:explode:{name}", Finding("warning", f"gradient norm of {name} is {_g(v)} at step {step}, above {cfg.explode_above:g}",
+                                                        fix="Clip gradients; check that module's initialisation and normalisation.")))
+    live = {n: v for n, v in groups.items() if v > 0 and math.isfinite(v)}
+    if len(live) >= 2:
+        hi = max(live, key=live.__getitem__)
+        lo = min(live, key=live.__getitem__)
+        if live[hi] >= cfg.imbalance_ratio * live[lo]:
+            out.append(("grad:imbalance", Finding(
+                "warning",
+                f"gradient norms are imbalanced at step {step}: {hi} {_g(live[hi])} is {live[hi] / live[lo]:.0f}x {lo} {_g(live[lo])}",
+                "per-module gradient norms: " + ", ".join(f"{n} {_g(v)}" for n, v in sorted(live.items(), key=lambda kv: -kv[1])[:8]),
+                fix="Check the initialisation and normalisation of the two modules; consider per-module learning rates.",
+                confidence=0.6,
+            )))
+    return out
+
+
+def update_checks(ratio: float, cfg: MonitorConfig, step: int) -> Keyed:
+    if not math.isfinite(ratio):
+        return []
+    if ratio > cfg.update_ratio_high:
+        return [("update:high", Finding("warning", f"one update changed the parameters by {ratio:.3g} of their norm at step {step} (above {cfg.update_ratio_high:g})",
+                                        "update norm / parameter norm; about 1e-3 is usual", fix="Lower the learning rate or lengthen warmup."))]
+    if ratio < cfg.update_ratio_low:
+        return [("update:low", Finding("warning", f"one update changed the parameters by only {ratio:.3g} of their norm at step {step} (below {cfg.update_ratio_low:g})",
+                                       "update norm / parameter norm", fix="Check the learning rate (schedule at 0?) and that the optimizer holds these parameters."))]
+    return []
+
+
+def component_checks(values: dict[str, float], cfg: MonitorConfig, step: int) -> Keyed:
+    out: Keyed = []
+    if len(values) < 2:
+        return out
+    for name, v in values.items():
+        if v == 0.0:
+            out.append((f"component:zero:{name}", Finding("warning", f"loss component {name!r} is exactly 0 at step {step}: a dead path",
+                                                         ", ".join(f"{k}={_g(x)}" for k, x in values.items()),
+                                                         fix="Check that this term's inputs are produced (e.g. routing or masking never selects them) and that its weight is not 0.")))
+    mags = sorted(((abs(v), k) for k, v in values.items() if math.isfinite(v) and v != 0.0), reverse=True)
+    if len(mags) >= 2 and mags[0][0] >= cfg.component_ratio * mags[1][0]:
+        (top, top_name), (second, second_name) = mags[0], mags[1]
+        out.append((f"component:dominant:{top_name}", Finding(
+            "warning",
+            f"loss component {top_name!r} ({_g(top)}) dominates the others at step {step}: {top / second:.0f}x the next largest, {second_name!r} ({_g(second)})",
+            ", ".join(f"{k}={_g(x)}" for k, x in values.items()),
+            fix="Rebalance the weights of the terms: the smaller ones barely move the gradients.",
+            confidence=0.7,
+        )))
+    return out
+
+
+def code_checks(stats: dict[str, float], num_codes: int, cfg: MonitorConfig, step: int) -> Keyed:
+    out: Keyed = []
+    if stats.get("tokens", 0) <= 0:
+        return out
+    used = stats["used_frac"]
+    if used < cfg.code_use_low:
+        out.append(("codes:collapse", Finding(
+            "warning",
+            f"only {used:.1%} of the {num_codes} codes are used at step {step} (below {cfg.code_use_low:.0%}): codebook/expert collapse",
+            f"perplexity {stats['perplexity']:.3g} of {num_codes}; top code {int(stats['top_code'])} takes {stats['top_share']:.1%} of {int(stats['tokens'])} assignments",
+            fix="Add or raise a load-balancing / commitment loss, re-initialise dead codes, lower the learning rate of the router.",
+        )))
+    if num_codes >= 3 and stats["top_share"] >= cfg.code_monopoly:
+        out.append(("codes:monopoly", Finding(
+            "warning",
+            f"code {int(stats['top_code'])} takes {stats['top_share']:.1%} of all assignments at step {step} (at least {cfg.code_monopoly:.0%})",
+            f"{used:.1%} of {num_codes} codes used, perplexity {stats['perplexity']:.3g}",
+            fix="Balance the assignments: an auxiliary load-balancing loss or capacity limits.",
+        )))
+    return out
+
+
+def entropy_checks(mean_nats: float, vocab: int, cfg: MonitorConfig, step: int) -> Keyed:
+    if vocab < 2 or not math.isfinite(mean_nats):
+        return []
+    frac = mean_nats / math.log(vocab)
+    if frac >= cfg.entropy_high and step >= cfg.entropy_grace_steps:
+        return [("entropy:high", Finding("warning", f"output entropy {mean_nats:.3g} nats at step {step} is {frac:.0%} of log(vocab={vocab}): near-uniform, gibberish output",
+                                         fix="The model is not learning the token distribution: check labels shift, the learning rate and the loss masking."))]
+    if frac <= cfg.entropy_low:
+        return [("entropy:low", Finding("warning", f"output entropy {mean_nats:.3g} nats at step {step} is {frac:.1%} of log(vocab={vocab}): collapsed onto few tokens",
+                                        fix="Check for a degenerate target (all padding?), too high a learning rate, or missing label smoothing."))]
+    return []
