@@ -10,7 +10,9 @@ from distdiag.probes.env import EnvProbe
 from distdiag.probes.fsdp_plan import FsdpPlanProbe
 from distdiag.probes.gpu import GpuProbe
 from distdiag.probes.loss_parity import LossParityProbe
+from distdiag.probes.moe_routing import MoeRoutingProbe
 from distdiag.probes.param_sync import ParamSyncProbe
+from distdiag.probes.sequence_parallel import SequenceParallelProbe
 
 __all__ = ["PROBES", "Probe", "ConsolidationView", "get_probe"]
 
@@ -23,6 +25,8 @@ PROBES: dict[str, type[Probe]] = {
     "loss_parity": LossParityProbe,
     "param_sync": ParamSyncProbe,
     "determinism": DeterminismProbe,
+    "sequence_parallel": SequenceParallelProbe,
+    "moe_routing": MoeRoutingProbe,
 }
 
 

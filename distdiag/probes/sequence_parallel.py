@@ -1,0 +1,310 @@
+"""`sequence_parallel`: splits that lose or shift tokens, SP losses that differ from the unsplit one.
+
+Three parts, each a finding that names ranks and token positions:
+1. the split (the target's `split_sequence`, else the built-in contiguous and zigzag ones)
+   on the batch and on a sequence one token longer: every (position, token, target) on
+   exactly one rank, targets shifted before the split, global position ids, the mask split
+   like the tokens (distdiag.probes.sp_checks);
+2. a Ulysses all-to-all (sequence-sharded -> head-sharded and back) round trip and the
+   attention computed that way, gathered back along the sequence;
+3. end to end, with `parallelize_sp`: the SP model's loss, output and gradients on split
+   inputs against the reference on the unsplit batch, for batches with uneven, empty and
+   no valid targets (the built-in tiny LM when there is no target).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distdiag.errors import ConfigError
+from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_local_findings
+from distdiag.probes.sp_checks import analyze_split, loss_problem
+from distdiag.probes.sp_end_to_end import run_end_to_end
+from distdiag.report import Finding, ProbeResult
+from distdiag.workloads import sequence as seqw
+
+__all__ = ["SequenceParallelProbe", "SequenceParallelConfig"]
+
+_MAX_ROWS = 2
+"""Split checks look at the first rows of a user's batch only (they travel as JSON)."""
+
+
+@dataclass
+class SequenceParallelConfig:
+    """Options of the sequence_parallel probe, the `[probes.sequence_parallel]` table."""
+
+    splitter: str = "both"
+    """Built-in split checked when the target has no split_sequence: contiguous, zigzag or both."""
+    seq_len: int = 32
+    """Sequence length of the built-in batch."""
+    num_heads: int = 0
+    """Heads of the Ulysses check; 0 means 2 x world size. Must divide by the world size."""
+    rtol: float = 1e-4
+    """Relative tolerance of loss, output and gradient comparisons (float32)."""
+
+    def __post_init__(self) -> None:
+        if self.splitter not in ("contiguous", "zigzag", "both"):
+            raise ConfigError(f"probes.sequence_parallel.splitter must be contiguous, zigzag or both, got {self.splitter!r}")
+        for key in ("seq_len", "num_heads"):
+            value = getattr(self, key)
+            low = 2 if key == "seq_len" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 1 << 16:
+                raise ConfigError(f"probes.sequence_parallel.{key} must be an integer in [{low}, 65536], got {value!r}")
+        if isinstance(self.rtol, bool) or not isinstance(self.rtol, int | float) or not 0 < self.rtol < 1:
+            raise ConfigError(f"probes.sequence_parallel.rtol must be a number in (0, 1), got {self.rtol!r}")
+
+
+def _lists(value: Any) -> Any:
+    return value.tolist() if isinstance(value, torch.Tensor) else None
+
+
+def _check_batch(batch: Any, who: str) -> str | None:
+    if not isinstance(batch, dict):
+        return f"{who} must return a dict with input_ids and labels, got {type(batch).__name__}"
+    for key in ("input_ids", "labels"):
+        t = batch.get(key)
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype.is_floating_point:
+            shown = f"{type(t).__name__}" if not isinstance(t, torch.Tensor) else f"{t.dtype} {list(t.shape)}"
+            return f"{who}: {key} must be an integer tensor [batch, seq], got {shown}"
+    if batch["labels"].shape != batch["input_ids"].shape:
+        return f"{who}: labels {list(batch['labels'].shape)} and input_ids {list(batch['input_ids'].shape)} differ in shape"
+    for key in ("position_ids", "attention_mask"):
+        t = batch.get(key)
+        if t is not None and (not isinstance(t, torch.Tensor) or t.shape != batch["input_ids"].shape):
+            return f"{who}: {key} must be a tensor shaped like input_ids {list(batch['input_ids'].shape)}"
+    return None
+
+
+def _local_lists(out: Any, rows: int) -> tuple[dict[str, Any] | None, str | None]:
+    """This rank's split as lists, or why the hook's result is unusable."""
+    if not isinstance(out, dict) or not isinstance(out.get("input_ids"), torch.Tensor):
+        return None, f"must return a dict with an input_ids tensor, got {type(out).__name__}"
+    ids = out["input_ids"]
+    if ids.dim() != 2 or ids.shape[0] != rows or ids.dtype.is_floating_point:
+        return None, f"input_ids must be an integer tensor [{rows}, local_seq], got {ids.dtype} {list(ids.shape)}"
+    res: dict[str, Any] = {"input_ids": ids.tolist()}
+    for key in ("shift_labels", "labels", "position_ids", "attention_mask"):
+        t = out.get(key)
+        if t is not None and (not isinstance(t, torch.Tensor) or t.shape != ids.shape):
+            shown = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            return None, f"{key} must be a tensor shaped like input_ids {list(ids.shape)}, got {shown}"
+        res[key] = _lists(t)
+    return res, None
+
+
+class SequenceParallelProbe(Probe):
+    name = "sequence_parallel"
+    summary = "sequence-parallel splits that lose or shift tokens, restart positions, or average per-rank losses"
+    min_world_size = 2
+    Config = SequenceParallelConfig
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        opts: SequenceParallelConfig = ctx.options or SequenceParallelConfig()
+        rank, world = ctx.rank, ctx.world_size
+        target = ctx.target
+        findings: list[dict[str, Any]] = []
+        ctx.seed()
+        if target is not None and target.has("make_batch"):
+            batch = target.make_batch(0)
+            problem = _check_batch(batch, "make_batch(0)")
+            if problem:
+                findings.append(local_finding("error", f"sequence_parallel cannot use the target's batch: {problem}",
+                                              fix="make_batch(step) returns {'input_ids': [B, S], 'labels': [B, S], ...} for this probe"))
+                return {"findings": findings, "splits": [], "e2e": []}
+        else:
+            batch = seqw.make_lm_batch(2, opts.seq_len, 64, pad=opts.seq_len // (2 * world) + 1, seed=0)
+        if target is not None and target.has("split_sequence"):
+            splitters = {"split_sequence": target.split_sequence}
+        else:
+            names = ["contiguous", "zigzag"] if opts.splitter == "both" else [opts.splitter]
+            splitters = {f"built-in {n}": seqw.SPLITTERS[n] for n in names}
+        splits = []
+        small = {k: (v[:_MAX_ROWS] if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+        longer = _one_longer(small)
+        for label, fn in splitters.items():
+            for variant, b in (("batch", small), ("seq+1", longer)):
+                entry: dict[str, Any] = {"splitter": label, "variant": variant, "seq_len": int(b["input_ids"].shape[1])}
+                try:
+                    local, problem = _local_lists(fn(b, rank, world), int(b["input_ids"].shape[0]))
+                except Exception as exc:  # noqa: BLE001 - the user's split raising is a finding
+                    local, problem = None, f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                entry["local"], entry["problem"] = local, problem
+                if rank == 0:
+                    entry["full"] = {k: _lists(b.get(k)) for k in ("input_ids", "labels", "position_ids", "attention_mask")}
+                splits.append(entry)
+        ulysses = _ulysses(ctx, opts)
+        e2e = run_end_to_end(ctx, batch, splitters, opts, findings)
+        return {"findings": findings, "splits": splits, "ulysses": ulysses, "e2e": e2e}
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        world = view.world_size
+        findings = merge_local_findings(payloads)
+        findings += _split_findings(payloads, world)
+        findings += _ulysses_findings(payloads)
+        findings += _e2e_findings(payloads, world, (view.options or SequenceParallelConfig()).rtol)
+        metrics: dict[str, Any] = {}
+        first = payloads.get(0, {})
+        if first.get("ulysses"):
+            metrics["ulysses_max_abs_err"] = max(p.get("ulysses", {}).get("attn_err", 0.0) for p in payloads.values())
+        if first.get("e2e"):
+            metrics["e2e"] = [{"variant": v["variant"], "ref_loss": v.get("ref_loss"),
+                               "sp_loss": _mean([p["e2e"][i].get("sp_loss") for p in payloads.values()])}
+                              for i, v in enumerate(first["e2e"])]
+        return ProbeResult.from_findings(self.name, findings, metrics=metrics)
+
+
+def _one_longer(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch with one more position (a length the split may not divide)."""
+    out = dict(batch)
+    for key in ("input_ids", "labels", "attention_mask"):
+        t = batch.get(key)
+        if isinstance(t, torch.Tensor):
+            out[key] = torch.cat([t, t[:, :1]], dim=1)
+    pos = batch.get("position_ids")
+    if isinstance(pos, torch.Tensor):
+        out["position_ids"] = torch.cat([pos, pos[:, -1:] + 1], dim=1)
+    return out
+
+
+def _mean(values: list[Any]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Finding]:
+    findings: list[Finding] = []
+    entries0 = payloads.get(0, {}).get("splits", [])
+    for i, entry0 in enumerate(entries0):
+        label = f"{entry0['splitter']!s}" + (" (seq len +1)" if entry0["variant"] != "batch" else "")
+        seq_len = entry0["seq_len"]
+        problems = {r: p["splits"][i]["problem"] for r, p in payloads.items() if p["splits"][i]["problem"]}
+        if problems:
+            ranks = sorted(problems)
+            uneven = entry0["variant"] != "batch"
+            raised = all(str(v).startswith("raised") for v in problems.values())
+            sev = "info" if uneven and raised else "error"
+            lines = "\n".join(f"rank {r}: {v}" for r, v in sorted(problems.items()))
+            what = "refuses" if raised else "returns an unusable result for"
+            findings.append(Finding(
+                severity=sev,
+                issue=f"split {label} {what} sequence length {seq_len} at world size {world} on ranks {ranks}",
+                evidence=lines, ranks=ranks,
+                fix=(f"pad sequences to a multiple of {world} (zigzag: {2 * world}) before the split" if sev == "info"
+                     else "split_sequence(batch, rank, world_size) returns a dict of [B, local_seq] tensors: input_ids, "
+                          "shift_labels, position_ids and attention_mask when the batch has one"),
+                confidence=0.95,
+            ))
+            continue
+        local = {r: p["splits"][i]["local"] for r, p in payloads.items()}
+        findings += analyze_split(label, entry0["full"], local, world)
+    return findings
+
+
+def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
+    findings = []
+    info = {r: p.get("ulysses") or {} for r, p in payloads.items()}
+    if any(v.get("problem") for v in info.values()):
+        return [Finding("warning", f"Ulysses check not run: {info[0].get('problem', '')}", ranks=[],
+                        fix="use a head count divisible by the sequence-parallel world size")]
+    bad_trip = sorted(r for r, v in info.items() if v and not v.get("round_trip_exact", True))
+    if bad_trip:
+        findings.append(Finding(
+            "error", f"the Ulysses all_to_all round trip (sequence -> heads -> sequence) is not exact on ranks {bad_trip}",
+            "\n".join(f"rank {r}: max abs error {info[r]['round_trip_err']:g}" for r in bad_trip), bad_trip,
+            "all_to_all_single returns wrong data: rerun the collectives probe and check the transport", 0.9))
+    for key, what in (("attn_err", "attention through the Ulysses all_to_all"), ("gather_err", "the shards gathered along the sequence")):
+        bad = sorted(r for r, v in info.items() if v and v.get(key, 0.0) > v.get("tol", 1e-4))
+        if bad:
+            findings.append(Finding(
+                "error", f"{what} differs from unsharded attention on ranks {bad}",
+                "\n".join(f"rank {r}: max abs error {info[r][key]:g} (tolerance {info[r]['tol']:g}) at sequence positions "
+                          f"{info[r].get(key + '_positions', [])}" for r in bad), bad,
+                "the head/sequence layout of the all_to_all is wrong or the transport corrupts data", 0.9))
+    return findings
+
+
+def _e2e_findings(payloads: dict[int, dict[str, Any]], world: int, rtol: float) -> list[Finding]:
+    findings: list[Finding] = []
+    first = payloads.get(0, {}).get("e2e", [])
+    for i, v0 in enumerate(first):
+        per = {r: p["e2e"][i] for r, p in payloads.items()}
+        variant = v0["variant"]
+        errors = {r: v["error"] for r, v in per.items() if v.get("error")}
+        shapes = {r: v["output_problem"] for r, v in per.items() if v.get("output_problem")}
+        if shapes:
+            ranks = sorted(shapes)
+            findings.append(Finding(
+                "error", f"the SP model's output has the wrong shape on ranks {ranks} ({variant} batch)",
+                "\n".join(f"rank {r}: {s}" for r, s in sorted(shapes.items())), ranks,
+                "gather sequence shards along the sequence dim (dim 1 of [batch, seq, ...]) in rank order", 0.95))
+        if errors:
+            ranks = sorted(errors)
+            findings.append(Finding(
+                "error", f"the SP step failed on ranks {ranks} ({variant} batch)",
+                "\n".join(f"rank {r}: {e}" for r, e in sorted(errors.items())), ranks,
+                "parallelize_sp(model, mesh) and loss_fn(model, local_batch) must run on the split batch", 0.9))
+            continue
+        if any(v.get("skipped") for v in per.values()):
+            continue
+        sp_values = {r: v["sp_loss"] for r, v in per.items()}
+        valid = {r: v["valid"] for r, v in per.items()}
+        sums = {r: v["ref_shard_sum"] for r, v in per.items()} if all(v.get("ref_shard_sum") is not None for v in per.values()) else None
+        problem = loss_problem(v0["ref_loss"], sp_values, valid, sums, rtol)
+        if problem:
+            issue, evidence = problem
+            findings.append(Finding("error", f"{issue} ({variant} batch)", evidence, sorted(per),
+                                    "weight per-rank losses by valid targets: sum the token losses and divide by the "
+                                    "group's valid-target count (an all_reduce), with a floor of 1 for empty groups", 0.9))
+        mism = {r: v["output_mismatch"] for r, v in per.items() if v.get("output_mismatch")}
+        if mism and not problem:
+            ranks = sorted(mism)
+            findings.append(Finding(
+                "error", f"the SP model's output differs from the reference at some token positions on ranks {ranks} ({variant} batch)",
+                "\n".join(f"rank {r}: {m}" for r, m in sorted(mism.items())), ranks,
+                "the SP attention must see the whole causal prefix by global position (gather K/V along the sequence)", 0.85))
+        g = per[0].get("grad")
+        if g and not g.get("finite", True):
+            findings.append(Finding("error", f"SP gradients are not finite ({variant} batch): {g.get('worst')}", "", sorted(per),
+                                    "a shard or group without valid targets must contribute 0, not 0/0", 0.9))
+        elif g and g.get("rel_err", 0.0) > rtol * 10 and math.isfinite(v0["ref_loss"]) and not problem:
+            findings.append(Finding(
+                "error", f"SP gradients (averaged over {world} ranks) differ from the unsplit batch's ({variant} batch)",
+                f"worst parameter {g['worst']}: relative error {g['rel_err']:.3g}", sorted(per),
+                "the loss each rank backpropagates must be its token-loss sum x world / the group's valid targets", 0.85))
+    return findings
+
+
+def _ulysses(ctx: Any, opts: SequenceParallelConfig) -> dict[str, Any]:
+    """Sequence -> head sharding and back over all_to_all; attention against the unsharded one."""
+    world, rank = ctx.world_size, ctx.rank
+    heads = opts.num_heads or 2 * world
+    if heads % world:
+        return {"problem": f"{heads} heads do not divide by the SP world size {world}"}
+    seq_local, dim = 4, 8
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, seq_local * world, heads, dim, generator=gen) for _ in range(3))
+    pos = torch.arange(seq_local * world)[None]
+    sl = slice(rank * seq_local, (rank + 1) * seq_local)
+    a2a = ctx.comm.all_to_all_single
+    mine = q[:, sl].contiguous().to(ctx.device)
+    back = seqw.heads_to_seq(seqw.seq_to_heads(mine, world, a2a), world, a2a).cpu()
+    trip_err = float((back - q[:, sl]).abs().max())
+    qh, kh, vh = (seqw.seq_to_heads(t[:, sl].contiguous().to(ctx.device), world, a2a).transpose(1, 2) for t in (q, k, v))
+    out_local = seqw.heads_to_seq(seqw.attention(qh, kh, vh, pos, pos).transpose(1, 2).contiguous(), world, a2a).cpu()
+    ref = seqw.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), pos, pos).transpose(1, 2)
+    err = (out_local - ref[:, sl]).abs()
+    parts = [torch.empty_like(out_local).to(ctx.device) for _ in range(world)]
+    ctx.comm.all_gather(parts, out_local.to(ctx.device))
+    gathered = torch.cat([p.cpu() for p in parts], dim=1)
+    gerr = (gathered - ref).abs()
+    tol = 1e-5
+    return {
+        "round_trip_exact": bool(torch.equal(back, q[:, sl])), "round_trip_err": trip_err,
+        "attn_err": float(err.max()), "gather_err": float(gerr.max()), "tol": tol,
+        "attn_err_positions": [rank * seq_local + int(i) for i in (err.amax(dim=(0, 2, 3)) > tol).nonzero().flatten()[:8]],
+        "gather_err_positions": [int(i) for i in (gerr.amax(dim=(0, 2, 3)) > tol).nonzero().flatten()[:8]],
+    }
