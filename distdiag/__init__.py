@@ -20,6 +20,9 @@ __all__ = [
     "write_report",
     "ConfigError",
     "DistDiagError",
+    "TrainingMonitor",
+    "HangWatchdog",
+    "HangDetected",
 ]
 
 # public name -> module that defines it
@@ -31,6 +34,9 @@ _LAZY: dict[str, str] = {
     "write_report": "distdiag.report",
     "ConfigError": "distdiag.errors",
     "DistDiagError": "distdiag.errors",
+    "TrainingMonitor": "distdiag.monitor",
+    "HangWatchdog": "distdiag.watchdog",
+    "HangDetected": "distdiag.errors",
 }
 
 

@@ -11,6 +11,10 @@ The rules, in order of precedence:
   5. ranks inside different collectives (op, shape) at the same sequence number: a desync;
   6. every rank inside the same collective: a stall below the program (network, fabric);
   7. nobody inside a collective: the step itself is slower than the deadline.
+When snapshots carry a fingerprint `history` (the watchdog's), `find_desync` also locates the
+first sequence number where a rank's collectives stop matching the majority's - a different
+op or shape, or a call-site shift by one (a skipped or an extra collective that gloo/NCCL
+paired silently with the next one) - and `desync_finding` names the rank, step and sites.
 """
 
 from __future__ import annotations
@@ -21,16 +25,17 @@ from typing import Any
 from distdiag.render import format_ranks
 from distdiag.report import Finding
 
-__all__ = ["analyze_hang", "rank_state", "state_rows"]
+__all__ = ["analyze_hang", "rank_state", "state_rows", "find_desync", "desync_finding", "SHAPE_FREE_OPS"]
 
-_DISTDIAG_FRAMES = ("/distdiag/check.py", "/distdiag/sentinel.py", "/distdiag/tracker.py")
+_DISTDIAG_FRAMES = ("/distdiag/check.py", "/distdiag/sentinel.py", "/distdiag/tracker.py", "/distdiag/watch.py", "/runpy.py")
+_DISTDIAG_DIRS = ("/distdiag/watchdog/",)
 
 
 def _where(stack: list[str]) -> str:
     """The innermost frame of the stack that is not distdiag's own runner."""
     for line in reversed(stack):
         path = line.split(":", 1)[0]
-        if not path.endswith(_DISTDIAG_FRAMES) and "/threading.py" not in path:
+        if not path.endswith(_DISTDIAG_FRAMES) and "/threading.py" not in path and not any(d in path for d in _DISTDIAG_DIRS):
             return line
     return stack[-1] if stack else "?"
 
@@ -140,6 +145,7 @@ def analyze_hang(
                 confidence=0.9,
             )
         )
+    desync_reported = False
     computing = sorted(r for r, st in states.items() if st in ("computing", "setup"))
     finished = sorted(r for r, st in states.items() if st == "finished")
     if in_coll:
@@ -200,12 +206,18 @@ def analyze_hang(
                     f"{format_ranks(sorted(keys[k]))}: {_coll_label(in_coll[keys[k][0]])} at {in_coll[keys[k][0]].get('call_site', '?')}"
                     for k in variants
                 ]
-                diverged = first_divergence(live)
+                located = find_desync(live) if _has_history(live) else None
+                diverged = None if located is not None else first_divergence(live)
+                if located is not None:
+                    lines.append(f"first divergence at {located['group']} #{located['seq']}:")
+                    lines += _desync_lines(located)
+                    desync_reported = True
                 if diverged is not None:
                     dgroup, dseq, by_rank = diverged
                     lines.append(f"first divergence at {dgroup} #{dseq}:")
                     lines += [f"  rank {r}: {c['op']} at {c.get('call_site', '?')}" for r, c in sorted(by_rank.items())]
                 who = "no majority: the ranks disagree" if tie else f"odd ones: {format_ranks(odd)}"
+                who += "; " + ", ".join(f"{format_ranks(sorted(keys[k]))} in {in_coll[keys[k][0]]['op']}" for k in variants)
                 findings.append(
                     Finding(
                         severity="critical",
@@ -227,6 +239,10 @@ def analyze_hang(
                     confidence=0.6,
                 )
             )
+        if not desync_reported and _has_history(live):
+            located = find_desync(live)
+            if located is not None:
+                findings.append(desync_finding(located))
     elif not lost and not errors:
         slow = sorted(live)
         where = "; ".join(f"rank {r} at {_where(live[r].get('stack', []))}" for r in slow[:4])
@@ -241,3 +257,162 @@ def analyze_hang(
             )
         )
     return findings
+
+
+# -- desync from fingerprint histories (the watchdog's snapshots) ---------------------------
+
+SHAPE_FREE_OPS = frozenset({
+    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "all_gather_object",
+    "broadcast_object_list", "gather_object", "scatter_object_list", "gather", "scatter",
+})
+"""Ops whose shapes may differ between ranks legitimately (uneven splits, root-only lists)."""
+_SHIFT_CHECK = 4
+"""How many following collectives must confirm a shift before it is called a skip/extra."""
+
+
+def _pair_key(c: dict[str, Any]) -> tuple[Any, ...]:
+    """What the backend pairs on: the op, and the shape/dtype where they must agree."""
+    op = str(c["op"])
+    if op.split("(", 1)[0] in SHAPE_FREE_OPS:
+        return (op,)
+    return (op, str(c.get("shape")), c.get("dtype"))
+
+
+def _full_key(c: dict[str, Any]) -> tuple[Any, ...]:
+    return (*_pair_key(c), c.get("call_site"))
+
+
+def _has_history(snaps: dict[int, dict[str, Any]]) -> bool:
+    return any(s.get("history") for s in snaps.values())
+
+
+def _histories(snaps: dict[int, dict[str, Any]]) -> dict[str, dict[int, dict[int, dict[str, Any]]]]:
+    by_group: dict[str, dict[int, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    for rank, snap in snaps.items():
+        records = list(snap.get("history") or snap.get("recent") or [])
+        if snap.get("in_collective"):
+            records.append(snap["in_collective"])
+        for c in records:
+            if int(c.get("seq", 0)) > 0:
+                by_group[str(c["group"])][rank][int(c["seq"])] = c
+    return by_group
+
+
+def _classify(mine: dict[int, dict[str, Any]], ref: dict[int, dict[str, Any]], lo: int, hi: int) -> tuple[int, str] | None:
+    """The first seq where `mine` stops matching `ref`, and why: mismatch | skipped | extra."""
+    for seq in range(lo, hi + 1):
+        a, b = mine.get(seq), ref.get(seq)
+        if a is None or b is None or _full_key(a) == _full_key(b):
+            continue
+        if _pair_key(a) != _pair_key(b):
+            return seq, "mismatch"
+        ahead = [s for s in range(seq, seq + _SHIFT_CHECK) if s in mine and s + 1 in ref]
+        if ahead and all(_full_key(mine[s]) == _full_key(ref[s + 1]) for s in ahead):
+            return seq, "skipped"
+        behind = [s for s in range(seq, seq + _SHIFT_CHECK) if s + 1 in mine and s in ref]
+        if behind and all(_full_key(mine[s + 1]) == _full_key(ref[s]) for s in behind):
+            return seq, "extra"
+        # Same op and shape from another line, and no shift after it: a legitimate
+        # rank-dependent call site (e.g. `if rank == 0: broadcast(...) else: broadcast(...)`).
+    return None
+
+
+def find_desync(snaps: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The earliest point where some rank's collective history departs from the majority's."""
+    best: dict[str, Any] | None = None
+    for group, ranks in _histories(snaps).items():
+        if len(ranks) < 2:
+            continue
+        lo = max(min(recs) for recs in ranks.values())
+        hi = max(max(recs) for recs in ranks.values())
+        if lo > hi:
+            continue
+        sig: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+        common_hi = min(max(recs) for recs in ranks.values())
+        for rank, recs in sorted(ranks.items()):
+            sig[tuple(_full_key(recs[s]) if s in recs else None for s in range(lo, common_hi + 1))].append(rank)
+        if len(sig) < 2 and all(max(recs) == hi for recs in ranks.values()):
+            continue
+        classes = sorted(sig.values(), key=lambda rs: (-len(rs), rs[0]))
+        tie = len(classes) > 1 and len(classes[0]) == len(classes[1])
+        majority = classes[0]
+        ref = majority[0]
+        hits: list[tuple[int, str, int]] = []
+        for rank in sorted(ranks):
+            if rank in majority:
+                continue
+            found = _classify(ranks[rank], ranks[ref], lo, hi)
+            if found is not None:
+                hits.append((found[0], found[1], rank))
+        if not hits:
+            continue
+        seq = min(h[0] for h in hits)
+        odd = sorted(h[2] for h in hits if h[0] == seq)
+        kind = next(h[1] for h in hits if h[0] == seq)
+        located = {
+            "group": group, "seq": seq, "kind": kind, "odd": odd, "majority": majority, "tie": tie,
+            "records": {r: ranks[r].get(seq) for r in odd + [ref]},
+            "next": {r: ranks[r].get(seq + 1) for r in odd + [ref]},
+            "ref": ref,
+        }
+        if best is None or seq < best["seq"]:
+            best = located
+    return best
+
+
+def _rec_text(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "(nothing recorded)"
+    step = f" in step {c['step']}" if c.get("step") is not None else ""
+    return f"{_coll_label(c)}{step} at {c.get('call_site', '?')}"
+
+
+def _desync_lines(d: dict[str, Any]) -> list[str]:
+    ref = d["ref"]
+    lines = [f"  {format_ranks(d['majority'])}: {_rec_text(d['records'][ref])}"]
+    lines += [f"  rank {r}: {_rec_text(d['records'][r])}" for r in d["odd"]]
+    lines.append(f"then #{d['seq'] + 1}:")
+    lines.append(f"  {format_ranks(d['majority'])}: {_rec_text(d['next'][ref])}")
+    lines += [f"  rank {r}: {_rec_text(d['next'][r])}" for r in d["odd"]]
+    return lines
+
+
+def desync_finding(d: dict[str, Any]) -> Finding:
+    """A finding naming the odd rank(s), the step, and both call sites of the divergence."""
+    ref, odd, seq, group = d["ref"], d["odd"], d["seq"], d["group"]
+    theirs, mine = d["records"][ref] or {}, d["records"][odd[0]] or {}
+    who = format_ranks(odd)
+    others = format_ranks(d["majority"])
+    step = mine.get("step", theirs.get("step"))
+    at = f" in step {step}" if step is not None else ""
+    if d["kind"] == "skipped":
+        issue = (
+            f"desync on group {group}: {who} skipped collective #{seq}{at} - {others} issued {theirs.get('op')} "
+            f"at {theirs.get('call_site', '?')}, {who} went on to {mine.get('op')} at {mine.get('call_site', '?')}, "
+            "which the backend paired with it"
+        )
+    elif d["kind"] == "extra":
+        issue = (
+            f"desync on group {group}: {who} issued one extra {mine.get('op')} as collective #{seq}{at} at "
+            f"{mine.get('call_site', '?')}; {others} issued {theirs.get('op')} at {theirs.get('call_site', '?')} "
+            "there, and the backend paired the two silently"
+        )
+    else:
+        issue = (
+            f"desync on group {group} at collective #{seq}{at}: {who} issued {mine.get('op')} "
+            f"({mine.get('dtype', '?')}{mine.get('shape')}) at {mine.get('call_site', '?')} where {others} issued "
+            f"{theirs.get('op')} ({theirs.get('dtype', '?')}{theirs.get('shape')}) at {theirs.get('call_site', '?')}"
+        )
+    if d["tie"]:
+        issue += " (no majority: either side may be the odd one)"
+    return Finding(
+        severity="critical",
+        issue=issue,
+        evidence="\n".join([f"first divergence at {group} #{seq}:", *_desync_lines(d)]),
+        ranks=sorted(set(odd) | (set(d["majority"]) if d["tie"] else set())),
+        fix=(
+            "every rank must issue the same collectives in the same order: look for a rank-dependent "
+            "branch, an early return/continue or an extra call around the call sites shown"
+        ),
+        confidence=0.55 if d["tie"] else 0.9,
+    )

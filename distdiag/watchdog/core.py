@@ -1,0 +1,213 @@
+"""HangWatchdog: the context manager users put around their training loop.
+
+    with HangWatchdog(timeout=timedelta(minutes=5), dump_dir="hang-report") as wd:
+        for step, batch in enumerate(loader):
+            wd.step(step)
+            train_step(batch)
+            if step % 1000 == 0:
+                with wd.phase("checkpoint", timeout=timedelta(minutes=20)):
+                    save(...)
+
+Arming (after init_process_group) wraps torch.distributed's collectives for the arming
+thread and starts one daemon thread; leaving the block - normally, by an exception, or at
+interpreter exit - puts everything back. Nothing here touches signal handlers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from distdiag.errors import ConfigError
+from distdiag.watchdog.config import WatchdogConfig
+from distdiag.watchdog.monitor import VERDICT_WAIT_S
+
+__all__ = ["HangWatchdog"]
+
+log = logging.getLogger("distdiag.watchdog")
+
+_arms = [0]
+"""How many watchdogs this process armed: all ranks arm in the same order, so the count
+names the store namespace of this one (wd0/, wd1/, ...)."""
+
+
+class HangWatchdog:
+    """Names the stuck rank, its collective and its stack when a job stops making progress.
+
+    Arguments left as None come from the environment (DISTDIAG_WATCHDOG_*), then defaults.
+    """
+
+    def __init__(
+        self,
+        timeout: timedelta | None = None,
+        *,
+        action: str | None = None,
+        dump_dir: str | None = None,
+        poll: timedelta | None = None,
+        history: int | None = None,
+        config: WatchdogConfig | None = None,
+    ) -> None:
+        if config is None:
+            config = WatchdogConfig.from_env(timeout=timeout, action=action, dump_dir=dump_dir, poll=poll, history=history)
+        self.config = config
+        self._progress: Any = None
+        self._interceptor: Any = None
+        self._monitor: Any = None
+        self._auto_step = 0
+
+    # -- arming ---------------------------------------------------------------------------
+    @property
+    def armed(self) -> bool:
+        return self._monitor is not None
+
+    def start(self) -> HangWatchdog:
+        import torch.distributed as dist
+
+        from distdiag.runtime import LaunchInfo
+        from distdiag.watchdog.intercept import Interceptor
+        from distdiag.watchdog.monitor import Monitor
+        from distdiag.watchdog.progress import Progress
+
+        if self.armed:
+            return self
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ConfigError(
+                "HangWatchdog needs the default process group: call torch.distributed.init_process_group() "
+                "before entering it (or launch with python -m distdiag.watch)"
+            )
+        info = LaunchInfo.from_env()
+        info.rank, info.world_size = dist.get_rank(), dist.get_world_size()
+        self._warn_short_pg_timeout()
+        index = _arms[0]
+        _arms[0] += 1
+        self._progress = Progress(self.config.history, threading.get_ident())
+        self._interceptor = Interceptor(self._progress)
+        self._interceptor.install()
+        extra = {
+            "timeout_s": self.config.timeout_s, "action": self.config.action, "dump_dir": self.config.dump_dir,
+            "run_id": info.run_id, "restart_count": info.restart_count,
+        }
+        self._monitor = Monitor(
+            progress=self._progress, config=self.config, info=info,
+            store_factory=lambda: _store(info, index, self.config.timeout_s), extra_config=extra,
+        )
+        self._monitor.start()
+        self._monitor.ready.wait(30)
+        atexit.register(self.close)
+        return self
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Disarm: restore torch.distributed, stop the thread (bounded), post the final state."""
+        if not self.armed:
+            return
+        monitor, self._monitor = self._monitor, None
+        self._progress.closed = True
+        self._interceptor.restore()
+        summary = None
+        if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit):
+            tb = "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=8))
+            summary = {"type": type(error).__name__, "message": str(error).splitlines()[0][:500] if str(error) else "", "traceback": tb[-4000:]}
+        if summary is not None and _is_comm_error(error) and monitor.is_alive():
+            # A peer died or broke its connection: the others learn it as an exception in
+            # their collective. Report it (naming the lost rank) before the script goes on.
+            monitor.request("peer_error", f"rank {monitor.rank}: {summary['type']}: {summary['message']}")
+            monitor.acted.wait(self.config.snapshot_grace.total_seconds() + VERDICT_WAIT_S)
+        monitor.finish(summary)
+        try:
+            atexit.unregister(self.close)
+        except Exception:  # noqa: BLE001 - interpreter shutting down
+            pass
+
+    def __enter__(self) -> HangWatchdog:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.close(exc)
+
+    # -- progress marks --------------------------------------------------------------------
+    def step(self, step: Any = None) -> None:
+        """Mark the start of a training step (progress; ranks compare their collectives here)."""
+        if self._progress is None:
+            return
+        if step is None:
+            step = self._auto_step
+            self._auto_step += 1
+        self._progress.mark_step(step)
+
+    @contextmanager
+    def phase(self, name: str, timeout: timedelta | None = None) -> Iterator[None]:
+        """Long work without collectives (checkpoint, evaluation) with its own time budget.
+
+        Peers waiting on this rank are not declared hung while the budget lasts.
+        """
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0):
+            raise ConfigError(f"watchdog phase '{name}': timeout must be a positive timedelta, got {timeout!r}")
+        budget = (timeout or self.config.timeout).total_seconds()
+        if self._progress is None:
+            yield
+            return
+        self._progress.enter_phase(name, budget)
+        try:
+            yield
+        finally:
+            self._progress.exit_phase()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _warn_short_pg_timeout(self) -> None:
+        pg_timeout = default_pg_timeout()
+        if pg_timeout is not None and pg_timeout < self.config.timeout:
+            log.warning(
+                "the default process group's timeout (%gs) is shorter than the watchdog's (%gs): torch will end a "
+                "hung collective first and the watchdog will not report it; pass timeout=timedelta(seconds=%d) or "
+                "more to init_process_group, or lower the watchdog's timeout",
+                pg_timeout.total_seconds(), self.config.timeout_s, int(self.config.timeout_s * 2),
+            )
+
+
+def _is_comm_error(exc: BaseException) -> bool:
+    text = str(exc)
+    markers = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe", "NCCL error")
+    return type(exc).__name__ == "DistNetworkError" or any(m in text for m in markers)
+
+
+def default_pg_timeout() -> timedelta | None:
+    """The default group's collective timeout, as its backend holds it (None if unknown)."""
+    import torch
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        pg = c10d._get_default_group()
+    except Exception:  # noqa: BLE001
+        return None
+    for device in ("cuda", "cpu"):
+        try:
+            backend = pg._get_backend(torch.device(device))
+            timeout = backend.options._timeout
+        except Exception:  # noqa: BLE001 - no backend for that device
+            continue
+        if isinstance(timeout, timedelta):
+            return timeout
+    return None
+
+
+def _store(info: Any, index: int, timeout_s: float) -> Any:
+    """A store client for the watchdog thread, under the run's prefix and this arming's."""
+    from datetime import timedelta as td
+
+    import torch.distributed as dist
+
+    from distdiag.runtime import connect_store
+
+    prefix = f"wd{index}/"
+    if info.agent_store and info.distributed:
+        # torchrun's agent (or our test harness) hosts the store: a client of our own.
+        return connect_store(info, td(seconds=max(30.0, timeout_s)), prefix=prefix)
+    # Without an agent store the job's store lives in rank 0's init; share that client.
+    base = dist.distributed_c10d._get_default_store()
+    return dist.PrefixStore(info.key_prefix + prefix, base)

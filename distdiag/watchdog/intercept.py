@@ -1,0 +1,242 @@
+"""Wrap torch.distributed's collectives (and the functional ones DTensor uses) while armed.
+
+Each wrapper records the call in distdiag.watchdog.progress (op, group, shape, dtype, the
+user's call site) and calls the original. The wrappers replace module attributes of
+torch.distributed, torch.distributed.distributed_c10d (so internal calls such as
+all_gather_object -> all_gather are seen once: nested calls pass straight through) and
+torch.distributed._functional_collectives; `restore()` puts the originals back.
+Code that bound a collective by name before arming (`from torch.distributed import
+all_reduce`) keeps the original: the flight recorder and the stacks still cover it.
+Only the thread that armed the watchdog is tracked; other threads pass straight through.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from distdiag.watchdog.progress import P2P_GROUP, Progress
+
+__all__ = ["Interceptor", "C10D_OPS", "FUNCOL_OPS"]
+
+log = logging.getLogger("distdiag.watchdog")
+
+C10D_OPS = (
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base",
+    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "reduce", "gather", "scatter",
+    "all_reduce_coalesced", "all_gather_coalesced", "all_gather_object", "broadcast_object_list",
+    "gather_object", "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+)
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
+FUNCOL_OPS = (
+    "broadcast", "all_reduce", "all_gather_single", "reduce_scatter_single", "all_gather_tensor",
+    "reduce_scatter_tensor", "all_to_all_single", "all_reduce_coalesced", "all_gather_single_coalesced",
+    "reduce_scatter_single_coalesced", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced",
+    "all_gather_tensor_autograd", "all_gather_single_autograd", "reduce_scatter_tensor_autograd",
+    "reduce_scatter_single_autograd", "all_to_all_single_autograd", "permute_tensor",
+)
+_TENSOR_PARAMS = (
+    "tensor", "input_tensor", "input", "self", "input_list", "input_tensor_list", "inputs", "tensors",
+    "tensor_list", "object_list", "obj", "scatter_object_input_list", "p2p_op_list",
+)
+
+_MARK = "__distdiag_wrapped__"
+
+
+def _skip_prefixes() -> tuple[tuple[str, ...], str]:
+    import torch
+
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # distdiag/
+    stdlib = os.path.dirname(os.__file__) + os.sep
+    return (torch_dir, own + "watchdog" + os.sep, own + "watch.py", stdlib), os.sep + "site-packages" + os.sep
+
+
+class _Spec:
+    """Where a collective's tensor, group and async flag sit in its positional arguments."""
+
+    __slots__ = ("tensor_name", "tensor_index", "group_index", "async_index", "async_default")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        names = [p.name for p in params]
+        self.tensor_name = next((n for n in _TENSOR_PARAMS if n in names), names[0] if names else "")
+        self.tensor_index = names.index(self.tensor_name) if self.tensor_name in names else 0
+        self.group_index = names.index("group") if "group" in names else -1
+        self.async_index = names.index("async_op") if "async_op" in names else -1
+        self.async_default = False
+
+    def get(self, args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        if 0 <= index < len(args):
+            return args[index]
+        return None
+
+
+class Interceptor:
+    """Installs and removes the wrappers for one Progress."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.enabled = False
+        self._saved: list[tuple[Any, str, Any]] = []
+        self._sites: dict[tuple[Any, int], str] = {}
+        self._labels: dict[Any, str] = {}
+        self._skip, self._site_pkgs = _skip_prefixes()
+        self._dtype_names: dict[Any, str] = {}
+
+    # -- naming --------------------------------------------------------------------------
+    def call_site(self) -> str:
+        frame = sys._getframe(2)
+        skip, site_pkgs = self._skip, self._site_pkgs
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not name.startswith(skip) or (site_pkgs in name and not name.startswith(skip[:3])):
+                key = (frame.f_code, frame.f_lineno)
+                site = self._sites.get(key)
+                if site is None:
+                    site = self._sites[key] = f"{name}:{frame.f_lineno} in {frame.f_code.co_name}"
+                return site
+            frame = frame.f_back
+        return "?"
+
+    def group_label(self, group: Any, funcol: bool = False) -> str:
+        import torch.distributed as dist
+
+        if group is None:
+            return "world"
+        try:
+            if funcol and not isinstance(group, dist.ProcessGroup):
+                from torch.distributed import _functional_collectives as fc
+
+                key: Any = str(fc._resolve_group_name(group))
+            else:
+                key = group.group_name
+        except Exception:  # noqa: BLE001 - a label only
+            return "group?"
+        label = self._labels.get(key)
+        if label is None:
+            label = self._labels[key] = self._label_for(key)
+        return label
+
+    def _label_for(self, name: str) -> str:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        try:
+            pg = c10d._resolve_process_group(name)
+            if pg is c10d._get_default_group():
+                return "world"
+            return "ranks[" + ",".join(str(r) for r in dist.get_process_group_ranks(pg)) + "]"
+        except Exception:  # noqa: BLE001 - a label only
+            return f"group {name}"
+
+    def describe(self, value: Any) -> tuple[Any, str]:
+        if isinstance(value, list | tuple):
+            if not value:
+                return (), "-"
+            first_shape, dtype = self.describe(value[0])
+            return (len(value), *first_shape) if isinstance(first_shape, tuple) else (len(value),), dtype
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            return (), type(value).__name__
+        dtype = value.dtype
+        name = self._dtype_names.get(dtype)
+        if name is None:
+            name = self._dtype_names[dtype] = str(dtype).replace("torch.", "")
+        return tuple(shape), name
+
+    # -- wrapping ------------------------------------------------------------------------
+    def _wrap(self, op: str, fn: Callable[..., Any], funcol: bool) -> Callable[..., Any]:
+        spec = _Spec(fn)
+        prog = self.progress
+        me = self
+        p2p = op in P2P_OPS
+        get_ident = threading.get_ident
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if prog.depth or not me.enabled or get_ident() != prog.thread_ident:
+                return fn(*args, **kwargs)
+            try:
+                if p2p:
+                    group = P2P_GROUP
+                else:
+                    group = me.group_label(spec.get(args, kwargs, spec.group_index, "group"), funcol)
+                shape, dtype = me.describe(spec.get(args, kwargs, spec.tensor_index, spec.tensor_name))
+                is_async = funcol or bool(spec.get(args, kwargs, spec.async_index, "async_op"))
+                rec = prog.begin(op, group, shape, dtype, me.call_site(), is_async)
+            except Exception as exc:  # noqa: BLE001 - never break the user's collective
+                log.debug("could not record %s: %s", op, exc)
+                return fn(*args, **kwargs)
+            prog.depth += 1
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                prog.depth -= 1
+                if not is_async:
+                    prog.end(rec)
+            if is_async:
+                me._watch_async(rec, result, funcol)
+            return result
+
+        setattr(wrapper, _MARK, fn)
+        return wrapper
+
+    def _watch_async(self, rec: Any, work: Any, funcol: bool) -> None:
+        prog = self.progress
+        if funcol or work is None:
+            # A functional collective completes when its tensor is waited on; issuing it is
+            # the progress we can see.
+            prog.async_done(rec)
+            return
+        try:
+            work.get_future().add_done_callback(lambda _fut: prog.async_done(rec))
+        except Exception:  # noqa: BLE001 - backends without futures: count the issue
+            prog.async_done(rec)
+
+    def install(self) -> None:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        modules: list[tuple[Any, tuple[str, ...], bool]] = [(dist, C10D_OPS, False), (c10d, C10D_OPS, False)]
+        try:
+            from torch.distributed import _functional_collectives as fc
+
+            modules.append((fc, FUNCOL_OPS, True))
+        except ImportError:
+            pass
+        wrapped: dict[int, Callable[..., Any]] = {}
+        for module, ops, funcol in modules:
+            for op in ops:
+                fn = getattr(module, op, None)
+                if fn is None or not callable(fn) or hasattr(fn, _MARK):
+                    continue
+                key = id(fn) if not funcol else -id(fn)
+                if key not in wrapped:
+                    wrapped[key] = self._wrap(op, fn, funcol)
+                self._saved.append((module, op, fn))
+                setattr(module, op, wrapped[key])
+        self.enabled = True
+
+    def restore(self) -> None:
+        """Put the originals back (unless someone wrapped ours since; then just go quiet)."""
+        self.enabled = False
+        for module, op, fn in reversed(self._saved):
+            current = getattr(module, op, None)
+            if current is not None and getattr(current, _MARK, None) is fn:
+                setattr(module, op, fn)
+            else:
+                log.warning("torch.distributed.%s was replaced after the watchdog armed; leaving it", op)
+        self._saved.clear()

@@ -1,0 +1,200 @@
+"""The writing rank's job once a hang or desync is declared: gather, analyse, write, print.
+
+Everything comes through the store (no shared filesystem): each live rank's snapshot, the
+final snapshots of ranks that already left their watched region, the exceptions ranks
+raised, and the rank table. Ranks that posted nothing are looked at from outside when they
+run on this host (gone, stopped, alive but silent). The result is a distdiag Report (the same
+schema as the check's), written atomically to DUMP_DIR/hang-report.json and shared through
+the store so local rank 0 of every other host can keep a copy.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+import time
+from typing import Any
+
+from distdiag.exchange import Exchange
+from distdiag.hang import analyze_hang, desync_finding, find_desync, state_rows
+from distdiag.render import render_report
+from distdiag.report import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, verdict_for, write_report
+
+__all__ = ["gather_and_write", "lost_ranks", "render_hang_report", "REPORT_NAME"]
+
+REPORT_NAME = "hang-report.json"
+
+
+def lost_ranks(missing: list[int], infos: dict[int, RankInfo], host: str) -> dict[int, str]:
+    """Why each rank that posted nothing is silent, as far as this host can tell."""
+    from distdiag.sentinel import process_state
+
+    lost: dict[int, str] = {}
+    for r in missing:
+        info = infos.get(r)
+        if info is not None and info.host == host and info.pid > 0:
+            state = process_state(info.pid)
+            lost[r] = {
+                "gone": f"its process (pid {info.pid}) is gone: killed or exited",
+                "stopped": f"its process (pid {info.pid}) is stopped (SIGSTOP or a debugger)",
+                "alive": f"its process (pid {info.pid}) is alive but its watchdog did not answer (holding the GIL?)",
+            }.get(state, f"its process (pid {info.pid}) is in state {state}")
+        else:
+            lost[r] = f"no answer from host {info.host if info else '?'} (dead, stopped or unreachable)"
+    return lost
+
+
+def _phase_findings(snaps: dict[int, dict[str, Any]]) -> list[Finding]:
+    out = []
+    for rank, snap in sorted(snaps.items()):
+        for ph in snap.get("phases") or []:
+            if ph["for_s"] > ph["budget_s"]:
+                out.append(
+                    Finding(
+                        severity="critical",
+                        issue=f"rank {rank} has been in phase '{ph['name']}' for {ph['for_s']:.1f}s, over its budget of {ph['budget_s']:g}s",
+                        evidence="\n".join(snap.get("stack", [])[-8:]),
+                        ranks=[rank],
+                        fix=f"if '{ph['name']}' is just slow, give the phase a larger timeout; otherwise the stack shows where it is stuck",
+                        confidence=0.85,
+                    )
+                )
+    return out
+
+
+def analyse(
+    event: dict[str, Any],
+    snaps: dict[int, dict[str, Any]],
+    finals: dict[int, dict[str, Any]],
+    lost: dict[int, str],
+    errors: dict[int, dict[str, Any]],
+    world: int,
+    timeout_s: float,
+) -> list[Finding]:
+    merged = dict(finals)
+    merged.update(snaps)
+    steps = sorted({str(s.get("step")) for s in merged.values() if s.get("step") is not None})
+    what = f"step {steps[0]}" if len(steps) == 1 else (f"steps {', '.join(steps[:4])}" if steps else "training")
+    findings: list[Finding] = []
+    if event.get("kind") == "desync":
+        located = find_desync(merged)
+        if located is not None:
+            findings.append(desync_finding(located))
+        else:
+            mark = event.get("detail", {})
+            findings.append(
+                Finding(
+                    severity="critical",
+                    issue=(
+                        f"desync on group {mark.get('group')}: at step mark {mark.get('step')} rank {mark.get('rank')} had "
+                        f"issued {mark.get('mine')} collectives there and rank {mark.get('ref')} {mark.get('theirs')}, "
+                        "with different fingerprints"
+                    ),
+                    evidence="the point of divergence is older than the fingerprint history kept (DISTDIAG_WATCHDOG_HISTORY)",
+                    ranks=[int(mark.get("rank", 0)), int(mark.get("ref", 0))],
+                    fix="every rank must issue the same collectives in the same order; raise the history to locate it",
+                    confidence=0.6,
+                )
+            )
+        return findings
+    findings += _phase_findings(merged)
+    findings += analyze_hang(merged, lost, errors, world, what=what, timeout_s=timeout_s)
+    return findings
+
+
+def render_hang_report(report: Report) -> str:
+    lines = render_report(report).splitlines()
+    hosts = sorted({r.host for r in report.ranks})
+    lines[0] = (
+        f"distdiag watchdog: {report.outcome} report, {report.world_size} rank(s) on {len(hosts) or 1} host(s), "
+        f"written by rank {report.written_by}"
+    )
+    return "\n".join(lines)
+
+
+def gather_and_write(
+    ex: Exchange,
+    *,
+    epoch: int,
+    event: dict[str, Any],
+    world: int,
+    host: str,
+    rank: int,
+    timeout_s: float,
+    grace_s: float,
+    dump_dir: str,
+    config: dict[str, Any],
+    started: float,
+) -> tuple[Report, dict[int, str]]:
+    """Wait (bounded) for snapshots, analyse, write the report and publish it; (report, lost)."""
+    infos = {r: RankInfo.from_dict(v) for r, v in ex.collect("info").items()}
+    key = f"snap/{epoch}"
+    end = time.monotonic() + grace_s
+    while True:
+        have = set(ex.present(key))
+        finals = set(ex.present("final"))
+        missing = [r for r in range(world) if r not in have and r not in finals]
+        if not missing or time.monotonic() >= end:
+            break
+        # A rank on this host that is gone or stopped will never answer: do not wait for it.
+        if all("alive" not in why for why in lost_ranks(missing, infos, host).values() if why) and all(
+            infos.get(r) is not None and infos[r].host == host for r in missing
+        ):
+            break
+        time.sleep(0.05)
+    snaps = {int(r): s for r, s in ex.collect(key).items()}
+    final_snaps = {int(r): s for r, s in ex.collect("final").items() if int(r) not in snaps}
+    errors = {int(r): e for r, e in ex.collect("error").items()}
+    missing = [r for r in range(world) if r not in snaps and r not in final_snaps]
+    lost = lost_ranks(missing, infos, host)
+    findings = analyse(event, snaps, final_snaps, lost, errors, world, timeout_s)
+    merged = dict(final_snaps)
+    merged.update(snaps)
+    rows = state_rows(merged, lost, world)
+    for row in rows:
+        s = merged.get(row["rank"])
+        row["step"] = "-" if s is None or s.get("step") is None else s.get("step")
+    details = {
+        "table:ranks at the end": rows,
+        "event": event,
+        "stacks": {str(r): s.get("stack", []) for r, s in sorted(merged.items())},
+        "recent_collectives": {str(r): s.get("recent", []) for r, s in sorted(merged.items())},
+        "flight_recorder": {str(r): s["flight_recorder"] for r, s in sorted(merged.items()) if s.get("flight_recorder")},
+        "errors": {str(r): e for r, e in errors.items()},
+    }
+    if not any(f.severity == "critical" for f in findings):
+        findings.append(
+            Finding(
+                severity="critical",
+                issue=f"no progress for {timeout_s:g}s: {event.get('detail', '')}",
+                evidence="ranks' states are in the table below",
+                fix="see the per-rank stacks",
+                confidence=0.5,
+            )
+        )
+    result = ProbeResult.from_findings("watchdog", findings, details=details, duration_s=time.monotonic() - started)
+    outcome = "desync" if event.get("kind") == "desync" else ("lost_rank" if lost else "hang")
+    ranks = [infos.get(r, RankInfo(r, "?", -1, -1, "?", -1)) for r in range(world)]
+    top = next((f for f in findings if f.severity == "critical"), findings[0])
+    more = len([f for f in findings if f.severity in ("critical", "error")]) - 1
+    report = Report(
+        world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG, verdict=verdict_for(EXIT_HANG, [result]),
+        outcome=outcome, summary=top.issue + (f" (+{more} more finding(s))" if more > 0 else ""),
+        restart_count=int(config.get("restart_count", 0)), run_id=str(config.get("run_id", "")),
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        duration_s=time.monotonic() - started, config=config, written_by=rank,
+    )
+    path = os.path.join(dump_dir, REPORT_NAME)
+    try:
+        write_report(report, path)
+        where = os.path.abspath(path)
+    except OSError as exc:
+        where = f"(not written: {exc.strerror})"
+    text = render_hang_report(report)
+    print(f"{text}\nhang report: {where}", file=sys.stderr, flush=True)
+    try:
+        ex.publish(f"report/{epoch}", {"json": report.to_json(), "host": host})
+    except Exception:  # noqa: BLE001 - the local copy exists
+        pass
+    return report, lost

@@ -1,0 +1,136 @@
+"""Worker entry points for the watchdog's fault tests: a small training loop with one bug.
+
+`train(argv)` takes key=value words: fault=NAME rank=K step=S steps=N timeout=T
+action=abort|raise|report pg_timeout=SECONDS nowd=1 (no in-code watchdog: the zero-code
+wrapper arms one). Each fault is one line below so tests can assert on it by its marker
+comment. Step length is `step_s` so a desync is caught while the job still runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import nullcontext
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["train", "handlers_kept"]
+
+
+class _NoWatchdog:
+    """Stands in for HangWatchdog when the zero-code wrapper (or nothing) watches."""
+
+    def __enter__(self) -> _NoWatchdog:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def step(self, step: Any = None) -> None:
+        return None
+
+    def phase(self, name: str, timeout: Any = None) -> Any:
+        return nullcontext()
+
+
+def _opts(argv: list[str]) -> dict[str, str]:
+    out = {"fault": "none", "rank": "1", "step": "2", "steps": "8", "timeout": "3", "action": "abort", "step_s": "0.2"}
+    for word in argv:
+        key, _, value = word.partition("=")
+        out[key] = value
+    return out
+
+
+def load_batch(step: int, opts: dict[str, str], me: int) -> torch.Tensor:
+    if opts["fault"] == "sleep_data" and me == int(opts["rank"]) and step == int(opts["step"]):
+        time.sleep(3600)  # FAULT:sleep_data
+    return torch.full((16,), float(step))
+
+
+def train(argv: list[str]) -> int:
+    opts = _opts(argv)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=float(opts.get("pg_timeout", "120"))))
+    me, fault, k, s = dist.get_rank(), opts["fault"], int(opts["rank"]), int(opts["step"])
+    bad = me == k
+    t = torch.ones(16)
+    if opts.get("nowd") == "1":
+        wd: Any = _NoWatchdog()
+    else:
+        from distdiag import HangWatchdog
+
+        wd = HangWatchdog(timeout=timedelta(seconds=float(opts["timeout"])), action=opts["action"], dump_dir="hang-report")
+    with wd:
+        for step in range(int(opts["steps"])):
+            wd.step(step)
+            batch = load_batch(step, opts, me)
+            here = bad and step == s
+            if here and fault == "block":
+                threading.Event().wait()  # FAULT:block
+            if here and fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if here and fault == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            if here and fault == "slow_step":
+                time.sleep(float(opts["timeout"]) * 0.6)  # healthy: slower than usual, within the timeout
+            t.copy_(batch)
+            dist.all_reduce(t)  # SITE:A
+            if here and fault == "skip":
+                pass  # FAULT:skip (rank-dependent branch leaves out SITE:B)
+            elif here and fault == "op_mismatch":
+                dist.all_gather([torch.empty(16) for _ in range(dist.get_world_size())], t)  # FAULT:op_mismatch
+            else:
+                dist.all_reduce(t)  # SITE:B
+            if here and fault == "extra":
+                dist.all_reduce(t.clone())  # FAULT:extra
+            dist.all_reduce(t)  # SITE:C
+            if step == s and fault == "checkpoint":
+                if me == 0:
+                    with wd.phase("checkpoint", timeout=timedelta(seconds=float(opts["timeout"]) * 5)):
+                        time.sleep(float(opts["timeout"]) * 2)  # healthy: long save on rank 0 only
+                dist.barrier()
+            if step == s and fault == "eval":
+                for _ in range(8):  # healthy: long evaluation, each batch ends with a metric all_reduce
+                    time.sleep(float(opts["timeout"]) / 3)
+                    dist.all_reduce(torch.ones(2))
+            time.sleep(float(opts["step_s"]))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def handlers_kept(argv: list[str]) -> int:
+    """The watchdog leaves the user's SIGTERM/SIGUSR1 handlers and the wakeup fd alone."""
+    def mine(signum: int, frame: Any) -> None:
+        return None
+
+    signal.signal(signal.SIGTERM, mine)
+    signal.signal(signal.SIGUSR1, mine)
+    before_fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(before_fd)
+    dist.init_process_group("gloo")
+    from distdiag import HangWatchdog
+
+    original = dist.all_reduce
+    with HangWatchdog(timeout=timedelta(seconds=5)) as wd:
+        wrapped = dist.all_reduce is not original
+        for step in range(3):
+            wd.step(step)
+            dist.all_reduce(torch.ones(4))
+        threads = [t.name for t in threading.enumerate()]
+    restored = dist.all_reduce is original
+    gone = "distdiag-watchdog" not in [t.name for t in threading.enumerate()]
+    ok = (
+        signal.getsignal(signal.SIGTERM) is mine
+        and signal.getsignal(signal.SIGUSR1) is mine
+        and signal.set_wakeup_fd(-1) == before_fd
+        and wrapped and restored and gone and "distdiag-watchdog" in threads
+    )
+    print(f"handlers_kept ok={ok} wrapped={wrapped} restored={restored} gone={gone}", file=sys.stderr)
+    dist.destroy_process_group()
+    return 0 if ok else 1
