@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from distdiag.analyze.series import (
     Series,
     is_finite,
+    mad_scale,
     median,
     rolling_median,
     smoothing_window,
@@ -230,6 +231,8 @@ def detect_plateau(loss: Series, *, tol: float = 0.05, min_frac: float = 0.2, mi
         steps, values, sm = steps[::stride], values[::stride], sm[::stride]
         n, w = len(sm), max(1, w // stride)
     scale = max(progress, 0.02 * abs(start_level), 1e-12)
+    # the smoothed curve still wobbles by the batch noise / sqrt(window): flat within that is flat
+    band = max(tol * scale, 6.0 * 1.25 * mad_scale([v - m for v, m in zip(values, sm, strict=True)]) / math.sqrt(w))
     min_len = max(min_points, int(min_frac * n))
     out: list[Detection] = []
     a = 0
@@ -238,14 +241,14 @@ def detect_plateau(loss: Series, *, tol: float = 0.05, min_frac: float = 0.2, mi
         b = a
         while b + 1 < n:
             nlo, nhi = min(lo, sm[b + 1]), max(hi, sm[b + 1])
-            if nhi - nlo > tol * scale:
+            if nhi - nlo > band:
                 break
             lo, hi, b = nlo, nhi, b + 1
         if b - a + 1 < min_len:
             a += 1
             continue
         from_start = a <= w // 2
-        never_learned = progress <= 0.02 * abs(start_level)
+        never_learned = progress <= max(0.02 * abs(start_level), band)
         severity = "warning" if from_start and never_learned else "info"
         at_end = b == n - 1
         issue = (
@@ -327,7 +330,7 @@ def detect_overfit(train: Series, val: Series, *, tol: float = 0.05) -> list[Det
     if len(v) < 4 or len(t) < 10:
         return []
     t_sm = Series(t.name, t.steps, rolling_median(t.values, smoothing_window(len(t))))
-    vals = rolling_median(v.values, 3) if len(v) >= 6 else v.values
+    vals = v.values
     k = min(range(len(vals)), key=lambda i: vals[i])
     vmin = vals[k]
     tail = vals[k + 1 :]

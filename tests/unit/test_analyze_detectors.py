@@ -1,0 +1,153 @@
+"""distdiag analyze on synthetic curves: each known event found at its step, clean curves quiet."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from distdiag.analyze import AnalyzeConfig, analyze
+from distdiag.analyze.series import Run, Series, rolling_median
+from tests.unit.analyze_curves import clean_curve, grad_curve
+
+SEVERE = ("warning", "error", "critical")
+
+
+def _run(label: str = "run", **series: list[float]) -> Run:
+    run = Run(label=label, source=f"{label}.jsonl")
+    for name, values in series.items():
+        run.series[name] = Series(name, list(range(len(values))), list(values))
+    return run
+
+
+def _events(report, probe: str) -> list[dict]:
+    p = report.probe(probe)
+    return [e for e in p.details["events"] if e["severity"] in SEVERE] if p else []
+
+
+def _severe(report) -> list[str]:
+    return [f"{name}: {f.issue}" for name, f in report.findings("warning")]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_clean_synthetic_curves_give_nothing_above_info(seed):
+    """Clean curves (LR drops, 8% noise, flat grad norm) of several seeds: no warning or error."""
+    report = analyze([_run(loss=clean_curve(seed=seed), grad_norm=grad_curve(seed=seed + 10))])
+    assert _severe(report) == []
+
+
+def test_spike_found_at_its_step_with_the_preceding_grad_spike():
+    """A 4x loss spike at step 300 after a grad-norm spike at 297 is found, with that evidence."""
+    loss, grad = clean_curve(), grad_curve()
+    loss[300] *= 4
+    grad[297] = 25.0
+    report = analyze([_run(loss=loss, grad_norm=grad)])
+    events = _events(report, "spikes")
+    assert [e["step"] for e in events] == [300]
+    finding = report.probe("spikes").findings[0]
+    assert "gradient norm spiked first" in finding.evidence and "step 297" in finding.evidence
+    assert _severe(report) == [f"spikes: {finding.issue}"]
+
+
+def test_spike_without_grad_spike_points_at_the_data():
+    """A loss spike with a quiet gradient norm says so and points at the batch."""
+    loss = clean_curve()
+    loss[450] *= 5
+    report = analyze([_run(loss=loss, grad_norm=grad_curve())])
+    finding = report.probe("spikes").findings[0]
+    assert "step 450" in finding.issue and "no gradient-norm spike" in finding.evidence
+    assert "batch" in finding.fix
+
+
+@pytest.mark.parametrize("onset", [250, 400])
+def test_divergence_found_from_its_step(onset):
+    """The loss rising exponentially from step s after a healthy start: divergence near s."""
+    loss = [v if i < onset else v * math.exp((i - onset) / 40) for i, v in enumerate(clean_curve())]
+    report = analyze([_run(loss=loss)])
+    events = _events(report, "divergence")
+    assert len(events) == 1 and abs(events[0]["step"] - onset) <= 15, events
+    assert report.probe("divergence").findings[0].severity == "error"
+    assert _events(report, "spikes") == []  # the climb is one divergence, not a hundred spikes
+
+
+@pytest.mark.parametrize("kind", [math.nan, math.inf])
+def test_nonfinite_found_at_its_step(kind):
+    """NaN (or Inf) from step 420: one error naming step 420, and the last finite values."""
+    loss = [v if i < 420 else kind for i, v in enumerate(clean_curve())]
+    report = analyze([_run(loss=loss)])
+    events = _events(report, "nonfinite")
+    assert [e["step"] for e in events] == [420]
+    f = report.probe("nonfinite").findings[0]
+    assert ("NaN" if math.isnan(kind) else "Inf") in f.issue and "step 419" in f.evidence
+    assert [name for name, _ in report.findings("warning")] == ["nonfinite"]
+
+
+def test_grad_norm_nonfinite_first_is_said():
+    """The grad norm turning NaN before the loss is part of the evidence."""
+    loss = [v if i < 310 else math.nan for i, v in enumerate(clean_curve())]
+    grad = [v if i < 305 else math.nan for i, v in enumerate(grad_curve())]
+    f = analyze([_run(loss=loss, grad_norm=grad)]).probe("nonfinite").findings[0]
+    assert "step 305" in f.issue and "grad_norm" in f.issue
+
+
+def test_plateau_from_the_start_is_a_warning():
+    """A loss that never decreases (flat at 2.3 with noise) is a plateau warning from step 0."""
+    loss = [2.3 * v / 0.5 for v in clean_curve(seed=5)[400:]] * 3  # flat, noisy
+    report = analyze([_run(loss=loss)])
+    events = _events(report, "plateau")
+    assert events and events[0]["step"] <= 15, events
+
+
+def test_plateau_in_the_middle_found_at_its_step():
+    """Decrease until 150, flat until 350, decrease again: a flat stretch reported from ~150."""
+    loss = []
+    for t in range(500):
+        level = 4 - 2 * min(t, 150) / 150 - (1.5 * (t - 350) / 150 if t > 350 else 0)
+        loss.append(level * (1 + 0.02 * math.sin(t * 1.7)))
+    plateau = analyze([_run(loss=loss)]).probe("plateau")
+    starts = [(e["step"], e["end_step"]) for e in plateau.details["events"]]
+    assert any(abs(a - 150) <= 15 and abs(b - 350) <= 15 for a, b in starts), starts
+
+
+def test_exploding_grad_trend():
+    """A grad norm growing 1000x over the run is an exploding trend warning."""
+    grad = [math.exp(i / 60) for i in range(500)]
+    report = analyze([_run(loss=clean_curve(500), grad_norm=grad)])
+    assert [f.severity for f in report.probe("grad_trend").findings] == ["warning"]
+    assert "explodes" in report.probe("grad_trend").findings[0].issue
+
+
+def test_overfitting_gap_found_at_the_validation_minimum():
+    """Validation loss bottoming at step 300 then rising while train falls: overfit from 300."""
+    train = clean_curve()
+    val_steps = list(range(0, 600, 50))
+    val = [0.9 + 3 * math.exp(-s / 80) + (0.002 * (s - 300) if s > 300 else 0) for s in val_steps]
+    run = _run(loss=train)
+    run.series["val_loss"] = Series("val_loss", val_steps, val)
+    events = _events(analyze([run]), "overfit")
+    assert [e["step"] for e in events] == [300]
+
+
+def test_runs_part_at_the_first_step_beyond_tolerance():
+    """Two runs equal (same noise) until 320, then one is 15% higher: they part at ~320."""
+    a = clean_curve()
+    b = [v if i < 320 else v * 1.15 for i, v in enumerate(a)]
+    report = analyze([_run("gpu1", loss=a), _run("gpu8", loss=b)])
+    events = _events(report, "compare")
+    assert len(events) == 1 and abs(events[0]["step"] - 320) <= 5, events
+
+
+def test_two_seeds_of_one_recipe_do_not_part():
+    """Independent noise of two seeds of one curve stays within the tolerance (no warning)."""
+    report = analyze([_run("a", loss=clean_curve(seed=1)), _run("b", loss=clean_curve(seed=2))])
+    assert _events(report, "compare") == []
+
+
+def test_config_is_validated():
+    """A spike factor <= 1 names the key, the value and the range."""
+    with pytest.raises(ValueError, match=r"analyze.spike_factor must be > 1, got 0.5"):
+        AnalyzeConfig(spike_factor=0.5)
+
+
+def test_rolling_median_is_centered():
+    assert rolling_median([1, 100, 1, 1, 1], 3) == [50.5, 1, 1, 1, 1]
