@@ -38,7 +38,9 @@ def _setup_findings(name: str, payloads: dict[int, dict[str, Any]]) -> list[Find
 def _merge_bad(payloads: dict[int, dict[str, Any]], i: int, kind: str) -> dict[str, dict[str, Any]]:
     merged: dict[str, dict[str, Any]] = {}
     for rank, p in sorted(payloads.items()):
-        for item in p["steps"][i][kind]["bad"]:
+        cmp = p["steps"][i][kind]
+        detailed = {b["name"] for b in cmp["bad"]}
+        for item in cmp["bad"] + [{"name": n, "rel": 0.0, "abs": 0.0, "tol": 0.0} for n in cmp.get("bad_names", []) if n not in detailed]:
             entry = merged.setdefault(item["name"], {**item, "ranks": []})
             entry["ranks"].append(rank)
             if item["rel"] > entry["rel"]:

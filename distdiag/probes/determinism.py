@@ -73,6 +73,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _inputs_fingerprint(model: nn.Module, batch: Any) -> str:
+    """The bits of the model as built and of the global batch: equal inputs, equal outputs."""
+    parts = [bit_checksum(t) for t in list(model.parameters()) + list(model.buffers())]
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else [batch]
+    parts += [bit_checksum(v) for v in values if isinstance(v, torch.Tensor)]
+    return bit_checksum(torch.tensor([int(p.split("-")[0], 16) - (1 << 63) for p in parts], dtype=torch.int64))
+
+
 class _State:
     """A copy of one rank's local training state (its shards only) to run a step again."""
 
@@ -108,6 +116,7 @@ class DeterminismProbe(Probe):
             par = hooks.wrap(hooks.model(ctx.seed), mesh) if opts.parallel else None
             ref = hooks.model(ctx.seed)
             batch = hooks.batch(1)
+            inputs = _inputs_fingerprint(ref, batch)
             ref_shard = hooks.shard(batch, 0, 1)
             par_shard = hooks.shard(batch, ctx.rank, ctx.world_size)
             first = _ref_pass(ctx, hooks, ref, ref_shard)
@@ -118,7 +127,7 @@ class DeterminismProbe(Probe):
         if tr.agree(ctx, error is not None):
             return {"setup_error": error, "source": hooks.source}
         del ref
-        out: dict[str, Any] = {"source": hooks.source, "ref": first, "ref_diff": _diff(first, second)}
+        out: dict[str, Any] = {"source": hooks.source, "ref": first, "ref_diff": _diff(first, second), "inputs": inputs}
         if par is not None and opt is not None:
             state = _State(par, opt)
             ctx.seed(_SEED)
@@ -160,7 +169,20 @@ class DeterminismProbe(Probe):
                 ),
                 confidence=0.9,
             ))
-        stable = [r for r in ranks if r not in unstable]
+        inputs: dict[str, list[int]] = {}
+        for r in ranks:
+            inputs.setdefault(payloads[r].get("inputs", ""), []).append(r)
+        if len(inputs) > 1:
+            odd = _minority(inputs)
+            findings.append(Finding(
+                severity="error",
+                issue=f"build_model or make_batch gives different bits on {format_ranks(odd)}: the ranks do not start from the same model and batch",
+                evidence="; ".join(f"{format_ranks(g)}: inputs {h}" for h, g in inputs.items()),
+                ranks=odd,
+                fix="something in build_model/make_batch depends on the rank or on unseeded randomness; param_sync names the tensors",
+                confidence=0.9,
+            ))
+        stable = [r for r in ranks if r not in unstable and len(inputs) == 1]
         groups: dict[str, list[int]] = {}
         for r in stable:
             fp = payloads[r]["ref"]

@@ -210,8 +210,8 @@ class LossParityProbe(Probe):
                 "ref_loss": ref_res.loss,
                 "ref_grad_norm": _norm(ref_res.grads),
                 "grad_sq_share": _sq_share(par_res.grads, world),
-                "grad": {**grads, "bad": grads["bad"][:_TOP]},
-                "param": {**params, "bad": params["bad"][:_TOP]},
+                "grad": _trim(grads),
+                "param": _trim(params),
                 "order": names if step == 1 else None,
                 "dtype": str(next(iter(ref.parameters())).dtype).replace("torch.", ""),
             })
@@ -243,6 +243,12 @@ class LossParityProbe(Probe):
         from distdiag.probes._parity_report import consolidate_parity
 
         return consolidate_parity(self.name, payloads, view)
+
+
+def _trim(cmp: dict[str, Any]) -> dict[str, Any]:
+    """Every failing name, but details only for the worst few (payloads stay small)."""
+    worst = sorted(cmp["bad"], key=lambda b: -b["rel"])[:_TOP]
+    return {**cmp, "bad": worst, "bad_names": [b["name"] for b in cmp["bad"]]}
 
 
 def _limit_bytes(opts: LossParityConfig, ctx: Any) -> float:

@@ -131,6 +131,7 @@ class ParamSyncProbe(Probe):
         findings: list[Finding] = []
         keys = sorted({k for p in payloads.values() for k in p["snaps"][0]["sums"]})
         compared = 0
+        drifts: dict[tuple[str, int, tuple[int, ...]], list[tuple[str, dict[str, list[int]]]]] = {}
         for key in keys:
             holders = [r for r in ranks if key in payloads[r]["snaps"][0]["sums"]]
             if len(holders) < 2:
@@ -140,8 +141,11 @@ class ParamSyncProbe(Probe):
                 groups = _group(holders, lambda r, i=i, key=key: payloads[r]["snaps"][i]["sums"][key][1])
                 if len(groups) > 1:
                     kind = payloads[holders[0]]["snaps"][0]["sums"][key][0]
-                    findings.append(_drift_finding(key, kind, i, groups, payloads))
+                    drifts.setdefault((kind, i, tuple(_minority(groups))), []).append((key, groups))
                     break
+        # One finding per kind, first step and set of ranks: a module left out drifts as a whole.
+        for (kind, i, _), items in drifts.items():
+            findings.append(_drift_finding(kind, i, items, payloads))
         for which in ("cpu", "cuda"):
             for i in range(nsnaps):
                 holders = [r for r in ranks if which in payloads[r]["snaps"][i]["rng"]]
@@ -189,22 +193,29 @@ def _when(i: int) -> str:
     return "right after setup" if i == 0 else f"after step {i}"
 
 
-def _drift_finding(key: str, kind: str, i: int, groups: dict[str, list[int]], payloads: dict[int, dict[str, Any]]) -> Finding:
+def _drift_finding(kind: str, i: int, items: list[tuple[str, dict[str, list[int]]]], payloads: dict[int, dict[str, Any]]) -> Finding:
+    key, groups = items[0]
     odd = _minority(groups)
+    names = [k.split(" ", 1)[1] for k, _ in items]
     lines = []
-    for _, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        total = payloads[members[0]]["snaps"][i]["sums"][key][2]
-        lines.append(f"{format_ranks(members)}: sum {total:.9g}")
+    for k, grp in items[:6]:
+        sums = ", ".join(
+            f"{format_ranks(members)}: sum {payloads[members[0]]['snaps'][i]['sums'][k][2]:.9g}"
+            for _, members in sorted(grp.items(), key=lambda kv: -len(kv[1]))
+        )
+        lines.append(f"{k.split(' ', 1)[1]}: {sums}")
     if kind == "buffer":
         fix = "the buffer is computed differently per rank (rank-dependent init or an update not synchronised); initialise it identically, or broadcast it from rank 0 after build"
     elif kind == "unmanaged param":
-        fix = "no FSDP group manages this parameter, so its gradient is never reduced and each rank steps with its own: include it in fully_shard (do not list it in ignored_params), or all-reduce its gradient"
+        fix = "no FSDP group manages these parameters, so their gradients are never reduced and each rank steps with its own: include them in fully_shard (not in ignored_params), or all-reduce their gradients"
     else:
         fix = "replicas of one shard diverged: the reduction across the replicate mesh dim is missing or uses a different group"
     first = "already at setup" if i == 0 else f"first after step {i}"
+    shown = ", ".join(names[:6]) + (f" (+{len(names) - 6} more)" if len(names) > 6 else "")
+    plural = "s" if len(names) > 1 else ""
     return Finding(
         severity="error",
-        issue=f"{kind} {key.split(' ', 1)[1]} differs across ranks ({first}): {format_ranks(odd)} disagree with the others",
+        issue=f"{kind}{plural} {shown} differ{'' if plural else 's'} across ranks ({first}): {format_ranks(odd)} disagree",
         evidence="\n".join(lines),
         ranks=odd,
         fix=fix,

@@ -1,0 +1,3 @@
+"""Bad input: the target raises while it is imported."""
+
+raise RuntimeError("this target is broken on purpose")

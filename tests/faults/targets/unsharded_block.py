@@ -1,0 +1,23 @@
+"""Bug: parallelize leaves blocks.1 out of fully_shard (and does not shard the root).
+
+Its parameters stay plain tensors, so their gradients are never reduced across ranks: each
+rank steps with the gradient of its own shard of the batch, and the replicas drift.
+"""
+
+from _twin import HEALTHY
+from torch.distributed.fsdp import fully_shard
+
+from distdiag.workloads import get_workload
+
+_w = get_workload("mlp")
+build_model, make_batch, loss_fn, shard_batch = _w.build_model, _w.make_batch, _w.loss_fn, _w.shard_batch
+
+
+def parallelize(model, mesh):
+    fully_shard(model.blocks[0], mesh=mesh)
+    if HEALTHY:
+        fully_shard(model.blocks[1], mesh=mesh)
+    fully_shard(model.head, mesh=mesh)
+    if HEALTHY:
+        fully_shard(model, mesh=mesh)
+    return model
