@@ -1,0 +1,150 @@
+"""TrainingMonitor in one process: non-finite origins, checks on components, codes, entropy,
+gradients and parameters, config errors. (Cross-rank behaviour: tests/dist/test_monitor_dist.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from distdiag.errors import ConfigError
+from distdiag.monitor import MonitorConfig, TrainingMonitor, checks
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class LogZero(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+
+    def forward(self, x):
+        return torch.log(x.abs() * 0) if self.on else x
+
+
+def _loop(model, monitor, steps, *, switch=None, loss_fn=None, **kw):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        if switch:
+            switch(step)
+        x = torch.randn(8, 4, generator=gen)
+        out = model(x)
+        loss = loss_fn(out) if loss_fn else out.pow(2).mean()
+        loss.backward()
+        monitor.after_backward(loss, step, **kw)
+        if torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e3)):
+            opt.step()
+        opt.zero_grad()
+    return monitor.close()
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), LogZero(), torch.nn.Linear(8, 2))
+
+
+def test_forward_origin_named_and_hooks_removed(tmp_path):
+    """-inf from module '1' (LogZero) from step 6: traced in the step after the look at 8."""
+    model = _model()
+    mon = TrainingMonitor(model, every=4, log=tmp_path / "m.jsonl")
+    findings = _loop(model, mon, 14, switch=lambda s: setattr(model[1], "on", s >= 6))
+    issues = [f.issue for f in findings]
+    assert "the first non-finite value on rank 0 appeared in its forward: module '1' (LogZero) at step 9" in issues, issues
+    assert "loss became non-finite at step 6 on rank(s) 0" in issues
+    assert not mon.tracer.armed and all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    kinds = [json.loads(line).get("kind") for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert kinds[0] == "header" and "finding" in kinds
+
+
+def test_loss_outside_modules_named():
+    """A NaN made by the loss function (outside any module): the trace says the loss computation."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    state = {"on": False}
+    mon = TrainingMonitor(model, every=2)
+
+    def loss_fn(out):
+        return (out.pow(2).mean() * (math.nan if state["on"] else 1.0))
+
+    findings = _loop(model, mon, 8, switch=lambda s: state.update(on=s >= 3), loss_fn=loss_fn)
+    trace = [f.issue for f in findings if "first non-finite" in f.issue]
+    assert trace == ["the first non-finite value on rank 0 appeared in the loss computed from its output: module '1' (Linear) at step 5"], trace
+
+
+def test_healthy_loop_with_components_codes_and_logits_is_quiet():
+    """Balanced components, well-used codes, a peaked-but-not-collapsed output: nothing above info."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    mon = TrainingMonitor(model, every=5, num_codes=8, entropy_grace_steps=0)
+    logits = torch.randn(32, 50)
+    findings = _loop(model, mon, 20, components={"a": 1.0, "b": 0.5}, codes=torch.arange(64) % 8, logits=logits)
+    assert [f.issue for f in findings if f.severity != "info"] == []
+    assert mon.last["codes"]["used_frac"] == 1.0 and mon.last["codes"]["perplexity"] == pytest.approx(8)
+
+
+def test_update_ratio_logged_and_high_lr_flagged():
+    """SGD at lr=10 moves parameters by more than 10% of their norm per step: flagged."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=10.0)
+    mon = TrainingMonitor(model, optimizer=opt, every=1)
+    for step in range(3):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        mon.after_backward(loss, step)
+        opt.step()
+        opt.zero_grad()
+    issues = [f.issue for f in mon.close()]
+    assert any("one update changed the parameters by" in i and "(above 0.1)" in i for i in issues), issues
+    assert mon.last["update_step"] == 1
+
+
+def test_embedding_heavy_model_warned():
+    model = torch.nn.Sequential()
+    model.add_module("embed", torch.nn.Embedding(1000, 32))
+    model.add_module("head", torch.nn.Linear(32, 4))
+    findings = TrainingMonitor(model).close()
+    assert any(f.severity == "warning" and "embeddings hold most of the parameters: embed has 32,000" in f.issue for f in findings)
+
+
+def test_checks_components_codes_entropy_grads():
+    cfg = MonitorConfig()
+    comp = dict(checks.component_checks({"ce": 2.3, "aux": 0.01}, cfg, 10))
+    assert "230x the next largest, 'aux'" in comp["component:dominant:ce"].issue
+    assert "exactly 0" in dict(checks.component_checks({"ce": 2.3, "aux": 0.0}, cfg, 10))["component:zero:aux"].issue
+    stats = {"used_frac": 0.05, "perplexity": 1.5, "top_share": 0.9, "top_code": 3, "tokens": 100}
+    keys = dict(checks.code_checks(stats, 64, cfg, 10))
+    assert set(keys) == {"codes:collapse", "codes:monopoly"} and "5.0% of the 64 codes" in keys["codes:collapse"].issue
+    assert checks.entropy_checks(math.log(100) * 0.95, 100, cfg, 500)[0][0] == "entropy:high"
+    assert checks.entropy_checks(math.log(100) * 0.95, 100, cfg, 5) == []  # at initialisation: expected
+    assert checks.entropy_checks(0.01, 100, cfg, 500)[0][0] == "entropy:low"
+    grads = dict(checks.grad_checks(5.0, {"embed": 5.0, "head": 0.01, "frozen": 1e-12}, cfg, 7))
+    assert "grad:imbalance" in grads and "grad:vanish:frozen" in grads
+    assert "grad:explode" in dict(checks.grad_checks(5e3, {"a": 5e3}, cfg, 7))
+
+
+def test_agreement_names_minority_and_says_when_it_cannot():
+    cfg = MonitorConfig()
+    row = {"step": 5, "loss": 1.0, "grad_bad": False, "grad_plain": 2.0, "param_plain": 3.0, "has_plain": True}
+    rows = {0: dict(row), 1: dict(row), 2: dict(row, grad_plain=2.5), 3: dict(row, step=6)}
+    found = dict(checks.agreement(rows, cfg, 5))
+    assert found["agree:grad_plain"].ranks == [2] and found["agree:step"].ranks == [3]
+    two = dict(checks.agreement({0: dict(row), 1: dict(row, param_plain=4.0)}, cfg, 5))
+    assert two["agree:param_plain"].ranks == [0, 1] and "no majority" in two["agree:param_plain"].issue
+    outlier = dict(checks.agreement({0: dict(row), 1: dict(row), 2: dict(row, loss=50.0)}, cfg, 5))
+    assert outlier["agree:loss_outlier:2"].ranks == [2]
+
+
+def test_config_errors_name_key_value_range():
+    with pytest.raises(ConfigError, match=r"monitor.every must be an int >= 1, got 0"):
+        TrainingMonitor(torch.nn.Linear(2, 2), every=0)
+    with pytest.raises(ConfigError, match=r"monitor.trace must be one of auto, always, off, got 'sometimes'"):
+        MonitorConfig(trace="sometimes")
