@@ -13,6 +13,7 @@ import typer
 
 from distdiag.cli import analyze as _analyze
 from distdiag.cli import check as _check
+from distdiag.cli import hang_report as _hang_report
 from distdiag.cli import probes as _probes
 from distdiag.cli import report as _report
 
@@ -30,6 +31,7 @@ _check.register(app)
 _probes.register(app)
 _report.register(app)
 _analyze.register(app)
+_hang_report.register(app)
 
 
 def main() -> None:

@@ -106,6 +106,9 @@ def analyse(
 def render_hang_report(report: Report) -> str:
     lines = render_report(report).splitlines()
     hosts = sorted({r.host for r in report.ranks})
+    if report.probes and report.probes[0].name == "flight_recorder":
+        lines[0] = "distdiag hang-report: from flight-recorder dumps"
+        return "\n".join(lines)
     lines[0] = (
         f"distdiag watchdog: {report.outcome} report, {report.world_size} rank(s) on {len(hosts) or 1} host(s), "
         f"written by rank {report.written_by}"

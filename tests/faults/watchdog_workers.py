@@ -76,12 +76,17 @@ def train(argv: list[str]) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
             if here and fault == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if here and fault == "spin":
+                while True:  # FAULT:spin (a Python-level wait loop: action=raise can interrupt it)
+                    time.sleep(0.05)
+            if here and fault == "stall":
+                time.sleep(float(opts["timeout"]) * 1.7)  # FAULT:stall (over the timeout, then carries on)
             if here and fault == "slow_step":
                 time.sleep(float(opts["timeout"]) * 0.6)  # healthy: slower than usual, within the timeout
             t.copy_(batch)
             dist.all_reduce(t)  # SITE:A
             if here and fault == "skip":
-                pass  # FAULT:skip (rank-dependent branch leaves out SITE:B)
+                pass  # FAULT:skip (a rank-dependent branch leaves out the next all_reduce)
             elif here and fault == "op_mismatch":
                 dist.all_gather([torch.empty(16) for _ in range(dist.get_world_size())], t)  # FAULT:op_mismatch
             else:

@@ -1,0 +1,152 @@
+"""`distdiag hang-report DIR`: render the watchdog's report, or analyse flight-recorder dumps.
+
+DIR (or a file) holding hang-report.json is rendered as the watchdog printed it. Otherwise
+every file in DIR is read as one rank's flight-recorder dump (rank = the trailing digits of
+its name, torch's `<prefix><rank>` naming): JSON as it is, pickle only with --trust-pickle
+(unpickling runs code). The dumps become a report of the same form: which rank stopped
+early on which group, and where ranks recorded different collectives at the same sequence.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from distdiag.cli.options import FormatOpt, fail
+
+__all__ = ["register", "report_from_dumps"]
+
+
+def _rank_of(path: Path, fallback: int) -> int:
+    match = re.search(r"(\d+)(?:\.\w+)?$", path.name)
+    return int(match.group(1)) if match else fallback
+
+
+def report_from_dumps(dumps: dict[int, dict[str, Any]]) -> Any:
+    """A Report (probe 'flight_recorder') from per-rank recorder dumps."""
+    from distdiag.render import format_ranks
+    from distdiag.report import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
+    from distdiag.watchdog.flight import summarize_dump
+
+    summaries = {r: summarize_dump(d) for r, d in sorted(dumps.items())}
+    findings: list[Finding] = []
+    by_pg: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for rank, summary in summaries.items():
+        for pg, last in summary["last"].items():
+            by_pg[pg][rank] = last
+    entries: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
+    for rank, dump in dumps.items():
+        for e in dump.get("entries") or []:
+            if e.get("is_p2p"):
+                continue
+            pg = e.get("process_group") or ["?", "?"]
+            key = (str(pg[1] if len(pg) > 1 else pg[0]), int(e.get("collective_seq_id") or 0))
+            entries[key][rank] = e
+    for (pg, seq), by_rank in sorted(entries.items(), key=lambda kv: kv[0][1]):
+        variants: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+        for rank, e in by_rank.items():
+            variants[(e.get("profiling_name"), str(e.get("input_sizes")), str(e.get("input_dtypes")))].append(rank)
+        if len(variants) > 1:
+            ordered = sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+            odd = sorted(r for _, rs in ordered[1:] for r in rs)
+            lines = [f"{format_ranks(sorted(rs))}: {k[0]} sizes {k[1]} dtypes {k[2]}" for k, rs in ordered]
+            findings.append(
+                Finding(
+                    severity="critical",
+                    issue=f"desync on process group {pg} at collective #{seq}: {format_ranks(odd)} recorded a different collective than {format_ranks(sorted(ordered[0][1]))}",
+                    evidence="\n".join(lines),
+                    ranks=odd,
+                    fix="every rank must issue the same collectives in the same order",
+                    confidence=0.7,
+                )
+            )
+            break
+    for pg, lasts in sorted(by_pg.items()):
+        top = max(int(c["seq"]) for c in lasts.values())
+        behind = sorted(r for r, c in lasts.items() if int(c["seq"]) < top)
+        missing = sorted(set(dumps) - set(lasts))
+        if behind or missing:
+            where = "; ".join(f"rank {r} last #{lasts[r]['seq']} {lasts[r]['op']}" for r in behind)
+            findings.append(
+                Finding(
+                    severity="critical",
+                    issue=f"on process group {pg}, {format_ranks(behind + missing)} stopped before collective #{top} that others recorded",
+                    evidence=where or "no entries for this group in their dumps",
+                    ranks=behind + missing,
+                    fix="those ranks never issued the collective the others wait in: their stacks (pickle dumps, or the watchdog) show where they are",
+                    confidence=0.7,
+                )
+            )
+    findings.append(
+        Finding(
+            severity="info",
+            issue=f"read flight-recorder dumps of {format_ranks(sorted(dumps))}",
+            evidence="on gloo the recorder keeps no group membership and leaves entries 'scheduled'; states are not evidence there",
+        )
+    )
+    result = ProbeResult.from_findings(
+        "flight_recorder", findings,
+        details={"table:last collective per rank": [
+            {"rank": r, "pg": pg, "seq": c["seq"], "op": c["op"], "sizes": c["sizes"]}
+            for r, s in summaries.items() for pg, c in sorted(s["last"].items())
+        ]},
+    )
+    code = EXIT_HANG if any(f.severity == "critical" for f in findings) else EXIT_PASS
+    return Report(
+        world_size=max(dumps) + 1 if dumps else 0, probes=[result], exit_code=code, verdict=verdict_for(code, [result]),
+        outcome="hang" if code else "completed", summary=findings[0].issue,
+    )
+
+
+def hang_report(
+    path: Annotated[Path, typer.Argument(help="The watchdog's dump directory (or its hang-report.json), or a directory of flight-recorder dumps.")],
+    format: FormatOpt = "text",
+    trust_pickle: Annotated[
+        bool, typer.Option("--trust-pickle", help="Read pickle flight-recorder dumps (unpickling runs code from the file).")
+    ] = False,
+    exit_code: Annotated[bool, typer.Option("--exit-code", help="Exit 3 when the report says the job hung.")] = False,
+) -> None:
+    """Render a hang report the watchdog wrote, or one built from flight-recorder dumps."""
+    from distdiag.errors import ReportError
+    from distdiag.report import read_report
+    from distdiag.watchdog.flight import load_dump
+    from distdiag.watchdog.writer import REPORT_NAME, render_hang_report
+
+    if format not in ("text", "json"):
+        raise fail(f"--format must be text or json, got {format!r}")
+    if not path.exists():
+        raise fail(f"{path} does not exist")
+    target = path / REPORT_NAME if path.is_dir() else path
+    if target.is_file() and (target.name == REPORT_NAME or path.is_file()) and target.read_bytes()[:1] == b"{":
+        try:
+            report = read_report(target)
+        except ReportError:
+            report = None
+        if report is not None:
+            typer.echo(report.to_json() if format == "json" else render_hang_report(report))
+            if exit_code:
+                raise typer.Exit(report.exit_code)
+            return
+    files = sorted(p for p in ([path] if path.is_file() else path.iterdir()) if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise fail(f"{path} holds no {REPORT_NAME} and no flight-recorder dumps")
+    dumps: dict[int, dict[str, Any]] = {}
+    for i, file in enumerate(files):
+        try:
+            dumps[_rank_of(file, i)] = load_dump(file, trust_pickle=trust_pickle)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        except OSError as exc:
+            raise fail(f"cannot read {file}: {exc.strerror}") from None
+    report = report_from_dumps(dumps)
+    typer.echo(report.to_json() if format == "json" else render_hang_report(report))
+    if exit_code:
+        raise typer.Exit(report.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("hang-report")(hang_report)

@@ -1,0 +1,167 @@
+"""`torchrun --nproc-per-node N -m distdiag.watch [--timeout-s S] -- train.py ARGS...`
+
+Runs the user's script unchanged - as `__main__`, with its own argv - and arms the hang
+watchdog the moment the script initialises its default process group (init_process_group
+is wrapped for that one call, also when init_device_mesh makes it). Before the script
+starts it may turn on torch's flight recorder (by environment, the only way: it must be set
+before init). Every option has an environment twin (DISTDIAG_WATCHDOG_*); flags win.
+The script's exit code is the process's; a hang ends it with code 3 (action abort).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import threading
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["main", "build_parser", "armed"]
+
+_STATE: dict[str, Any] = {"wd": None, "config": None}
+
+
+def armed() -> Any:
+    """The watchdog the wrapper armed (or None): scripts may call `.step(n)` on it if they like."""
+    return _STATE["wd"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m distdiag.watch",
+        description="Run a training script unchanged with distdiag's hang watchdog armed at init_process_group.",
+    )
+    p.add_argument("--timeout-s", type=float, default=None, help="seconds without progress before a hang (env DISTDIAG_WATCHDOG_TIMEOUT_S; default 300)")
+    p.add_argument("--action", choices=("abort", "raise", "report"), default=None, help="what to do on a hang (env DISTDIAG_WATCHDOG_ACTION; default abort)")
+    p.add_argument("--dump-dir", default=None, help="where the report goes (env DISTDIAG_WATCHDOG_DUMP_DIR; default hang-report)")
+    p.add_argument(
+        "--flight-recorder", type=int, default=None, metavar="N",
+        help="enable torch's flight recorder with N entries before init (env DISTDIAG_WATCHDOG_FLIGHT_RECORDER; default 2000, 0: off)",
+    )
+    p.add_argument("-m", dest="module", default=None, help="run a module (like python -m) instead of a script")
+    p.add_argument("script", nargs="?", help="the training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"distdiag.watch: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _arm_after(init: Any) -> Any:
+    import functools
+
+    @functools.wraps(init)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = init(*args, **kwargs)
+        if _STATE["wd"] is None and threading.current_thread() is threading.main_thread():
+            from distdiag.watchdog import HangWatchdog
+
+            _STATE["wd"] = HangWatchdog(config=_STATE["config"]).start()
+        return result
+
+    init_process_group.__distdiag_wrapped__ = init  # type: ignore[attr-defined]
+    return init_process_group
+
+
+def _install_init_hook() -> list[tuple[Any, Any]]:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    saved = []
+    original = c10d.init_process_group
+    hooked = _arm_after(original)
+    modules: list[Any] = [dist, c10d]
+    try:
+        from torch.distributed import device_mesh
+
+        modules.append(device_mesh)
+    except ImportError:
+        pass
+    for module in modules:
+        if getattr(module, "init_process_group", None) is original:
+            saved.append((module, original))
+            module.init_process_group = hooked
+    return saved
+
+
+def run(argv: list[str]) -> int:
+    from distdiag.errors import ConfigError
+    from distdiag.watchdog.config import WATCHDOG_FLIGHT_RECORDER, WatchdogConfig
+    from distdiag.watchdog.flight import enable_recorder
+
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    parser = build_parser()
+    # Our own options come before `--` (or before the script); everything after is the script's.
+    if "--" in argv:
+        cut = argv.index("--")
+        ours, rest = argv[:cut], argv[cut + 1 :]
+        ns = parser.parse_args(ours)
+        if ns.module is None:
+            if not rest:
+                return _fail("no training script after --; usage: python -m distdiag.watch [options] -- train.py ARGS...")
+            ns.script, ns.args = rest[0], rest[1:]
+        else:
+            ns.args = rest
+    else:
+        ns = parser.parse_args(argv)
+    if ns.module is None and not ns.script:
+        return _fail("no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS...")
+    if ns.timeout_s is not None and ns.timeout_s <= 0:
+        return _fail(f"--timeout-s must be > 0 seconds, got {ns.timeout_s:g}")
+    try:
+        config = WatchdogConfig.from_env(
+            timeout=timedelta(seconds=ns.timeout_s) if ns.timeout_s is not None else None,
+            action=ns.action, dump_dir=ns.dump_dir,
+        )
+        entries = ns.flight_recorder
+        if entries is None:
+            entries = int(os.environ.get(WATCHDOG_FLIGHT_RECORDER, "2000") or 0)
+    except (ConfigError, ValueError) as exc:
+        return _fail(str(exc))
+    if entries < 0:
+        return _fail(f"--flight-recorder must be >= 0 entries, got {entries}")
+    if ns.module is None and not os.path.isfile(ns.script):
+        return _fail(f"training script {ns.script!r} not found")
+    note = enable_recorder(entries)
+    if note and os.environ.get("RANK", "0") == "0":
+        print(f"distdiag.watch: {note}", file=sys.stderr)
+    _STATE["config"] = config
+    saved = _install_init_hook()
+    code = 0
+    try:
+        if ns.module is not None:
+            sys.argv = [ns.module, *ns.args]
+            runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [ns.script, *ns.args]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
+            runpy.run_path(ns.script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:
+        wd = _STATE["wd"]
+        if wd is not None:
+            wd.close(exc)  # reports a dead peer before the traceback, if that is what happened
+        raise
+    finally:
+        wd, _STATE["wd"] = _STATE["wd"], None
+        if wd is not None:
+            wd.close()
+        for module, original in saved:
+            module.init_process_group = original
+    return code
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

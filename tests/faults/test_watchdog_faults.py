@@ -1,0 +1,170 @@
+"""The hang watchdog on real gloo ranks: each injected bug is named; each healthy twin is quiet.
+
+Ranks run tests/faults/watchdog_workers.py:train through the forkserver harness (store in
+the parent, like torchrun's agent). Timeouts are 3 s; elapsed-time bounds are wide on purpose
+(the machine is shared).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distdiag.report import read_report
+from tests.harness import RunResult, run_ranks
+
+ENTRY = "tests.faults.watchdog_workers:train"
+WORKERS = "watchdog_workers.py"
+HARD_TIMEOUT = 45.0
+
+
+def _run(tmp_path: Path, world: int, *words: str) -> RunResult:
+    return run_ranks(world, list(words), tmp_path, entry=ENTRY, timeout=HARD_TIMEOUT)
+
+
+def _report(result: RunResult):
+    report = read_report(result.workdir / "hang-report" / "hang-report.json")
+    probe = report.probe("watchdog")
+    assert probe is not None
+    crit = [f for f in probe.findings if f.severity == "critical"]
+    assert crit, probe.findings
+    return report, probe, crit
+
+
+def _line(marker: str) -> str:
+    """`watchdog_workers.py:LINE` of the line carrying `marker` (robust to edits)."""
+    text = (Path(__file__).parent / WORKERS).read_text().splitlines()
+    number = next(i for i, line in enumerate(text, 1) if marker in line)
+    return f"{WORKERS}:{number}"
+
+
+def _assert_aborted(result: RunResult, killed: tuple[int, ...] = ()) -> None:
+    assert not result.timed_out, result.stderr[-3000:]
+    for o in result.outcomes:
+        assert o.exitcode == (-9 if o.rank in killed else 3), (o.rank, o.exitcode, o.stderr[-2000:])
+    assert result.elapsed < 30, result.elapsed
+
+
+@pytest.mark.timeout(60)
+def test_skipped_all_reduce_is_a_desync_naming_rank_step_and_both_sites(tmp_path):
+    """Rank 1 skips one all_reduce in step 2 (gloo pairs its next one silently)."""
+    result = _run(tmp_path, 3, "fault=skip", "rank=1", "step=2", "steps=14")
+    _assert_aborted(result)
+    report, _, crit = _report(result)
+    f = crit[0]
+    assert report.outcome == "desync" and f.ranks == [1]
+    assert "skipped" in f.issue and "step 2" in f.issue
+    assert _line("SITE:B") in f.issue and _line("SITE:C") in f.issue
+
+
+@pytest.mark.timeout(60)
+def test_extra_same_shape_all_reduce_is_a_desync_with_both_sites(tmp_path):
+    """Rank 1 issues one extra same-shape all_reduce: DETAIL and the recorder miss it; we do not."""
+    result = _run(tmp_path, 3, "fault=extra", "rank=1", "step=2", "steps=14")
+    _assert_aborted(result)
+    report, _, crit = _report(result)
+    f = crit[0]
+    assert report.outcome == "desync" and f.ranks == [1]
+    assert "extra" in f.issue and "step 2" in f.issue
+    assert _line("FAULT:extra") in f.issue and _line("SITE:C") in f.issue
+
+
+@pytest.mark.timeout(60)
+def test_all_gather_where_others_all_reduce_names_rank_and_both_ops(tmp_path):
+    """Rank 1 calls all_gather where ranks 0 and 2 call all_reduce: gloo hangs; a desync."""
+    result = _run(tmp_path, 3, "fault=op_mismatch", "rank=1", "step=2")
+    _assert_aborted(result)
+    _, _, crit = _report(result)
+    f = next(f for f in crit if "desync" in f.issue)
+    assert f.ranks == [1]
+    text = f.issue + f.evidence
+    assert "all_gather" in text and "all_reduce" in text
+    assert _line("FAULT:op_mismatch") in f.evidence and _line("SITE:B") in f.evidence
+
+
+@pytest.mark.timeout(60)
+def test_rank_blocked_outside_any_collective_is_named_with_its_line(tmp_path):
+    """Rank 1 blocks forever outside a collective while rank 0 waits in all_reduce."""
+    result = _run(tmp_path, 2, "fault=block", "rank=1", "step=2")
+    _assert_aborted(result)
+    report, probe, crit = _report(result)
+    assert crit[0].ranks == [1] and "never entered all_reduce" in crit[0].issue
+    assert _line("FAULT:block") in crit[0].issue
+    rows = {r["rank"]: r for r in probe.details["table:ranks at the end"]}
+    assert rows[0]["state"] == "collective" and _line("SITE:A") in rows[0]["where"]
+    assert "watchdog" in result.stderr and report.written_by in (0, 1)
+
+
+@pytest.mark.timeout(60)
+def test_rank_sleeping_in_data_loading_shows_the_sleeping_frame(tmp_path):
+    result = _run(tmp_path, 2, "fault=sleep_data", "rank=1", "step=2")
+    _assert_aborted(result)
+    _, probe, crit = _report(result)
+    assert crit[0].ranks == [1] and "load_batch" in crit[0].issue and _line("FAULT:sleep_data") in crit[0].issue
+    assert any("load_batch" in line for line in probe.details["stacks"]["1"])
+
+
+@pytest.mark.timeout(60)
+def test_rank0_stuck_another_rank_writes_the_report(tmp_path):
+    result = _run(tmp_path, 2, "fault=block", "rank=0", "step=2")
+    _assert_aborted(result)
+    _, _, crit = _report(result)
+    assert crit[0].ranks == [0] and _line("FAULT:block") in crit[0].issue
+
+
+@pytest.mark.timeout(60)
+def test_sigkilled_rank_is_named_dead(tmp_path):
+    result = _run(tmp_path, 2, "fault=kill", "rank=1", "step=2")
+    _assert_aborted(result, killed=(1,))
+    report, _, crit = _report(result)
+    assert report.outcome == "lost_rank" and crit[0].ranks == [1] and "gone" in crit[0].issue
+
+
+@pytest.mark.timeout(60)
+def test_sigstopped_rank_is_named_and_ended_by_pid(tmp_path):
+    """A stopped rank ignores SIGTERM: the writer ends it (same host) and every process is gone."""
+    result = _run(tmp_path, 2, "fault=stop", "rank=1", "step=2")
+    _assert_aborted(result, killed=(1,))
+    _, _, crit = _report(result)
+    assert crit[0].ranks == [1] and "stopped" in crit[0].issue
+
+
+@pytest.mark.timeout(60)
+def test_action_raise_interrupts_python_code_and_aborts_the_blocked_rank(tmp_path):
+    result = _run(tmp_path, 2, "fault=spin", "rank=1", "step=2", "action=raise")
+    assert not result.timed_out
+    assert result.codes == [3, 1], result.stderr[-3000:]
+    assert "HangDetected" in result.outcomes[1].stderr or "RaisedHang" in result.outcomes[1].stderr
+    assert "cannot be interrupted" in result.outcomes[0].stderr
+    _, _, crit = _report(result)
+    assert crit[0].ranks == [1]
+
+
+@pytest.mark.timeout(60)
+def test_action_report_writes_and_lets_the_job_finish(tmp_path):
+    result = _run(tmp_path, 2, "fault=stall", "rank=1", "step=2", "action=report")
+    assert result.codes == [0, 0], result.stderr[-3000:]
+    _, _, crit = _report(result)
+    assert crit[0].ranks == [1]
+
+
+@pytest.mark.parametrize(
+    "fault,extra",
+    [("slow_step", []), ("checkpoint", []), ("eval", ["timeout=2", "pg_timeout=1.5"])],
+    ids=["slow-step", "checkpoint-phase", "long-eval"],
+)
+@pytest.mark.timeout(60)
+def test_healthy_twins_write_no_report(tmp_path, fault, extra):
+    """Slower step within the timeout, a long checkpoint declared as a phase, a long eval: quiet."""
+    result = _run(tmp_path, 2, f"fault={fault}", "rank=1", "step=2", "steps=5", *extra)
+    assert result.codes == [0, 0], result.stderr[-3000:]
+    assert not (tmp_path / "hang-report").exists()
+    if fault == "eval":
+        assert "shorter than the watchdog's" in result.stderr  # pg timeout 1.5 s < watchdog 2 s
+
+
+@pytest.mark.timeout(60)
+def test_user_signal_handlers_are_kept_and_torch_restored(tmp_path):
+    result = run_ranks(2, [], tmp_path, entry="tests.faults.watchdog_workers:handlers_kept", timeout=HARD_TIMEOUT)
+    assert result.codes == [0, 0], result.stderr[-3000:]
