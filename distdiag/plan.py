@@ -41,6 +41,7 @@ def build_parser(prog: str = "python -m distdiag.check") -> argparse.ArgumentPar
     p.add_argument("--quiet", action="store_true", default=None, help="print only the verdict line")
     p.add_argument("--target", metavar="MODULE|FILE.py", help="the user's target exposing hook functions (module name or .py path)")
     p.add_argument("--junit", metavar="PATH", help="also write the verdict as JUnit XML to PATH (on every node, like the report)")
+    p.add_argument("--checkpoint", metavar="PATH", help="an existing DCP checkpoint to load into the target model (probe checkpoint; sets probes.checkpoint.load)")
     return p
 
 
@@ -51,6 +52,8 @@ def parse_config(argv: list[str]) -> CheckConfig:
         layers.append((f"profile {args.profile!r}", load_profile(args.profile)))
     if args.config:
         layers.append((args.config, load_toml(args.config)))
+    if args.checkpoint:
+        layers.append(("--checkpoint", {"probes": {"checkpoint": {"load": args.checkpoint}}}))
     overrides = {
         "probes": args.probes,
         "skip": args.skip,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from distdiag.probes.bandwidth import BandwidthProbe
 from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.probes.checkpoint import CheckpointProbe
 from distdiag.probes.collectives import CollectivesProbe
 from distdiag.probes.determinism import DeterminismProbe
 from distdiag.probes.env import EnvProbe
@@ -27,6 +28,7 @@ PROBES: dict[str, type[Probe]] = {
     "determinism": DeterminismProbe,
     "sequence_parallel": SequenceParallelProbe,
     "moe_routing": MoeRoutingProbe,
+    "checkpoint": CheckpointProbe,
 }
 
 

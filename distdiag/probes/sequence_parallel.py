@@ -24,6 +24,7 @@ from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_local_findings
 from distdiag.probes.sp_checks import analyze_split, loss_problem
 from distdiag.probes.sp_end_to_end import run_end_to_end
+from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
 from distdiag.workloads import sequence as seqw
 
@@ -178,7 +179,10 @@ def _mean(values: list[Any]) -> float | None:
 def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Finding]:
     findings: list[Finding] = []
     entries0 = payloads.get(0, {}).get("splits", [])
+    flagged: set[str] = set()
     for i, entry0 in enumerate(entries0):
+        if entry0["variant"] != "batch" and entry0["splitter"] in flagged:
+            continue  # the uneven length would only repeat what the batch itself showed
         label = f"{entry0['splitter']!s}" + (" (seq len +1)" if entry0["variant"] != "batch" else "")
         seq_len = entry0["seq_len"]
         problems = {r: p["splits"][i]["problem"] for r, p in payloads.items() if p["splits"][i]["problem"]}
@@ -189,6 +193,8 @@ def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Fin
             sev = "info" if uneven and raised else "error"
             lines = "\n".join(f"rank {r}: {v}" for r, v in sorted(problems.items()))
             what = "refuses" if raised else "returns an unusable result for"
+            if sev != "info":
+                flagged.add(entry0["splitter"])
             findings.append(Finding(
                 severity=sev,
                 issue=f"split {label} {what} sequence length {seq_len} at world size {world} on ranks {ranks}",
@@ -200,7 +206,10 @@ def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Fin
             ))
             continue
         local = {r: p["splits"][i]["local"] for r, p in payloads.items()}
-        findings += analyze_split(label, entry0["full"], local, world)
+        found = analyze_split(label, entry0["full"], local, world)
+        if any(f.severity != "info" for f in found):
+            flagged.add(entry0["splitter"])
+        findings += found
     return findings
 
 
@@ -227,55 +236,67 @@ def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
     return findings
 
 
+def _by_text(per_rank: dict[int, str]) -> str:
+    """One line per distinct text, naming the ranks that reported it."""
+    groups: dict[str, list[int]] = {}
+    for r, text in sorted(per_rank.items()):
+        groups.setdefault(text, []).append(r)
+    return "\n".join(f"{format_ranks(rs)}: {text}" for text, rs in groups.items())
+
+
 def _e2e_findings(payloads: dict[int, dict[str, Any]], world: int, rtol: float) -> list[Finding]:
-    findings: list[Finding] = []
+    """One finding per kind of problem, its evidence listing every batch variant it showed on."""
+    kinds: dict[str, dict[str, Any]] = {}
+
+    def add(kind: str, issue: str, variant: str, evidence: str, ranks: list[int], fix: str, conf: float = 0.9) -> None:
+        entry = kinds.setdefault(kind, {"issue": issue, "variants": [], "evidence": [], "ranks": set(), "fix": fix, "conf": conf})
+        entry["variants"].append(variant)
+        entry["evidence"].append(f"[{variant} batch] {evidence}")
+        entry["ranks"].update(ranks)
+
     first = payloads.get(0, {}).get("e2e", [])
     for i, v0 in enumerate(first):
         per = {r: p["e2e"][i] for r, p in payloads.items()}
         variant = v0["variant"]
-        errors = {r: v["error"] for r, v in per.items() if v.get("error")}
         shapes = {r: v["output_problem"] for r, v in per.items() if v.get("output_problem")}
         if shapes:
-            ranks = sorted(shapes)
-            findings.append(Finding(
-                "error", f"the SP model's output has the wrong shape on ranks {ranks} ({variant} batch)",
-                "\n".join(f"rank {r}: {s}" for r, s in sorted(shapes.items())), ranks,
-                "gather sequence shards along the sequence dim (dim 1 of [batch, seq, ...]) in rank order", 0.95))
+            add("shape", f"the SP model's output has the wrong shape on ranks {sorted(shapes)}", variant,
+                _by_text(shapes), sorted(shapes),
+                "gather sequence shards along the sequence dim (dim 1 of [batch, seq, ...]) in rank order", 0.95)
+        errors = {r: v["error"] for r, v in per.items() if v.get("error")}
         if errors:
-            ranks = sorted(errors)
-            findings.append(Finding(
-                "error", f"the SP step failed on ranks {ranks} ({variant} batch)",
-                "\n".join(f"rank {r}: {e}" for r, e in sorted(errors.items())), ranks,
-                "parallelize_sp(model, mesh) and loss_fn(model, local_batch) must run on the split batch", 0.9))
+            add("error", f"the SP step failed on ranks {sorted(errors)}", variant,
+                _by_text(errors), sorted(errors),
+                "parallelize_sp(model, mesh) and loss_fn(model, local_batch) must run on the split batch")
             continue
         if any(v.get("skipped") for v in per.values()):
             continue
-        sp_values = {r: v["sp_loss"] for r, v in per.items()}
         valid = {r: v["valid"] for r, v in per.items()}
         sums = {r: v["ref_shard_sum"] for r, v in per.items()} if all(v.get("ref_shard_sum") is not None for v in per.values()) else None
-        problem = loss_problem(v0["ref_loss"], sp_values, valid, sums, rtol)
+        problem = loss_problem(v0["ref_loss"], {r: v["sp_loss"] for r, v in per.items()}, valid, sums, rtol)
         if problem:
-            issue, evidence = problem
-            findings.append(Finding("error", f"{issue} ({variant} batch)", evidence, sorted(per),
-                                    "weight per-rank losses by valid targets: sum the token losses and divide by the "
-                                    "group's valid-target count (an all_reduce), with a floor of 1 for empty groups", 0.9))
+            add("loss-nan" if "not finite" in problem[0] else "loss", problem[0], variant, problem[1], sorted(per),
+                "weight per-rank losses by valid targets: sum the token losses and divide by the group's valid-target "
+                "count (an all_reduce), with a floor of 1 for empty groups")
         mism = {r: v["output_mismatch"] for r, v in per.items() if v.get("output_mismatch")}
-        if mism and not problem:
-            ranks = sorted(mism)
-            findings.append(Finding(
-                "error", f"the SP model's output differs from the reference at some token positions on ranks {ranks} ({variant} batch)",
-                "\n".join(f"rank {r}: {m}" for r, m in sorted(mism.items())), ranks,
-                "the SP attention must see the whole causal prefix by global position (gather K/V along the sequence)", 0.85))
-        g = per[0].get("grad")
-        if g and not g.get("finite", True):
-            findings.append(Finding("error", f"SP gradients are not finite ({variant} batch): {g.get('worst')}", "", sorted(per),
-                                    "a shard or group without valid targets must contribute 0, not 0/0", 0.9))
-        elif g and g.get("rel_err", 0.0) > rtol * 10 and math.isfinite(v0["ref_loss"]) and not problem:
-            findings.append(Finding(
-                "error", f"SP gradients (averaged over {world} ranks) differ from the unsplit batch's ({variant} batch)",
+        if mism:
+            add("output", f"the SP model's output differs from the reference at some token positions on ranks {sorted(mism)}",
+                variant, "\n".join(f"rank {r}: {m}" for r, m in sorted(mism.items())), sorted(mism),
+                "the SP model must see the whole causal prefix by global position (gather K/V along the sequence, "
+                "global position ids)", 0.85)
+        g = per[0].get("grad") or {}
+        if not g.get("finite", True):
+            add("grad", "SP gradients are not finite", variant, g.get("worst", ""), sorted(per),
+                "a shard or group without valid targets must contribute 0, not 0/0")
+        elif g.get("rel_err", 0.0) > rtol * 10 and math.isfinite(v0["ref_loss"]) and not problem:
+            add("grad", f"SP gradients (averaged over {world} ranks) differ from the unsplit batch's", variant,
                 f"worst parameter {g['worst']}: relative error {g['rel_err']:.3g}", sorted(per),
-                "the loss each rank backpropagates must be its token-loss sum x world / the group's valid targets", 0.85))
-    return findings
+                "the loss each rank backpropagates must be its token-loss sum x world / the group's valid targets", 0.85)
+    return [
+        Finding("error", f"{k['issue']} ({', '.join(k['variants'])} batch{'es' if len(k['variants']) > 1 else ''})",
+                "\n".join(k["evidence"]), sorted(k["ranks"]), k["fix"], k["conf"])
+        for k in kinds.values()
+    ]
 
 
 def _ulysses(ctx: Any, opts: SequenceParallelConfig) -> dict[str, Any]:

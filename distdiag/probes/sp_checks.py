@@ -82,14 +82,20 @@ def analyze_split(label: str, full: dict[str, Any], local: dict[int, dict[str, A
                         mask_bad.setdefault(r, []).append(p)
     split_name = f"split {label}"
     if restart:
-        findings.append(_finding(
+        starts, at = {}, 0
+        for r in sorted(local):
+            starts[r] = at
+            at += len(local[r]["input_ids"][0]) if local[r]["input_ids"] else 0
+        # Every later check would only restate this (tokens, targets and mask at the wrong positions).
+        return [_finding(
             "error",
             f"{split_name}: position ids restart at 0 on {format_ranks(restart, world)} instead of carrying global positions",
-            "\n".join(f"rank {r}: position_ids start {local[r]['position_ids'][0][:4]}..." for r in restart),
+            "\n".join(f"rank {r}: {len(local[r]['input_ids'][0])} tokens labelled positions {local[r]['position_ids'][0][0]}.."
+                      f"{local[r]['position_ids'][0][-1]}; in rank order they start at global position {starts[r]}" for r in restart),
             restart,
             "give each shard the global position of its tokens (position_ids[:, index] of the full batch) before "
             "the split; rotary/learned positions of a shard that restart at 0 encode the wrong place",
-        ))
+        )]
     if no_shift:
         findings.append(_finding(
             "error" if boundary_lost or target_bad else "warning",

@@ -1,0 +1,252 @@
+"""`checkpoint`: DCP round trips that lose tensors, and checkpoints whose keys do not match.
+
+Without `load`: the model (the target's, parallelized by its hook or FSDP2 by default; else
+the built-in MLP under FSDP2) and its optimizer state are saved with torch.distributed.
+checkpoint into a fresh directory, perturbed, loaded back and compared tensor by tensor
+(every local shard, every optimizer state entry). The directory is removed afterwards, also
+when a step fails. With `load` (`--checkpoint PATH`): the existing checkpoint's keys are
+compared with the target model's (DCP ignores unread keys silently), wrapper names
+normalised and a rename map suggested, then the matching tensors are loaded and checked.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distdiag.errors import ConfigError
+from distdiag.probes._training import (
+    HookError,
+    agree,
+    call_hook,
+    default_parallelize,
+    make_mesh,
+    resolve_hooks,
+    run_step,
+)
+from distdiag.probes.base import ConsolidationView, Probe, local_finding
+from distdiag.probes.ckpt_report import key_findings, merge
+from distdiag.report import ProbeResult
+
+__all__ = ["CheckpointProbe", "CheckpointConfig"]
+
+_PATH_BYTES = 4096
+
+
+@dataclass
+class CheckpointConfig:
+    """Options of the checkpoint probe, the `[probes.checkpoint]` table."""
+
+    dir: str = ""
+    """Where the round trip writes its temporary checkpoint; on a multi-node job a directory
+    every node shares (empty: the system temp dir, single node only)."""
+    load: str = ""
+    """An existing DCP checkpoint to load into the target model (also `--checkpoint PATH`)."""
+
+    def __post_init__(self) -> None:
+        for key in ("dir", "load"):
+            if not isinstance(getattr(self, key), str):
+                raise ConfigError(f"probes.checkpoint.{key} must be a path string, got {getattr(self, key)!r}")
+
+
+def _local(t: Any) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, torch.Tensor)
+
+
+def _manual_adam_state(opt: torch.optim.Optimizer) -> None:
+    """Non-trivial Adam state without a step (the first step imports torch._dynamo: seconds)."""
+    for group in opt.param_groups:
+        for i, p in enumerate(group["params"]):
+            base = p.detach()
+            opt.state[p] = {"step": torch.tensor(3.0), "exp_avg": base * 0.5 + 0.25 + i, "exp_avg_sq": base * base + 0.125}
+
+
+class CheckpointProbe(Probe):
+    name = "checkpoint"
+    summary = "DCP checkpoints that do not round-trip, and checkpoints whose keys no longer match the model (renames, wrappers)"
+    Config = CheckpointConfig
+
+    def skip_reason(self, ctx: Any) -> str | None:
+        opts = ctx.options or CheckpointConfig()
+        if ctx.target is not None and not ctx.target.has("build_model"):
+            return f"probe 'checkpoint' needs hook build_model() in target {ctx.target.spec}"
+        if not opts.load and not opts.dir and ctx.info.local_world_size < ctx.world_size:
+            return "a multi-node round trip needs a directory every node shares: set probes.checkpoint.dir"
+        return None
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        opts: CheckpointConfig = ctx.options or CheckpointConfig()
+        findings: list[dict[str, Any]] = []
+        model = opt = None
+        try:
+            model, opt, source = self._setup(ctx)
+        except HookError as exc:
+            findings.append(local_finding("error", f"checkpoint probe could not build the model: {exc}"))
+        if agree(ctx, model is None):
+            return {"findings": findings}
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(model, opt)
+        if opts.load:
+            return self._load_existing(ctx, opts.load, model, opt, msd, osd, findings, source)
+        return self._round_trip(ctx, opts, model, opt, msd, osd, findings, source)
+
+    def _setup(self, ctx: Any) -> tuple[Any, Any, str]:
+        target = ctx.target
+        if target is None or target.has("make_batch"):
+            hooks = resolve_hooks(ctx, "mlp")
+            model = hooks.wrap(hooks.model(ctx.seed), make_mesh(ctx))
+            if target is not None and target.has("build_optimizer"):
+                opt = hooks.optimizer(model)
+                run_step(hooks, model, opt, hooks.shard(hooks.batch(0), ctx.rank, ctx.world_size))
+                return model, opt, hooks.source
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            _manual_adam_state(opt)
+            return model, opt, hooks.source
+        ctx.seed()
+        model = call_hook("build_model", target.build_model)
+        wrap = target.get("parallelize") or default_parallelize
+        model = call_hook("parallelize", wrap, model, make_mesh(ctx)) or model
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        _manual_adam_state(opt)
+        return model, opt, f"target {target.spec}"
+
+    def _shared_dir(self, ctx: Any, base: str) -> str:
+        """Rank 0 creates the directory; every rank learns its path (one broadcast)."""
+        buf = torch.zeros(_PATH_BYTES, dtype=torch.uint8, device=ctx.device)
+        if ctx.rank == 0:
+            path = tempfile.mkdtemp(prefix="distdiag-ckpt-", dir=base or None)
+            raw = path.encode()
+            if len(raw) >= _PATH_BYTES:
+                shutil.rmtree(path, ignore_errors=True)
+                raise ConfigError(f"probes.checkpoint.dir: path too long ({len(raw)} bytes)")
+            buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+        ctx.comm.broadcast(buf, src=0)
+        data = bytes(buf.cpu().tolist())
+        return data[: data.index(0)].decode()
+
+    def _round_trip(self, ctx: Any, opts: CheckpointConfig, model: Any, opt: Any, msd: Any, osd: Any,
+                    findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if opts.dir and not os.path.isdir(opts.dir):
+            findings.append(local_finding("error", f"probes.checkpoint.dir {opts.dir} is not a directory on this rank"))
+        if agree(ctx, bool(findings)):
+            return {"findings": findings}
+        state = {"model": msd, "optim": osd}
+        flat, _ = flatten_state_dict(state)
+        snapshot = {k: _local(v).detach().clone() for k, v in flat.items() if _is_tensor(v)}
+        path = self._shared_dir(ctx, opts.dir)
+        result: dict[str, Any] = {"findings": findings, "mode": "round_trip", "source": source, "keys": len(flat),
+                                  "tensors": len(snapshot), "bytes": sum(t.numel() * t.element_size() for t in snapshot.values())}
+        failed = True
+        try:
+            dcp.save(state, checkpoint_id=path)
+            with torch.no_grad():
+                for k in snapshot:
+                    _local(flat[k]).add_(1.0)  # so a load that silently reads nothing shows
+            ckpt = _ckpt_shapes(path)
+            expected = {k: (tuple(v.shape) if _is_tensor(v) else ()) for k, v in flat.items()}
+            result["key_diff"] = _diff(expected, ckpt)
+            dcp.load({k: v for k, v in flat.items() if _is_tensor(v) and k in ckpt}, checkpoint_id=path)
+            set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+            after, _ = flatten_state_dict(dict(zip(("model", "optim"), get_state_dict(model, opt), strict=True)))
+            result["unequal"] = _unequal(snapshot, after)
+            failed = False
+        except Exception as exc:  # noqa: BLE001 - DCP failing is the finding
+            findings.append(local_finding("error", f"DCP round trip failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                                          fix="see the traceback of the same step in your training job; the checkpoint dir was removed"))
+        finally:
+            try:
+                agree(ctx, failed)  # every rank is done with the directory before it goes
+            finally:
+                if ctx.info.local_rank == 0:
+                    shutil.rmtree(path, ignore_errors=True)
+                    result["removed"] = not os.path.exists(path)
+        result["dir"] = path
+        return result
+
+    def _load_existing(self, ctx: Any, load: str, model: Any, opt: Any, msd: Any, osd: Any,
+                       findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        try:
+            ckpt = _ckpt_shapes(load)
+        except Exception as exc:  # noqa: BLE001 - a path that is no DCP checkpoint is bad input
+            ckpt = None
+            findings.append(local_finding("error", f"--checkpoint {load}: not a readable DCP checkpoint on this rank: "
+                                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                                          fix="pass the directory that holds the checkpoint's .metadata file"))
+        if agree(ctx, ckpt is None):
+            return {"findings": findings}
+        nested = any(k.startswith("model.") for k in ckpt)
+        state: dict[str, Any] = {"model": msd, "optim": osd} if nested else dict(msd)
+        flat, _ = flatten_state_dict(state)
+        if nested and not any(k.startswith("optim.") for k in ckpt):
+            flat = {k: v for k, v in flat.items() if not k.startswith("optim.")}
+        expected = {k: (tuple(v.shape) if _is_tensor(v) else ()) for k, v in flat.items()}
+        diff = _diff(expected, ckpt)
+        result: dict[str, Any] = {"findings": findings, "mode": "load", "source": source, "path": load, "key_diff": diff,
+                                  "layout": "{model, optim}" if nested else "flat model keys", "keys": len(ckpt)}
+        to_ckpt = {k: k for k in expected if k in ckpt}
+        to_ckpt.update({m: c for c, m in diff["rename"].items()})
+        shapes = {m: (expected[m], ckpt[c]) for m, c in to_ckpt.items() if expected[m] != ckpt[c]}
+        result["shape_mismatch"] = {m: [list(a), list(b)] for m, (a, b) in shapes.items()}
+        to_load = {c: flat[m] for m, c in to_ckpt.items() if _is_tensor(flat[m]) and m not in shapes}
+        dcp.load(to_load, checkpoint_id=load)
+        loaded = {m: _local(flat[m]).detach().clone() for m, c in to_ckpt.items() if c in to_load}
+        set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+        now = get_state_dict(model, opt)
+        after, _ = flatten_state_dict({"model": now[0], "optim": now[1]} if nested else now[0])
+        result["loaded"] = len(loaded)
+        result["unequal"] = _unequal(loaded, after)
+        return result
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        findings = merge(payloads)
+        first = payloads.get(0, {})
+        if first.get("key_diff"):
+            findings += key_findings(first, view.world_size)
+        metrics = {k: first[k] for k in ("mode", "keys", "tensors", "bytes", "loaded") if k in first}
+        return ProbeResult.from_findings(self.name, findings, metrics=metrics)
+
+
+def _ckpt_shapes(path: str) -> dict[str, tuple]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(path).read_metadata()
+    return {k: tuple(getattr(m, "size", ())) for k, m in meta.state_dict_metadata.items()}
+
+
+def _diff(expected: dict[str, tuple], ckpt: dict[str, tuple]) -> dict[str, Any]:
+    from distdiag.probes.ckpt_keys import compare_keys
+
+    d = compare_keys(expected, ckpt)
+    return {"missing": d.missing, "unread": d.unread, "rename": d.rename, "by_shape": d.by_shape}
+
+
+def _unequal(before: dict[str, torch.Tensor], after: dict[str, Any]) -> list[str]:
+    bad = []
+    for k, t in before.items():
+        now = after.get(k)
+        if not _is_tensor(now):
+            bad.append(f"{k}: missing after load")
+            continue
+        now = _local(now).detach()
+        if now.shape != t.shape or not torch.equal(now.cpu(), t.cpu()):
+            diff = float((now.float().cpu() - t.float().cpu()).abs().max()) if now.shape == t.shape else float("nan")
+            bad.append(f"{k}: max abs difference {diff:.3g}" if now.shape == t.shape else f"{k}: shape {list(now.shape)} vs {list(t.shape)}")
+    return bad
