@@ -179,31 +179,43 @@ def group_by_node(report: Report) -> dict[str, Any]:
 
     Each node lists the findings that name one of its ranks (restricted to those ranks) or
     that drain its host; findings naming no rank and draining nothing are job-wide. Derived
-    from `probes` and `ranks`, so it is written but never read back.
+    from `probes` and `ranks`, so it is written but never read back. One pass over the
+    findings (linear in ranks named), so it stays cheap on thousands of ranks.
     """
+    node_of: dict[int, tuple[int, str]] = {}
     nodes: dict[tuple[int, str], list[int]] = {}
+    by_host: dict[str, list[tuple[int, str]]] = {}
     for info in report.ranks:
-        nodes.setdefault((info.node, info.host), []).append(info.rank)
-    out: dict[str, Any] = {"nodes": [], "job": []}
-    for (node, host), ranks in sorted(nodes.items()):
-        mine = set(ranks)
-        items = []
-        for probe, f in report.findings():
-            drains_here = bool(f.drain) and f.drain.get("host") == host and (not f.ranks or mine & set(f.ranks))
-            if mine & set(f.ranks) or drains_here:
-                item = {"probe": probe, "severity": f.severity, "issue": f.issue, "ranks": sorted(mine & set(f.ranks))}
-                if f.drain:
-                    item["drain"] = f.drain
-                items.append(item)
-        worst = max((_severity_rank(i["severity"]) for i in items), default=-1)
-        out["nodes"].append({
-            "node": node, "host": host, "ranks": sorted(ranks),
-            "worst": SEVERITIES[worst] if worst >= 0 else "none",
-            "drain": any("drain" in i for i in items), "findings": items,
-        })
+        key = (info.node, info.host)
+        node_of[info.rank] = key
+        if key not in nodes:
+            by_host.setdefault(info.host, []).append(key)
+        nodes.setdefault(key, []).append(info.rank)
+    items: dict[tuple[int, str], list[dict[str, Any]]] = {key: [] for key in nodes}
+    job = []
     for probe, f in report.findings():
+        touched: dict[tuple[int, str], list[int]] = {}
+        for r in f.ranks:
+            if r in node_of:
+                touched.setdefault(node_of[r], []).append(r)
+        if f.drain and not f.ranks:
+            for key in by_host.get(f.drain.get("host"), []):
+                touched.setdefault(key, [])
         if not f.ranks and not f.drain:
-            out["job"].append({"probe": probe, "severity": f.severity, "issue": f.issue})
+            job.append({"probe": probe, "severity": f.severity, "issue": f.issue})
+        for key, ranks in touched.items():
+            item = {"probe": probe, "severity": f.severity, "issue": f.issue, "ranks": ranks}
+            if f.drain and f.drain.get("host") == key[1]:
+                item["drain"] = f.drain
+            items[key].append(item)
+    out: dict[str, Any] = {"nodes": [], "job": job}
+    for key in sorted(nodes):
+        worst = max((_severity_rank(i["severity"]) for i in items[key]), default=-1)
+        out["nodes"].append({
+            "node": key[0], "host": key[1], "ranks": sorted(nodes[key]),
+            "worst": SEVERITIES[worst] if worst >= 0 else "none",
+            "drain": any("drain" in i for i in items[key]), "findings": items[key],
+        })
     return out
 
 
