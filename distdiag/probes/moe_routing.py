@@ -43,7 +43,7 @@ class MoeRoutingConfig:
     """Experts per token of the built-in layer."""
     tie_eps: float = 1e-4
     """A token whose k-th and (k+1)-th router scores differ by less than this is a near-tie."""
-    tie_warn_share: float = 0.05
+    tie_warn_share: float = 0.1
     """Warn when more than this share of tokens are near-ties."""
     imbalance_warn: float = 3.0
     """Warn when the busiest expert gets more than this many times the mean load."""
@@ -185,14 +185,17 @@ class MoeRoutingProbe(Probe):
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
-        ctx.seed()
-        model = target.build_model().to(ctx.device)
-        if target.has("parallelize"):
-            model = target.parallelize(model, init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("ep",)))
-        opt = target.build_optimizer(model.parameters()) if target.has("build_optimizer") else None
         res: dict[str, Any] = {"calls": [], "capacity": {}}
+        # Built inside the recorder too, so a model that keeps a reference to
+        # all_to_all_single from construction time still calls the recording one.
+        model = None
         with SplitRecorder() as rec:
             try:
+                ctx.seed()
+                model = target.build_model().to(ctx.device)
+                if target.has("parallelize"):
+                    model = target.parallelize(model, init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("ep",)))
+                opt = target.build_optimizer(model.parameters()) if target.has("build_optimizer") else None
                 for step in range(max(1, opts.steps if opt is not None else 1)):
                     batch = target.make_batch(step)
                     if target.has("shard_batch"):
@@ -206,11 +209,13 @@ class MoeRoutingProbe(Probe):
                 res["mismatch"] = str(exc)
             finally:
                 res["calls"] = rec.calls
-        for name, module in model.named_modules():
+        for name, module in (model.named_modules() if model is not None else []):
             for attr in ("capacity", "expert_capacity"):
                 value = getattr(module, attr, None)
                 if isinstance(value, int) and not isinstance(value, bool):
                     res["capacity"][f"{name or '(model)'}.{attr}"] = value
+        if "mismatch" in res or model is None:
+            return res
         res["router_sums"] = {n: _sums(p) for n, p in model.named_parameters()
                               if ("router" in n or "gate" in n) and not hasattr(p, "full_tensor")}
         return res

@@ -103,7 +103,8 @@ class ExpertParallelMoE(nn.Module):
         self.capacity_factor = capacity_factor
         self.capacity = capacity
         """Fixed slots per expert and source rank; None: computed from the token count."""
-        self.a2a = a2a or dist.all_to_all_single
+        self.a2a = a2a
+        """The all_to_all_single to use; None: torch.distributed's, looked up at each call."""
         self.group = group
         self.stats: dict[str, Any] = {}
 
@@ -135,8 +136,9 @@ class ExpertParallelMoE(nn.Module):
         splits = [chunk] * self.world
         recv = torch.empty_like(buf)
         recv_ids = torch.empty_like(token_of)
-        self.a2a(recv, buf, splits, splits, group=self.group)
-        self.a2a(recv_ids, token_of, splits, splits, group=self.group)
+        a2a = self.a2a or dist.all_to_all_single
+        a2a(recv, buf, splits, splits, group=self.group)
+        a2a(recv_ids, token_of, splits, splits, group=self.group)
         # recv rows: [source peer, local expert, slot].
         y = torch.zeros_like(recv)
         view_in = recv.view(self.world, self.local, cap, d)
@@ -148,8 +150,8 @@ class ExpertParallelMoE(nn.Module):
                 view_out[:, e][rows_e] = exp(view_in[:, e][rows_e])
         back = torch.empty_like(y)
         back_ids = torch.empty_like(recv_ids)
-        self.a2a(back, y, splits, splits, group=self.group)
-        self.a2a(back_ids, recv_ids, splits, splits, group=self.group)
+        a2a(back, y, splits, splits, group=self.group)
+        a2a(back_ids, recv_ids, splits, splits, group=self.group)
         out = torch.zeros_like(x)
         out.index_add_(0, token, back[rows] * gates[token, choice, None])
         sent_valid = (token_of >= 0).view(self.world, chunk).sum(1)
