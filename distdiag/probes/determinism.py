@@ -129,15 +129,17 @@ class DeterminismProbe(Probe):
         del ref
         out: dict[str, Any] = {"source": hooks.source, "ref": first, "ref_diff": _diff(first, second), "inputs": inputs}
         if par is not None and opt is not None:
-            state = _State(par, opt)
-            ctx.seed(_SEED)
-            a = tr.run_step(hooks, par, opt, par_shard)
-            fa = _fingerprint(a.loss, a.grads)
-            state.restore(opt)
-            ctx.seed(_SEED)
-            b = tr.run_step(hooks, par, opt, par_shard)
-            fb = _fingerprint(b.loss, b.grads)
-            out["par_diff"] = _diff(fa, fb)
+            try:
+                state = _State(par, opt)
+                ctx.seed(_SEED)
+                a = tr.run_step(hooks, par, opt, par_shard)
+                fa = _fingerprint(a.loss, a.grads)
+                state.restore(opt)
+                ctx.seed(_SEED)
+                b = tr.run_step(hooks, par, opt, par_shard)
+            except tr.HookError as exc:
+                return {"setup_error": f"parallel step: {exc}", "source": hooks.source}
+            out["par_diff"] = _diff(fa, _fingerprint(b.loss, b.grads))
             out["par_losses"] = [a.loss, b.loss]
         return out
 

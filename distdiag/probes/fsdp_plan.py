@@ -167,7 +167,7 @@ class FsdpPlanProbe(Probe):
             if low:
                 low_precision.append(f"{row['fqn']}: {low}")
         if unmanaged:
-            modules = sorted({n.rsplit(".", 1)[0] if "." in n else "(root)" for n in unmanaged})
+            modules = _outermost(unmanaged, [r["fqn"] for r in base])
             findings.append(Finding(
                 severity="error",
                 issue=f"{len(unmanaged)} trainable parameter(s) are not managed by any FSDP group, in module(s) {', '.join(modules[:6])}: their gradients are never reduced and replicas drift",
@@ -204,6 +204,21 @@ class FsdpPlanProbe(Probe):
                                 evidence=", ".join(f"rank {r}: {b} B of local parameters" for r, b in per_rank.items())))
         metrics = {"params": len(base), "unmanaged": len(unmanaged), "local_param_bytes": {str(r): b for r, b in per_rank.items()}}
         return ProbeResult.from_findings(self.name, findings, metrics=metrics, details={"table:fsdp plan": table})
+
+
+def _outermost(names: list[str], every: list[str]) -> list[str]:
+    """The outermost modules whose parameters are all in `names` (the block left out, not its leaves)."""
+    chosen = set(names)
+    out: set[str] = set()
+    for name in names:
+        parts = name.split(".")
+        best = ".".join(parts[:-1]) or "(root)"
+        for depth in range(len(parts) - 1, 0, -1):
+            prefix = ".".join(parts[:depth])
+            if all(n in chosen for n in every if n.startswith(prefix + ".")):
+                best = prefix
+        out.add(best)
+    return sorted(out)
 
 
 _BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16}

@@ -116,9 +116,12 @@ class ParamSyncProbe(Probe):
         if tr.agree(ctx, error is not None):
             return {"setup_error": error, "source": hooks.source}
         snaps = [_snapshot(model)]
-        for shard in shards:
-            tr.run_step(hooks, model, opt, shard)
-            snaps.append(_snapshot(model))
+        try:
+            for shard in shards:
+                tr.run_step(hooks, model, opt, shard)
+                snaps.append(_snapshot(model))
+        except tr.HookError as exc:
+            return {"setup_error": f"step {len(snaps)}: {exc}", "source": hooks.source}
         return {"source": hooks.source, "snaps": snaps}
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:

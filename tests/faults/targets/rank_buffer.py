@@ -4,7 +4,7 @@ from _twin import HEALTHY, RANK
 
 from distdiag.workloads import get_workload
 
-_w = get_workload("transformer")
+_w = get_workload("transformer", batch=12)  # splits across 2 or 3 ranks
 make_batch, loss_fn, shard_batch = _w.make_batch, _w.loss_fn, _w.shard_batch
 
 

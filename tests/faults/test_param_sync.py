@@ -1,0 +1,54 @@
+"""param_sync on real gloo ranks: a buffer initialised per rank, and a norm whose gradient is
+never all-reduced (kept out of FSDP with ignored_params); each with its healthy twin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.harness import run_check
+
+pytestmark = pytest.mark.timeout(150)
+
+TARGETS = Path(__file__).resolve().parent / "targets"
+
+
+def _run(workdir, target: str, probes: str, *, healthy: bool = False, world: int = 2):
+    env = {"DISTDIAG_TWIN": "healthy"} if healthy else {}
+    return run_check(world, ["--probes", probes, "--target", str(TARGETS / f"{target}.py")], workdir, timeout=120, env=env)
+
+
+def test_buffer_initialised_per_rank_is_named_at_setup(workdir):
+    """scale = 1 + 0.25*rank: the buffer differs right after setup; determinism says the inputs differ, not SDC."""
+    result = _run(workdir, "rank_buffer", "param_sync,determinism", world=3)
+    assert result.codes == [1, 1, 1], result.stderr
+    report = result.report()
+    (err,) = [f for f in report.probe("param_sync").findings if f.severity == "error"]
+    assert err.issue.startswith("buffer scale differs across ranks (already at setup)")
+    assert "rank-dependent init" in err.fix
+    det = [f.issue for f in report.probe("determinism").findings if f.severity == "error"]
+    assert any("build_model or make_batch gives different bits" in i for i in det), det
+    assert not any("silent-data-corruption" in i for i in det), det
+
+
+def test_norm_gradient_never_reduced_is_named_with_first_step(workdir):
+    """norm.weight/bias in ignored_params: they drift from step 1, fsdp_plan and loss_parity name the norm."""
+    result = _run(workdir, "unreduced_norm", "fsdp_plan,loss_parity,param_sync")
+    assert result.codes == [1, 1], result.stderr
+    report = result.report()
+    (err,) = [f for f in report.probe("param_sync").findings if f.severity == "error"]
+    assert "norm.bias, norm.weight differ across ranks (first after step 1)" in err.issue
+    assert "never reduced" in err.fix
+    (plan,) = [f for f in report.probe("fsdp_plan").findings if f.severity == "error"]
+    assert "not managed by any FSDP group, in module(s) norm" in plan.issue
+    (parity,) = [f for f in report.probe("loss_parity").findings if f.severity == "error"]
+    assert "first in module norm" in parity.issue
+
+
+@pytest.mark.parametrize("target", ["rank_buffer", "unreduced_norm"])
+def test_healthy_twins_pass(workdir, target):
+    """The same targets without their bug: no finding above info."""
+    result = _run(workdir, target, "fsdp_plan,loss_parity,param_sync,determinism", healthy=True)
+    assert result.codes == [0, 0], result.stdout + result.stderr
+    assert result.report().findings("warning") == []
