@@ -273,7 +273,7 @@ _SHIFT_CHECK = 4
 def _pair_key(c: dict[str, Any]) -> tuple[Any, ...]:
     """What the backend pairs on: the op, and the shape/dtype where they must agree."""
     op = str(c["op"])
-    if op.split("(", 1)[0] in SHAPE_FREE_OPS:
+    if op.split("(", 1)[0].rsplit(":", 1)[-1] in SHAPE_FREE_OPS:
         return (op,)
     return (op, str(c.get("shape")), c.get("dtype"))
 

@@ -95,6 +95,9 @@ class Interceptor:
         self._labels: dict[Any, str] = {}
         self._skip, self._site_pkgs = _skip_prefixes()
         self._dtype_names: dict[Any, str] = {}
+        import torch.distributed as dist
+
+        self._pg_type = dist.ProcessGroup
 
     # -- naming --------------------------------------------------------------------------
     def call_site(self) -> str:
@@ -112,12 +115,10 @@ class Interceptor:
         return "?"
 
     def group_label(self, group: Any, funcol: bool = False) -> str:
-        import torch.distributed as dist
-
         if group is None:
             return "world"
         try:
-            if funcol and not isinstance(group, dist.ProcessGroup):
+            if funcol and not isinstance(group, self._pg_type):
                 from torch.distributed import _functional_collectives as fc
 
                 key: Any = str(fc._resolve_group_name(group))
@@ -163,6 +164,7 @@ class Interceptor:
         prog = self.progress
         me = self
         p2p = op in P2P_OPS
+        label = f"funcol:{op}" if funcol else op
         get_ident = threading.get_ident
 
         @functools.wraps(fn)
@@ -176,7 +178,7 @@ class Interceptor:
                     group = me.group_label(spec.get(args, kwargs, spec.group_index, "group"), funcol)
                 shape, dtype = me.describe(spec.get(args, kwargs, spec.tensor_index, spec.tensor_name))
                 is_async = funcol or bool(spec.get(args, kwargs, spec.async_index, "async_op"))
-                rec = prog.begin(op, group, shape, dtype, me.call_site(), is_async)
+                rec = prog.begin(label, group, shape, dtype, me.call_site(), is_async)
             except Exception as exc:  # noqa: BLE001 - never break the user's collective
                 log.debug("could not record %s: %s", op, exc)
                 return fn(*args, **kwargs)

@@ -100,7 +100,7 @@ class Progress:
             self.seq[group] = seq
         rec = Record(op, group, seq, shape, dtype, site, self.step, is_async)
         if group != P2P_GROUP:
-            key = f"{op}|{shape}|{dtype}" if op not in SHAPE_FREE_OPS else op
+            key = op if op.rsplit(":", 1)[-1] in SHAPE_FREE_OPS else f"{op}|{shape}|{dtype}"
             self.crc[group] = zlib.crc32(key.encode(), self.crc.get(group, 0))
         self.records.append(rec)
         self.since_step += 1

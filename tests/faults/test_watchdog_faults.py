@@ -168,3 +168,11 @@ def test_healthy_twins_write_no_report(tmp_path, fault, extra):
 def test_user_signal_handlers_are_kept_and_torch_restored(tmp_path):
     result = run_ranks(2, [], tmp_path, entry="tests.faults.watchdog_workers:handlers_kept", timeout=HARD_TIMEOUT)
     assert result.codes == [0, 0], result.stderr[-3000:]
+
+
+@pytest.mark.timeout(90)
+def test_fsdp2_and_dtensor_collectives_are_fingerprinted_without_false_desync(tmp_path):
+    result = run_ranks(2, [], tmp_path, entry="tests.faults.watchdog_workers:fsdp_dtensor", timeout=75)
+    assert result.codes == [0, 0], result.stderr[-3000:]
+    assert "funcol:" in result.stderr and "reduce_scatter" in result.stderr
+    assert not (tmp_path / "hang-report").exists()

@@ -71,6 +71,8 @@ def train(argv: list[str]) -> int:
             batch = load_batch(step, opts, me)
             here = bad and step == s
             if here and fault == "block":
+                with open("hang_started", "w") as handle:  # for the detection-latency benchmark
+                    handle.write(repr(time.time()))
                 threading.Event().wait()  # FAULT:block
             if here and fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -139,3 +141,37 @@ def handlers_kept(argv: list[str]) -> int:
     print(f"handlers_kept ok={ok} wrapped={wrapped} restored={restored} gone={gone}", file=sys.stderr)
     dist.destroy_process_group()
     return 0 if ok else 1
+
+
+def fsdp_dtensor(argv: list[str]) -> int:
+    """FSDP2 and DTensor collectives are fingerprinted while armed (no false desync over steps)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from distdiag import HangWatchdog
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with HangWatchdog(timeout=timedelta(seconds=10), dump_dir="hang-report") as wd:
+        for step in range(4):
+            wd.step(step)
+            model(torch.randn(4, 16)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        dt = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
+        dt.redistribute(mesh, [Replicate()]).to_local()
+        wd.step(99)
+        time.sleep(1.0)  # a few watchdog ticks: the step-mark digests are compared
+        ops = {r.op for r in wd._progress.records}
+    print(f"recorded ops: {sorted(ops)}", file=sys.stderr)
+    dist.barrier()
+    dist.destroy_process_group()
+    fsdp = {"all_gather_single", "reduce_scatter_single"} | {"all_gather_into_tensor", "reduce_scatter_tensor"}
+    return 0 if ops & fsdp and any(op.startswith("funcol:") for op in ops) else 1

@@ -1,0 +1,176 @@
+"""Hang watchdog: detection latency and overhead, as ratios measured in the same run.
+
+    python benchmarks/bench_watchdog.py [--repeats 5] [--blocks 6] [--latency-runs 3]
+
+Overhead: 2 gloo ranks (forkserver harness). In each process run, blocks of a small FSDP2
+MLP loop and of a loop of small all_reduces alternate without and with the watchdog armed
+(off, on, off, on ...), so machine drift hits both alike; the ratio is per block pair.
+TORCH_DISTRIBUTED_DEBUG=DETAIL and the flight recorder need their setting before init, so
+they run in their own processes, interleaved run by run with plain ones, and are compared
+with the plain runs' unarmed blocks. Reported: median ratio and [min, max] spread.
+Latency: rank 1 blocks outside any collective with a 3 s timeout; the time from the hang to
+the report on disk, and to every process gone (action abort).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+
+def _fsdp_model(width: int = 128, depth: int = 4):
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()) for _ in range(depth)]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 8))
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def _fsdp_block(model, opt, steps: int, wd) -> float:
+    import torch
+
+    x = torch.randn(32, 128)
+    started = time.perf_counter()
+    for i in range(steps):
+        if wd is not None:
+            wd.step(i)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return (time.perf_counter() - started) / steps
+
+
+def _ar_block(n: int, wd) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(256)
+    started = time.perf_counter()
+    for i in range(n):
+        if wd is not None and i % 10 == 0:
+            wd.step(i)
+        dist.all_reduce(t)
+    return (time.perf_counter() - started) / n
+
+
+def worker(argv: list[str]) -> int:
+    """One process run: alternate unarmed/armed blocks (armed only in mode plain)."""
+    import torch
+    import torch.distributed as dist
+
+    from distdiag import HangWatchdog
+
+    mode, blocks = argv[0], int(argv[1])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    model = _fsdp_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    _fsdp_block(model, opt, 3, None)
+    _ar_block(50, None)
+    out: dict[str, list[float]] = {"fsdp_off": [], "fsdp_on": [], "ar_off": [], "ar_on": []}
+    for _ in range(blocks):
+        for armed in (False, True) if mode == "plain" else (False,):
+            dist.barrier()
+            if armed:
+                with HangWatchdog(timeout=timedelta(seconds=60), dump_dir="hang-report") as wd:
+                    out["fsdp_on"].append(_fsdp_block(model, opt, 10, wd))
+                    out["ar_on"].append(_ar_block(200, wd))
+            else:
+                out["fsdp_off"].append(_fsdp_block(model, opt, 10, None))
+                out["ar_off"].append(_ar_block(200, None))
+    if dist.get_rank() == 0:
+        Path("times.json").write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _spread(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.3f}x [{min(ratios):.3f}, {max(ratios):.3f}] (n={len(ratios)})"
+
+
+def overhead(repeats: int, blocks: int) -> dict[str, str]:
+    from tests.harness import run_ranks
+
+    envs = {
+        "plain": {},
+        "detail": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+        "recorder": {"TORCH_FR_BUFFER_SIZE": "2000"},
+    }
+    runs: dict[str, list[dict[str, list[float]]]] = {m: [] for m in envs}
+    for _ in range(repeats):
+        for mode, env in envs.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                res = run_ranks(2, [mode, str(blocks)], tmp, entry="bench_watchdog:worker", env=env, timeout=300)
+                if res.codes != [0, 0]:
+                    raise SystemExit(f"benchmark run {mode} failed: {res.codes}\n{res.stderr[-2000:]}")
+                runs[mode].append(json.loads((Path(tmp) / "times.json").read_text()))
+    table: dict[str, str] = {}
+    for loop in ("fsdp", "ar"):
+        pairs = [on / off for r in runs["plain"] for off, on in zip(r[f"{loop}_off"], r[f"{loop}_on"], strict=True)]
+        table[f"{loop}: watchdog armed / off (same process)"] = _spread(pairs)
+        for mode in ("detail", "recorder"):
+            ratios = [
+                statistics.median(r[f"{loop}_off"]) / statistics.median(p[f"{loop}_off"])
+                for r, p in zip(runs[mode], runs["plain"], strict=True)
+            ]
+            table[f"{loop}: {mode} / plain (runs interleaved)"] = _spread(ratios)
+        base = statistics.median([statistics.median(r[f"{loop}_off"]) for r in runs["plain"]])
+        table[f"{loop}: plain step time"] = f"{base * 1e3:.3f} ms"
+    return table
+
+
+def latency(runs: int, timeout_s: float = 3.0) -> dict[str, str]:
+    from tests.harness import run_ranks
+
+    to_report, to_gone = [], []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            res = run_ranks(
+                2, ["fault=block", "rank=1", "step=2", f"timeout={timeout_s}"], tmp,
+                entry="tests.faults.watchdog_workers:train", timeout=120,
+            )
+            done = time.time()
+            started = float((Path(tmp) / "hang_started").read_text())
+            report = Path(tmp) / "hang-report" / "hang-report.json"
+            if res.codes != [3, 3] or not report.exists():
+                raise SystemExit(f"latency run failed: {res.codes}\n{res.stderr[-2000:]}")
+            to_report.append(os.path.getmtime(report) - started)
+            to_gone.append(done - started)
+    return {
+        f"hang -> report on disk (timeout {timeout_s:g}s)": f"median {statistics.median(to_report):.2f}s [{min(to_report):.2f}, {max(to_report):.2f}] = timeout + {statistics.median(to_report) - timeout_s:.2f}s",
+        "hang -> every process gone (abort)": f"median {statistics.median(to_gone):.2f}s [{min(to_gone):.2f}, {max(to_gone):.2f}] = timeout + {statistics.median(to_gone) - timeout_s:.2f}s",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--latency-runs", type=int, default=3)
+    args = parser.parse_args()
+    results = {}
+    results.update(latency(args.latency_runs))
+    results.update(overhead(args.repeats, args.blocks))
+    width = max(len(k) for k in results)
+    for key, value in results.items():
+        print(f"{key.ljust(width)}  {value}")
+
+
+if __name__ == "__main__":
+    main()
