@@ -1,7 +1,7 @@
 """Small built-in models with a loss, for probes that run without a user target.
 
-Each workload is tiny and fast on CPU (well under a millisecond a step at 4 ranks on 2
-cores) and deterministic given `torch.manual_seed`. The API is deliberately plain:
+Each workload is tiny (a few thousand parameters; a step takes milliseconds on one CPU
+core) and deterministic given `torch.manual_seed`. The API is deliberately plain:
 
     from distdiag.workloads import get_workload
     w = get_workload("transformer")          # or "mlp"; sizes: get_workload("mlp", dim=64)
