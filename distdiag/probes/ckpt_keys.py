@@ -46,16 +46,21 @@ def compare_keys(model_keys: dict[str, tuple], ckpt_keys: dict[str, tuple]) -> K
         else:
             still_model.append(k)
     still_ckpt = [k for ks in by_norm.values() for k in ks]
-    # Among what is left, a pair with a shape no other key has is probably a rename.
+    # Among what is left, a pair alone with its shape, first and last name part (model vs
+    # optim, weight vs exp_avg) is probably a rename.
+    def kind(k: str, shape: tuple) -> tuple:
+        parts = k.split(".")
+        return (tuple(shape), parts[0], parts[-1])
+
     shapes_m: dict[tuple, list[str]] = {}
     shapes_c: dict[tuple, list[str]] = {}
     for k in still_model:
-        shapes_m.setdefault(tuple(model_keys[k]), []).append(k)
+        shapes_m.setdefault(kind(k, model_keys[k]), []).append(k)
     for k in still_ckpt:
-        shapes_c.setdefault(tuple(ckpt_keys[k]), []).append(k)
-    for shape, ks in shapes_m.items():
-        cs = shapes_c.get(shape, [])
-        if len(ks) == 1 and len(cs) == 1 and shape != ():
+        shapes_c.setdefault(kind(k, ckpt_keys[k]), []).append(k)
+    for key, ks in shapes_m.items():
+        cs = shapes_c.get(key, [])
+        if len(ks) == 1 and len(cs) == 1 and key[0] != ():
             diff.by_shape[cs[0]] = ks[0]
     diff.missing = sorted(still_model)
     diff.unread = sorted(still_ckpt)

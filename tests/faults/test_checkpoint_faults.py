@@ -1,0 +1,115 @@
+"""checkpoint on real gloo ranks: renamed models are named, round trips clean up, bad paths are findings."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.harness import run_check
+
+pytestmark = pytest.mark.timeout(150)
+
+TARGETS = Path(__file__).parent / "targets"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> str:
+    """A DCP checkpoint of ckpt_healthy's model and Adam state, written by one process (no group)."""
+    import sys
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from distdiag.probes.checkpoint import _manual_adam_state
+
+    sys.path.insert(0, str(TARGETS))
+    import ckpt_healthy
+
+    model = ckpt_healthy.build_model()
+    opt = torch.optim.AdamW(model.parameters())
+    _manual_adam_state(opt)
+    msd, osd = get_state_dict(model, opt)
+    path = tmp_path_factory.mktemp("ckpt") / "step1"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    return str(path)
+
+
+def _run(workdir: Path, target: str | None, *extra: str, inject: str | None = None):
+    args = ["--probes", "checkpoint", *extra] + (["--target", str(TARGETS / f"{target}.py")] if target else [])
+    result = run_check(2, args, workdir, timeout=120, inject=inject)
+    assert not result.timed_out, result.stderr
+    return result, result.report().probe("checkpoint")
+
+
+def test_round_trip_of_target_passes_and_removes_its_dir(workdir):
+    """FSDP2-sharded model + Adam state saved, perturbed, loaded: all equal; the temp dir is gone."""
+    base = workdir / "ckptdir"
+    base.mkdir()
+    cfg = workdir / "c.toml"
+    cfg.write_text(f'[probes.checkpoint]\ndir = "{base}"\n')
+    result, probe = _run(workdir, "ckpt_healthy", "--config", str(cfg))
+    assert result.codes == [0, 0], result.stderr
+    assert [f.issue for f in probe.findings if f.severity != "info"] == []
+    assert probe.metrics["tensors"] >= 12 and list(base.iterdir()) == []
+
+
+def test_loading_into_the_same_model_passes(workdir, saved):
+    """--checkpoint into the model that wrote it: every key read, every tensor equal."""
+    result, probe = _run(workdir, "ckpt_healthy", "--checkpoint", saved)
+    assert result.codes == [0, 0], result.stderr
+    assert [f.issue for f in probe.findings if f.severity != "info"] == []
+    assert probe.metrics["loaded"] >= 12
+
+
+def test_wrapper_rename_gets_a_rename_map(workdir, saved):
+    """The model gained `module.`: every key differs only by it; the map names old -> new."""
+    result, probe = _run(workdir, "ckpt_wrapped", "--checkpoint", saved)
+    assert result.codes == [1, 1]
+    (f,) = [f for f in probe.findings if f.severity == "error"]
+    assert "only by wrapper names" in f.issue and "'model.fc1.weight': 'model.module.fc1.weight'" in f.evidence
+
+
+def test_renamed_layer_lists_missing_and_unread_keys_with_a_guess(workdir, saved):
+    """fc1 -> proj_in: proj_in keys missing, fc1 keys unread, same-shape guess offered."""
+    result, probe = _run(workdir, "ckpt_renamed", "--checkpoint", saved)
+    assert result.codes == [1, 1]
+    by_issue = {f.issue: f for f in probe.findings if f.severity == "error"}
+    (missing,) = [f for i, f in by_issue.items() if "not in the checkpoint" in i]
+    (unread,) = [f for i, f in by_issue.items() if "read by nothing" in i]
+    assert "model.proj_in.weight (perhaps checkpoint key 'model.fc1.weight'" in missing.evidence
+    assert "model.fc1.weight" in unread.evidence
+
+
+def test_a_path_that_is_no_checkpoint_is_a_clear_finding(workdir):
+    """--checkpoint on an empty directory: one error naming the path on every rank, no hang."""
+    empty = workdir / "nothing"
+    empty.mkdir()
+    result, probe = _run(workdir, "ckpt_healthy", "--checkpoint", str(empty))
+    assert result.codes == [1, 1]
+    (f,) = [f for f in probe.findings if f.severity == "error"]
+    assert "not a readable DCP checkpoint" in f.issue and f.ranks == [0, 1]
+
+
+def test_temp_dir_is_removed_when_the_round_trip_fails(workdir):
+    """Both ranks raise at the collective after the save: the probe errors and the dir is still removed."""
+    base = workdir / "ckptdir"
+    base.mkdir()
+    cfg = workdir / "c.toml"
+    cfg.write_text(f'[probes.checkpoint]\ndir = "{base}"\n')
+    result, probe = _run(workdir, None, "--config", str(cfg), inject="raise:checkpoint:0:after=3;raise:checkpoint:1:after=3")
+    assert result.codes == [1, 1], result.stderr
+    assert probe.status == "error" and "injected fault" in probe.findings[0].issue
+    assert "_round_trip" in probe.findings[0].evidence  # raised after the save, inside the cleanup's agreement
+    assert list(base.iterdir()) == []
+
+
+def test_missing_build_model_skips_with_the_hook_named(workdir):
+    """A target without build_model: checkpoint skips and says which hook it needs."""
+    result = run_check(2, ["--probes", "checkpoint,sequence_parallel", "--target", str(TARGETS / "sp_bad_split.py")], workdir, timeout=90)
+    probe = result.report().probe("checkpoint")
+    assert probe.status == "skip" and "build_model()" in probe.reason

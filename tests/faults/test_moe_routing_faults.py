@@ -1,0 +1,69 @@
+"""moe_routing on real gloo ranks: router randomness and uneven capacity are named; the twin is silent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.harness import run_check
+
+pytestmark = pytest.mark.timeout(120)
+
+TARGETS = Path(__file__).parent / "targets"
+
+
+def _run(workdir: Path, target: str | None, world: int = 2):
+    args = ["--probes", "moe_routing"] + (["--target", str(TARGETS / f"{target}.py")] if target else [])
+    result = run_check(world, args, workdir, timeout=90)
+    assert not result.timed_out, result.stderr
+    return result, result.report().probe("moe_routing")
+
+
+def _errors(probe) -> list:
+    return [f for f in probe.findings if f.severity in ("error", "critical")]
+
+
+def test_healthy_twin_has_no_finding_above_info(workdir):
+    """Deterministic router, one capacity, user all_to_all recorded and agreeing: nothing above info."""
+    result, probe = _run(workdir, "moe_healthy")
+    assert result.codes == [0, 0], result.stderr
+    assert [f.issue for f in probe.findings if f.severity != "info"] == []
+    assert probe.metrics["builtin_max_err"] < 1e-5
+
+
+def test_builtin_layer_at_four_ranks_conserves_tokens(workdir):
+    """No target, 4 ranks: sent == received pairwise in the dispatch table, EP == dense."""
+    result, probe = _run(workdir, None, world=4)
+    assert result.codes == [0] * 4, result.stderr
+    rows = probe.details["table:moe_dispatch"]
+    for i in range(4):
+        for j in range(4):
+            assert rows[i]["sent"][j] == rows[j]["received"][i]
+
+
+def test_per_call_randomness_is_named(workdir):
+    """Noise drawn on every call: the second call routes tokens differently, on every rank."""
+    result, probe = _run(workdir, "moe_call_random")
+    assert result.codes == [1, 1]
+    (f,) = _errors(probe)
+    assert "differently on a second call" in f.issue and f.ranks == [0, 1]
+
+
+def test_per_rank_randomness_is_named(workdir):
+    """A rank-seeded jitter: same tokens, different experts on rank 1 than on rank 0."""
+    result, probe = _run(workdir, "moe_rank_random")
+    assert result.codes == [1, 1]
+    (f,) = _errors(probe)
+    assert "different experts on rank 1 than on rank 0" in f.issue and f.ranks == [1]
+
+
+def test_uneven_capacity_is_named_before_gloo_aborts(workdir):
+    """capacity 16 + rank: split sizes 32 vs 34 named pairwise and the capacities listed; no SIGABRT."""
+    result, probe = _run(workdir, "moe_uneven_capacity")
+    assert result.codes == [1, 1], result.stderr
+    issues = {f.issue: f for f in _errors(probe)}
+    (split,) = [f for i, f in issues.items() if "split sizes disagree" in i]
+    assert "rank 0 sends 32 rows to rank 1, which expects 34" in split.evidence
+    (cap,) = [f for i, f in issues.items() if "capacity differs" in i]
+    assert "rank 0: 16, rank 1: 17" in cap.evidence

@@ -1,0 +1,98 @@
+"""Pure checks of sequence_parallel, moe_routing and checkpoint (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distdiag.probes.ckpt_keys import compare_keys, normalize_key
+from distdiag.probes.moe_checks import load_findings
+from distdiag.probes.moe_dispatch import pair_mismatches
+from distdiag.probes.sp_checks import analyze_split, loss_problem, output_shape_problem
+from distdiag.workloads import sequence as seqw
+from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE, keep_mask
+
+
+def _payload(batch, split, world):
+    full = {k: (v.tolist() if v is not None else None) for k, v in
+            {k: batch.get(k) for k in ("input_ids", "labels", "position_ids", "attention_mask")}.items()}
+    local = {}
+    for r in range(world):
+        out = split(batch, r, world)
+        local[r] = {k: (out[k].tolist() if k in out else None) for k in ("input_ids", "shift_labels", "labels", "position_ids", "attention_mask")}
+    return full, local
+
+
+@pytest.mark.parametrize("name", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("seq,world", [(32, 2), (33, 4), (7, 4)])
+def test_builtin_splitters_cover_every_triple_once(name, seq, world):
+    """Even and uneven lengths: no finding for either built-in split."""
+    batch = seqw.make_lm_batch(2, seq, 50, pad=3)
+    assert analyze_split(name, *_payload(batch, seqw.SPLITTERS[name], world), world) == []
+
+
+def test_labels_shifted_after_split_are_named_at_each_boundary():
+    """Per-shard shifting: the last local target of ranks 0..W-2 is lost, positions named."""
+    batch = seqw.make_lm_batch(1, 16, 50)
+    del batch["attention_mask"]
+
+    def bad(b, rank, world):
+        idx = seqw.contiguous_indices(16, rank, world)
+        return {"input_ids": b["input_ids"][:, idx], "shift_labels": seqw.shift_labels(b["labels"][:, idx]),
+                "position_ids": idx[None]}
+
+    (f,) = analyze_split("x", *_payload(batch, bad, 4), 4)
+    assert "shifted after the split" in f.issue and f.ranks == [0, 1, 2]
+    assert "rank 1: positions 7 " in f.evidence
+
+
+def test_output_shape_problem_names_the_dim_that_grew():
+    assert output_shape_problem([1, 8, 5], [1, 8, 5], [1, 16, 5], 2) is None
+    assert output_shape_problem([1, 16, 5], [1, 8, 5], [1, 16, 5], 2) is None
+    assert "along dim 0" in output_shape_problem([2, 8, 5], [1, 8, 5], [1, 16, 5], 2)
+
+
+def test_loss_problem_tells_per_rank_means_from_other_errors():
+    assert loss_problem(2.0, {0: 2.0, 1: 2.0}, {0: 3, 1: 1}, None, 1e-4) is None
+    issue, _ = loss_problem(2.5, {0: 2.0, 1: 4.0}, {0: 3, 1: 1}, {0: 6.0, 1: 4.0}, 1e-4)
+    assert "average of per-rank mean losses" in issue
+    issue, _ = loss_problem(2.5, {0: 2.0, 1: float("nan")}, {0: 4, 1: 0}, None, 1e-4)
+    assert "not finite" in issue and "rank 1" in issue
+
+
+def test_sp_loss_is_finite_and_zero_without_valid_targets():
+    model = seqw.TinyCausalLM(vocab=50)
+    batch = seqw.make_lm_batch(1, 8, 50)
+    batch["labels"][:] = -100
+    assert float(seqw.sp_loss(model, batch)) == 0.0
+
+
+def test_keys_normalise_wrappers_and_guess_renames_by_shape():
+    assert normalize_key("module._orig_mod.fc._checkpoint_wrapped_module.weight") == "fc.weight"
+    d = compare_keys({"model.fc.w": (2, 3), "model.new.b": (4,)}, {"model._orig_mod.fc.w": (2, 3), "model.old.b": (4,)})
+    assert d.rename == {"model._orig_mod.fc.w": "model.fc.w"}
+    assert d.missing == ["model.new.b"] and d.unread == ["model.old.b"] and d.by_shape == {"model.old.b": "model.new.b"}
+
+
+def test_pair_mismatches_and_load_findings():
+    assert pair_mismatches([[2, 2], [2, 2]], [[2, 2], [2, 2]], [0, 1]) == []
+    assert pair_mismatches([[2, 2], [3, 2]], [[2, 2], [2, 2]], [0, 1]) == ["rank 1 sends 3 rows to rank 0, which expects 2"]
+    (idle,) = [f for f in load_findings("r", [[0, 1]] * 10, 4, 3.0) if f.severity == "warning" and "no tokens" in f.issue]
+    assert "experts [2, 3]" in idle.issue
+    collapse = load_findings("r", [[0]] * 30 + [[1]], 4, 3.0)
+    assert any("collapses" in f.issue for f in collapse)
+
+
+def test_expert_parallel_layer_equals_dense_in_a_world_of_one_with_drops():
+    """One rank holds every expert; with a capacity of 3 some assignments drop, the same in both."""
+    torch.manual_seed(0)
+    dense = DenseMoE(8, 16, num_experts=4, k=2, capacity_factor=0.5)
+    x = torch.randn(20, 8)
+
+    def a2a(out, inp, out_splits, in_splits, group=None):
+        out.copy_(inp)
+
+    ep = ExpertParallelMoE.from_dense(dense, 0, 1, a2a=a2a)
+    with torch.no_grad():
+        assert torch.allclose(ep(x), dense(x), atol=1e-6)
+    assert ep.stats["dropped"] == int((~keep_mask(dense.router(x)[0], 4, ep.stats["capacity"])).sum()) > 0
