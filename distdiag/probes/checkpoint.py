@@ -107,7 +107,7 @@ class CheckpointProbe(Probe):
             model = hooks.wrap(hooks.model(ctx.seed), make_mesh(ctx))
             if target is not None and target.has("build_optimizer"):
                 opt = hooks.optimizer(model)
-                run_step(hooks, model, opt, hooks.shard(hooks.batch(0), ctx.rank, ctx.world_size))
+                run_step(hooks, model, opt, hooks.shard(hooks.batch(1), ctx.rank, ctx.world_size))
                 return model, opt, hooks.source
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
             _manual_adam_state(opt)

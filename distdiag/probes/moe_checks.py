@@ -87,7 +87,7 @@ def _router(payloads: dict[int, dict[str, Any]], opts: Any, world: int) -> list[
     if ties:
         share = ties / max(1, opts.num_tokens)
         out.append(_f("warning" if share > opts.tie_warn_share else "info",
-                      f"{who}: {ties} of {opts.num_tokens} tokens ({share:.1%}) are near-ties (top-k score gap < {opts.tie_eps:g})",
+                      f"{who}: {ties} of {opts.num_tokens} tokens ({share:.1%}) are near-ties (top-k log-score gap < {opts.tie_eps:g})",
                       f"smallest gap {info[0].get('min_gap', 0):.3g}", [],
                       "near-ties flip under recomputation or another reduction order (activation checkpointing, "
                       "different parallelism): break ties deterministically or add a small fixed bias", 0.6))

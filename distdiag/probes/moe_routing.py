@@ -42,7 +42,8 @@ class MoeRoutingConfig:
     top_k: int = 2
     """Experts per token of the built-in layer."""
     tie_eps: float = 1e-4
-    """A token whose k-th and (k+1)-th router scores differ by less than this is a near-tie."""
+    """A token whose k-th and (k+1)-th router scores differ by less than this in log space
+    (the logit gap of softmax scores) is a near-tie."""
     tie_warn_share: float = 0.1
     """Warn when more than this share of tokens are near-ties."""
     imbalance_warn: float = 3.0
@@ -110,7 +111,10 @@ def _router_checks(ctx: Any, opts: MoeRoutingConfig, route: Any, who: str) -> di
         k = idx.shape[1]
         top = scores.topk(min(k + 1, scores.shape[1]), dim=-1).values
         if top.shape[1] > k:
-            gap = top[:, k - 1] - top[:, k]
+            # In log space (= the logit gap for softmax scores): two tiny probabilities
+            # 1e-5 apart are not a near-tie when one is three times the other.
+            logs = top.clamp_min(torch.finfo(top.dtype).tiny).log()
+            gap = logs[:, k - 1] - logs[:, k]
             res["near_ties"] = int((gap < opts.tie_eps).sum())
             res["min_gap"] = float(gap.min())
         res["num_experts"] = int(scores.shape[1])
@@ -197,7 +201,7 @@ class MoeRoutingProbe(Probe):
                     model = target.parallelize(model, init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("ep",)))
                 opt = target.build_optimizer(model.parameters()) if target.has("build_optimizer") else None
                 for step in range(max(1, opts.steps if opt is not None else 1)):
-                    batch = target.make_batch(step)
+                    batch = target.make_batch(step + 1)
                     if target.has("shard_batch"):
                         batch = target.shard_batch(batch, ctx.rank, ctx.world_size)
                     loss = target.loss_fn(model, batch)

@@ -110,8 +110,8 @@ class SequenceParallelProbe(Probe):
         findings: list[dict[str, Any]] = []
         ctx.seed()
         if target is not None and target.has("make_batch"):
-            batch = target.make_batch(0)
-            problem = _check_batch(batch, "make_batch(0)")
+            batch = target.make_batch(1)
+            problem = _check_batch(batch, "make_batch(1)")
             if problem:
                 findings.append(local_finding("error", f"sequence_parallel cannot use the target's batch: {problem}",
                                               fix="make_batch(step) returns {'input_ids': [B, S], 'labels': [B, S], ...} for this probe"))
