@@ -107,6 +107,8 @@ class SequenceParallelProbe(Probe):
         opts: SequenceParallelConfig = ctx.options or SequenceParallelConfig()
         rank, world = ctx.rank, ctx.world_size
         target = ctx.target
+        if target is not None and not (target.has("split_sequence") or target.has("parallelize_sp")):
+            target = None  # a target without SP hooks: check the built-in pieces, not its batch
         findings: list[dict[str, Any]] = []
         ctx.seed()
         if target is not None and target.has("make_batch"):
@@ -138,7 +140,7 @@ class SequenceParallelProbe(Probe):
                     entry["full"] = {k: _lists(b.get(k)) for k in ("input_ids", "labels", "position_ids", "attention_mask")}
                 splits.append(entry)
         ulysses = _ulysses(ctx, opts)
-        e2e = run_end_to_end(ctx, batch, splitters, opts, findings)
+        e2e = run_end_to_end(ctx, target, batch, splitters, findings)
         return {"findings": findings, "splits": splits, "ulysses": ulysses, "e2e": e2e}
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:

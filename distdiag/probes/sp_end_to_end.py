@@ -77,8 +77,8 @@ def _grads(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def run_end_to_end(ctx: Any, batch: dict[str, Any], splitters: dict[str, Any], opts: Any, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    target = ctx.target
+def run_end_to_end(ctx: Any, target: Any, batch: dict[str, Any], splitters: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every batch variant's comparison; `target` None means the built-in tiny LM."""
     if target is None:
         hooks = {"build_model": lambda: seqw.TinyCausalLM(vocab=64), "loss_fn": seqw.sp_loss,
                  "parallelize_sp": seqw.parallelize_tiny_lm}

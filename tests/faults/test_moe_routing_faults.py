@@ -67,3 +67,11 @@ def test_uneven_capacity_is_named_before_gloo_aborts(workdir):
     assert "rank 0 sends 32 rows to rank 1, which expects 34" in split.evidence
     (cap,) = [f for i, f in issues.items() if "capacity differs" in i]
     assert "rank 0: 16, rank 1: 17" in cap.evidence
+
+
+def test_route_with_the_wrong_dtype_is_a_clear_finding(workdir):
+    """Float scores instead of indices: one error naming dtype and shape on every rank, no hang."""
+    result, probe = _run(workdir, "moe_bad_route")
+    assert result.codes == [1, 1]
+    (f,) = _errors(probe)
+    assert "torch.float32 [64, 4]" in f.issue and f.ranks == [0, 1]
