@@ -45,6 +45,7 @@ def _fsdp_block(model, opt, steps: int, wd) -> float:
     import torch
 
     x = torch.randn(32, 128)
+    cpu = time.thread_time()
     started = time.perf_counter()
     for i in range(steps):
         if wd is not None:
@@ -53,7 +54,7 @@ def _fsdp_block(model, opt, steps: int, wd) -> float:
         loss.backward()
         opt.step()
         opt.zero_grad()
-    return (time.perf_counter() - started) / steps
+    return (time.perf_counter() - started) / steps, (time.thread_time() - cpu) / steps
 
 
 def _ar_block(n: int, wd) -> float:
@@ -61,12 +62,13 @@ def _ar_block(n: int, wd) -> float:
     import torch.distributed as dist
 
     t = torch.ones(256)
+    cpu = time.thread_time()
     started = time.perf_counter()
     for i in range(n):
         if wd is not None and i % 10 == 0:
             wd.step(i)
         dist.all_reduce(t)
-    return (time.perf_counter() - started) / n
+    return (time.perf_counter() - started) / n, (time.thread_time() - cpu) / n
 
 
 def worker(argv: list[str]) -> int:
@@ -82,17 +84,22 @@ def worker(argv: list[str]) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     _fsdp_block(model, opt, 3, None)
     _ar_block(50, None)
-    out: dict[str, list[float]] = {"fsdp_off": [], "fsdp_on": [], "ar_off": [], "ar_on": []}
+    out: dict[str, list[float]] = {f"{k}_{a}{c}": [] for k in ("fsdp", "ar") for a in ("off", "on") for c in ("", "_cpu")}
+
+    def add(key: str, value: tuple[float, float]) -> None:
+        out[key].append(value[0])
+        out[key + "_cpu"].append(value[1])
+
     for _ in range(blocks):
         for armed in (False, True) if mode == "plain" else (False,):
             dist.barrier()
             if armed:
                 with HangWatchdog(timeout=timedelta(seconds=60), dump_dir="hang-report") as wd:
-                    out["fsdp_on"].append(_fsdp_block(model, opt, 10, wd))
-                    out["ar_on"].append(_ar_block(200, wd))
+                    add("fsdp_on", _fsdp_block(model, opt, 5, wd))
+                    add("ar_on", _ar_block(100, wd))
             else:
-                out["fsdp_off"].append(_fsdp_block(model, opt, 10, None))
-                out["ar_off"].append(_ar_block(200, None))
+                add("fsdp_off", _fsdp_block(model, opt, 5, None))
+                add("ar_off", _ar_block(100, None))
     if dist.get_rank() == 0:
         Path("times.json").write_text(json.dumps(out))
     dist.barrier()
@@ -123,7 +130,9 @@ def overhead(repeats: int, blocks: int) -> dict[str, str]:
     table: dict[str, str] = {}
     for loop in ("fsdp", "ar"):
         pairs = [on / off for r in runs["plain"] for off, on in zip(r[f"{loop}_off"], r[f"{loop}_on"], strict=True)]
-        table[f"{loop}: watchdog armed / off (same process)"] = _spread(pairs)
+        table[f"{loop}: watchdog armed / off (same process), wall"] = _spread(pairs)
+        cpu = [on / off for r in runs["plain"] for off, on in zip(r[f"{loop}_off_cpu"], r[f"{loop}_on_cpu"], strict=True)]
+        table[f"{loop}: watchdog armed / off, training-thread CPU"] = _spread(cpu)
         for mode in ("detail", "recorder"):
             ratios = [
                 statistics.median(r[f"{loop}_off"]) / statistics.median(p[f"{loop}_off"])
@@ -161,7 +170,7 @@ def latency(runs: int, timeout_s: float = 3.0) -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--latency-runs", type=int, default=3)
     args = parser.parse_args()
     results = {}
