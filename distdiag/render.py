@@ -67,8 +67,13 @@ def _finding_lines(f: Finding, world_size: int, width: int) -> list[str]:
     return lines
 
 
-def render_report(report: Report, *, width: int = 100, min_severity: str = "info") -> str:
-    """The consolidated verdict as text: one row per probe, findings under it, one verdict line."""
+def render_report(
+    report: Report, *, width: int = 100, min_severity: str = "info", max_rows: int | None = 12
+) -> str:
+    """The consolidated verdict as text: one row per probe, findings under it, one verdict line.
+
+    Probes' detail tables are cut at `max_rows` rows (None: all); the JSON report has them whole.
+    """
     from distdiag.report import SEVERITIES
 
     floor = SEVERITIES.index(min_severity)
@@ -100,7 +105,12 @@ def render_report(report: Report, *, width: int = 100, min_severity: str = "info
         for title, table in probe.details.items():
             if isinstance(table, list) and table and isinstance(table[0], dict) and title.startswith("table:"):
                 out.append(f"  {title[6:]}:")
-                out += ["    " + ln for ln in render_table(table).splitlines()]
+                shown = table if max_rows is None else table[:max_rows]
+                out += ["    " + ln for ln in render_table(shown).splitlines()]
+                if len(shown) < len(table):
+                    out.append(
+                        f"    ... {len(table) - len(shown)} more row(s): `distdiag report show --full` or the JSON report"
+                    )
     if report.not_run:
         out.append(f"not run: {', '.join(report.not_run)} (the run ended early)")
     out.append("")

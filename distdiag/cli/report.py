@@ -21,6 +21,7 @@ def show(
     min_severity: Annotated[
         str, typer.Option("--min-severity", help="Hide findings below this: info, warning, error, critical.")
     ] = "info",
+    full: Annotated[bool, typer.Option("--full", help="Show every row of the probes' tables (default: the first 12).")] = False,
     exit_code: Annotated[
         bool, typer.Option("--exit-code", help="Exit with the code the check exited with (default: 0 once shown).")
     ] = False,
@@ -38,7 +39,7 @@ def show(
         report = read_report(path)
     except ReportError as exc:
         raise fail(str(exc)) from None
-    typer.echo(report.to_json() if format == "json" else render_report(report, min_severity=min_severity))
+    typer.echo(report.to_json() if format == "json" else render_report(report, min_severity=min_severity, max_rows=None if full else 12))
     if exit_code:
         raise typer.Exit(report.exit_code)
 
