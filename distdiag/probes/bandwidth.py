@@ -117,6 +117,9 @@ class BandwidthConfig:
     slow_link_factor: float = 0.0
     """Name a ring link slower than this many times the reference (25th-percentile) link;
     0: 2 on GPUs, 4 on CPU (a shared CPU host's exchanges vary 2x from scheduling alone)."""
+    slow_link_min_s: float = 0.0
+    """...and whose median exchange is at least this many seconds slower than the reference;
+    0: 0.2 ms on GPUs, 5 ms on CPU (a rank descheduled on a busy host loses whole time slices)."""
     delay_rank: int = -1
     """Fault injection for tests and demos: this rank sleeps `delay_s` before every timed call."""
     delay_s: float = 0.0
@@ -149,7 +152,7 @@ class BandwidthConfig:
                     raise ConfigError(f"{p}.expected_busbw_gbps.{size}.{op} must be GB/s > 0, got {gbps!r}")
                 expected.setdefault(nbytes, {})[op] = float(gbps)
         self.expected = expected
-        for key in ("expected_p2p_gbps", "straggler_score", "straggler_min_late_s", "delay_s"):
+        for key in ("expected_p2p_gbps", "straggler_score", "straggler_min_late_s", "slow_link_min_s", "delay_s"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ConfigError(f"{p}.{key} must be a number >= 0, got {value!r}")
@@ -169,6 +172,7 @@ class BandwidthConfig:
             "p2p_size": self.p2p_size or parse_size("64MiB" if gpu else "1MiB"),
             "p2p_iters": self.p2p_iters or (10 if gpu else 5),
             "slow_link_factor": self.slow_link_factor or (2.0 if gpu else 4.0),
+            "slow_link_min_s": self.slow_link_min_s or (0.0002 if gpu else 0.005),
         }
 
 
@@ -395,12 +399,12 @@ def slow_links(
     # The 25th-percentile link: with one bad rank two of the ring's links are slow, so the
     # median itself would be slow on small rings.
     reference = ordered[len(ordered) // 4]
-    factor = opts.resolved(gpu)["slow_link_factor"]
+    factor, floor = opts.resolved(gpu)["slow_link_factor"], opts.resolved(gpu)["slow_link_min_s"]
     rows = []
     slow: list[tuple[int, int]] = []
     for (a, b), t in sorted(times.items()):
         gbps = nbytes / t / 1e9
-        is_slow = len(times) >= 3 and t > factor * reference and t - reference > opts.straggler_min_late_s
+        is_slow = len(times) >= 3 and t > factor * reference and t - reference > floor
         below = opts.expected_p2p_gbps and gbps < opts.expected_p2p_gbps
         rows.append({
             "link": f"{a}<->{b}", "hosts": f"{view.host_of(a)}<->{view.host_of(b)}", "size": format_size(nbytes),

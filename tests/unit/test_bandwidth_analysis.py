@@ -81,7 +81,7 @@ def test_one_slow_link_names_its_pair_and_hosts():
     """Only link 1<->2 is slow: the pair and both hosts are named, no single rank."""
     n = 4
     times = {(0, 1): 0.001, (1, 2): 0.006, (2, 3): 0.001, (3, 0): 0.0011}
-    rows, findings = slow_links(_links(times), n, BandwidthConfig(), _view(n))
+    rows, findings = slow_links(_links(times), n, BandwidthConfig(), _view(n), gpu=True)
     (f,) = findings
     assert f.ranks == [1, 2] and "host node0" in f.issue and "host node1" in f.issue
     assert f.severity == "warning"
@@ -94,10 +94,18 @@ def test_a_slow_rank_is_named_when_both_its_links_are_slow():
         (4, {(0, 1): 0.001, (1, 2): 0.005, (2, 3): 0.005, (3, 0): 0.001}),
         (3, {(0, 1): 0.005, (1, 2): 0.005, (2, 0): 0.001}),
     ):
-        _, findings = slow_links(_links(times), n, BandwidthConfig(), _view(n))
+        _, findings = slow_links(_links(times), n, BandwidthConfig(), _view(n), gpu=True)
         (f,) = findings
         assert f.ranks == ([2] if n == 4 else [1]), (n, f.issue)
         assert "both its ring links are slow" in f.issue
+
+
+def test_cpu_defaults_ignore_a_few_ms_of_scheduling_noise():
+    """On CPU a link 4 ms slower (5x) is a descheduled rank, not a slow link; 30 ms is named."""
+    times = {(0, 1): 0.001, (1, 2): 0.005, (2, 3): 0.001, (3, 0): 0.001}
+    assert slow_links(_links(times), 4, BandwidthConfig(), _view(4))[1] == []
+    times[(1, 2)] = 0.031
+    assert [f.ranks for f in slow_links(_links(times), 4, BandwidthConfig(), _view(4))[1]] == [[1, 2]]
 
 
 def test_healthy_links_and_the_expected_floor():
