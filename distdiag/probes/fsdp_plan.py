@@ -105,6 +105,8 @@ def describe_plan(model: nn.Module, world: int) -> list[dict[str, Any]]:
                 mesh=f"{tuple(p.device_mesh.shape)}" + (f" {p.device_mesh.mesh_dim_names}" if p.device_mesh.mesh_dim_names else ""),
                 placements=", ".join(str(x) for x in p.placements),
                 local_numel=int(local.numel()),
+                mesh_size=int(p.device_mesh.size()),
+                replicate=any(type(x).__name__ == "Replicate" for x in p.placements),
                 local_bytes=int(local.numel() * local.element_size()),
             )
         else:
@@ -147,7 +149,7 @@ class FsdpPlanProbe(Probe):
         opts: FsdpPlanConfig = view.options or FsdpPlanConfig()
         base = payloads[ranks[0]]["rows"]
         table, findings = [], []
-        unmanaged, twice, low_precision = [], [], []
+        unmanaged, twice, low_precision, partial = [], [], [], []
         for i, row in enumerate(base):
             sizes = [payloads[r]["rows"][i]["local_numel"] for r in ranks if i < len(payloads[r]["rows"])]
             uneven = len(set(sizes)) > 1
@@ -161,6 +163,8 @@ class FsdpPlanProbe(Probe):
             })
             if row["requires_grad"] and not row["groups"] and not row["ddp"] and view.world_size > 1:
                 unmanaged.append(row["fqn"])
+            if row.get("mesh_size", view.world_size) < view.world_size and not row.get("replicate") and row["requires_grad"]:
+                partial.append(row["fqn"])
             if len(row["groups"]) > 1:
                 twice.append(f"{row['fqn']} (groups {', '.join(row['groups'])})")
             low = _lower_precision(row)
@@ -174,6 +178,22 @@ class FsdpPlanProbe(Probe):
                 evidence="unmanaged: " + ", ".join(unmanaged[:12]) + (f" (+{len(unmanaged) - 12} more)" if len(unmanaged) > 12 else ""),
                 ranks=ranks,
                 fix="apply fully_shard to the module left out, or to the root module so that it takes every remaining parameter",
+            ))
+        if partial:
+            size = next(r["mesh_size"] for r in base if r["fqn"] == partial[0])
+            # A warning, not an error: pipeline stages legitimately own the other ranks.
+            findings.append(Finding(
+                severity="warning",
+                issue=(
+                    f"{len(partial)} parameter(s) are sharded on a mesh of {size} of the {view.world_size} ranks with no "
+                    f"replicate dim: nothing reduces their gradients across the {view.world_size // max(size, 1)} copies"
+                ),
+                evidence="e.g. " + ", ".join(partial[:8]),
+                ranks=ranks,
+                fix=(
+                    "for HSDP pass the 2-D (replicate, shard) mesh to fully_shard, not its shard sub-mesh; "
+                    "fine if the other ranks are other pipeline stages (param_sync tells whether copies drift)"
+                ),
             ))
         if twice:
             findings.append(Finding(severity="error", issue=f"{len(twice)} parameter(s) are managed by more than one FSDP group",

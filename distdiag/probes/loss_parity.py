@@ -27,6 +27,8 @@ from distdiag.workloads import WORKLOADS
 __all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors"]
 
 _TOP = 8
+_HUGE = 1e300
+"""Stands for an infinite error (a non-finite value, a missing tensor) and stays valid JSON."""
 PARAM_TOLERANCE_FACTOR = 10.0
 """Parameters after a step are compared 10x more loosely than gradients (see run)."""
 
@@ -75,7 +77,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def compare_tensors(ref: dict[str, torch.Tensor], par: dict[str, torch.Tensor], scale: float, floor_rms: float = 0.0) -> dict[str, Any]:
+def compare_tensors(
+    ref: dict[str, torch.Tensor], par: dict[str, torch.Tensor], scale: float, floor_rms: float = 0.0, absent: str = "absent on the parallel model"
+) -> dict[str, Any]:
     """Compare each parallel tensor's local part with the same slice of the reference.
 
     Relative error is ||a - b|| / ||b|| over the slice (with the slice's share of the full
@@ -87,21 +91,29 @@ def compare_tensors(ref: dict[str, torch.Tensor], par: dict[str, torch.Tensor], 
     for name, full in ref.items():
         if name not in par:
             missing.append(name)
+            bad.append({"name": name, "abs": _HUGE, "rel": _HUGE, "tol": 0.0, "detail": absent})
             continue
         mine = par[name]
-        want = _local_slice(full.detach(), mine).to(torch.float64)
-        got = _local(mine.detach()).to(torch.float64)
+        # float32 arithmetic at least (no copy for float32 tensors: the comparison must not
+        # cost more than the step); the errors sought are far above float32 rounding.
+        work = torch.float64 if full.dtype == torch.float64 else torch.float32
+        want = _local_slice(full.detach(), mine).to(work)
+        got = _local(mine.detach()).to(work)
         if got.shape != want.shape:
-            bad.append({"name": name, "abs": math.inf, "rel": math.inf, "tol": 0.0,
+            bad.append({"name": name, "abs": _HUGE, "rel": _HUGE, "tol": 0.0,
                         "detail": f"local shape {list(got.shape)} vs reference slice {list(want.shape)}"})
             continue
         if want.numel() == 0:
             continue
         diff = got - want
         abs_err = float(diff.abs().max())
-        share = float(full.detach().double().norm()) * math.sqrt(want.numel() / max(full.numel(), 1))
-        denom = max(float(want.norm()), share, floor_rms * math.sqrt(want.numel()), 1e-12)
-        rel = float(diff.norm()) / denom if math.isfinite(abs_err) else math.inf
+        want_norm = float(want.norm())
+        denom = max(want_norm, floor_rms * math.sqrt(want.numel()), 1e-12)
+        if want.numel() < full.numel():
+            share = float(full.detach().to(work).norm()) * math.sqrt(want.numel() / full.numel())
+            denom = max(denom, share)
+        rel = float(diff.norm()) / denom if math.isfinite(abs_err) else _HUGE
+        abs_err = abs_err if math.isfinite(abs_err) else _HUGE
         tol = tr.rtol_for(full.dtype, scale)
         max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel)
         if not rel <= tol:
@@ -122,23 +134,23 @@ def _sq_share(grads: dict[str, torch.Tensor], world: int) -> float:
             for dim, p in enumerate(g.placements):
                 if isinstance(p, Replicate):
                     replicas *= g.device_mesh.size(dim)
-            total += float(g.to_local().double().pow(2).sum()) / replicas
+            total += float(g.to_local().float().norm()) ** 2 / replicas
         else:
-            total += float(g.double().pow(2).sum()) / world
+            total += float(g.float().norm()) ** 2 / world
     return total
 
 
 def _norm(grads: dict[str, torch.Tensor]) -> float:
-    return math.sqrt(sum(float(g.detach().double().pow(2).sum()) for g in grads.values()))
+    return math.sqrt(sum(float(g.detach().float().norm()) ** 2 for g in grads.values()))
 
 
 def _accumulation_check(hooks: tr.Hooks, ref: torch.nn.Module, shard: Any, stepped: dict[str, torch.Tensor], plain: dict[str, torch.Tensor], scale: float) -> dict[str, Any]:
     """train_step's gradients against one loss_fn backward on the same global batch."""
     cmp = compare_tensors(plain, stepped, scale)
-    dot = sum(float((stepped[n].double() * plain[n].double()).sum()) for n in plain if n in stepped)
-    pp = sum(float(plain[n].double().pow(2).sum()) for n in plain)
+    dot = sum(float(torch.vdot(stepped[n].float().reshape(-1), plain[n].float().reshape(-1))) for n in plain if n in stepped)
+    pp = sum(float(plain[n].float().norm()) ** 2 for n in plain)
     factor = dot / pp if pp > 0 else 1.0
-    resid = math.sqrt(sum(float((stepped[n].double() - factor * plain[n].double()).pow(2).sum()) for n in plain if n in stepped))
+    resid = math.sqrt(sum(float((stepped[n].float() - factor * plain[n].float()).norm()) ** 2 for n in plain if n in stepped))
     return {
         "equal": not cmp["bad"],
         "max_rel": cmp["max_rel"],
@@ -188,6 +200,7 @@ class LossParityProbe(Probe):
             return {**base, "setup_error": error}
         started = time.perf_counter()
         steps, accum = [], None
+        floor = _rms(ref)  # the initial weights' RMS: the scale parameter errors are judged at
         try:
             for i in range(opts.steps):
                 step = i + 1
@@ -196,13 +209,22 @@ class LossParityProbe(Probe):
                     plain = self._plain_grads(ctx, hooks, ref, ref_opt, ref_shards[i])
                 ctx.seed(1000 + step)
                 ref_res = tr.run_step(hooks, ref, ref_opt, ref_shards[i])
+                if not ref_res.grads:
+                    raise tr.HookError(
+                        "no gradient reached the optimizer in the reference step "
+                        "(train_step must call optimizer.step() after backward)"
+                    )
                 if plain is not None:
                     accum = _accumulation_check(hooks, ref, ref_shards[i], ref_res.grads, plain, opts.tolerance_scale)
                     del plain
                 ctx.seed(1000 + step)
                 par_res = tr.run_step(hooks, par, par_opt, par_shards[i])
                 names = [tr.canonical_name(n) for n, _ in par.named_parameters()]
-                grads = compare_tensors(ref_res.grads, par_res.grads, opts.tolerance_scale)
+                grads = compare_tensors(
+                    ref_res.grads, par_res.grads, opts.tolerance_scale,
+                    absent="no gradient reached the optimizer on the parallel model (left unreduced: "
+                    "set_requires_gradient_sync(False) or set_requires_all_reduce(False) still in force?)",
+                )
                 # Parameters get 10x the gradient tolerance and the model's RMS as a floor: an
                 # adaptive optimizer (Adam) turns rounding-level gradient differences of
                 # near-zero entries into update-sized ones; a real bug shows in the gradients.
@@ -210,7 +232,7 @@ class LossParityProbe(Probe):
                     {tr.canonical_name(n): p for n, p in ref.named_parameters()},
                     {tr.canonical_name(n): p for n, p in par.named_parameters()},
                     opts.tolerance_scale * PARAM_TOLERANCE_FACTOR,
-                    floor_rms=_rms(ref),
+                    floor_rms=floor,
                 )
                 steps.append({
                     "step": step,
@@ -223,6 +245,9 @@ class LossParityProbe(Probe):
                     "order": names if step == 1 else None,
                     "dtype": str(next(iter(ref.parameters())).dtype).replace("torch.", ""),
                 })
+                # Drop this step's gradients before the next step allocates new ones: held
+                # across the step they would be one more copy of the model.
+                del ref_res, par_res
         except tr.HookError as exc:
             # Raised the same way on every rank (the hooks are deterministic), so no rank waits.
             return {**base, "setup_error": f"step {step}: {exc}"}
@@ -259,7 +284,7 @@ class LossParityProbe(Probe):
 def _rms(model: torch.nn.Module) -> float:
     total, count = 0.0, 0
     for p in model.parameters():
-        total += float(p.detach().double().pow(2).sum())
+        total += float(p.detach().float().norm()) ** 2
         count += p.numel()
     return math.sqrt(total / max(count, 1))
 

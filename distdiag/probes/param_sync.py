@@ -57,8 +57,14 @@ def bit_checksum(t: torch.Tensor) -> str:
     return f"{int((bits * weights).sum()) & 0xFFFFFFFFFFFFFFFF:016x}-{int(bits.sum()) & 0xFFFFFFFF:08x}-{bits.numel()}"
 
 
-def replica_tensors(model: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
-    """key -> (kind, local tensor) for everything that must be equal on the ranks sharing the key."""
+def replica_tensors(model: nn.Module, world: int) -> dict[str, tuple[str, torch.Tensor]]:
+    """key -> (kind, local tensor) for everything that must be equal on the ranks sharing the key.
+
+    A DTensor's key is its FQN plus its coordinates on the mesh dims it is sharded on: ranks
+    that differ only on Replicate dims (HSDP), or that sit in different copies of a mesh
+    smaller than the world, hold replicas of the same shard. A key held by one rank only
+    (plain FSDP sharding) is not compared.
+    """
     from torch.distributed.tensor import DTensor, Replicate
 
     out: dict[str, tuple[str, torch.Tensor]] = {}
@@ -69,12 +75,19 @@ def replica_tensors(model: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
         if not isinstance(p, DTensor):
             out[f"param {fqn}"] = ("unmanaged param", p)
             continue
+        mesh = p.device_mesh
         replicated = [d for d, pl in enumerate(p.placements) if isinstance(pl, Replicate)]
-        if not replicated:
-            continue  # every rank holds a different shard: nothing to compare
-        coords = p.device_mesh.get_coordinate() or []
-        where = ",".join(f"{d}={c}" for d, c in enumerate(coords) if d not in replicated)
-        kind = "replicated param" if len(replicated) == len(p.placements) else "HSDP shard replica"
+        coords = mesh.get_coordinate() or []
+        names = mesh.mesh_dim_names or tuple(str(d) for d in range(mesh.ndim))
+        where = ",".join(f"{names[d]}={c}" for d, c in enumerate(coords) if d not in replicated)
+        if len(replicated) == len(p.placements):
+            kind = "replicated param"
+        elif replicated:
+            kind = "HSDP shard replica"
+        elif mesh.size() < world:
+            kind = "sub-mesh shard replica"
+        else:
+            kind = "sharded param"
         out[f"param {fqn}" + (f" [shard {where}]" if where else "")] = (kind, p.to_local())
     return out
 
@@ -86,8 +99,8 @@ def _rng_states() -> dict[str, str]:
     return states
 
 
-def _snapshot(model: nn.Module) -> dict[str, Any]:
-    tensors = replica_tensors(model)
+def _snapshot(model: nn.Module, world: int) -> dict[str, Any]:
+    tensors = replica_tensors(model, world)
     return {
         "sums": {k: [kind, bit_checksum(t), float(t.detach().double().sum())] for k, (kind, t) in tensors.items()},
         "rng": _rng_states(),
@@ -115,11 +128,11 @@ class ParamSyncProbe(Probe):
             error = str(exc)
         if tr.agree(ctx, error is not None):
             return {"setup_error": error, "source": hooks.source}
-        snaps = [_snapshot(model)]
+        snaps = [_snapshot(model, ctx.world_size)]
         try:
             for shard in shards:
                 tr.run_step(hooks, model, opt, shard)
-                snaps.append(_snapshot(model))
+                snaps.append(_snapshot(model, ctx.world_size))
         except tr.HookError as exc:
             return {"setup_error": f"step {len(snaps)}: {exc}", "source": hooks.source}
         return {"source": hooks.source, "snaps": snaps}
@@ -212,7 +225,10 @@ def _drift_finding(kind: str, i: int, items: list[tuple[str, dict[str, list[int]
     elif kind == "unmanaged param":
         fix = "no FSDP group manages these parameters, so their gradients are never reduced and each rank steps with its own: include them in fully_shard (not in ignored_params), or all-reduce their gradients"
     else:
-        fix = "replicas of one shard diverged: the reduction across the replicate mesh dim is missing or uses a different group"
+        fix = (
+            "replicas of one shard diverged: gradients are not reduced across the replicas (for HSDP pass the "
+            "2-D mesh to fully_shard, not its shard sub-mesh; do not leave set_requires_all_reduce(False) on)"
+        )
     first = "already at setup" if i == 0 else f"first after step {i}"
     shown = ", ".join(names[:6]) + (f" (+{len(names) - 6} more)" if len(names) > 6 else "")
     plural = "s" if len(names) > 1 else ""

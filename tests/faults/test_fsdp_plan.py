@@ -44,7 +44,7 @@ def test_healthy_plan_passes_and_the_table_renders_in_report_show(workdir, cli_e
     assert by_fqn["norm.weight"]["group"] == "(root)" and by_fqn["norm.weight"]["placements"] == "S(0)"
     assert by_fqn["head.weight"]["tied with"] == "embed.weight"
     shown = subprocess.run(
-        [sys.executable, "-m", "distdiag", "report", "show", str(workdir / "distdiag-report.json")],
+        [sys.executable, "-m", "distdiag", "report", "show", "--full", str(workdir / "distdiag-report.json")],
         env=cli_env, capture_output=True, text=True, timeout=60,
     )
     assert shown.returncode == 0, shown.stderr

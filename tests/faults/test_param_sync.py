@@ -52,3 +52,34 @@ def test_healthy_twins_pass(workdir, target):
     result = _run(workdir, target, "fsdp_plan,loss_parity,param_sync,determinism", healthy=True)
     assert result.codes == [0, 0], result.stdout + result.stderr
     assert result.report().findings("warning") == []
+
+
+def test_hsdp_replicas_never_reduced_drift(workdir):
+    """HSDP meant, the shard sub-mesh given to fully_shard: the copies of each shard drift from step 1."""
+    result = _run(workdir, "hsdp_replicas", "param_sync", world=4)
+    assert result.codes == [1] * 4, result.stderr
+    errors = [f for f in result.report().probe("param_sync").findings if f.severity == "error"]
+    assert errors and all(f.issue.startswith("sub-mesh shard replicas ") for f in errors), errors
+    assert all("first after step 1" in f.issue for f in errors)
+    assert any("[shard shard=0]" in f.issue for f in errors) and "2-D mesh" in errors[0].fix
+
+
+def test_hsdp_healthy_twin_passes_parity_and_sync(workdir):
+    """The same HSDP setup with the replica all-reduce on: parity with the reference and replicas equal."""
+    result = _run(workdir, "hsdp_replicas", "fsdp_plan,loss_parity,param_sync", world=4, healthy=True)
+    assert result.codes == [0] * 4, result.stdout + result.stderr
+    report = result.report()
+    assert report.findings("warning") == []
+    assert report.probe("param_sync").metrics["replicated_tensors"] > 20
+    rows = report.probe("fsdp_plan").details["table:fsdp plan"]
+    assert rows[0]["placements"] == "R, S(0)"
+
+
+def test_rng_out_of_step_is_a_warning_and_its_twin_is_quiet(workdir):
+    """Rank 1 of 3 draws 4 extra random numbers in build_model: its RNG state is named; the twin is quiet."""
+    result = _run(workdir, "rng_drift", "param_sync", world=3)
+    assert result.codes == [0, 0, 0], result.stderr
+    (warn,) = [f for f in result.report().probe("param_sync").findings if f.severity == "warning"]
+    assert warn.ranks == [1] and "CPU RNG state differs across ranks right after setup" in warn.issue
+    twin = _run(workdir / "twin", "rng_drift", "param_sync", world=3, healthy=True)
+    assert twin.codes == [0, 0, 0] and twin.report().findings("warning") == []
