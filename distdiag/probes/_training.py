@@ -19,10 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from distdiag.workloads import get_workload
+from distdiag.probes.base import Probe
+from distdiag.workloads import WORKLOADS, get_workload
 from distdiag.workloads.base import batch_size, split_batch
 
 __all__ = [
+    "NumericsProbe",
+    "check_workload",
     "Hooks",
     "HookError",
     "resolve_hooks",
@@ -203,6 +206,25 @@ def missing_hooks_reason(ctx: Any, probe: str) -> str | None:
     if missing:
         return f"probe '{probe}' needs hook(s) {', '.join(m + '()' for m in missing)} in target {target.spec}"
     return None
+
+
+class NumericsProbe(Probe):
+    """The four numerics probes: they skip when a target lacks build_model or make_batch.
+
+    `run` builds models and issues FSDP2's collectives (and one all_reduce through ctx.comm
+    to agree on setup failures) in the same order on every rank.
+    """
+
+    def skip_reason(self, ctx: Any) -> str | None:
+        return missing_hooks_reason(ctx, self.name)
+
+
+def check_workload(key: str, value: Any) -> None:
+    """Config validation of a `workload` option (ConfigError naming the dotted key)."""
+    if value not in WORKLOADS:
+        from distdiag.errors import ConfigError
+
+        raise ConfigError(f"{key} must be one of {', '.join(WORKLOADS)}, got {value!r}")
 
 
 def resolve_hooks(ctx: Any, workload: str) -> Hooks:

@@ -22,11 +22,10 @@ from torch import nn
 
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
-from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.probes.base import ConsolidationView
 from distdiag.probes.param_sync import _minority, bit_checksum
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
-from distdiag.workloads import WORKLOADS
 
 __all__ = ["DeterminismProbe", "DeterminismConfig"]
 
@@ -43,8 +42,7 @@ class DeterminismConfig:
     """Also repeat one full parallel step (with its collectives), not only the local reference."""
 
     def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
-            raise ConfigError(f"probes.determinism.workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+        tr.check_workload("probes.determinism.workload", self.workload)
         if not isinstance(self.parallel, bool):
             raise ConfigError(f"probes.determinism.parallel must be true or false, got {self.parallel!r}")
 
@@ -99,13 +97,10 @@ class _State:
         torch.set_rng_state(self.rng)
 
 
-class DeterminismProbe(Probe):
+class DeterminismProbe(tr.NumericsProbe):
     name = "determinism"
     summary = "a step that is not bitwise reproducible, or a rank whose identical computation gives different bits (SDC suspect)"
     Config = DeterminismConfig
-
-    def skip_reason(self, ctx: Any) -> str | None:
-        return tr.missing_hooks_reason(ctx, self.name)
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: DeterminismConfig = ctx.options or DeterminismConfig()

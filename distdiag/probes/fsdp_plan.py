@@ -19,10 +19,9 @@ from torch import nn
 
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
-from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.probes.base import ConsolidationView
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
-from distdiag.workloads import WORKLOADS
 
 __all__ = ["FsdpPlanProbe", "FsdpPlanConfig", "describe_plan"]
 
@@ -37,8 +36,7 @@ class FsdpPlanConfig:
     """Warn when the largest rank's parameter bytes exceed the smallest's by this factor."""
 
     def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
-            raise ConfigError(f"probes.fsdp_plan.workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+        tr.check_workload("probes.fsdp_plan.workload", self.workload)
         if not isinstance(self.imbalance_warn, (int, float)) or not self.imbalance_warn >= 1.0:
             raise ConfigError(f"probes.fsdp_plan.imbalance_warn must be a number >= 1.0, got {self.imbalance_warn!r}")
 
@@ -117,13 +115,10 @@ def describe_plan(model: nn.Module, world: int) -> list[dict[str, Any]]:
     return rows
 
 
-class FsdpPlanProbe(Probe):
+class FsdpPlanProbe(tr.NumericsProbe):
     name = "fsdp_plan"
     summary = "parameters FSDP does not manage (never reduced), managed twice, ties broken, memory unbalanced, low-precision reduction"
     Config = FsdpPlanConfig
-
-    def skip_reason(self, ctx: Any) -> str | None:
-        return tr.missing_hooks_reason(ctx, self.name)
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: FsdpPlanConfig = ctx.options or FsdpPlanConfig()

@@ -20,9 +20,8 @@ import torch
 
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
-from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.probes.base import ConsolidationView
 from distdiag.report import ProbeResult
-from distdiag.workloads import WORKLOADS
 
 __all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors"]
 
@@ -50,8 +49,7 @@ class LossParityConfig:
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 1 <= self.steps <= 100:
             raise ConfigError(f"probes.loss_parity.steps must be an integer in [1, 100], got {self.steps!r}")
-        if self.workload not in WORKLOADS:
-            raise ConfigError(f"probes.loss_parity.workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+        tr.check_workload("probes.loss_parity.workload", self.workload)
         if not isinstance(self.tolerance_scale, (int, float)) or not 0 < self.tolerance_scale <= 1e6:
             raise ConfigError(f"probes.loss_parity.tolerance_scale must be in (0, 1e6], got {self.tolerance_scale!r}")
         if not isinstance(self.reference_limit_mib, (int, float)) or self.reference_limit_mib < 0:
@@ -162,13 +160,10 @@ def _accumulation_check(hooks: tr.Hooks, ref: torch.nn.Module, shard: Any, stepp
     }
 
 
-class LossParityProbe(Probe):
+class LossParityProbe(tr.NumericsProbe):
     name = "loss_parity"
     summary = "an N-rank setup whose loss, gradients or parameters differ from a 1-process reference on the same global batch"
     Config = LossParityConfig
-
-    def skip_reason(self, ctx: Any) -> str | None:
-        return tr.missing_hooks_reason(ctx, self.name)
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: LossParityConfig = ctx.options or LossParityConfig()

@@ -18,10 +18,9 @@ from torch import nn
 
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
-from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.probes.base import ConsolidationView
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
-from distdiag.workloads import WORKLOADS
 
 __all__ = ["ParamSyncProbe", "ParamSyncConfig", "bit_checksum", "replica_tensors"]
 
@@ -40,8 +39,7 @@ class ParamSyncConfig:
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 0 <= self.steps <= 100:
             raise ConfigError(f"probes.param_sync.steps must be an integer in [0, 100], got {self.steps!r}")
-        if self.workload not in WORKLOADS:
-            raise ConfigError(f"probes.param_sync.workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+        tr.check_workload("probes.param_sync.workload", self.workload)
 
 
 def bit_checksum(t: torch.Tensor) -> str:
@@ -107,13 +105,10 @@ def _snapshot(model: nn.Module, world: int) -> dict[str, Any]:
     }
 
 
-class ParamSyncProbe(Probe):
+class ParamSyncProbe(tr.NumericsProbe):
     name = "param_sync"
     summary = "buffers, unmanaged or replicated parameters and RNG states that differ across ranks (replicas drifting)"
     Config = ParamSyncConfig
-
-    def skip_reason(self, ctx: Any) -> str | None:
-        return tr.missing_hooks_reason(ctx, self.name)
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: ParamSyncConfig = ctx.options or ParamSyncConfig()
