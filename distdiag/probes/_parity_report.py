@@ -122,6 +122,9 @@ def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: Con
         if bad:
             lines.append(f"{len(bad)} parameter(s) over tolerance; first in model order: {names[0]} (module {module})")
             for b in top:
+                if b.get("detail"):
+                    lines.append(f"  {b['name']}: {b['detail']} on {format_ranks(b['ranks'])}")
+                    continue
                 lines.append(
                     f"  {b['name']}: {'grad' if gbad else 'param'} rel err {b['rel']:.3g}, max abs err {b['abs']:.3g} "
                     f"(tolerance {b['tol']:.0e}) on {format_ranks(b['ranks'])}"
