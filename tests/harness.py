@@ -29,7 +29,11 @@ def _context() -> Any:
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "distdiag.check", "tests.harness"])
+        # FSDP2, DTensor and dynamo cost 1-3 s of import per rank on first use (the numerics
+        # probes); importing them once in the forkserver makes every forked rank start warm.
+        _CTX.set_forkserver_preload(
+            ["torch", "torch.distributed", "torch.distributed.fsdp", "torch._dynamo", "distdiag.check", "tests.harness"]
+        )
     return _CTX
 
 
