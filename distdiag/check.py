@@ -316,7 +316,7 @@ class CheckRun:
 
     # -- the broken end (called on the sentinel thread of the rank that claims the writer) --
     def _write_abort_report(self, ex: Exchange, reason: dict[str, Any]) -> int:
-        from distdiag.sentinel import process_state
+        from distdiag.sentinel import silent_rank_reasons
 
         world = self.info.world_size
         self._load_rank_infos(ex)
@@ -327,20 +327,8 @@ class CheckRun:
                 import json
 
                 reasons[r] = json.loads(ex.store.get(f"abort_reason/{r}"))
-        lost: dict[int, str] = {}
-        for r in range(world):
-            if r in snaps:
-                continue
-            info = self.rank_infos[r]
-            if info.host == self.info.host and info.pid > 0:
-                state = process_state(info.pid)
-                lost[r] = {
-                    "gone": f"its process (pid {info.pid}) is gone: killed or exited",
-                    "stopped": f"its process (pid {info.pid}) is stopped (SIGSTOP or a debugger)",
-                    "alive": f"its process (pid {info.pid}) is alive but did not answer (stuck holding the GIL?)",
-                }.get(state, f"its process (pid {info.pid}) is in state {state}")
-            else:
-                lost[r] = f"no answer from host {info.host} (dead, stopped or unreachable)"
+        infos = {r: self.rank_infos[r] for r in range(world)}
+        lost = silent_rank_reasons([r for r in range(world) if r not in snaps], infos, self.info.host)
         # Where did the run stop? The lowest step any live rank was still in.
         indices = [s["probe_index"] for s in snaps.values() if s.get("phase") in ("probe", "barrier")]
         final = all(s.get("phase") == "final" for s in snaps.values()) and snaps

@@ -26,7 +26,7 @@ import psutil
 
 from distdiag.exchange import Exchange
 
-__all__ = ["Sentinel", "install_sigterm_wakeup"]
+__all__ = ["Sentinel", "install_sigterm_wakeup", "flush_and_exit", "process_state", "silent_rank_reasons"]
 
 log = logging.getLogger("distdiag.sentinel")
 
@@ -75,13 +75,39 @@ def _sigterm_pending(timeout: float) -> bool:
     return int(signal.SIGTERM) in data
 
 
-def _flush_and_exit(code: int) -> None:
+def flush_and_exit(code: int) -> None:
+    """Flush what was printed and logged, then end the process at once (any thread may call it)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - leaving anyway
             pass
+    logging.shutdown()
     os._exit(code)
+
+
+_flush_and_exit = flush_and_exit
+
+
+def silent_rank_reasons(missing: list[int], infos: dict[int, Any], host: str, who: str = "sentinel") -> dict[int, str]:
+    """Why each rank that posted nothing is silent, as far as this host can tell.
+
+    `infos` maps rank -> an object with `host` and `pid` (RankInfo); same-host ranks are
+    looked at by pid, the others can only be "no answer".
+    """
+    lost: dict[int, str] = {}
+    for r in missing:
+        info = infos.get(r)
+        if info is not None and info.host == host and info.pid > 0:
+            state = process_state(info.pid)
+            lost[r] = {
+                "gone": f"its process (pid {info.pid}) is gone: killed or exited",
+                "stopped": f"its process (pid {info.pid}) is stopped (SIGSTOP or a debugger)",
+                "alive": f"its process (pid {info.pid}) is alive but its {who} did not answer (holding the GIL?)",
+            }.get(state, f"its process (pid {info.pid}) is in state {state}")
+        else:
+            lost[r] = f"no answer from host {info.host if info else '?'} (dead, stopped or unreachable)"
+    return lost
 
 
 def process_state(pid: int) -> str:

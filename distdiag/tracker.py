@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Tracker", "main_thread_stack", "describe_tensor"]
+__all__ = ["Tracker", "main_thread_stack", "thread_stack", "describe_tensor"]
 
 
 def describe_tensor(tensor: Any) -> dict[str, Any]:
@@ -37,7 +37,12 @@ def _call_site(skip_files: tuple[str, ...]) -> str:
 
 def main_thread_stack(limit: int = 16) -> list[str]:
     """The main thread's Python stack, innermost last, as 'file:line in func: code' lines."""
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    return thread_stack(threading.main_thread().ident or -1, limit)
+
+
+def thread_stack(ident: int, limit: int = 16) -> list[str]:
+    """A thread's Python stack, innermost last, as 'file:line in func: code' lines."""
+    frame = sys._current_frames().get(ident)
     if frame is None:
         return []
     lines = []

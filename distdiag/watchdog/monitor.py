@@ -59,13 +59,9 @@ class RaisedHang(HangDetected):
 
 
 def _flush_and_exit(code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - leaving anyway
-            pass
-    logging.shutdown()
-    os._exit(code)
+    from distdiag.sentinel import flush_and_exit
+
+    flush_and_exit(code)
 
 
 def _group_ranks(label: str, world: int) -> list[int] | None:

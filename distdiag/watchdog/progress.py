@@ -10,14 +10,13 @@ mark by exchanging two numbers per group (distdiag.watchdog.monitor).
 from __future__ import annotations
 
 import collections
-import sys
 import threading
 import time
-import traceback
 import zlib
 from typing import Any
 
 from distdiag.hang import SHAPE_FREE_OPS
+from distdiag.tracker import thread_stack
 
 __all__ = ["Progress", "Record", "P2P_GROUP"]
 
@@ -161,14 +160,7 @@ class Progress:
         return recs[-limit:] if limit else recs
 
     def stack(self, limit: int = 24) -> list[str]:
-        frame = sys._current_frames().get(self.thread_ident)
-        if frame is None:
-            return []
-        lines = []
-        for entry in traceback.extract_stack(frame)[-limit:]:
-            code = (entry.line or "").strip()
-            lines.append(f"{entry.filename}:{entry.lineno} in {entry.name}" + (f": {code}" if code else ""))
-        return lines
+        return thread_stack(self.thread_ident, limit)
 
     def snapshot(self, history: int, *, finished: bool = False) -> dict[str, Any]:
         """A JSON-able picture in the shape distdiag.hang reads (plus step and history)."""

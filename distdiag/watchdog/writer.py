@@ -28,21 +28,9 @@ REPORT_NAME = "hang-report.json"
 
 def lost_ranks(missing: list[int], infos: dict[int, RankInfo], host: str) -> dict[int, str]:
     """Why each rank that posted nothing is silent, as far as this host can tell."""
-    from distdiag.sentinel import process_state
+    from distdiag.sentinel import silent_rank_reasons
 
-    lost: dict[int, str] = {}
-    for r in missing:
-        info = infos.get(r)
-        if info is not None and info.host == host and info.pid > 0:
-            state = process_state(info.pid)
-            lost[r] = {
-                "gone": f"its process (pid {info.pid}) is gone: killed or exited",
-                "stopped": f"its process (pid {info.pid}) is stopped (SIGSTOP or a debugger)",
-                "alive": f"its process (pid {info.pid}) is alive but its watchdog did not answer (holding the GIL?)",
-            }.get(state, f"its process (pid {info.pid}) is in state {state}")
-        else:
-            lost[r] = f"no answer from host {info.host if info else '?'} (dead, stopped or unreachable)"
-    return lost
+    return silent_rank_reasons(missing, infos, host, who="watchdog")
 
 
 def _phase_findings(snaps: dict[int, dict[str, Any]]) -> list[Finding]:
