@@ -7,7 +7,6 @@ one rank skip, corrupt or add a collective (distdiag.faults).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -22,6 +21,16 @@ __all__ = ["Comm", "group_name"]
 # the old names; older torch has only the old ones. Use whichever this torch has.
 _ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+_OP_NAMES: dict[Any, str] = {}
+
+
+def _op_name(op: Any) -> str:
+    name = _OP_NAMES.get(op)
+    if name is None:
+        name = _OP_NAMES[op] = str(op).rsplit(".", 1)[-1].lower()
+    return name
 
 
 def group_name(group: Any | None) -> str:
@@ -52,11 +61,12 @@ class Comm:
             return None
         if action == "extra" and isinstance(tensor, torch.Tensor):
             with self.tracker.collective("all_reduce", tensor, group_name(group)):
-                dist.all_reduce(tensor.clone(), group=group)
-        with self.tracker.collective(op, tensor, group_name(group), detail):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                result = call()
+                dist.all_reduce(tensor.clone(), group=group)  # the injected extra call
+        record = self.tracker.begin(op, tensor, group_name(group), detail)
+        try:
+            result = call()
+        finally:
+            self.tracker.end(record)
         if action == "corrupt":
             target = out if out is not None else tensor
             if isinstance(target, list):
@@ -68,7 +78,7 @@ class Comm:
         op = dist.ReduceOp.SUM if op is None else op
         self._run(
             "all_reduce", tensor, group, lambda: dist.all_reduce(tensor, op=op, group=group),
-            detail=str(op).rsplit(".", 1)[-1].lower(),
+            detail=_op_name(op),
         )
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None) -> None:

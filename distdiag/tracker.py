@@ -26,6 +26,9 @@ def describe_tensor(tensor: Any) -> dict[str, Any]:
         return {"shape": None, "dtype": type(tensor).__name__}
 
 
+_SKIP_FILES = ("tracker.py", "comm.py", "contextlib.py")
+
+
 def _call_site(skip_files: tuple[str, ...]) -> str:
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.endswith(skip_files):
@@ -74,8 +77,8 @@ class Tracker:
             self.probe_index = probe_index
             self.probe_name = probe_name
 
-    @contextmanager
-    def collective(self, op: str, tensor: Any, group_name: str, detail: str = "") -> Iterator[dict[str, Any]]:
+    def begin(self, op: str, tensor: Any, group_name: str, detail: str = "") -> dict[str, Any]:
+        """Record that the main thread enters a collective; pair with `end` in a finally."""
         self.seq[group_name] += 1
         self.collectives_in_probe += 1
         record = {
@@ -84,18 +87,25 @@ class Tracker:
             "seq": self.seq[group_name],
             "index_in_probe": self.collectives_in_probe,
             **describe_tensor(tensor),
-            "call_site": _call_site(("tracker.py", "comm.py", "contextlib.py")),
+            "call_site": _call_site(_SKIP_FILES),
             "since": time.monotonic(),
         }
         self.in_collective = record
+        return record
+
+    def end(self, record: dict[str, Any]) -> None:
+        self.in_collective = None
+        done = dict(record)
+        done["duration_s"] = time.monotonic() - done.pop("since")
+        self.recent.append(done)
+
+    @contextmanager
+    def collective(self, op: str, tensor: Any, group_name: str, detail: str = "") -> Iterator[dict[str, Any]]:
+        record = self.begin(op, tensor, group_name, detail)
         try:
             yield record
         finally:
-            self.in_collective = None
-            done = dict(record)
-            done["duration_s"] = round(time.monotonic() - record["since"], 6)
-            del done["since"]
-            self.recent.append(done)
+            self.end(record)
 
     def snapshot(self) -> dict[str, Any]:
         """A JSON-able picture of where the main thread is now."""
