@@ -39,6 +39,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tolerance", type=float, default=0.10)
+    parser.add_argument("--stat", choices=["median", "best"], default="median",
+                        help="median busbw over repeats, or the best (least disturbed) run of each side; "
+                             "on a shared CPU box scheduling noise only ever lowers bandwidth")
     args = parser.parse_args()
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.world}"]
     probe: dict[tuple[str, int], list[float]] = {}
@@ -62,10 +65,11 @@ def main() -> None:
                     row = json.loads(line)
                     plain.setdefault((row["op"], row["bytes"]), []).append(row["busbw_GBps"])
     worst = 0.0
-    print(f"world {args.world}, {args.iters} iterations, median of {args.repeats} interleaved runs")
+    pick = statistics.median if args.stat == "median" else max
+    print(f"world {args.world}, {args.iters} iterations, {args.stat} of {args.repeats} interleaved runs")
     print(f"{'op':<15}{'bytes':>10}{'probe GB/s':>12}{'plain GB/s':>12}{'ratio':>8}")
     for key in sorted(plain, key=lambda k: (k[0], k[1])):
-        a, b = statistics.median(probe[key]), statistics.median(plain[key])
+        a, b = pick(probe[key]), pick(plain[key])
         worst = max(worst, abs(a / b - 1))
         print(f"{key[0]:<15}{key[1]:>10}{a:>12.4f}{b:>12.4f}{a / b:>8.3f}")
     verdict = "within" if worst <= args.tolerance else "OUTSIDE"
