@@ -82,8 +82,13 @@ def _child(entry: str, argv: list[str], env: dict[str, str], workdir: str, rank:
     os.chdir(workdir)
     import torch
 
-    # torch read OMP_NUM_THREADS when the forkserver imported it; apply this rank's value.
+    # torch read OMP_NUM_THREADS and TORCH_DISTRIBUTED_DEBUG when the forkserver imported it;
+    # apply this rank's values.
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    import torch.distributed as dist
+
+    if hasattr(dist, "set_debug_level_from_env"):
+        dist.set_debug_level_from_env()
     module, _, func = entry.partition(":")
     code = 0
     try:
