@@ -166,7 +166,7 @@ class CheckRun:
         else:
             ctx.options = planned.options
             try:
-                reason = probe.skip_reason(ctx)
+                reason = probe.missing_api_reason() or probe.skip_reason(ctx)
                 if reason:
                     entry = {"status": "skip", "reason": reason}
                 else:

@@ -52,8 +52,32 @@ class Probe(abc.ABC):
             )
         return None
 
+    private_apis: ClassVar[tuple[str, ...]] = ()
+    """Private torch APIs the probe relies on, as "module:attribute"; when one is missing in
+    this torch (they move between releases), the probe skips with the reason instead of
+    raising."""
+
     def skip_reason(self, ctx: Any) -> str | None:
         """Why the probe skips on this machine (missing hardware, missing torch API), or None."""
+        return None
+
+    def missing_api_reason(self) -> str | None:
+        """The first private torch API of `private_apis` this torch lacks, as a skip reason."""
+        import importlib
+
+        for spec in self.private_apis:
+            module, _, attr = spec.partition(":")
+            try:
+                found = importlib.import_module(module)
+                if attr:
+                    getattr(found, attr)
+            except (ImportError, AttributeError):
+                import torch
+
+                return (
+                    f"probe '{self.name}' needs {module}{'.' + attr if attr else ''}, "
+                    f"a private torch API missing in torch {torch.__version__}"
+                )
         return None
 
     @abc.abstractmethod

@@ -74,6 +74,7 @@ class CheckpointProbe(Probe):
     name = "checkpoint"
     summary = "DCP checkpoints that do not round-trip, and checkpoints whose keys no longer match the model (renames, wrappers)"
     Config = CheckpointConfig
+    private_apis = ("torch.distributed.checkpoint._nested_dict:flatten_state_dict",)
 
     def skip_reason(self, ctx: Any) -> str | None:
         opts = ctx.options or CheckpointConfig()

@@ -162,6 +162,7 @@ def _accumulation_check(hooks: tr.Hooks, ref: torch.nn.Module, shard: Any, stepp
 
 class LossParityProbe(tr.NumericsProbe):
     name = "loss_parity"
+    private_apis = ("torch.distributed.tensor._utils:compute_local_shape_and_global_offset",)
     summary = "an N-rank setup whose loss, gradients or parameters differ from a 1-process reference on the same global batch"
     Config = LossParityConfig
 

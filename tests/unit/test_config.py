@@ -94,3 +94,22 @@ def test_load_toml_reads_file(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[check]\nquiet = true\n")
     assert merge_config([("c", load_toml(path))], {}).quiet is True
+
+
+def test_probe_with_missing_private_api_skips_with_reason():
+    """A private torch API that moved is a skip naming it, not an exception."""
+    from distdiag.probes.base import Probe
+
+    class Needs(Probe):
+        name = "needs"
+        summary = "test"
+        private_apis = ("torch.distributed:_no_such_api_anywhere",)
+
+        def run(self, ctx):
+            return {}
+
+    reason = Needs().missing_api_reason()
+    assert "torch.distributed._no_such_api_anywhere" in reason and "private torch API missing" in reason
+    from distdiag.probes import PROBES
+
+    assert all(cls().missing_api_reason() is None for cls in PROBES.values())
