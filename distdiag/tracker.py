@@ -29,13 +29,41 @@ def describe_tensor(tensor: Any) -> dict[str, Any]:
 _SKIP_FILES = ("tracker.py", "comm.py", "contextlib.py")
 
 
-def _call_site(skip_files: tuple[str, ...]) -> str:
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.endswith(skip_files):
-        frame = frame.f_back
-    if frame is None:
-        return "?"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+class CollectiveRecord:
+    """One collective the main thread issued: kept raw, turned into a dict only when read."""
+
+    __slots__ = ("op", "detail", "group", "seq", "index", "shape", "dtype", "code", "line", "since", "duration")
+
+    def __init__(self, op: str, detail: str, group: str, seq: int, index: int, tensor: Any, code: Any, line: int) -> None:
+        self.op = op
+        self.detail = detail
+        self.group = group
+        self.seq = seq
+        self.index = index
+        self.shape = getattr(tensor, "shape", None)
+        self.dtype = getattr(tensor, "dtype", None) if tensor is not None else None
+        self.code = code
+        self.line = line
+        self.since = time.monotonic()
+        self.duration: float | None = None
+
+    def to_dict(self, now: float | None = None) -> dict[str, Any]:
+        code = self.code
+        site = f"{code.co_filename}:{self.line} in {code.co_name}" if code is not None else "?"
+        data: dict[str, Any] = {
+            "op": f"{self.op}({self.detail})" if self.detail else self.op,
+            "group": self.group,
+            "seq": self.seq,
+            "index_in_probe": self.index,
+            "shape": list(self.shape) if self.shape is not None else None,
+            "dtype": str(self.dtype).replace("torch.", "") if self.dtype is not None else "none",
+            "call_site": site,
+        }
+        if self.duration is not None:
+            data["duration_s"] = round(self.duration, 6)
+        elif now is not None:
+            data["for_s"] = round(now - self.since, 3)
+        return data
 
 
 def main_thread_stack(limit: int = 16) -> list[str]:
@@ -77,30 +105,31 @@ class Tracker:
             self.probe_index = probe_index
             self.probe_name = probe_name
 
-    def begin(self, op: str, tensor: Any, group_name: str, detail: str = "") -> dict[str, Any]:
-        """Record that the main thread enters a collective; pair with `end` in a finally."""
-        self.seq[group_name] += 1
+    def begin(self, op: str, tensor: Any, group_name: str, detail: str = "") -> CollectiveRecord:
+        """Record that the main thread enters a collective; pair with `end` in a finally.
+
+        Cheap on purpose (the bandwidth probe times collectives through this): strings are
+        built only when a snapshot is taken.
+        """
+        seq = self.seq[group_name] = self.seq[group_name] + 1
         self.collectives_in_probe += 1
-        record = {
-            "op": f"{op}({detail})" if detail else op,
-            "group": group_name,
-            "seq": self.seq[group_name],
-            "index_in_probe": self.collectives_in_probe,
-            **describe_tensor(tensor),
-            "call_site": _call_site(_SKIP_FILES),
-            "since": time.monotonic(),
-        }
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.endswith(_SKIP_FILES):
+            frame = frame.f_back
+        record = CollectiveRecord(
+            op, detail, group_name, seq, self.collectives_in_probe, tensor,
+            frame.f_code if frame is not None else None, frame.f_lineno if frame is not None else 0,
+        )
         self.in_collective = record
         return record
 
-    def end(self, record: dict[str, Any]) -> None:
+    def end(self, record: CollectiveRecord) -> None:
         self.in_collective = None
-        done = dict(record)
-        done["duration_s"] = time.monotonic() - done.pop("since")
-        self.recent.append(done)
+        record.duration = time.monotonic() - record.since
+        self.recent.append(record)
 
     @contextmanager
-    def collective(self, op: str, tensor: Any, group_name: str, detail: str = "") -> Iterator[dict[str, Any]]:
+    def collective(self, op: str, tensor: Any, group_name: str, detail: str = "") -> Iterator[CollectiveRecord]:
         record = self.begin(op, tensor, group_name, detail)
         try:
             yield record
@@ -110,10 +139,8 @@ class Tracker:
     def snapshot(self) -> dict[str, Any]:
         """A JSON-able picture of where the main thread is now."""
         now = time.monotonic()
-        coll = self.in_collective
-        if coll is not None:
-            coll = {k: v for k, v in coll.items() if k != "since"}
-            coll["for_s"] = round(now - self.in_collective["since"], 3) if self.in_collective else 0
+        current = self.in_collective
+        coll = current.to_dict(now) if current is not None else None
         return {
             "phase": self.phase,
             "phase_for_s": round(now - self.phase_since, 3),
@@ -121,6 +148,6 @@ class Tracker:
             "probe": self.probe_name,
             "in_collective": coll,
             "collectives_in_probe": self.collectives_in_probe,
-            "recent": list(self.recent),
+            "recent": [r.to_dict() for r in list(self.recent)],
             "stack": main_thread_stack(),
         }
