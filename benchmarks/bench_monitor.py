@@ -20,19 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-
-def _model(width: int, depth: int) -> torch.nn.Module:
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    layers = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()) for _ in range(depth)]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 8))
-    for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
-    return model
-
+from common import fsdp_mlp  # benchmarks/common.py
 
 _INSIDE: list[float] = []
 """Seconds spent in after_backward per monitored step (the optimizer hooks' snapshot of the
@@ -65,7 +53,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_path
     dist.init_process_group("gloo")
     from distdiag.monitor import TrainingMonitor
 
-    model = _model(args.width, args.depth)
+    model = fsdp_mlp(args.width, args.depth)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     step = 0
     _block(model, opt, None, 20, step, args.batch, args.width)  # warm up

@@ -24,21 +24,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from common import fsdp_mlp  # benchmarks/common.py
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-
-
-def _fsdp_model(width: int = 128, depth: int = 4):
-    import torch
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    layers = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()) for _ in range(depth)]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 8))
-    for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
-    return model
 
 
 def _fsdp_block(model, opt, steps: int, wd) -> float:
@@ -80,7 +69,7 @@ def worker(argv: list[str]) -> int:
 
     mode, blocks = argv[0], int(argv[1])
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    model = _fsdp_model()
+    model = fsdp_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     _fsdp_block(model, opt, 3, None)
     _ar_block(50, None)
