@@ -39,9 +39,6 @@ __all__ = ["main", "run_check"]
 
 log = logging.getLogger("distdiag.check")
 
-STRANDED_GRACE_S = 3.0
-"""After a rank's probe raised, how long the others may still be finishing before the run
-is declared stranded (they are waiting in a collective the raising rank will never enter)."""
 ACK_WAIT_S = 3.0
 
 
@@ -96,9 +93,20 @@ class CheckRun:
 
         info, cfg = self.info, self.config
         install_sigterm_wakeup()
-        self.store = self._store()
+        try:
+            self.store = self._store()
+        except Exception as exc:  # noqa: BLE001 - nothing can be reported without the store
+            where = f"{info.master_addr}:{info.master_port}" if info.distributed else "in-process"
+            _print_err(f"distdiag[rank {info.rank}]: cannot reach the job's store at {where}: {exc}")
+            return 3
         self.ex = Exchange(self.store, info.rank, info.world_size)
-        device, backend = pick_device(info)
+        try:
+            device, backend = pick_device(info)
+        except Exception as exc:  # noqa: BLE001 - a broken GPU: report it, do not just die
+            import torch
+
+            device, backend = torch.device("cpu"), "gloo"
+            self._setup_exc = exc
         self.sentinel = Sentinel(
             store_factory=self._store,
             rank=info.rank,
@@ -113,10 +121,20 @@ class CheckRun:
         self.sentinel.mirror = self._mirror  # type: ignore[attr-defined]
         self.sentinel.start()
         self.sentinel.started_ok.wait(30)
+        if getattr(self, "_setup_exc", None) is not None:
+            self.ex.post("setup_error", _error_summary(self._setup_exc))
+            self.sentinel.trigger("setup", f"rank {info.rank} could not select its device: {type(self._setup_exc).__name__}")
+            self._park()
 
         self.ex.post("info", RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
         target = self._load_target_everywhere()
-        side_group = init_process_groups(info, self.store, backend, device, timedelta(seconds=cfg.deadline_s + 60))
+        try:
+            self.faults.at("setup", 0)
+            side_group = init_process_groups(info, self.store, backend, device, timedelta(seconds=cfg.deadline_s + 60))
+        except Exception as exc:  # noqa: BLE001 - e.g. an NCCL or device error: a finding, not a traceback
+            self.ex.post("setup_error", _error_summary(exc))
+            self.sentinel.trigger("setup", f"rank {info.rank} could not init the process group: {type(exc).__name__}")
+            self._park()
         torch.manual_seed(1234)
         ctx = RankContext(
             info=info, device=device, backend=backend, tracker=self.tracker,
@@ -143,7 +161,11 @@ class CheckRun:
             except ConfigError as exc:
                 error = str(exc)
         self.ex.post("valid", error)
-        self.ex.wait_count("valid", self.info.world_size, time.monotonic() + max(self.config.timeout_s, 60.0))
+        limit = max(self.config.timeout_s, 60.0)
+        if not self.ex.wait_count("valid", self.info.world_size, time.monotonic() + limit):
+            missing = sorted(set(range(self.info.world_size)) - set(self.ex.collect("valid")))
+            self.sentinel.trigger("setup", f"ranks {missing} did not finish loading the target within {limit:g}s")
+            self._park()
         errors = {r: e for r, e in self.ex.collect("valid").items() if e}
         if errors:
             first = min(errors)
@@ -189,7 +211,9 @@ class CheckRun:
             if self.ex.bump(f"commerr/{index}", 0) > 0:
                 self.sentinel.trigger("lost", f"a rank lost its connection to a peer during probe '{probe.name}'")
                 self._park()
-            grace = min(STRANDED_GRACE_S, self.config.timeout_s / 2)
+            # Half the probe deadline: ranks that raise at different times (one computes
+            # longer) must not be taken for ranks stranded in a collective.
+            grace = self.config.timeout_s / 2
             if self.ex.bump(f"err/{index}", 0) > 0 and time.monotonic() - posted > grace:
                 self.sentinel.trigger("stranded", f"probe '{probe.name}' raised on a rank; others did not finish")
                 self._park()
@@ -211,7 +235,7 @@ class CheckRun:
         self.tracker.enter_phase("final")
         self.faults.at("final", 0)
         if info.rank == 0:
-            if not self.ex.claim("writer"):
+            if not self.ex.claim("writer", "main"):
                 self._park()
             report = self._consolidate()
             self._emit(report)
@@ -225,8 +249,10 @@ class CheckRun:
             if self.sentinel.aborting.is_set():
                 self._park()
         code = int(verdict["exit_code"])
-        self.sentinel.finishing_code = code
+        # This node's copy first: once finishing_code is set, a SIGTERM from torchrun (another
+        # local rank already left non-zero) ends this process at once.
         self._mirror(self.ex, verdict)
+        self.sentinel.finishing_code = code
         self.ex.post("ack", 1)
         return code
 
@@ -344,7 +370,8 @@ class CheckRun:
             comm_errors = {r: p["error"] for r, p in posted.items() if p.get("comm_error")}
         else:
             name = "final" if final else "setup"
-            errors, comm_errors = {}, {}
+            errors = {int(r): e for r, e in ex.collect("setup_error").items()} if name == "setup" else {}
+            comm_errors = {}
         first = reasons.get(min(reasons)) if reasons else reason
         detail = first.get("detail", "") if first else ""
         if comm_errors and not lost:
@@ -380,9 +407,10 @@ class CheckRun:
 
 def _bad_input(exc: ConfigError, argv: list[str], report_path: str = "distdiag-report.json") -> int:
     """Every rank prints the same line; rank 0 also leaves a report saying nothing ran."""
-    rank = os.environ.get("RANK", "0")
     _print_err(f"distdiag: error: {exc}")
-    if rank == "0":
+    # Local rank 0 of every node leaves the report there (no shared filesystem assumed), so a
+    # gate on any node reads exit code 2, not "no report" (3).
+    if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":
         for i, arg in enumerate(argv):
             if arg == "--report" and i + 1 < len(argv):
                 report_path = argv[i + 1]

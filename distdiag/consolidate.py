@@ -155,6 +155,11 @@ def hang_result(
     """The result of the step during which the run ended."""
     what = f"probe '{name}'" if name not in ("setup", "final") else f"the {name} phase"
     findings = analyze_hang(snaps, lost, errors, world, what=what, timeout_s=timeout_s)
+    if errors and not any(f.severity == "critical" for f in findings):
+        # The run ended and a rank raised: that exception is why (e.g. a failed setup).
+        for f in findings:
+            if f.severity == "error" and "raised on rank" in f.issue:
+                f.severity = "critical"
     if not any(f.severity == "critical" for f in findings):
         findings.append(
             Finding(

@@ -88,10 +88,15 @@ class Exchange:
             time.sleep(delay)
             delay = min(poll_s, delay * 2)
 
-    def claim(self, key: str) -> bool:
-        """Atomically claim a role; True for exactly one rank."""
-        got = self.store.compare_set(key, "", str(self.rank))
-        return bytes(got).decode() == str(self.rank)
+    def claim(self, key: str, who: str = "") -> bool:
+        """Atomically claim a role; True for exactly one caller.
+
+        `who` tells callers of one rank apart (its main thread and its sentinel may both try:
+        a token of the rank alone would let both win).
+        """
+        token = f"{self.rank}:{who}" if who else str(self.rank)
+        got = self.store.compare_set(key, "", token)
+        return bytes(got).decode() == token
 
     def bump(self, key: str, amount: int = 1) -> int:
         return int(self.store.add(key, amount))

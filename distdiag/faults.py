@@ -15,7 +15,8 @@ ACTION is one of
     skip     do not issue one collective (the others wait for it)
     corrupt  add 1 to the result of one collective
     extra    issue one extra all_reduce of the same shape before one collective
-PROBE is a probe name (or `final`, the verdict exchange); RANK a global rank.
+PROBE is a probe name (or `setup`, just before the process group is initialised, or
+`final`, the verdict exchange); RANK a global rank.
 `after=N` fires the fault when the rank is about to issue its N-th collective of the
 probe (0, the default, fires it when the probe starts; skip/corrupt/extra default to 1).
 """

@@ -229,7 +229,7 @@ class Sentinel(threading.Thread):
             # This rank may be the culprit (it is not waiting on anyone): let a rank that is
             # only waiting write the report, so a stuck rank 0 is reported by another rank.
             time.sleep(WRITER_DEFER_S)
-        if ex.claim("writer"):
+        if ex.claim("writer", "sentinel"):
             try:
                 code = self.write_abort_report(ex, reason)
             except Exception as exc:  # noqa: BLE001 - say so, still leave with 3

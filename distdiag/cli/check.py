@@ -18,7 +18,7 @@ def check(
     skip: Annotated[str | None, typer.Option("--skip", help="Probes to leave out, comma-separated.")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="A profile shipped with distdiag (default, quick, full, ...).")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="A TOML config file; flags override it.")] = None,
-    report: Annotated[str, typer.Option("--report", help="Where the JSON report goes.")] = "distdiag-report.json",
+    report: Annotated[str | None, typer.Option("--report", help="Where the JSON report goes (default: the config's, else distdiag-report.json).")] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="Deadline of one probe, seconds (default 60).")] = None,
     deadline_s: Annotated[float | None, typer.Option("--deadline-s", help="Deadline of the whole check, seconds (default 600).")] = None,
     format: Annotated[str | None, typer.Option("--format", help="text (a table) or json (the report on stdout).")] = None,
@@ -37,9 +37,9 @@ def check(
 
     if nproc < 1:
         raise fail(f"--nproc must be >= 1, got {nproc}")
-    args: list[str] = ["--report", report]
+    args: list[str] = []
     for flag, value in (
-        ("--probes", probes), ("--skip", skip), ("--profile", profile), ("--config", config),
+        ("--report", report), ("--probes", probes), ("--skip", skip), ("--profile", profile), ("--config", config),
         ("--timeout-s", timeout_s), ("--deadline-s", deadline_s), ("--format", format), ("--target", target),
         ("--junit", junit),
     ):
@@ -48,10 +48,12 @@ def check(
     if quiet:
         args.append("--quiet")
     try:  # the same validation every rank does, before paying for N torch imports
-        make_plan(parse_config(args), nproc)
+        merged = parse_config(args)
+        make_plan(merged, nproc)
     except ConfigError as exc:
         raise fail(str(exc)) from None
-    raise typer.Exit(run_torchrun_check(nproc, args, report))
+    # The report the ranks write: the flag, else the config's or profile's, else the default.
+    raise typer.Exit(run_torchrun_check(nproc, args, merged.report))
 
 
 def register(app: typer.Typer) -> None:

@@ -150,3 +150,14 @@ def test_world_too_small_for_named_probe(workdir):
     assert result.codes == [2]
     assert "WORLD_SIZE must be >= 2 for probe 'collectives', got 1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_setup_failure_on_one_rank_is_reported_not_a_traceback(workdir):
+    """Rank 1 fails while setting up its process group (an NCCL/device error on a real box):
+    the others, blocked in init, end with a report naming rank 1 and its exception."""
+    result = run_check(2, ARGS, workdir, inject="raise:setup:1", timeout=90)
+    assert result.codes == [3, 3], result.stderr
+    report = result.report()
+    lead = _crit(report)[0] if _crit(report) else report.findings("error")[0][1]
+    assert lead.ranks == [1] and "injected fault: raise in setup" in lead.issue
+    assert report.not_run == ["env", "collectives"]

@@ -133,3 +133,15 @@ def test_format_ranks():
     assert format_ranks([3]) == "rank 3"
     assert format_ranks([0, 1, 2, 5, 7, 8]) == "ranks 0-2,5,7-8"
     assert format_ranks([0, 1], world_size=2) == "all ranks"
+
+
+def test_writer_claim_is_exclusive_within_a_rank_too():
+    """A rank's main thread and its sentinel cannot both win the writer role."""
+    import torch.distributed as dist
+
+    from distdiag.exchange import Exchange
+
+    ex = Exchange(dist.HashStore(), rank=0, world_size=2)
+    assert ex.claim("writer", "main") is True
+    assert ex.claim("writer", "sentinel") is False
+    assert ex.claim("writer", "main") is True  # the holder asking again
