@@ -88,27 +88,45 @@ def _install_init_hook() -> list[tuple[Any, Any]]:
     return saved
 
 
+_VALUED = {"--timeout-s", "--action", "--dump-dir", "--flight-recorder", "-m"}
+
+
+def _split_argv(argv: list[str]) -> tuple[list[str], list[str], bool]:
+    """(our options, the script and its arguments, whether a `--` separated them)."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv[:i], argv[i + 1 :], True
+        if word in _VALUED:
+            i += 2
+            if word == "-m":
+                return argv[:i], argv[i:], True
+            continue
+        if word.startswith("-"):  # ours (or unknown: argparse says so in one line)
+            i += 1
+            continue
+        return argv[:i], argv[i:], True
+    return argv, [], False
+
+
 def run(argv: list[str]) -> int:
     from distdiag.errors import ConfigError
     from distdiag.watchdog.config import WATCHDOG_FLIGHT_RECORDER, WatchdogConfig
     from distdiag.watchdog.flight import enable_recorder
 
-    if argv and argv[0] == "--":
-        argv = argv[1:]
     parser = build_parser()
-    # Our own options come before `--` (or before the script); everything after is the script's.
-    if "--" in argv:
-        cut = argv.index("--")
-        ours, rest = argv[:cut], argv[cut + 1 :]
-        ns = parser.parse_args(ours)
+    # Our own options come first; they end at the first `--` or at the first word that is not
+    # one of them (the script). Everything after is the script's, `--` included.
+    ours, rest, cut = _split_argv(argv)
+    ns = parser.parse_args(ours)
+    if cut or ns.script is None:
         if ns.module is None:
             if not rest:
-                return _fail("no training script after --; usage: python -m distdiag.watch [options] -- train.py ARGS...")
+                return _fail("no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS...")
             ns.script, ns.args = rest[0], rest[1:]
         else:
             ns.args = rest
-    else:
-        ns = parser.parse_args(argv)
     if ns.module is None and not ns.script:
         return _fail("no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS...")
     if ns.timeout_s is not None and ns.timeout_s <= 0:

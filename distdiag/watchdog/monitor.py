@@ -222,6 +222,11 @@ class Monitor(threading.Thread):
         idle = now - base
         if idle <= limit:
             return
+        if not phases and prog.step is None and prog.current is None and not prog.pending_async:
+            # No step marks and not inside a collective this watchdog sees: long untracked work
+            # (DDP's gradient all-reduce runs in C++, compiled graphs, plain compute) looks the
+            # same as a hang from here. A rank waiting inside a tracked collective declares it.
+            return
         if not phases:
             peer = self._peer_in_phase()
             if peer is not None:
@@ -397,6 +402,8 @@ class Monitor(threading.Thread):
         for r, why in lost.items():
             if r in local and "stopped" in why:
                 _kill(local[r])
+        if self.config.action != "abort":
+            return  # with action "raise", peers may be saving a checkpoint after HangDetected
         end = time.monotonic() + PEERS_EXIT_WAIT_S
         while time.monotonic() < end and any(process_state(p) not in ("gone",) for p in local.values()):
             time.sleep(0.05)

@@ -176,3 +176,14 @@ def test_fsdp2_and_dtensor_collectives_are_fingerprinted_without_false_desync(tm
     assert result.codes == [0, 0], result.stderr[-3000:]
     assert "funcol:" in result.stderr and "reduce_scatter" in result.stderr
     assert not (tmp_path / "hang-report").exists()
+
+
+@pytest.mark.timeout(120)
+def test_healthy_ddp_without_step_marks_is_not_a_hang(tmp_path):
+    """DDP all-reduces in C++ where the watchdog cannot see them; with no step marks a long
+    stretch without tracked collectives is not a hang (it was killed before this fix)."""
+    from tests.harness import run_ranks
+
+    result = run_ranks(2, ["1.5", "80"], tmp_path, entry="tests.faults.ddp_worker:main", timeout=90)
+    assert result.codes == [0, 0], result.stderr[-2000:]
+    assert not (tmp_path / "hang-report" / "hang-report.json").exists()
