@@ -117,8 +117,8 @@ class CheckRun:
             setup_timeout_s=max(cfg.timeout_s, 60.0),
             deadline_at=self.started + cfg.deadline_s,
             write_abort_report=self._write_abort_report,
+            mirror=self._mirror,
         )
-        self.sentinel.mirror = self._mirror  # type: ignore[attr-defined]
         self.sentinel.start()
         self.sentinel.started_ok.wait(30)
         if getattr(self, "_setup_exc", None) is not None:
@@ -256,7 +256,7 @@ class CheckRun:
         self.ex.post("ack", 1)
         return code
 
-    def _view(self, name: str, options: Any) -> ConsolidationView:
+    def _view(self, options: Any) -> ConsolidationView:
         return ConsolidationView(world_size=self.info.world_size, ranks=self.rank_infos, options=options)
 
     def _load_rank_infos(self, ex: Exchange) -> None:
@@ -266,12 +266,16 @@ class CheckRun:
             for r in range(self.info.world_size)
         ]
 
+    def _completed(self, ex: Exchange, count: int) -> list[ProbeResult]:
+        """The consolidated results of the plan's first `count` probes, from the store."""
+        return [
+            consolidate_probe(planned.probe, ex.collect(f"res/{index}"), self._view(planned.options))
+            for index, planned in enumerate(self.plan.probes[:count])
+        ]
+
     def _consolidate(self) -> Report:
         self._load_rank_infos(self.ex)
-        results = []
-        for index, planned in enumerate(self.plan.probes):
-            posted = self.ex.collect(f"res/{index}")
-            results.append(consolidate_probe(planned.probe, posted, self._view(planned.probe.name, planned.options)))
+        results = self._completed(self.ex, len(self.plan.probes))
         return self._report(results, [], outcome="completed", hung=False, writer=self.info.rank)
 
     def _report(self, results: list[ProbeResult], not_run: list[str], *, outcome: str, hung: bool, writer: int) -> Report:
@@ -347,22 +351,14 @@ class CheckRun:
         world = self.info.world_size
         self._load_rank_infos(ex)
         snaps = {int(r): s for r, s in ex.collect("snap").items()}
-        reasons = {}
-        for r in range(world):
-            if ex.store.check([f"abort_reason/{r}"]):
-                import json
-
-                reasons[r] = json.loads(ex.store.get(f"abort_reason/{r}"))
+        reasons = {int(r): v for r, v in ex.collect("abort_reason").items()}
         infos = {r: self.rank_infos[r] for r in range(world)}
         lost = silent_rank_reasons([r for r in range(world) if r not in snaps], infos, self.info.host)
         # Where did the run stop? The lowest step any live rank was still in.
         indices = [s["probe_index"] for s in snaps.values() if s.get("phase") in ("probe", "barrier")]
         final = all(s.get("phase") == "final" for s in snaps.values()) and snaps
         cur = min(indices) if indices else (len(self.plan.probes) if final else -1)
-        results: list[ProbeResult] = []
-        for index, planned in enumerate(self.plan.probes[: max(cur, 0)]):
-            posted = ex.collect(f"res/{index}")
-            results.append(consolidate_probe(planned.probe, posted, self._view(planned.probe.name, planned.options)))
+        results = self._completed(ex, max(cur, 0))
         if 0 <= cur < len(self.plan.probes):
             name = self.plan.probes[cur].probe.name
             posted = ex.collect(f"res/{cur}")

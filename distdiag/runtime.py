@@ -161,7 +161,6 @@ class RankContext:
     target: Any = None
     """The user's loaded target (distdiag.target.Target) or None."""
     faults: FaultPlan = field(default_factory=FaultPlan)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:

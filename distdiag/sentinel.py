@@ -11,7 +11,6 @@ the verdict; then every rank leaves with `os._exit(code)` - after the report is 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import select
@@ -86,9 +85,6 @@ def flush_and_exit(code: int) -> None:
     os._exit(code)
 
 
-_flush_and_exit = flush_and_exit
-
-
 def silent_rank_reasons(missing: list[int], infos: dict[int, Any], host: str, who: str = "sentinel") -> dict[int, str]:
     """Why each rank that posted nothing is silent, as far as this host can tell.
 
@@ -140,6 +136,7 @@ class Sentinel(threading.Thread):
         setup_timeout_s: float,
         deadline_at: float,
         write_abort_report: Callable[[Exchange, dict[str, Any]], int],
+        mirror: Callable[[Exchange, dict[str, Any]], None] | None = None,
     ) -> None:
         super().__init__(name="distdiag-sentinel", daemon=True)
         self.store_factory = store_factory
@@ -151,6 +148,8 @@ class Sentinel(threading.Thread):
         self.setup_timeout_s = setup_timeout_s
         self.deadline_at = deadline_at
         self.write_abort_report = write_abort_report
+        self.mirror = mirror
+        """On a node other than the writer's, writes the report there (no shared FS assumed)."""
         self.aborting = threading.Event()
         self.finishing_code: int | None = None
         """Set by the main thread once the verdict is known: SIGTERM then just exits with it."""
@@ -172,14 +171,14 @@ class Sentinel(threading.Thread):
             self.exchange = Exchange(self.store_factory(), self.rank, self.world_size)
         except Exception as exc:  # noqa: BLE001 - without a store nothing can be reported
             print(f"distdiag[rank {self.rank}]: cannot reach the job's store: {exc}", file=sys.stderr)
-            _flush_and_exit(3)
+            flush_and_exit(3)
         self.started_ok.set()
         last_beat = 0.0
         try:
             while True:
                 if _sigterm_pending(TICK_S):
                     if self.finishing_code is not None:
-                        _flush_and_exit(self.finishing_code)
+                        flush_and_exit(self.finishing_code)
                     self.trigger("terminated", "the launcher sent SIGTERM (another worker failed or the job was cancelled)")
                 now = time.monotonic()
                 if now - last_beat >= HEARTBEAT_EVERY_S:
@@ -192,16 +191,16 @@ class Sentinel(threading.Thread):
                     self._emergency(reason)
         except Exception as exc:  # noqa: BLE001 - the store went away (agent gone): leave
             if self.finishing_code is not None:
-                _flush_and_exit(self.finishing_code)
+                flush_and_exit(self.finishing_code)
             print(f"distdiag[rank {self.rank}]: lost the job's store ({type(exc).__name__}: {exc}); exiting 3", file=sys.stderr)
-            _flush_and_exit(3)
+            flush_and_exit(3)
 
     def _check(self, now: float) -> dict[str, Any] | None:
         with self._lock:
             if self._trigger is not None:
                 return self._trigger
         assert self.exchange is not None
-        if self.exchange.bump("abort", 0) > 0:
+        if self.exchange.count("abort_reason") > 0:
             return {"kind": "peer", "detail": "another rank aborted the run", "rank": self.rank}
         phase, since = self.tracker.phase, self.tracker.phase_since
         limit = self.setup_timeout_s if phase == "setup" else self.timeout_s
@@ -217,8 +216,7 @@ class Sentinel(threading.Thread):
         ex = self.exchange
         self.aborting.set()
         if reason["kind"] != "peer":
-            ex.store.set(f"abort_reason/{self.rank}", json.dumps(reason))
-            ex.bump("abort")
+            ex.post("abort_reason", reason)
         snap = self.tracker.snapshot()
         snap.update({"rank": self.rank, "host": self.host, "pid": os.getpid(), "reason": reason})
         ex.post("snap", snap)
@@ -242,14 +240,9 @@ class Sentinel(threading.Thread):
             verdict = ex.wait_read("verdict", time.monotonic() + VERDICT_WAIT_S, poll_s=0.05)
             if verdict is not None:
                 code = int(verdict.get("exit_code", 3))
-                self._mirror_report(ex, verdict)
-        _flush_and_exit(code)
-
-    def _mirror_report(self, ex: Exchange, verdict: dict[str, Any]) -> None:
-        """On a node other than the writer's, local rank 0 keeps a copy (no shared FS assumed)."""
-        mirror = getattr(self, "mirror", None)
-        if mirror is not None:
-            try:
-                mirror(ex, verdict)
-            except Exception as exc:  # noqa: BLE001 - the writer's copy exists
-                log.warning("could not mirror the report on this node: %s", exc)
+                if self.mirror is not None:
+                    try:
+                        self.mirror(ex, verdict)
+                    except Exception as exc:  # noqa: BLE001 - the writer's copy exists
+                        log.warning("could not mirror the report on this node: %s", exc)
+        flush_and_exit(code)

@@ -16,14 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Tracker", "main_thread_stack", "thread_stack", "describe_tensor"]
-
-
-def describe_tensor(tensor: Any) -> dict[str, Any]:
-    try:
-        return {"shape": list(tensor.shape), "dtype": str(tensor.dtype).replace("torch.", "")}
-    except AttributeError:
-        return {"shape": None, "dtype": type(tensor).__name__}
+__all__ = ["Tracker", "main_thread_stack", "thread_stack", "CollectiveRecord"]
 
 
 _SKIP_FILES = ("tracker.py", "comm.py", "contextlib.py")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from distdiag.report import Finding, ProbeResult, RankInfo
@@ -18,7 +18,6 @@ class ConsolidationView:
     world_size: int
     ranks: list[RankInfo]
     options: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def host_of(self, rank: int) -> str:
         return self.ranks[rank].host if rank < len(self.ranks) else "?"

@@ -144,6 +144,12 @@ def _by_value(payloads: dict[int, dict[str, Any]], key: str) -> dict[str, list[i
     return dict(groups)
 
 
+def _odd_ranks(groups: dict[str, list[int]]) -> list[int]:
+    """The odd ones out: every rank not in the largest group of equal values."""
+    majority = max(groups.values(), key=len)
+    return sorted(r for ranks in groups.values() if ranks is not majority for r in ranks)
+
+
 def _describe_groups(groups: dict[str, list[int]]) -> str:
     from distdiag.render import format_ranks
 
@@ -155,9 +161,7 @@ def _version_mismatches(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
     for key in _VERSION_KEYS:
         groups = _by_value(payloads, key)
         if len(groups) > 1:
-            # The odd ones out are the ranks not in the largest group.
-            majority = max(groups.values(), key=len)
-            odd = sorted(r for ranks in groups.values() if ranks is not majority for r in ranks)
+            odd = _odd_ranks(groups)
             out.append(
                 Finding(
                     severity="error",
@@ -282,8 +286,7 @@ def _env_mismatches(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
         for rank, p in sorted(payloads.items()):
             groups[p["env"].get(name, "<unset>")].append(rank)
         if len(groups) > 1:
-            majority = max(groups.values(), key=len)
-            odd = sorted(r for ranks in groups.values() if ranks is not majority for r in ranks)
+            odd = _odd_ranks(groups)
             out.append(
                 Finding(
                     severity="warning",

@@ -32,6 +32,7 @@ from typing import Any
 from distdiag.errors import HangDetected
 from distdiag.exchange import Exchange
 from distdiag.report import RankInfo
+from distdiag.sentinel import flush_and_exit
 from distdiag.watchdog.config import EXIT_WATCHDOG, WatchdogConfig
 from distdiag.watchdog.flight import recorder_tail
 from distdiag.watchdog.progress import Progress
@@ -58,10 +59,6 @@ class RaisedHang(HangDetected):
         super().__init__(*(args or (_raise_message[0],)))
 
 
-def _flush_and_exit(code: int) -> None:
-    from distdiag.sentinel import flush_and_exit
-
-    flush_and_exit(code)
 
 
 def _group_ranks(label: str, world: int) -> list[int] | None:
@@ -369,7 +366,7 @@ class Monitor(threading.Thread):
         if writer:
             self._end_local_peers(lost)
         print(f"distdiag[rank {self.rank}]: watchdog ending the process (exit {EXIT_WATCHDOG}); report: {path}", file=sys.stderr)
-        _flush_and_exit(EXIT_WATCHDOG)
+        flush_and_exit(EXIT_WATCHDOG)
 
     def _raise_in_training_thread(self, event: dict[str, Any], path: str) -> bool:
         """True once HangDetected was delivered and the training thread moved on."""
