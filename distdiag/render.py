@@ -68,11 +68,17 @@ def _finding_lines(f: Finding, world_size: int, width: int) -> list[str]:
 
 
 def render_report(
-    report: Report, *, width: int = 100, min_severity: str = "info", max_rows: int | None = 12
+    report: Report,
+    *,
+    width: int = 100,
+    min_severity: str = "info",
+    max_rows: int | None = 12,
+    title: str | None = None,
 ) -> str:
     """The consolidated verdict as text: one row per probe, findings under it, one verdict line.
 
     Probes' detail tables are cut at `max_rows` rows (None: all); the JSON report has them whole.
+    `title` replaces the first line (which otherwise describes the ranks of a check).
     """
     from distdiag.report import SEVERITIES
 
@@ -80,7 +86,8 @@ def render_report(
     out: list[str] = []
     hosts = sorted({r.host for r in report.ranks})
     out.append(
-        f"distdiag check: {report.world_size} rank(s) on {len(hosts) or 1} host(s)"
+        title
+        or f"distdiag check: {report.world_size} rank(s) on {len(hosts) or 1} host(s)"
         + (f", restart {report.restart_count}" if report.restart_count else "")
     )
     name_w = max([len("probe")] + [len(p.name) for p in report.probes])

@@ -6,12 +6,26 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["FormatOpt", "fail"]
+__all__ = ["FormatOpt", "fail", "check_format", "check_severity"]
 
 FormatOpt = Annotated[
     str,
     typer.Option("--format", help="text: a human table; json: machine-readable on stdout.", case_sensitive=False),
 ]
+
+
+def check_format(value: str) -> None:
+    """--format must be text or json (one line and exit 2 otherwise)."""
+    if value not in ("text", "json"):
+        raise fail(f"--format must be text or json, got {value!r}")
+
+
+def check_severity(value: str) -> None:
+    """--min-severity must name a severity (one line and exit 2 otherwise)."""
+    from distdiag.report import SEVERITIES
+
+    if value not in SEVERITIES:
+        raise fail(f"--min-severity must be one of {', '.join(SEVERITIES)}, got {value!r}")
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

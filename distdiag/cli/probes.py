@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from distdiag.cli.options import FormatOpt, fail
+from distdiag.cli.options import FormatOpt, check_format
 
 __all__ = ["register"]
 
@@ -19,11 +19,10 @@ def probes(format: FormatOpt = "text") -> None:
         {"name": name, "min_world_size": cls.min_world_size, "catches": cls.summary}
         for name, cls in PROBES.items()
     ]
+    check_format(format)
     if format == "json":
         typer.echo(json.dumps(rows, indent=2))
         return
-    if format != "text":
-        raise fail(f"--format must be text or json, got {format!r}")
     width = max(len(r["name"]) for r in rows)
     for row in rows:
         world = f" (needs >= {row['min_world_size']} ranks)" if row["min_world_size"] > 1 else ""

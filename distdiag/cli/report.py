@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from distdiag.cli.options import FormatOpt, fail
+from distdiag.cli.options import FormatOpt, check_format, check_severity, fail
 
 __all__ = ["register"]
 
@@ -29,12 +29,10 @@ def show(
     """Render a saved report the way rank 0 printed it."""
     from distdiag.errors import ReportError
     from distdiag.render import render_report
-    from distdiag.report import SEVERITIES, read_report
+    from distdiag.report import read_report
 
-    if min_severity not in SEVERITIES:
-        raise fail(f"--min-severity must be one of {', '.join(SEVERITIES)}, got {min_severity!r}")
-    if format not in ("text", "json"):
-        raise fail(f"--format must be text or json, got {format!r}")
+    check_severity(min_severity)
+    check_format(format)
     try:
         report = read_report(path)
     except ReportError as exc:
