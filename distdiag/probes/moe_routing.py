@@ -172,10 +172,15 @@ class MoeRoutingProbe(Probe):
             xs = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(1000 * step + rank)).to(ctx.device)
             ep.router.zero_grad()
             ep(xs).pow(2).mean().backward()
-            for p in ep.router.parameters():
-                grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                ctx.comm.all_reduce(grad)
-                with torch.no_grad():
+            # One all_reduce per step over all router grads, not one per parameter.
+            params = list(ep.router.parameters())
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            ctx.comm.all_reduce(flat)
+            with torch.no_grad():
+                offset = 0
+                for p in params:
+                    grad = flat[offset:offset + p.numel()].view_as(p)
+                    offset += p.numel()
                     p.sub_(0.5 * grad / world)
         res["router_sums"] = {n: _sums(p) for n, p in ep.router.named_parameters()}
         return res
