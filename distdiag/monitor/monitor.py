@@ -56,7 +56,7 @@ class TrainingMonitor:
         self,
         model: torch.nn.Module,
         *,
-        every: int = 10,
+        every: int | None = None,
         log: str | Path | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         group: Any = None,
@@ -68,8 +68,13 @@ class TrainingMonitor:
 
         import torch.distributed as dist
 
+        from distdiag.config import dataclass_from_dict
+
         base = config or MonitorConfig()
-        self.config = dataclasses.replace(base, every=every, **overrides) if (overrides or every != base.every) else base
+        if every is not None:
+            overrides["every"] = every
+        # keywords override the config's fields only when given; unknown ones name monitor.KEY
+        self.config = dataclass_from_dict(MonitorConfig, {**dataclasses.asdict(base), **overrides}, "monitor") if overrides else base
         cfg = self.config
         self.model = model
         self.group = group

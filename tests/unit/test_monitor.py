@@ -148,3 +148,17 @@ def test_config_errors_name_key_value_range():
         TrainingMonitor(torch.nn.Linear(2, 2), every=0)
     with pytest.raises(ConfigError, match=r"monitor.trace must be one of auto, always, off, got 'sometimes'"):
         MonitorConfig(trace="sometimes")
+
+
+def test_every_keyword_overrides_config_only_when_given():
+    model = torch.nn.Linear(2, 2)
+    assert TrainingMonitor(model, config=MonitorConfig(every=50)).config.every == 50
+    assert TrainingMonitor(model, config=MonitorConfig(every=50), every=7).config.every == 7
+    mon = TrainingMonitor(model, config=MonitorConfig(every=50, depth=3), spike_window=5)
+    assert (mon.config.every, mon.config.depth, mon.config.spike_window) == (50, 3, 5)
+    assert TrainingMonitor(model).config.every == MonitorConfig().every
+
+
+def test_unknown_keyword_override_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"unknown key monitor\.evry"):
+        TrainingMonitor(torch.nn.Linear(2, 2), evry=5)
