@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from distdiag.cli.options import FormatOpt, fail
+from distdiag.cli.options import FormatOpt, check_format, fail
 
 __all__ = ["register", "report_from_dumps"]
 
@@ -26,8 +26,22 @@ def _rank_of(path: Path, fallback: int) -> int:
     return int(match.group(1)) if match else fallback
 
 
+def _as_record(entry: dict[str, Any]) -> dict[str, Any]:
+    """A recorder entry in the watchdog's record form, for hang.first_divergence.
+
+    "op" keeps the recorder's full profiling name (e.g. "gloo:all_reduce"), as the
+    evidence line shows it; sizes and dtypes are strings so that records compare and hash.
+    """
+    from distdiag.watchdog.flight import _compact
+
+    c = _compact(entry)
+    return {"op": entry.get("profiling_name"), "group": c["pg"],
+            "seq": int(c["seq"] or 0), "shape": str(c["sizes"]), "dtype": str(c["dtypes"])}
+
+
 def report_from_dumps(dumps: dict[int, dict[str, Any]]) -> Any:
     """A Report (probe 'flight_recorder') from per-rank recorder dumps."""
+    from distdiag.hang import first_divergence
     from distdiag.render import format_ranks
     from distdiag.report import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
     from distdiag.watchdog.flight import summarize_dump
@@ -38,33 +52,29 @@ def report_from_dumps(dumps: dict[int, dict[str, Any]]) -> Any:
     for rank, summary in summaries.items():
         for pg, last in summary["last"].items():
             by_pg[pg][rank] = last
-    entries: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
-    for rank, dump in dumps.items():
-        for e in dump.get("entries") or []:
-            if e.get("is_p2p"):
-                continue
-            pg = e.get("process_group") or ["?", "?"]
-            key = (str(pg[1] if len(pg) > 1 else pg[0]), int(e.get("collective_seq_id") or 0))
-            entries[key][rank] = e
-    for (pg, seq), by_rank in sorted(entries.items(), key=lambda kv: kv[0][1]):
+    recents = {
+        rank: {"recent": [_as_record(e) for e in dump.get("entries") or [] if not e.get("is_p2p")]}
+        for rank, dump in dumps.items()
+    }
+    divergence = first_divergence(recents)
+    if divergence is not None:
+        pg, seq, by_rank = divergence
         variants: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-        for rank, e in by_rank.items():
-            variants[(e.get("profiling_name"), str(e.get("input_sizes")), str(e.get("input_dtypes")))].append(rank)
-        if len(variants) > 1:
-            ordered = sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
-            odd = sorted(r for _, rs in ordered[1:] for r in rs)
-            lines = [f"{format_ranks(sorted(rs))}: {k[0]} sizes {k[1]} dtypes {k[2]}" for k, rs in ordered]
-            findings.append(
-                Finding(
-                    severity="critical",
-                    issue=f"desync on process group {pg} at collective #{seq}: {format_ranks(odd)} recorded a different collective than {format_ranks(sorted(ordered[0][1]))}",
-                    evidence="\n".join(lines),
-                    ranks=odd,
-                    fix="every rank must issue the same collectives in the same order",
-                    confidence=0.7,
-                )
+        for rank, c in by_rank.items():
+            variants[(c["op"], c["shape"], c["dtype"])].append(rank)
+        ordered = sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+        odd = sorted(r for _, rs in ordered[1:] for r in rs)
+        lines = [f"{format_ranks(sorted(rs))}: {k[0]} sizes {k[1]} dtypes {k[2]}" for k, rs in ordered]
+        findings.append(
+            Finding(
+                severity="critical",
+                issue=f"desync on process group {pg} at collective #{seq}: {format_ranks(odd)} recorded a different collective than {format_ranks(sorted(ordered[0][1]))}",
+                evidence="\n".join(lines),
+                ranks=odd,
+                fix="every rank must issue the same collectives in the same order",
+                confidence=0.7,
             )
-            break
+        )
     for pg, lasts in sorted(by_pg.items()):
         top = max(int(c["seq"]) for c in lasts.values())
         behind = sorted(r for r, c in lasts.items() if int(c["seq"]) < top)
@@ -116,8 +126,7 @@ def hang_report(
     from distdiag.watchdog.flight import load_dump
     from distdiag.watchdog.writer import REPORT_NAME, render_hang_report
 
-    if format not in ("text", "json"):
-        raise fail(f"--format must be text or json, got {format!r}")
+    check_format(format)
     if not path.exists():
         raise fail(f"{path} does not exist")
     target = path / REPORT_NAME if path.is_dir() else path
