@@ -317,11 +317,12 @@ def _ulysses(ctx: Any, opts: SequenceParallelConfig) -> dict[str, Any]:
     back = seqw.heads_to_seq(seqw.seq_to_heads(mine, world, a2a), world, a2a).cpu()
     trip_err = float((back - q[:, sl]).abs().max())
     qh, kh, vh = (seqw.seq_to_heads(t[:, sl].contiguous().to(ctx.device), world, a2a).transpose(1, 2) for t in (q, k, v))
-    out_local = seqw.heads_to_seq(seqw.attention(qh, kh, vh, pos, pos).transpose(1, 2).contiguous(), world, a2a).cpu()
+    out_dev = seqw.heads_to_seq(seqw.attention(qh, kh, vh, pos, pos).transpose(1, 2).contiguous(), world, a2a)
+    out_local = out_dev.cpu()
     ref = seqw.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), pos, pos).transpose(1, 2)
     err = (out_local - ref[:, sl]).abs()
-    parts = [torch.empty_like(out_local).to(ctx.device) for _ in range(world)]
-    ctx.comm.all_gather(parts, out_local.to(ctx.device))
+    parts = [torch.empty_like(out_dev) for _ in range(world)]
+    ctx.comm.all_gather(parts, out_dev)
     gathered = torch.cat([p.cpu() for p in parts], dim=1)
     gerr = (gathered - ref).abs()
     tol = 1e-5
