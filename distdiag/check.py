@@ -15,13 +15,12 @@ import os
 import sys
 import threading
 import time
-import traceback
 from datetime import timedelta
 from typing import Any
 
 from distdiag.config import CheckConfig
 from distdiag.consolidate import build_report, consolidate_probe, hang_result
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, error_summary, mentions_broken_connection
 from distdiag.exchange import Exchange
 from distdiag.faults import FaultPlan
 from distdiag.plan import Plan, make_plan, parse_config
@@ -45,18 +44,7 @@ ACK_WAIT_S = 3.0
 def _is_comm_error(exc: BaseException) -> bool:
     import torch.distributed as dist
 
-    if isinstance(exc, getattr(dist, "DistError", ())):
-        return True
-    text = str(exc)
-    return any(
-        marker in text
-        for marker in ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe", "NCCL error")
-    )
-
-
-def _error_summary(exc: BaseException) -> dict[str, Any]:
-    tb = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8)
-    return {"type": type(exc).__name__, "message": str(exc).splitlines()[0][:500] if str(exc) else "", "traceback": "".join(tb)[-4000:]}
+    return isinstance(exc, getattr(dist, "DistError", ())) or mentions_broken_connection(exc)
 
 
 def _print_err(line: str) -> None:
@@ -122,7 +110,7 @@ class CheckRun:
         self.sentinel.start()
         self.sentinel.started_ok.wait(30)
         if getattr(self, "_setup_exc", None) is not None:
-            self.ex.post("setup_error", _error_summary(self._setup_exc))
+            self.ex.post("setup_error", error_summary(self._setup_exc))
             self.sentinel.trigger("setup", f"rank {info.rank} could not select its device: {type(self._setup_exc).__name__}")
             self._park()
 
@@ -132,7 +120,7 @@ class CheckRun:
             self.faults.at("setup", 0)
             side_group = init_process_groups(info, self.store, backend, device, timedelta(seconds=cfg.deadline_s + 60))
         except Exception as exc:  # noqa: BLE001 - e.g. an NCCL or device error: a finding, not a traceback
-            self.ex.post("setup_error", _error_summary(exc))
+            self.ex.post("setup_error", error_summary(exc))
             self.sentinel.trigger("setup", f"rank {info.rank} could not init the process group: {type(exc).__name__}")
             self._park()
         torch.manual_seed(1234)
@@ -195,7 +183,7 @@ class CheckRun:
                     self.faults.at(probe.name, 0)
                     entry = {"status": "ok", "payload": probe.run(ctx)}
             except Exception as exc:  # noqa: BLE001 - a probe's exception is a finding
-                entry = {"status": "error", "error": _error_summary(exc), "comm_error": _is_comm_error(exc)}
+                entry = {"status": "error", "error": error_summary(exc), "comm_error": _is_comm_error(exc)}
         entry["duration_s"] = round(time.perf_counter() - started, 4)
         self.tracker.enter_phase("barrier", index, probe.name)
         key = f"res/{index}"

@@ -2,7 +2,35 @@
 
 from __future__ import annotations
 
-__all__ = ["DistDiagError", "ConfigError", "ProbeError", "HangDetected", "ReportError"]
+import traceback
+from typing import Any
+
+__all__ = [
+    "DistDiagError",
+    "ConfigError",
+    "ProbeError",
+    "HangDetected",
+    "ReportError",
+    "COMM_ERROR_MARKERS",
+    "error_summary",
+    "mentions_broken_connection",
+]
+
+COMM_ERROR_MARKERS = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe", "NCCL error")
+"""Text of the errors a collective raises when a peer died or its connection broke (gloo names
+an address, not a rank: FACTS.md)."""
+
+
+def mentions_broken_connection(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(marker in text for marker in COMM_ERROR_MARKERS)
+
+
+def error_summary(exc: BaseException) -> dict[str, Any]:
+    """An exception as the report carries it: type, first line of the message, traceback tail."""
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8)
+    message = str(exc).splitlines()[0][:500] if str(exc) else ""
+    return {"type": type(exc).__name__, "message": message, "traceback": "".join(tb)[-4000:]}
 
 
 class DistDiagError(Exception):
