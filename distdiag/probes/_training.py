@@ -10,6 +10,7 @@ the others waiting in a collective.
 
 from __future__ import annotations
 
+import functools
 import logging
 import traceback
 from collections.abc import Callable
@@ -125,18 +126,20 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return [b for b in found if any(True for _ in b.parameters())]
 
 
-def default_parallelize(model: nn.Module, mesh: Any) -> nn.Module:
-    """FSDP2: fully_shard each repeated block, then the root (which takes the rest)."""
+def default_parallelize(
+    model: nn.Module, mesh: Any, blocks: Callable[[nn.Module], list[nn.Module]] = _blocks,
+) -> nn.Module:
+    """FSDP2: fully_shard each repeated block (found by ``blocks``), then the root (which takes the rest)."""
     from torch.distributed.fsdp import fully_shard
 
-    for block in _blocks(model):
+    for block in blocks(model):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
 
 
-def make_mesh(ctx: Any) -> Any:
-    """The 1-D data-parallel mesh over the world.
+def make_mesh(ctx: Any, dim: str = "dp") -> Any:
+    """The 1-D mesh over the world, its one dim named ``dim`` (data-parallel by default).
 
     FSDP2 and DTensor (and torch._dynamo, which DTensor.from_local imports on first use)
     are imported lazily, here: ~1.5-3 s per process on 2 cores, which a check that does not
@@ -144,7 +147,7 @@ def make_mesh(ctx: Any) -> Any:
     """
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp",))
+    return init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=(dim,))
 
 
 @dataclass
@@ -237,19 +240,10 @@ def resolve_hooks(ctx: Any, workload: str) -> Hooks:
     sgd_desc = f"torch.optim.SGD(lr={DEFAULT_LR}) (distdiag's default: no build_optimizer hook)"
     if target is None:
         w = get_workload(workload)
-
-        def parallelize(model: nn.Module, mesh: Any) -> nn.Module:
-            from torch.distributed.fsdp import fully_shard
-
-            for block in w.blocks(model):
-                fully_shard(block, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            return model
-
         return Hooks(
             source=f"built-in workload {w.describe()}",
             build_model=w.build_model, make_batch=w.make_batch, loss_fn=w.loss_fn,
-            parallelize=parallelize, shard_batch=w.shard_batch, build_optimizer=sgd,
+            parallelize=functools.partial(default_parallelize, blocks=w.blocks), shard_batch=w.shard_batch, build_optimizer=sgd,
             defaults=["parallelize", "build_optimizer"], optimizer_desc=sgd_desc,
         )
     got = target.hooks

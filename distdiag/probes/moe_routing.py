@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from distdiag.errors import ConfigError
+from distdiag.probes import _training as tr
 from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_local_findings
 from distdiag.probes.moe_checks import consolidate_moe
 from distdiag.probes.moe_dispatch import SplitMismatch, SplitRecorder
@@ -192,7 +193,6 @@ class MoeRoutingProbe(Probe):
             findings.append(local_finding("info", f"dispatch of the target's own model not checked: no {', '.join(needed)}()",
                                           fix="define build_model, make_batch and loss_fn to check the all_to_all of your MoE forward"))
             return None
-        from torch.distributed.device_mesh import init_device_mesh
 
         res: dict[str, Any] = {"calls": [], "capacity": {}}
         # Built inside the recorder too, so a model that keeps a reference to
@@ -203,7 +203,7 @@ class MoeRoutingProbe(Probe):
                 ctx.seed()
                 model = target.build_model().to(ctx.device)
                 if target.has("parallelize"):
-                    model = target.parallelize(model, init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("ep",)))
+                    model = target.parallelize(model, tr.make_mesh(ctx, "ep"))
                 opt = target.build_optimizer(model.parameters()) if target.has("build_optimizer") else None
                 for step in range(max(1, opts.steps if opt is not None else 1)):
                     batch = target.make_batch(step + 1)

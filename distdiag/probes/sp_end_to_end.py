@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distdiag.probes import _training as tr
 from distdiag.probes.base import local_finding
 from distdiag.probes.ckpt_keys import normalize_key
 from distdiag.probes.sp_checks import IGNORE, output_shape_problem, positions_text
@@ -92,9 +93,7 @@ def run_end_to_end(ctx: Any, target: Any, batch: dict[str, Any], splitters: dict
                     fix="define build_model, make_batch, loss_fn and parallelize_sp to compare the SP model with the unsplit one"))
             return []
         hooks = {h: target.get(h) for h in needed}
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("sp",))
+    mesh = tr.make_mesh(ctx, "sp")
     split = next(iter(splitters.values()))
     return [_one(ctx, hooks, split, mesh, name, b) for name, b in variants(batch, ctx.world_size)]
 
