@@ -91,7 +91,7 @@ def consolidate_probe(probe: Probe, posted: dict[int, dict[str, Any]], view: Con
 
 
 def summary_line(report: Report) -> str:
-    worst = [(n, f) for n, f in report.findings("warning")]
+    worst = report.findings("warning")
     if report.exit_code == 0 and not worst:
         ran = [p for p in report.probes if p.status != "skip"]
         skipped = len(report.probes) - len(ran)

@@ -52,9 +52,10 @@ class Exchange:
             delay = min(poll_s, delay * 2)
 
     def present(self, key: str, ranks: list[int] | None = None) -> list[int]:
-        ranks = list(range(self.world_size)) if ranks is None else ranks
-        if self.count(key) >= len(ranks):
-            return ranks
+        if ranks is None:
+            ranks = list(range(self.world_size))
+            if self.count(key) >= self.world_size:  # everyone posted: one round trip
+                return ranks
         return [r for r in ranks if self.store.check([f"{key}/{r}"])]
 
     def collect(self, key: str, ranks: list[int] | None = None) -> dict[int, Any]:
