@@ -9,7 +9,7 @@ from distdiag.probes.base import ConsolidationView
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
 
-__all__ = ["consolidate_parity"]
+__all__ = ["consolidate_parity", "setup_failure"]
 
 
 def _setup_findings(name: str, payloads: dict[int, dict[str, Any]]) -> list[Finding]:
@@ -33,6 +33,13 @@ def _setup_findings(name: str, payloads: dict[int, dict[str, Any]]) -> list[Find
         )
         for msg, ranks in errors.items()
     ]
+
+
+def setup_failure(name: str, payloads: dict[int, dict[str, Any]], key: str) -> ProbeResult | None:
+    """The result when some rank's payload lacks ``key`` (its setup failed), else None."""
+    if any(key not in p for p in payloads.values()):
+        return ProbeResult.from_findings(name, _setup_findings(name, payloads))
+    return None
 
 
 def _merge_bad(payloads: dict[int, dict[str, Any]], i: int, kind: str) -> dict[str, dict[str, Any]]:
@@ -75,8 +82,8 @@ def _fix_for(bad: dict[str, dict[str, Any]], loss_off: bool, order: list[str], a
 
 
 def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
-    if any("steps" not in p for p in payloads.values()):
-        return ProbeResult.from_findings(name, _setup_findings(name, payloads))
+    if (failed := setup_failure(name, payloads, "steps")) is not None:
+        return failed
     ranks = sorted(payloads)
     first = payloads[ranks[0]]
     world = view.world_size

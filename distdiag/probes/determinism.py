@@ -22,6 +22,7 @@ from torch import nn
 
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
+from distdiag.probes._parity_report import setup_failure
 from distdiag.probes.base import ConsolidationView
 from distdiag.probes.param_sync import _minority, bit_checksum
 from distdiag.render import format_ranks
@@ -139,10 +140,8 @@ class DeterminismProbe(tr.NumericsProbe):
         return out
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
-        from distdiag.probes._parity_report import _setup_findings
-
-        if any("ref" not in p for p in payloads.values()):
-            return ProbeResult.from_findings(self.name, _setup_findings(self.name, payloads))
+        if (failed := setup_failure(self.name, payloads, "ref")) is not None:
+            return failed
         ranks = sorted(payloads)
         findings: list[Finding] = []
         unstable = {r: p["ref_diff"] for r, p in payloads.items() if p["ref_diff"]}

@@ -19,6 +19,7 @@ from torch import nn
 
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
+from distdiag.probes._parity_report import setup_failure
 from distdiag.probes.base import ConsolidationView
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
@@ -136,10 +137,8 @@ class FsdpPlanProbe(tr.NumericsProbe):
         return {"source": hooks.source, "rows": describe_plan(model, ctx.world_size), "ties": ties}
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
-        from distdiag.probes._parity_report import _setup_findings
-
-        if any("rows" not in p for p in payloads.values()):
-            return ProbeResult.from_findings(self.name, _setup_findings(self.name, payloads))
+        if (failed := setup_failure(self.name, payloads, "rows")) is not None:
+            return failed
         ranks = sorted(payloads)
         opts: FsdpPlanConfig = view.options or FsdpPlanConfig()
         base = payloads[ranks[0]]["rows"]

@@ -18,6 +18,7 @@ from torch import nn
 
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
+from distdiag.probes._parity_report import setup_failure
 from distdiag.probes.base import ConsolidationView
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
@@ -133,10 +134,8 @@ class ParamSyncProbe(tr.NumericsProbe):
         return {"source": hooks.source, "snaps": snaps}
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
-        from distdiag.probes._parity_report import _setup_findings
-
-        if any("snaps" not in p for p in payloads.values()):
-            return ProbeResult.from_findings(self.name, _setup_findings(self.name, payloads))
+        if (failed := setup_failure(self.name, payloads, "snaps")) is not None:
+            return failed
         ranks = sorted(payloads)
         nsnaps = min(len(p["snaps"]) for p in payloads.values())
         findings: list[Finding] = []
