@@ -5,17 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from distdiag.probes.base import merge_local_findings
+from distdiag.probes.sp_checks import positions_text
 from distdiag.render import format_ranks
 from distdiag.report import Finding
 
 __all__ = ["merge", "key_findings"]
-
-_SHOW = 8
-
-
-def _listing(keys: list[str]) -> str:
-    return ", ".join(keys[:_SHOW]) + (f", ... ({len(keys)} in all)" if len(keys) > _SHOW else "")
-
 
 def merge(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
     """Local findings, tensors unequal after load (per rank), a directory left behind."""
@@ -28,7 +22,7 @@ def merge(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
             "error",
             f"{max(len(v) for v in unequal.values())} tensor(s) differ after the DCP load from what was saved, on "
             f"{format_ranks(ranks)}" + (" (including optimizer state)" if optim else ""),
-            "\n".join(f"rank {r}: {_listing(v)}" for r, v in sorted(unequal.items())), ranks,
+            "\n".join(f"rank {r}: {positions_text(v)}" for r, v in sorted(unequal.items())), ranks,
             "a load that does not restore every tensor resumes from a different state: check state_dict/load hooks "
             "of the named modules and that the optimizer was built over the same parameters",
             0.95,
@@ -52,8 +46,7 @@ def key_findings(first: dict[str, Any], world: int) -> list[Finding]:
             "error",
             f"{len(pairs)} checkpoint key(s) in {where} differ from the model's only by wrapper names "
             "(_orig_mod, _checkpoint_wrapped_module, module.): a plain load reads none of them",
-            "rename map (checkpoint -> model): " + ", ".join(f"{c!r}: {m!r}" for c, m in pairs[:_SHOW])
-            + (f", ... ({len(pairs)} in all)" if len(pairs) > _SHOW else ""),
+            "rename map (checkpoint -> model): " + positions_text([f"{c!r}: {m!r}" for c, m in pairs]),
             [],
             "save and load through torch.distributed.checkpoint.state_dict.get_state_dict/set_state_dict (which strip "
             "wrapper names), or rename the keys with the map above before dcp.load",
@@ -65,7 +58,7 @@ def key_findings(first: dict[str, Any], world: int) -> list[Finding]:
         out.append(Finding(
             "error", f"{len(diff['missing'])} key(s) of the model are not in the checkpoint {where}: they keep their "
                      "initial values (or dcp.load raises)",
-            _listing(lines), [],
+            positions_text(lines), [],
             "the model was renamed since the checkpoint was written: map old names to new ones before loading",
             0.9,
         ))
@@ -73,7 +66,7 @@ def key_findings(first: dict[str, Any], world: int) -> list[Finding]:
         out.append(Finding(
             "error" if diff["missing"] else "warning",
             f"{len(diff['unread'])} key(s) in the checkpoint {where} are read by nothing (DCP ignores them silently)",
-            _listing(diff["unread"]), [],
+            positions_text(diff["unread"]), [],
             "a key nobody reads is state you meant to restore: find the module it belonged to",
             0.85,
         ))
@@ -81,7 +74,7 @@ def key_findings(first: dict[str, Any], world: int) -> list[Finding]:
     if shapes:
         out.append(Finding(
             "error", f"{len(shapes)} key(s) have a different shape in the checkpoint than in the model",
-            _listing([f"{k}: model {a}, checkpoint {b}" for k, (a, b) in sorted(shapes.items())]), [],
+            positions_text([f"{k}: model {a}, checkpoint {b}" for k, (a, b) in sorted(shapes.items())]), [],
             "the architecture changed since the checkpoint was written (sizes, vocab, experts)", 0.9,
         ))
     return out
