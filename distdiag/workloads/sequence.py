@@ -114,8 +114,8 @@ class _GatherSeq(torch.autograd.Function):
         world = dist.get_world_size(group)
         parts = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(parts, x.contiguous(), group=group)
+        # Every part is empty_like(x): all ranks' slices are x.shape[dim] long.
         ctx.dim, ctx.group, ctx.size = dim, group, x.shape[dim]
-        ctx.sizes = [p.shape[dim] for p in parts]
         return torch.cat(parts, dim=dim)
 
     @staticmethod
@@ -123,7 +123,7 @@ class _GatherSeq(torch.autograd.Function):
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.group)
         rank = dist.get_rank(ctx.group)
-        return grad.narrow(ctx.dim, sum(ctx.sizes[:rank]), ctx.size), None, None
+        return grad.narrow(ctx.dim, rank * ctx.size, ctx.size), None, None
 
 
 class TinyCausalLM(nn.Module):
