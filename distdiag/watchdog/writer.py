@@ -10,27 +10,19 @@ the store so local rank 0 of every other host can keep a copy.
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import sys
 import time
 from typing import Any
 
 from distdiag.exchange import Exchange
-from distdiag.hang import analyze_hang, desync_finding, find_desync, state_rows
+from distdiag.hang import _stack_text, analyze_hang, desync_finding, find_desync, state_rows
 from distdiag.render import render_report
 from distdiag.report import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, verdict_for, write_report
 
-__all__ = ["gather_and_write", "lost_ranks", "render_hang_report", "REPORT_NAME"]
+__all__ = ["gather_and_write", "render_hang_report", "REPORT_NAME"]
 
 REPORT_NAME = "hang-report.json"
-
-
-def lost_ranks(missing: list[int], infos: dict[int, RankInfo], host: str) -> dict[int, str]:
-    """Why each rank that posted nothing is silent, as far as this host can tell."""
-    from distdiag.sentinel import silent_rank_reasons
-
-    return silent_rank_reasons(missing, infos, host, who="watchdog")
 
 
 def _phase_findings(snaps: dict[int, dict[str, Any]]) -> list[Finding]:
@@ -42,7 +34,7 @@ def _phase_findings(snaps: dict[int, dict[str, Any]]) -> list[Finding]:
                     Finding(
                         severity="critical",
                         issue=f"rank {rank} has been in phase '{ph['name']}' for {ph['for_s']:.1f}s, over its budget of {ph['budget_s']:g}s",
-                        evidence="\n".join(snap.get("stack", [])[-8:]),
+                        evidence=_stack_text(snap),
                         ranks=[rank],
                         fix=f"if '{ph['name']}' is just slow, give the phase a larger timeout; otherwise the stack shows where it is stuck",
                         confidence=0.85,
@@ -53,15 +45,13 @@ def _phase_findings(snaps: dict[int, dict[str, Any]]) -> list[Finding]:
 
 def analyse(
     event: dict[str, Any],
-    snaps: dict[int, dict[str, Any]],
-    finals: dict[int, dict[str, Any]],
+    merged: dict[int, dict[str, Any]],
     lost: dict[int, str],
     errors: dict[int, dict[str, Any]],
     world: int,
     timeout_s: float,
 ) -> list[Finding]:
-    merged = dict(finals)
-    merged.update(snaps)
+    """Findings from every rank's last snapshot (`merged`: final snapshots overlaid by live ones)."""
     steps = sorted({str(s.get("step")) for s in merged.values() if s.get("step") is not None})
     what = f"step {steps[0]}" if len(steps) == 1 else (f"steps {', '.join(steps[:4])}" if steps else "training")
     findings: list[Finding] = []
@@ -119,6 +109,9 @@ def gather_and_write(
     started: float,
 ) -> tuple[Report, dict[int, str]]:
     """Wait (bounded) for snapshots, analyse, write the report and publish it; (report, lost)."""
+    from distdiag.consolidate import now_iso  # imports torch: only on the writing path
+    from distdiag.sentinel import silent_rank_reasons
+
     infos = {r: RankInfo.from_dict(v) for r, v in ex.collect("info").items()}
     key = f"snap/{epoch}"
     end = time.monotonic() + grace_s
@@ -129,7 +122,7 @@ def gather_and_write(
         if not missing or time.monotonic() >= end:
             break
         # A rank on this host that is gone or stopped will never answer: do not wait for it.
-        if all("alive" not in why for why in lost_ranks(missing, infos, host).values() if why) and all(
+        if all("alive" not in why for why in silent_rank_reasons(missing, infos, host, who="watchdog").values() if why) and all(
             infos.get(r) is not None and infos[r].host == host for r in missing
         ):
             break
@@ -138,10 +131,10 @@ def gather_and_write(
     final_snaps = {int(r): s for r, s in ex.collect("final").items() if int(r) not in snaps}
     errors = {int(r): e for r, e in ex.collect("error").items()}
     missing = [r for r in range(world) if r not in snaps and r not in final_snaps]
-    lost = lost_ranks(missing, infos, host)
-    findings = analyse(event, snaps, final_snaps, lost, errors, world, timeout_s)
+    lost = silent_rank_reasons(missing, infos, host, who="watchdog")
     merged = dict(final_snaps)
     merged.update(snaps)
+    findings = analyse(event, merged, lost, errors, world, timeout_s)
     rows = state_rows(merged, lost, world)
     for row in rows:
         s = merged.get(row["rank"])
@@ -173,7 +166,7 @@ def gather_and_write(
         world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG, verdict=verdict_for(EXIT_HANG, [result]),
         outcome=outcome, summary=top.issue + (f" (+{more} more finding(s))" if more > 0 else ""),
         restart_count=int(config.get("restart_count", 0)), run_id=str(config.get("run_id", "")),
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created=now_iso(),
         duration_s=time.monotonic() - started, config=config, written_by=rank,
     )
     path = os.path.join(dump_dir, REPORT_NAME)
