@@ -36,7 +36,7 @@ from distdiag.sentinel import flush_and_exit
 from distdiag.watchdog.config import EXIT_WATCHDOG, WatchdogConfig
 from distdiag.watchdog.flight import recorder_tail
 from distdiag.watchdog.progress import Progress
-from distdiag.watchdog.writer import gather_and_write
+from distdiag.watchdog.writer import REPORT_NAME, gather_and_write
 
 __all__ = ["Monitor", "RaisedHang"]
 
@@ -250,7 +250,7 @@ class Monitor(threading.Thread):
                 ranks = self._ranks_of(label)
                 if ranks and ranks[0] == self.rank:
                     lead = True
-        if lead and marks:
+        if lead:  # only set inside the loop over marks, so marks is non-empty
             for index, _step, digest in marks:
                 self._posted[str(index)] = digest
             for old in sorted(self._posted, key=int)[:-MARK_WINDOW]:
@@ -266,10 +266,9 @@ class Monitor(threading.Thread):
                     continue
                 ref = ranks[0]
                 if ref not in refs:
-                    key = f"marks/{ref}"
-                    refs[ref] = json.loads(self.ex.store.get(key)) if self.ex.store.check([key]) else None
+                    refs[ref] = self.ex.read(f"marks/{ref}")
                 window = refs[ref]
-                if window is None or not window:
+                if not window:  # not posted yet (None) or empty
                     done = False
                     continue
                 theirs_all = window.get(str(index))
@@ -340,7 +339,6 @@ class Monitor(threading.Thread):
         shared = self.ex.read(f"report/{epoch}")
         if shared:
             from distdiag.report import write_json_atomic
-            from distdiag.watchdog.writer import REPORT_NAME
 
             try:
                 write_json_atomic(os.path.join(self.config.dump_dir, REPORT_NAME), shared["json"].rstrip("\n"))
@@ -350,7 +348,7 @@ class Monitor(threading.Thread):
     # -- acting ----------------------------------------------------------------------------
     def _act(self, event: dict[str, Any], writer: bool, lost: dict[int, str]) -> None:
         action = self.config.action
-        path = os.path.join(self.config.dump_dir, "hang-report.json")
+        path = os.path.join(self.config.dump_dir, REPORT_NAME)
         if action == "report":
             self.reported_at = time.monotonic()
             return
