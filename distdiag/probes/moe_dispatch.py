@@ -42,8 +42,7 @@ class SplitRecorder:
         self._saved: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> SplitRecorder:
-        original = dist.all_to_all_single
-        self._original = original
+        self._original = dist.all_to_all_single
         for module in (dist, c10d):
             self._saved.append((module, "all_to_all_single", module.all_to_all_single))
             module.all_to_all_single = self._wrapped
@@ -67,7 +66,6 @@ class SplitRecorder:
         sends, recvs = [r[0] for r in rows], [r[1] for r in rows]
         bad = pair_mismatches(sends, recvs, ranks)
         self.calls.append({"call": len(self.calls) + 1, "group": ranks, "send": ins, "recv": outs,
-                           "row_numel": int(input[0].numel()) if input.dim() > 0 and input.shape[0] else 0,
                            "mismatch": bad})
         if bad:
             raise SplitMismatch(f"all_to_all_single call {len(self.calls)}: split sizes disagree: " + "; ".join(bad[:4]))
@@ -83,7 +81,7 @@ def split_findings(where: str, calls_by_rank: dict[int, list[dict[str, Any]]]) -
             "error", f"{where}: ranks issued different numbers of all_to_all_single calls",
             ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items())), sorted(counts),
             "every rank of an expert-parallel group must dispatch and combine the same number of times", 0.9))
-    seen: set[str] = set()
+    seen: set[int] = set()
     for r in sorted(calls_by_rank):
         for call in calls_by_rank[r]:
             if call.get("mismatch") and call["call"] not in seen:

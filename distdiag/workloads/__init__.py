@@ -12,7 +12,7 @@ core) and deterministic given `torch.manual_seed`. The API is deliberately plain
     w.blocks(model)                           # the repeated blocks (FSDP2 wraps each one)
 
 A workload exposes the same hooks as a user target (see docs/targets.md), so a probe treats
-both alike (`Workload.hooks()`). The models are also usable alone:
+both alike. The models are also usable alone:
 
 - `TinyMLP(dim, hidden, depth, classes)`: `blocks` (nn.ModuleList of Linear+GELU+LayerNorm
   residual blocks) and a `head`; batch: dict `x` (float [B, dim]), `y` (long [B]).

@@ -63,15 +63,6 @@ class Workload:
     """The repeated blocks of a model built by build_model (what FSDP2 wraps one by one)."""
     sizes: dict[str, int] = field(default_factory=dict)
 
-    def hooks(self) -> dict[str, Callable[..., Any]]:
-        """The hooks by their target names (see distdiag.target.HOOKS)."""
-        return {
-            "build_model": self.build_model,
-            "make_batch": self.make_batch,
-            "loss_fn": self.loss_fn,
-            "shard_batch": self.shard_batch,
-        }
-
     def describe(self) -> str:
         shown = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
         return f"{self.name}({shown})"

@@ -158,7 +158,6 @@ class ExpertParallelMoE(nn.Module):
         recv_valid = (recv_ids >= 0).view(self.world, chunk).sum(1)
         self.stats = {
             "capacity": cap,
-            "send_rows": splits,
             "sent_valid": sent_valid.tolist(),
             "recv_valid": recv_valid.tolist(),
             "assignments": n * k,
