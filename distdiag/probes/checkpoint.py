@@ -70,6 +70,13 @@ def _manual_adam_state(opt: torch.optim.Optimizer) -> None:
             opt.state[p] = {"step": torch.tensor(3.0), "exp_avg": base * 0.5 + 0.25 + i, "exp_avg_sq": base * base + 0.125}
 
 
+def _adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW over the model, with the manual state above (what the round trip saves and compares)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _manual_adam_state(opt)
+    return opt
+
+
 class CheckpointProbe(Probe):
     name = "checkpoint"
     summary = "DCP checkpoints that do not round-trip, and checkpoints whose keys no longer match the model (renames, wrappers)"
@@ -110,16 +117,12 @@ class CheckpointProbe(Probe):
                 opt = hooks.optimizer(model)
                 run_step(hooks, model, opt, hooks.shard(hooks.batch(1), ctx.rank, ctx.world_size))
                 return model, opt, hooks.source
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            _manual_adam_state(opt)
-            return model, opt, hooks.source
+            return model, _adamw(model), hooks.source
         ctx.seed()
         model = call_hook("build_model", target.build_model)
         wrap = target.get("parallelize") or default_parallelize
         model = call_hook("parallelize", wrap, model, make_mesh(ctx)) or model
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        _manual_adam_state(opt)
-        return model, opt, f"target {target.spec}"
+        return model, _adamw(model), f"target {target.spec}"
 
     def _shared_dir(self, ctx: Any, base: str) -> str:
         """Rank 0 creates the directory; every rank learns its path (one broadcast)."""
