@@ -29,6 +29,8 @@ def test_healthy_twin_has_no_finding_above_info(workdir):
     result, probe = _run(workdir, "moe_healthy")
     assert result.codes == [0, 0], result.stderr
     assert [f.issue for f in probe.findings if f.severity != "info"] == []
+    # The user model's dispatch must have been recorded and checked, not silently skipped.
+    assert not any("issued no all_to_all_single" in f.issue for f in probe.findings), [f.issue for f in probe.findings]
     assert probe.metrics["builtin_max_err"] < 1e-5
 
 
