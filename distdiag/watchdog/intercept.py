@@ -62,7 +62,7 @@ def _skip_prefixes() -> tuple[tuple[str, ...], str]:
 class _Spec:
     """Where a collective's tensor, group and async flag sit in its positional arguments."""
 
-    __slots__ = ("tensor_name", "tensor_index", "group_index", "async_index", "async_default")
+    __slots__ = ("tensor_name", "tensor_index", "group_index", "async_index")
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         try:
@@ -74,7 +74,6 @@ class _Spec:
         self.tensor_index = names.index(self.tensor_name) if self.tensor_name in names else 0
         self.group_index = names.index("group") if "group" in names else -1
         self.async_index = names.index("async_op") if "async_op" in names else -1
-        self.async_default = False
 
     def get(self, args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
         if name in kwargs:
@@ -94,6 +93,9 @@ class Interceptor:
         self._sites: dict[tuple[Any, int], str] = {}
         self._labels: dict[Any, str] = {}
         self._skip, self._site_pkgs = _skip_prefixes()
+        self._skip_torch_own = self._skip[:3]
+        """Torch and distdiag's own files: skipped even inside site-packages (user libraries there are not)."""
+        self._resolve_group_name: Callable[[Any], Any] | None = None
         self._dtype_names: dict[Any, str] = {}
         import torch.distributed as dist
 
@@ -102,10 +104,10 @@ class Interceptor:
     # -- naming --------------------------------------------------------------------------
     def call_site(self) -> str:
         frame = sys._getframe(2)
-        skip, site_pkgs = self._skip, self._site_pkgs
+        skip, site_pkgs, torch_own = self._skip, self._site_pkgs, self._skip_torch_own
         while frame is not None:
             name = frame.f_code.co_filename
-            if not name.startswith(skip) or (site_pkgs in name and not name.startswith(skip[:3])):
+            if not name.startswith(skip) or (site_pkgs in name and not name.startswith(torch_own)):
                 key = (frame.f_code, frame.f_lineno)
                 site = self._sites.get(key)
                 if site is None:
@@ -119,9 +121,12 @@ class Interceptor:
             return "world"
         try:
             if funcol and not isinstance(group, self._pg_type):
-                from torch.distributed import _functional_collectives as fc
+                resolve = self._resolve_group_name
+                if resolve is None:
+                    from torch.distributed import _functional_collectives as fc
 
-                key: Any = str(fc._resolve_group_name(group))
+                    resolve = self._resolve_group_name = fc._resolve_group_name
+                key: Any = str(resolve(group))
             else:
                 key = group.group_name
         except Exception:  # noqa: BLE001 - a label only

@@ -88,18 +88,21 @@ class Progress:
         self.since_step = 0
         self.total = 0
         self.depth = 0
-        self.closed = False
+        self._shape_free: dict[str, bool] = {}
+        """op -> whether only the op enters the digest (SHAPE_FREE_OPS), so the hot path tests it once per op."""
 
     # -- written by the training thread ------------------------------------------------------
     def begin(self, op: str, group: str, shape: Any, dtype: str, site: str, is_async: bool) -> Record:
         if group == P2P_GROUP:
-            seq = 0
+            rec = Record(op, group, 0, shape, dtype, site, self.step, is_async)
         else:
             seq = self.seq.get(group, 0) + 1
             self.seq[group] = seq
-        rec = Record(op, group, seq, shape, dtype, site, self.step, is_async)
-        if group != P2P_GROUP:
-            key = op if op.rsplit(":", 1)[-1] in SHAPE_FREE_OPS else f"{op}|{shape}|{dtype}"
+            rec = Record(op, group, seq, shape, dtype, site, self.step, is_async)
+            shape_free = self._shape_free.get(op)
+            if shape_free is None:
+                shape_free = self._shape_free[op] = op.rsplit(":", 1)[-1] in SHAPE_FREE_OPS
+            key = op if shape_free else f"{op}|{shape}|{dtype}"
             self.crc[group] = zlib.crc32(key.encode(), self.crc.get(group, 0))
         self.records.append(rec)
         self.since_step += 1
@@ -148,7 +151,7 @@ class Progress:
         pending = list(self.pending_async.values())
         return min(pending, key=lambda r: r.t0) if pending else None
 
-    def history(self, limit: int | None = None) -> list[Record]:
+    def history(self) -> list[Record]:
         for _ in range(5):
             try:
                 recs = list(self.records)
@@ -157,7 +160,7 @@ class Progress:
                 continue
         else:
             recs = []
-        return recs[-limit:] if limit else recs
+        return recs
 
     def stack(self, limit: int = 24) -> list[str]:
         return thread_stack(self.thread_ident, limit)
