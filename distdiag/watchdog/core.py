@@ -107,7 +107,6 @@ class HangWatchdog:
         if not self.armed:
             return
         monitor, self._monitor = self._monitor, None
-        self._progress.closed = True
         self._interceptor.restore()
         summary = None
         if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit):
@@ -198,8 +197,6 @@ def default_pg_timeout() -> timedelta | None:
 
 def _store(info: Any, index: int, timeout_s: float) -> Any:
     """A store client for the watchdog thread, under the run's prefix and this arming's."""
-    from datetime import timedelta as td
-
     import torch.distributed as dist
 
     from distdiag.runtime import connect_store
@@ -207,7 +204,7 @@ def _store(info: Any, index: int, timeout_s: float) -> Any:
     prefix = f"wd{index}/"
     if info.agent_store and info.distributed:
         # torchrun's agent (or our test harness) hosts the store: a client of our own.
-        return connect_store(info, td(seconds=max(30.0, timeout_s)), prefix=prefix)
+        return connect_store(info, timedelta(seconds=max(30.0, timeout_s)), prefix=prefix)
     # Without an agent store the job's store lives in rank 0's init; share that client.
     base = dist.distributed_c10d._get_default_store()
     return dist.PrefixStore(info.key_prefix + prefix, base)
