@@ -335,7 +335,7 @@ class TrainingMonitor:
                     confidence=0.9 if phase in (1, 2) else 0.7), step)
         rows = {ranks[r]: {"step": s[0], "loss": s[_HEAD + n - 1] if n else math.nan, "grad_bad": s[3] > 0,
                            "grad_plain": math.sqrt(s[2]) if s[2] >= 0 else math.nan, "param_plain": math.sqrt(s[4]) if s[4] >= 0 else math.nan,
-                           "has_plain": any(not callable(getattr(p, "to_local", None)) for p in self.groups.params)} for r, s in enumerate(slots)}
+                           "has_plain": self.groups.has_plain} for r, s in enumerate(slots)}
         hashes = {ranks[r]: s[8] for r, s in enumerate(slots)}
         if len(set(hashes.values())) > 1:
             self._note("agree:components", Finding("error", f"ranks pass different loss components at step {step}", "; ".join(f"rank {r}: key hash {int(h)}" for r, h in hashes.items()),
@@ -344,7 +344,7 @@ class TrainingMonitor:
             self._note(key, f, step)
         group_norms = {name: math.sqrt(v) for name, v in zip(self.groups.names, grad_g, strict=True) if math.isfinite(v)}
         # frozen module groups (no gradient at all) are not vanishing
-        with_grad = {self.groups.names[int(i)] for i, p in zip(self.groups.index, self.groups.params, strict=True) if p.grad is not None}
+        with_grad = {self.groups.names[i] for i, p in zip(self.groups.index, self.groups.params, strict=True) if p.grad is not None}
         for key, f in checks.grad_checks(grad_total, {k: v for k, v in group_norms.items() if k in with_grad}, cfg, step):
             self._note(key, f, step)
         param_norm = math.sqrt(sum(par_g)) if all(math.isfinite(x) for x in par_g) else math.nan

@@ -9,7 +9,6 @@ of replicas along its Replicate mesh dimensions (HSDP).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -29,27 +28,22 @@ def _local_and_weight(t: torch.Tensor, world: int) -> tuple[torch.Tensor, float,
     return t, 1.0 / world, False
 
 
-@dataclass
-class _Group:
-    name: str
-    params: list[torch.nn.Parameter]
-
-
 class ParamGroups:
     """Parameters grouped by the first `depth` parts of their name (`layers.0`, `embed`)."""
 
     def __init__(self, model: torch.nn.Module, depth: int, world: int) -> None:
         self.world = world
         groups: dict[str, list[torch.nn.Parameter]] = {}
-        self.param_names: list[str] = []
         for name, p in model.named_parameters():
             parts = name.split(".")[:-1] or [name]
             key = ".".join(parts[:depth])
             groups.setdefault(key, []).append(p)
-            self.param_names.append(name)
         self.names = list(groups)
         self.params = [p for ps in groups.values() for p in ps]
-        self.index = torch.tensor([i for i, ps in enumerate(groups.values()) for _ in ps], dtype=torch.long)
+        self.index: list[int] = [i for i, ps in enumerate(groups.values()) for _ in ps]
+        """The group of each parameter of `params`."""
+        self.has_plain = any(not callable(getattr(p, "to_local", None)) for p in self.params)
+        """Some parameters are plain (replicated) tensors, not DTensors: their norms must agree across ranks."""
         self.device = self.params[0].device if self.params else torch.device("cpu")
         if self.params and callable(getattr(self.params[0], "to_local", None)):
             self.device = self.params[0].to_local().device
@@ -67,7 +61,7 @@ class ParamGroups:
                 continue
             locs.append(loc)
             weights.append(w)
-            idx.append(int(self.index[i]))
+            idx.append(self.index[i])
             is_plain.append(not sharded)
         if not locs:
             return out, plain, torch.zeros((), dtype=torch.float64, device=self.device)
@@ -98,7 +92,7 @@ class ParamGroups:
             if loc.numel():
                 diffs.append(loc - b)
                 weights.append(w)  # the parameter's weight (sharded or not), not the diff's
-                idx.append(int(self.index[i]))
+                idx.append(self.index[i])
         out = torch.zeros(len(self.names), dtype=torch.float64, device=self.device)
         if diffs:
             norms = torch.stack(torch._foreach_norm(diffs)).to(torch.float64)

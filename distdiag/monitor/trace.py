@@ -71,10 +71,8 @@ def _count_bad(t: torch.Tensor) -> str:
 
 class NonFiniteTracer:
     def __init__(self, model: torch.nn.Module) -> None:
-        self.names: dict[int, str] = {}
         self.modules: list[tuple[str, torch.nn.Module]] = []
         for name, module in model.named_modules():
-            self.names[id(module)] = name or type(module).__name__
             self.modules.append((name or type(module).__name__, module))
         self.index = {name: i for i, (name, _) in enumerate(self.modules)}
         self._handles: list[Any] = []
