@@ -18,6 +18,7 @@ at the next look.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -64,8 +65,6 @@ class TrainingMonitor:
         config: MonitorConfig | None = None,
         **overrides: Any,
     ) -> None:
-        import dataclasses
-
         import torch.distributed as dist
 
         from distdiag.config import dataclass_from_dict
@@ -160,7 +159,8 @@ class TrainingMonitor:
         for entry in self._found.values():
             f = entry["finding"]
             if entry["count"] > 1:
-                f = Finding(f.severity, f.issue, (f.evidence + "; " if f.evidence else "") + f"seen at {entry['count']} looks, last at step {entry['last']}", f.ranks, f.fix, f.confidence)
+                # replace keeps every field (drain included), only the evidence grows
+                f = dataclasses.replace(f, evidence=(f.evidence + "; " if f.evidence else "") + f"seen at {entry['count']} looks, last at step {entry['last']}")
             out.append(f)
         return out
 

@@ -162,3 +162,15 @@ def test_every_keyword_overrides_config_only_when_given():
 def test_unknown_keyword_override_is_a_config_error_naming_the_key():
     with pytest.raises(ConfigError, match=r"unknown key monitor\.evry"):
         TrainingMonitor(torch.nn.Linear(2, 2), evry=5)
+
+
+def test_repeated_finding_keeps_every_field():
+    from distdiag.report import Finding
+
+    mon = TrainingMonitor(torch.nn.Linear(2, 2))
+    f = Finding("warning", "x", "ev", [1], fix="f", confidence=0.5, drain={"host": "h"})
+    mon._note("k", f, 3)
+    mon._note("k", f, 7)
+    (got,) = [g for g in mon.findings if g.issue == "x"]
+    assert got.drain == {"host": "h"} and got.ranks == [1] and got.confidence == 0.5
+    assert got.evidence == "ev; seen at 2 looks, last at step 7"
