@@ -8,6 +8,7 @@ are unit-tested directly.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from distdiag.analyze.series import median
 from distdiag.monitor.config import MonitorConfig
@@ -29,13 +30,30 @@ def _disagreeing(values: dict[int, float], rtol: float) -> tuple[list[int], bool
     return sorted(off), 0 < len(off) < len(values) / 2
 
 
+def _leave_one_out_medians(values: dict[int, float]) -> dict[int, float]:
+    """For each key, the median of the other values: one sort, then each by index (not n sorts)."""
+    order = sorted(values, key=values.__getitem__)
+    ordered = [values[k] for k in order]
+    m = len(ordered) - 1
+
+    def at(k: int, skip: int) -> float:
+        return ordered[k if k < skip else k + 1]
+
+    out = {}
+    for i, key in enumerate(order):
+        mid = m // 2
+        out[key] = at(mid, i) if m % 2 else 0.5 * (at(mid - 1, i) + at(mid, i))
+    return out
+
+
 def agreement(rows: dict[int, dict], cfg: MonitorConfig, step: int) -> Keyed:
     """Cross-rank checks. rows: global rank -> {step, loss, grad_bad, grad_plain, param_plain, has_plain}."""
     out: Keyed = []
     if len(rows) < 2:
         return out
     steps = {r: row["step"] for r, row in rows.items()}
-    mode = max(set(steps.values()), key=list(steps.values()).count)
+    # ties: the step of the lowest rank among the most common (was: set order, unspecified)
+    mode = Counter(steps.values()).most_common(1)[0][0]
     odd = sorted(r for r, s in steps.items() if s != mode)
     if odd:
         out.append((
@@ -96,8 +114,9 @@ def agreement(rows: dict[int, dict], cfg: MonitorConfig, step: int) -> Keyed:
         ))
     losses = {r: row["loss"] for r, row in rows.items() if math.isfinite(row["loss"])}
     if len(losses) >= 2:
+        loo = _leave_one_out_medians(losses)
         for r, v in sorted(losses.items()):
-            others = median([x for q, x in losses.items() if q != r])
+            others = loo[r]
             if others > 0 and v > cfg.loss_outlier_factor * others:
                 out.append((
                     f"agree:loss_outlier:{r}",

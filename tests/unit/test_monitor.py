@@ -174,3 +174,12 @@ def test_repeated_finding_keeps_every_field():
     (got,) = [g for g in mon.findings if g.issue == "x"]
     assert got.drain == {"host": "h"} and got.ranks == [1] and got.confidence == 0.5
     assert got.evidence == "ev; seen at 2 looks, last at step 7"
+
+
+def test_leave_one_out_medians_match_the_direct_median():
+    from distdiag.analyze.series import median
+
+    for vals in ([1.0, 2.0], [5.0, 1.0, 3.0], [2.0, 2.0, 9.0, 1.0], [4.0, 1.0, 7.0, 3.0, 3.0]):
+        d = dict(enumerate(vals))
+        got = checks._leave_one_out_medians(d)
+        assert got == {r: median([x for q, x in d.items() if q != r]) for r in d}
