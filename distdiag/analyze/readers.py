@@ -64,12 +64,16 @@ def _step_of(record: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     return None
 
 
+def _read_text(path: Path, expected: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LogFormatError(f"{path}: not a text file (expected {expected})") from None
+
+
 def read_jsonl(path: Path, *, strict: bool = False, label: str | None = None) -> Run:
     run = Run(label=label or path.stem, source=str(path))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise LogFormatError(f"{path}: not a text file (expected JSON lines)") from None
+    text = _read_text(path, "JSON lines")
     lines = text.splitlines()
     ends_clean = text.endswith("\n")
     for i, line in enumerate(lines):
@@ -89,7 +93,7 @@ def read_jsonl(path: Path, *, strict: bool = False, label: str | None = None) ->
         if kind == "finding" and isinstance(record.get("finding"), dict):
             run.monitor_findings.append({"step": record.get("step"), **record["finding"]})
             continue
-        if kind in ("header", "params"):
+        if kind == "header":
             continue
         try:
             step = _step_of(record, STEP_KEYS)
@@ -108,10 +112,7 @@ def read_jsonl(path: Path, *, strict: bool = False, label: str | None = None) ->
 
 def read_csv(path: Path, *, strict: bool = False, label: str | None = None) -> Run:
     run = Run(label=label or path.stem, source=str(path))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise LogFormatError(f"{path}: not a text file (expected CSV)") from None
+    text = _read_text(path, "CSV")
     rows = list(csv.reader(text.splitlines()))
     rows = [r for r in rows if any(c.strip() for c in r)]
     if not rows:

@@ -13,7 +13,6 @@ writes a one-element tensor. Images, histograms and graphs are skipped.
 
 from __future__ import annotations
 
-import math
 import struct
 from pathlib import Path
 
@@ -48,14 +47,19 @@ def masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+def _truncated(path: Path, index: int, pos: int, detail: str, strict: bool, notes: list[str]) -> None:
+    """A cut last record: an error when strict, else a note (the writer stopped mid-record)."""
+    if strict:
+        raise LogFormatError(f"{path}: truncated record {index} at byte {pos} ({detail})")
+    notes.append(f"{path}: skipped a truncated last record {index} (the writer stopped mid-record)")
+
+
 def iter_records(blob: bytes, path: Path, *, strict: bool, notes: list[str]):
     """Yield each record's payload; a cut or corrupt record raises, except a cut last one."""
     pos, n, index = 0, len(blob), 0
     while pos < n:
         if n - pos < 12:
-            if strict:
-                raise LogFormatError(f"{path}: truncated record {index} at byte {pos} ({n - pos} bytes of a 12-byte header)")
-            notes.append(f"{path}: skipped a truncated last record {index} (the writer stopped mid-record)")
+            _truncated(path, index, pos, f"{n - pos} bytes of a 12-byte header", strict, notes)
             return
         header = blob[pos : pos + 8]
         (length,) = struct.unpack("<Q", header)
@@ -64,9 +68,7 @@ def iter_records(blob: bytes, path: Path, *, strict: bool, notes: list[str]):
             raise LogFormatError(f"{path}: record {index} at byte {pos} has a bad length checksum: not an event file, or corrupt")
         end = pos + 12 + length + 4
         if end > n:
-            if strict:
-                raise LogFormatError(f"{path}: truncated record {index} at byte {pos} ({n - pos} of {end - pos} bytes)")
-            notes.append(f"{path}: skipped a truncated last record {index} (the writer stopped mid-record)")
+            _truncated(path, index, pos, f"{n - pos} of {end - pos} bytes", strict, notes)
             return
         payload = blob[pos + 12 : pos + 12 + length]
         (data_crc,) = struct.unpack("<I", blob[end - 4 : end])
@@ -126,8 +128,7 @@ def _tensor_scalar(buf: bytes) -> float | None:
         elif num == 4 and wire == 2:
             content = value
         elif num == 5:  # float_val, packed or not
-            data = value if wire == 2 else value
-            values += [x for (x,) in struct.iter_unpack("<f", data)]
+            values += [x for (x,) in struct.iter_unpack("<f", value)]
         elif num == 6:
             values += [x for (x,) in struct.iter_unpack("<d", value)]
         elif num in (7, 10) and wire == 0:
@@ -166,7 +167,7 @@ def _parse_event(payload: bytes, run: Run) -> None:
                 if tag is not None and scalar is not None:
                     values.append((tag, float(scalar)))
     for tag, scalar in values:
-        run.add(tag, step, scalar if not math.isnan(scalar) else math.nan)
+        run.add(tag, step, scalar)
 
 
 def read_tfevents(files: list[Path], *, strict: bool = False, label: str, source: str) -> Run:
