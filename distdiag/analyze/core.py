@@ -124,45 +124,32 @@ def analyze(runs: list[Run], config: AnalyzeConfig | None = None) -> Report:
         watched = [s for s in (loss, val, grad) if s is not None] + [
             s for s in _grad_series(run, grad) if s is not grad
         ]
-        for d in detect_nonfinite(watched or list(run.series.values())):
-            per["nonfinite"].append((run.label, _tag(d, run.label, several)))
+
+        def add(probe: str, detections: list[Detection], label: str = run.label) -> None:
+            per[probe] += [(label, _tag(d, label, several)) for d in detections]
+
+        add("nonfinite", detect_nonfinite(watched or list(run.series.values())))
         if loss is None:
-            per["divergence"].append(
-                (
-                    run.label,
-                    _tag(
-                        Detection(
-                            Finding("warning", f"no training-loss metric in {run.source}", f"metrics: {', '.join(sorted(run.series)[:12])}", fix="Name it with --metric."),
-                            None,
-                            "",
-                        ),
-                        run.label,
-                        several,
-                    ),
-                )
-            )
+            missing = Finding("warning", f"no training-loss metric in {run.source}", f"metrics: {', '.join(sorted(run.series)[:12])}", fix="Name it with --metric.")
+            add("divergence", [Detection(missing, None, "")])
         else:
             losses.append((run.label, loss))
             div = detect_divergence(loss)
-            per["divergence"] += [(run.label, _tag(d, run.label, several)) for d in div]
+            add("divergence", div)
             until = div[0].step if div else None
-            for d in detect_spikes(loss, grad, factor=cfg.spike_factor, window=cfg.spike_window, until_step=until):
-                per["spikes"].append((run.label, _tag(d, run.label, several)))
-            for d in detect_plateau(loss, tol=cfg.plateau_tol):
-                per["plateau"].append((run.label, _tag(d, run.label, several)))
+            add("spikes", detect_spikes(loss, grad, factor=cfg.spike_factor, window=cfg.spike_window, until_step=until))
+            add("plateau", detect_plateau(loss, tol=cfg.plateau_tol))
             if val is not None:
-                for d in detect_overfit(loss, val):
-                    per["overfit"].append((run.label, _tag(d, run.label, several)))
+                add("overfit", detect_overfit(loss, val))
         for g in _grad_series(run, grad):
-            for d in detect_grad_trend(g, loss):
-                per["grad_trend"].append((run.label, _tag(d, run.label, several)))
+            add("grad_trend", detect_grad_trend(g, loss))
         for f in run.monitor_findings:
             try:
                 finding = Finding.from_dict(f)
             except (KeyError, TypeError, ValueError):
                 continue
             step = f.get("step")
-            per["monitor"].append((run.label, _tag(Detection(finding, step if isinstance(step, int) else None, "monitor"), run.label, several)))
+            add("monitor", [Detection(finding, step if isinstance(step, int) else None, "monitor")])
         metrics["nonfinite"][run.label] = {"points": {n: len(s) for n, s in sorted(run.series.items())[:50]}}
     if len(losses) > 1:
         ref_label, ref = losses[0]
