@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from distdiag.cli.options import FormatOpt, fail
+from distdiag.cli.options import FormatOpt, check_format, check_severity, fail
 
 __all__ = ["register"]
 
@@ -36,12 +36,9 @@ def analyze(
     from distdiag.analyze import analyze as run_analysis
     from distdiag.errors import ConfigError
     from distdiag.render import render_report
-    from distdiag.report import SEVERITIES
 
-    if format not in ("text", "json"):
-        raise fail(f"--format must be text or json, got {format!r}")
-    if min_severity not in SEVERITIES:
-        raise fail(f"--min-severity must be one of {', '.join(SEVERITIES)}, got {min_severity!r}")
+    check_format(format)
+    check_severity(min_severity)
     try:
         config = AnalyzeConfig(metric=metric, val_metric=val_metric, grad_metric=grad_metric, spike_factor=spike_factor, tolerance=tolerance)
         labels = _labels(paths)
@@ -66,10 +63,9 @@ def analyze(
     if format == "json":
         typer.echo(report.to_json())
     else:
-        text = render_report(report, min_severity=min_severity)
-        # render_report's first line introduces a check ("N rank(s) on M host(s)"): say what was read instead
+        # the title says what was read (render_report's own first line describes a check's ranks)
         sources = ", ".join(f"{r.label} ({r.source}, {max((len(s) for s in r.series.values()), default=0)} points)" for r in runs)
-        typer.echo(f"distdiag analyze: {sources}\n" + text.split("\n", 1)[1])
+        typer.echo(render_report(report, min_severity=min_severity, title=f"distdiag analyze: {sources}"))
     if exit_code:
         raise typer.Exit(report.exit_code)
 
