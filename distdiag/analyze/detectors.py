@@ -157,15 +157,23 @@ def detect_spikes(
     return out
 
 
-def detect_divergence(loss: Series) -> list[Detection]:
-    """The loss rises and stays up after a healthy start. Marks the step the rise began."""
+def _smoothed(loss: Series, min_points: int) -> tuple[Series, int, list[float], float] | None:
+    """(finite prefix, smoothing window, its rolling median, starting level), or None when too short."""
     s = loss.finite_prefix()
     n = len(s)
-    if n < 20:
-        return []
+    if n < min_points:
+        return None
     w = smoothing_window(n)
-    sm = rolling_median(s.values, w)
-    start_level = median(s.values[: max(3, w)])
+    return s, w, rolling_median(s.values, w), median(s.values[: max(3, w)])
+
+
+def detect_divergence(loss: Series) -> list[Detection]:
+    """The loss rises and stays up after a healthy start. Marks the step the rise began."""
+    smooth = _smoothed(loss, 20)
+    if smooth is None:
+        return []
+    s, w, sm, start_level = smooth
+    n = len(s)
     suffix_min = sm[:]
     for i in range(n - 2, -1, -1):
         suffix_min[i] = min(sm[i], suffix_min[i + 1])
@@ -217,13 +225,11 @@ def detect_plateau(loss: Series, *, tol: float = 0.05, min_frac: float = 0.2, mi
     reported as info: a healthy run converging before a learning-rate drop looks the same
     as a stall, so only the user can tell them apart.
     """
-    s = loss.finite_prefix()
-    n = len(s)
-    if n < max(min_points, 20):
+    smooth = _smoothed(loss, max(min_points, 20))
+    if smooth is None:
         return []
-    w = smoothing_window(n)
-    sm = rolling_median(s.values, w)
-    start_level = median(s.values[: max(3, w)])
+    s, w, sm, start_level = smooth
+    n = len(s)
     progress = start_level - min(sm)
     steps, values = s.steps, s.values
     if n > 2000:  # the scan is O(n * min_len): thin the smoothed curve, it changes slowly
