@@ -91,23 +91,23 @@ def _install_init_hook() -> list[tuple[Any, Any]]:
 _VALUED = {"--timeout-s", "--action", "--dump-dir", "--flight-recorder", "-m"}
 
 
-def _split_argv(argv: list[str]) -> tuple[list[str], list[str], bool]:
-    """(our options, the script and its arguments, whether a `--` separated them)."""
+def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(our options, the script and its arguments)."""
     i = 0
     while i < len(argv):
         word = argv[i]
         if word == "--":
-            return argv[:i], argv[i + 1 :], True
+            return argv[:i], argv[i + 1 :]
         if word in _VALUED:
             i += 2
             if word == "-m":
-                return argv[:i], argv[i:], True
+                return argv[:i], argv[i:]
             continue
         if word.startswith("-"):  # ours (or unknown: argparse says so in one line)
             i += 1
             continue
-        return argv[:i], argv[i:], True
-    return argv, [], False
+        return argv[:i], argv[i:]
+    return argv, []
 
 
 def run(argv: list[str]) -> int:
@@ -118,15 +118,15 @@ def run(argv: list[str]) -> int:
     parser = build_parser()
     # Our own options come first; they end at the first `--` or at the first word that is not
     # one of them (the script). Everything after is the script's, `--` included.
-    ours, rest, cut = _split_argv(argv)
+    # `ours` holds no script word, so the parser's `script`/`args` (kept for --help) stay empty.
+    ours, rest = _split_argv(argv)
     ns = parser.parse_args(ours)
-    if cut or ns.script is None:
-        if ns.module is None:
-            if not rest:
-                return _fail("no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS...")
-            ns.script, ns.args = rest[0], rest[1:]
-        else:
-            ns.args = rest
+    if ns.module is None:
+        if not rest:
+            return _fail("no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS...")
+        ns.script, ns.args = rest[0], rest[1:]
+    else:
+        ns.args = rest
     if ns.module is None and not ns.script:
         return _fail("no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS...")
     if ns.timeout_s is not None and ns.timeout_s <= 0:
