@@ -91,6 +91,8 @@ def train(argv: list[str]) -> int:
                 pass  # FAULT:skip (a rank-dependent branch leaves out the next all_reduce)
             elif here and fault == "op_mismatch":
                 dist.all_gather([torch.empty(16) for _ in range(dist.get_world_size())], t)  # FAULT:op_mismatch
+            elif bad and fault == "branch":
+                dist.all_reduce(t)  # healthy: this rank issues the next all_reduce (same op, shape) from another line
             else:
                 dist.all_reduce(t)  # SITE:B
             if here and fault == "extra":
