@@ -18,13 +18,12 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, error_summary, mentions_broken_connection
 from distdiag.watchdog.config import WatchdogConfig
 from distdiag.watchdog.monitor import VERDICT_WAIT_S
 
@@ -110,8 +109,7 @@ class HangWatchdog:
         self._interceptor.restore()
         summary = None
         if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit):
-            tb = "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=8))
-            summary = {"type": type(error).__name__, "message": str(error).splitlines()[0][:500] if str(error) else "", "traceback": tb[-4000:]}
+            summary = error_summary(error)
         if summary is not None and _is_comm_error(error) and monitor.is_alive():
             # A peer died or broke its connection: the others learn it as an exception in
             # their collective. Report it (naming the lost rank) before the script goes on.
@@ -170,9 +168,7 @@ class HangWatchdog:
 
 
 def _is_comm_error(exc: BaseException) -> bool:
-    text = str(exc)
-    markers = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe", "NCCL error")
-    return type(exc).__name__ == "DistNetworkError" or any(m in text for m in markers)
+    return type(exc).__name__ == "DistNetworkError" or mentions_broken_connection(exc)
 
 
 def default_pg_timeout() -> timedelta | None:
