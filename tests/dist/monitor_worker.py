@@ -5,6 +5,7 @@ argv: SCENARIO WORKDIR. Scenarios:
   bwd_nan   rank 0's module `body.1` returns a NaN input-gradient from step 7 on (forward clean)
   param_drift  3+ ranks, no DDP: grads all-reduced by hand, but the last rank's parameters are
             nudged at step 3, so replicas differ
+  hand_reduce  param_drift's twin: the same no-DDP loop and hand all-reduce, nothing nudged
   healthy   the same loop with nothing injected (the healthy twin)
 Each rank writes its findings as JSON to WORKDIR/findings{rank}.json.
 """
@@ -64,7 +65,8 @@ def main(argv: list[str]) -> int:
     try:
         torch.manual_seed(0)
         net = Net()
-        model = net if scenario == "param_drift" else torch.nn.parallel.DistributedDataParallel(net)
+        hand = scenario in ("param_drift", "hand_reduce")
+        model = net if hand else torch.nn.parallel.DistributedDataParallel(net)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         monitor = TrainingMonitor(model, optimizer=opt, every=5, log=os.path.join(workdir, "metrics.jsonl"))
         gen = torch.Generator().manual_seed(100 + rank)
@@ -77,7 +79,7 @@ def main(argv: list[str]) -> int:
             y = x.sum(1, keepdim=True)
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
-            if scenario == "param_drift":
+            if hand:
                 for p in net.parameters():
                     dist.all_reduce(p.grad)
                     p.grad /= world

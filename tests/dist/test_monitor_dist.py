@@ -61,6 +61,14 @@ def test_replica_drift_names_the_rank(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_hand_reduce_twin_is_quiet(tmp_path):
+    """param_drift's healthy twin: 3 ranks, no DDP, the same hand all-reduce, nothing nudged:
+    no finding above info on any rank (the drift finding comes from the nudge alone)."""
+    per_rank = _run(tmp_path, "hand_reduce", world=3)
+    assert [_issues(f) for f in per_rank] == [[], [], []]
+
+
+@pytest.mark.timeout(120)
 def test_healthy_twin_is_quiet(tmp_path):
     """The same DDP loop with nothing injected: no finding above info on any rank."""
     per_rank = _run(tmp_path, "healthy")
