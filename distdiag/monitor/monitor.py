@@ -88,7 +88,7 @@ class TrainingMonitor:
         inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
         self.groups = ParamGroups(inner, cfg.depth, self.world)
         self.tracer = NonFiniteTracer(inner)
-        self._pending: list[tuple[int, torch.Tensor | float]] = []
+        self._pending: list[tuple[int, torch.Tensor]] = []
         self._history: deque[float] = deque(maxlen=cfg.spike_window)
         self._found: dict[str, dict] = {}
         self._trace_until = -1
@@ -143,8 +143,8 @@ class TrainingMonitor:
         """
         step = self._counter if step is None else int(step)
         self._counter = step + 1
-        # kept raw (a detached tensor or a float): converted once per look, not every step
-        self._pending.append((step, loss.detach() if isinstance(loss, torch.Tensor) else float(loss)))
+        value = loss.detach().reshape(-1)[0].double() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), dtype=torch.float64)
+        self._pending.append((step, value))
         if self.tracer.armed:
             origin = self.tracer.collect()
             if origin is not None and self._trace_local is None:
@@ -254,10 +254,7 @@ class TrainingMonitor:
         comp_hash = float(zlib.crc32("|".join(comp_names).encode()) & 0xFFFFFF) if comp_names else 0.0
         losses = torch.full((cfg.every,), math.nan, dtype=torch.float64, device=dev)
         if window:
-            losses[: len(window)] = torch.stack([
-                v.reshape(-1)[0].to(dev, torch.float64) if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64, device=dev)
-                for _, v in window
-            ])
+            losses[: len(window)] = torch.stack([v.to(dev) for _, v in window])
         trace = self._trace_local or (-1, 0, -1)
         head = torch.tensor([step, 0.0, 0.0, 0.0, 0.0, *trace, comp_hash, len(window)], dtype=torch.float64, device=dev)
         head[2], head[3], head[4] = grad_plain, grad_bad, par_plain
