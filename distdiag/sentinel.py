@@ -30,6 +30,9 @@ __all__ = ["Sentinel", "install_sigterm_wakeup", "flush_and_exit", "process_stat
 log = logging.getLogger("distdiag.sentinel")
 
 TICK_S = 0.1
+TIMING_TICK_S = 1.0
+"""The tick while the main thread times a collective (Tracker.timed): each tick costs a store
+round trip, which on a loaded CPU host showed in the bandwidth probe's small-message times."""
 HEARTBEAT_EVERY_S = 0.5
 SNAPSHOT_GRACE_S = 2.0
 """How long the writer waits for every live rank's snapshot once a run is aborted."""
@@ -176,7 +179,7 @@ class Sentinel(threading.Thread):
         last_beat = 0.0
         try:
             while True:
-                if _sigterm_pending(TICK_S):
+                if _sigterm_pending(TIMING_TICK_S if self.tracker.timing else TICK_S):
                     if self.finishing_code is not None:
                         flush_and_exit(self.finishing_code)
                     self.trigger("terminated", "the launcher sent SIGTERM (another worker failed or the job was cancelled)")

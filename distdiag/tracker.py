@@ -88,6 +88,9 @@ class Tracker:
         self.collectives_in_probe = 0
         self.seq: dict[str, int] = collections.defaultdict(int)
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=8)
+        self.timing = False
+        """True while a probe times something (the bandwidth loops): the sentinel then
+        ticks slowly, since its store round trips would be timed too."""
 
     def enter_phase(self, phase: str, probe_index: int = -1, probe_name: str = "") -> None:
         self.phase = phase
@@ -120,6 +123,15 @@ class Tracker:
         self.in_collective = None
         record.duration = time.monotonic() - record.since
         self.recent.append(record)
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        """A stretch the probe is timing: the sentinel keeps out of its way (see `timing`)."""
+        self.timing = True
+        try:
+            yield
+        finally:
+            self.timing = False
 
     @contextmanager
     def collective(self, op: str, tensor: Any, group_name: str, detail: str = "") -> Iterator[CollectiveRecord]:

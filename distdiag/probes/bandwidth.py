@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe
@@ -48,6 +49,9 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 CPU_SIZES = ("4KiB", "256KiB", "4MiB")
 GPU_SIZES = ("1MiB", "32MiB", "256MiB", "1GiB")
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+# torch 2.13 names them *_single and deprecates the old names; older torch has only those.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _ELEM = 4  # float32: the element nccl-tests' default runs use
 
 
@@ -97,6 +101,9 @@ class BandwidthConfig:
     """Collectives to time: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast."""
     iters: int = 0
     """Timed iterations per (op, size); 0: 8 on CPU, 20 on GPU."""
+    repeats: int = 0
+    """Timed loops of `iters` calls per (op, size); the row reports the median loop, so one
+    descheduled loop does not set the number. 0: 3 on CPU, 1 on GPU (nccl-tests' single loop)."""
     warmup: int = 0
     """Untimed iterations before each timed loop; 0: 2 on CPU, 5 on GPU."""
     expected_busbw_gbps: dict[str, Any] = field(default_factory=dict)
@@ -132,7 +139,7 @@ class BandwidthConfig:
         self.sizes = [parse_size(s, f"{p}.sizes") for s in self.sizes]
         if not isinstance(self.ops, list) or not self.ops or any(o not in OPS for o in self.ops):
             raise ConfigError(f"{p}.ops must name some of {', '.join(OPS)}, got {self.ops!r}")
-        for key in ("iters", "warmup", "p2p_iters"):
+        for key in ("iters", "warmup", "repeats", "p2p_iters"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10_000:
                 raise ConfigError(f"{p}.{key} must be an integer in [0, 10000] (0: the device's default), got {value!r}")
@@ -168,6 +175,7 @@ class BandwidthConfig:
         return {
             "sizes": sorted(sizes),
             "iters": self.iters or (20 if gpu else 8),
+            "repeats": self.repeats or (1 if gpu else 3),
             "warmup": self.warmup or (5 if gpu else 2),
             "p2p_size": self.p2p_size or parse_size("64MiB" if gpu else "1MiB"),
             "p2p_iters": self.p2p_iters or (10 if gpu else 5),
@@ -208,24 +216,32 @@ class _Timer:
         return self.incall
 
 
-def _op_call(ctx: Any, op: str, size: int, device: torch.device) -> tuple[Any, int]:
-    """A closure issuing one `op` of nccl-tests size ~`size`, and the exact size it moves."""
+def _op_call(ctx: Any, op: str, size: int, device: torch.device) -> tuple[Any, Any, torch.Tensor, int]:
+    """Two closures issuing one `op` of nccl-tests size ~`size` (bare, tracked), its input,
+    and the exact size it moves.
+
+    The bare one calls torch.distributed directly, so the timed loop is as lean as a plain
+    loop of the collective (distdiag's per-call tracking would add its own microseconds to
+    every small message); the probe tracks each timed loop as one collective instead. The
+    tracked one (comm's wrapper: call site, sequence, fault injection) runs the warm-up.
+    """
     n, comm = ctx.world_size, ctx.comm
     if op in ("all_reduce", "broadcast"):
         count = max(1, size // _ELEM)
         buf = torch.ones(count, dtype=torch.float32, device=device)
         if op == "all_reduce":
-            return (lambda: comm.all_reduce(buf)), count * _ELEM
-        return (lambda: comm.broadcast(buf, src=0)), count * _ELEM
+            return (lambda: dist.all_reduce(buf)), (lambda: comm.all_reduce(buf)), buf, count * _ELEM
+        return (lambda: dist.broadcast(buf, src=0)), (lambda: comm.broadcast(buf, src=0)), buf, count * _ELEM
     per_rank = max(1, size // (_ELEM * n))
     small = torch.ones(per_rank, dtype=torch.float32, device=device)
     big = torch.ones(per_rank * n, dtype=torch.float32, device=device)
+    nbytes = per_rank * n * _ELEM
     if op == "all_gather":
-        return (lambda: comm.all_gather_into_tensor(big, small)), per_rank * n * _ELEM
+        return (lambda: _ALL_GATHER(big, small)), (lambda: comm.all_gather_into_tensor(big, small)), small, nbytes
     if op == "reduce_scatter":
-        return (lambda: comm.reduce_scatter_tensor(small, big)), per_rank * n * _ELEM
+        return (lambda: _REDUCE_SCATTER(small, big)), (lambda: comm.reduce_scatter_tensor(small, big)), big, nbytes
     out = torch.empty_like(big)
-    return (lambda: comm.all_to_all_single(out, big)), per_rank * n * _ELEM
+    return (lambda: dist.all_to_all_single(out, big)), (lambda: comm.all_to_all_single(out, big)), big, nbytes
 
 
 class BandwidthProbe(Probe):
@@ -244,24 +260,30 @@ class BandwidthProbe(Probe):
         samples = []
         for op in opts.ops:
             for size in plan["sizes"]:
-                fn, nbytes = _op_call(ctx, op, size, device)
+                fn, tracked, tensor, nbytes = _op_call(ctx, op, size, device)
                 for _ in range(plan["warmup"]):
-                    fn()
-                timer = _Timer(device, plan["iters"])
-                timer.sync()
-                ctx.comm.barrier()
-                started = time.perf_counter()
-                for i in range(plan["iters"]):
-                    if delay:
-                        time.sleep(delay)
-                    timer.call(i, fn)
-                timer.sync()
-                total = time.perf_counter() - started
+                    tracked()
+                totals, incall = [], []
+                for _ in range(plan["repeats"]):
+                    timer = _Timer(device, plan["iters"])
+                    timer.sync()
+                    ctx.comm.barrier()
+                    with ctx.comm.tracker.collective(
+                        op, tensor, "world", detail=f"{format_size(size)} timed x{plan['iters']}"
+                    ), ctx.comm.tracker.timed():
+                        started = time.perf_counter()
+                        for i in range(plan["iters"]):
+                            if delay:
+                                time.sleep(delay)
+                            timer.call(i, fn)
+                        timer.sync()
+                        totals.append(time.perf_counter() - started)
+                    incall += timer.incall_times()
                 samples.append({
-                    "op": op, "size": size, "bytes": nbytes, "iters": plan["iters"], "total_s": total,
-                    "incall_s": statistics.median(timer.incall_times()),
+                    "op": op, "size": size, "bytes": nbytes, "iters": plan["iters"], "totals_s": totals,
+                    "total_s": statistics.median(totals), "incall_s": statistics.median(incall),
                 })
-                del fn
+                del fn, tracked, tensor
         links = self._ring(ctx, plan, delay) if opts.p2p else []
         return {"samples": samples, "links": links, "gpu": device.type == "cuda"}
 
@@ -281,12 +303,13 @@ class BandwidthProbe(Probe):
             ctx.comm.send_recv(send, peer, recv, peer)  # warm-up; also waits for the previous pair
             timer = _Timer(device, plan["p2p_iters"])
             timer.sync()
-            started = time.perf_counter()
-            for i in range(plan["p2p_iters"]):
-                if delay:
-                    time.sleep(delay)
-                timer.call(i, lambda p=peer: ctx.comm.send_recv(send, p, recv, p))
-            timer.sync()
+            with ctx.comm.tracker.timed():
+                started = time.perf_counter()
+                for i in range(plan["p2p_iters"]):
+                    if delay:
+                        time.sleep(delay)
+                    timer.call(i, lambda p=peer: ctx.comm.send_recv(send, p, recv, p))
+                timer.sync()
             # The fastest exchange: a slow link is slow every time, while scheduling noise on a
             # loaded host only ever adds time (the median still caught 20x bursts in CI here).
             out.append({"pair": [a, b], "bytes": count * _ELEM, "time_s": min(timer.incall_times()),
@@ -340,7 +363,14 @@ def _bandwidth_rows(
     rows = []
     busbw: dict[str, dict[str, float]] = {}
     for (op, size), samples in by_key.items():
-        t = statistics.fmean(s["total_s"] / s["iters"] for s in samples)
+        # Per timed loop, the mean over ranks of the loop time per call (nccl-tests' time);
+        # the row is the median loop.
+        loops = min(len(s.get("totals_s") or [s["total_s"]]) for s in samples)
+        times = sorted(
+            statistics.fmean((s.get("totals_s") or [s["total_s"]])[j] / s["iters"] for s in samples)
+            for j in range(loops)
+        )
+        t = statistics.median(times)
         nbytes = samples[0]["bytes"]
         algbw = nbytes / t / 1e9
         bus = algbw * bus_factor(op, n)
@@ -348,6 +378,7 @@ def _bandwidth_rows(
         rows.append({
             "op": op, "size": format_size(size), "bytes": nbytes, "time_us": round(t * 1e6, 1),
             "algbw_GBps": _sig(algbw), "busbw_GBps": _sig(bus),
+            "loops": loops, "spread_pct": round((times[-1] - times[0]) / t * 100, 1),
             **({"expected_GBps": want} if want else {}),
         })
         busbw.setdefault(op, {})[format_size(size)] = _sig(bus)

@@ -129,3 +129,34 @@ def test_busbw_below_expected_fails_naming_the_straggler_and_its_host():
     assert err.ranks == [3] and "all_reduce at 4KiB" in err.issue and "node1" in err.issue
     assert "below the expected 5.0 GB/s" in err.issue
     assert result.metrics["busbw_GBps"]["all_reduce"]["4KiB"] == pytest.approx(4096 / 0.012 / 1e9 * 1.5, rel=1e-3)
+
+
+def test_repeats_default_by_device_and_bad_values_name_the_key():
+    """Three timed loops per (op, size) on CPU, nccl-tests' one on GPU; a negative count is a ConfigError."""
+    assert BandwidthConfig().resolved(gpu=False)["repeats"] == 3
+    assert BandwidthConfig().resolved(gpu=True)["repeats"] == 1
+    assert BandwidthConfig(repeats=7).resolved(gpu=True)["repeats"] == 7
+    with pytest.raises(ConfigError, match=r"probes\.bandwidth\.repeats must be an integer"):
+        BandwidthConfig(repeats=-1)
+
+
+def test_a_row_is_the_median_loop_of_the_rank_mean_times():
+    """Per loop, the mean over ranks of loop time / iters; the row is the median loop, so one
+    descheduled loop (rank 1's third, 10x) neither sets the time nor hides: spread_pct shows it."""
+    def payload(totals):
+        return {"samples": [{"op": "all_reduce", "size": 4096, "bytes": 4096, "iters": 10,
+                             "totals_s": totals, "total_s": sorted(totals)[1], "incall_s": 0.001}], "links": []}
+
+    payloads = {0: payload([0.010, 0.012, 0.011]), 1: payload([0.010, 0.012, 0.100])}
+    result = BandwidthProbe().consolidate(payloads, _view(2))
+    (row,) = result.details["table:bandwidth"]
+    # loop means per call: 1.0 ms, 1.2 ms, 5.55 ms -> median 1.2 ms
+    assert row["time_us"] == pytest.approx(1200.0)
+    assert row["busbw_GBps"] == pytest.approx(4096 / 1.2e-3 / 1e9, rel=1e-3)
+    assert row["loops"] == 3 and row["spread_pct"] == pytest.approx((5.55 - 1.0) / 1.2 * 100, abs=0.1)
+
+
+def test_payloads_without_loops_still_consolidate():
+    """A payload with one total_s (an older distdiag's, or the unit tests above) is one loop."""
+    result = BandwidthProbe().consolidate({r: _payload(0.001, 0.01) for r in range(2)}, _view(2))
+    assert {row["loops"] for row in result.details["table:bandwidth"]} == {1}
