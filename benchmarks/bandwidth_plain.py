@@ -1,18 +1,20 @@
 """A plain timed loop of each collective, independent of distdiag (imports nothing from it).
 
-    torchrun --nproc-per-node 4 benchmarks/bandwidth_plain.py --sizes 262144 4194304 --iters 20
+    torchrun --nproc-per-node 4 benchmarks/bandwidth_plain.py --sizes 262144 4194304 --iters 20 --repeats 3
 
 The reference the `bandwidth` probe is checked against (bench_bandwidth_agreement.py). For
-each op and size: warm-up calls, a barrier, `iters` back-to-back calls, one device sync;
-each rank's time per call is averaged over ranks (as nccl-tests does), and
-algbw = bytes / time, busbw = algbw x (2(n-1)/n all_reduce; (n-1)/n all_gather,
-reduce_scatter, all_to_all; 1 broadcast). Rank 0 prints one JSON object per line.
+each op and size: warm-up calls, then `repeats` times: a barrier, `iters` back-to-back
+calls, one device sync. A loop's time per call is averaged over ranks (as nccl-tests does);
+the median loop is the time; algbw = bytes / time, busbw = algbw x (2(n-1)/n all_reduce;
+(n-1)/n all_gather, reduce_scatter, all_to_all; 1 broadcast). Rank 0 prints one JSON
+object per line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -27,6 +29,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", required=True, help="bytes (nccl-tests' size column)")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -53,17 +56,20 @@ def main() -> None:
                 }[op]
             for _ in range(args.warmup):
                 call()
-            if cuda:
-                torch.cuda.synchronize()
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                call()
-            if cuda:
-                torch.cuda.synchronize()
-            per_call = torch.tensor([(time.perf_counter() - t0) / args.iters], dtype=torch.float64, device=dev)
-            dist.all_reduce(per_call)
-            mean = float(per_call) / n
+            loops = []
+            for _ in range(args.repeats):
+                if cuda:
+                    torch.cuda.synchronize()
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(args.iters):
+                    call()
+                if cuda:
+                    torch.cuda.synchronize()
+                loops.append((time.perf_counter() - t0) / args.iters)
+            per_loop = torch.tensor(loops, dtype=torch.float64, device=dev)
+            dist.all_reduce(per_loop)
+            mean = statistics.median((per_loop / n).tolist())
             if rank == 0:
                 algbw = nbytes / mean / 1e9
                 print(json.dumps({"op": op, "bytes": nbytes, "size": size, "time_us": mean * 1e6,
