@@ -4,7 +4,7 @@ Both are measured in the same run, interleaved, at each world size; the ratio of
 what the targets speak of (issue 2: env + collectives <= 1.5x at 4 ranks on a 2-core box).
 torch's import dominates both on small machines, so the ratio is the honest figure.
 
-    python benchmarks/bench_time_to_verdict.py --worlds 2 4 8 --repeats 3
+    python benchmarks/bench_time_to_verdict.py --worlds 2 4 8 16 --repeats 3 --suites quick gate
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def torchrun(nproc: int, *rest: str) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--suites", nargs="+", default=["quick", "default"],
                         help="profiles to time (default = every probe that applies)")
