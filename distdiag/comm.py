@@ -15,12 +15,12 @@ import torch.distributed as dist
 from distdiag.faults import FaultPlan
 from distdiag.tracker import Tracker
 
-__all__ = ["Comm", "group_name"]
+__all__ = ["Comm", "group_name", "ALL_GATHER_SINGLE", "REDUCE_SCATTER_SINGLE"]
 
 # torch 2.13 renamed the *_into_tensor / *_tensor collectives to *_single and deprecates
 # the old names; older torch has only the old ones. Use whichever this torch has.
-_ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 _OP_NAMES: dict[Any, str] = {}
@@ -94,13 +94,13 @@ class Comm:
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, group: Any = None) -> None:
         self._run(
             "all_gather_into_tensor", tensor, group,
-            lambda: _ALL_GATHER_SINGLE(output, tensor, group=group), output,
+            lambda: ALL_GATHER_SINGLE(output, tensor, group=group), output,
         )
 
     def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, group: Any = None) -> None:
         self._run(
             "reduce_scatter_tensor", tensor, group,
-            lambda: _REDUCE_SCATTER_SINGLE(output, tensor, group=group), output,
+            lambda: REDUCE_SCATTER_SINGLE(output, tensor, group=group), output,
         )
 
     def all_to_all_single(

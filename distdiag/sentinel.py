@@ -33,6 +33,16 @@ TICK_S = 0.1
 TIMING_TICK_S = 1.0
 """The tick while the main thread times a collective (Tracker.timed): each tick costs a store
 round trip, which on a loaded CPU host showed in the bandwidth probe's small-message times."""
+TIMING_QUIET_MAX_S = 5.0
+"""A timed stretch longer than this is probably stuck: the sentinel goes back to TICK_S so a
+peer's abort is seen as fast as anywhere else."""
+
+
+def tick_s(tracker: Any, now: float) -> float:
+    """How long the sentinel sleeps between looks (SIGTERM wakes it at once regardless)."""
+    if tracker.timing and now - tracker.timing_since < TIMING_QUIET_MAX_S:
+        return TIMING_TICK_S
+    return TICK_S
 HEARTBEAT_EVERY_S = 0.5
 SNAPSHOT_GRACE_S = 2.0
 """How long the writer waits for every live rank's snapshot once a run is aborted."""
@@ -179,7 +189,7 @@ class Sentinel(threading.Thread):
         last_beat = 0.0
         try:
             while True:
-                if _sigterm_pending(TIMING_TICK_S if self.tracker.timing else TICK_S):
+                if _sigterm_pending(tick_s(self.tracker, time.monotonic())):
                     if self.finishing_code is not None:
                         flush_and_exit(self.finishing_code)
                     self.trigger("terminated", "the launcher sent SIGTERM (another worker failed or the job was cancelled)")

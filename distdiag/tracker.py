@@ -91,6 +91,7 @@ class Tracker:
         self.timing = False
         """True while a probe times something (the bandwidth loops): the sentinel then
         ticks slowly, since its store round trips would be timed too."""
+        self.timing_since = 0.0
 
     def enter_phase(self, phase: str, probe_index: int = -1, probe_name: str = "") -> None:
         self.phase = phase
@@ -127,6 +128,7 @@ class Tracker:
     @contextmanager
     def timed(self) -> Iterator[None]:
         """A stretch the probe is timing: the sentinel keeps out of its way (see `timing`)."""
+        self.timing_since = time.monotonic()
         self.timing = True
         try:
             yield

@@ -3,9 +3,9 @@
 Conventions are nccl-tests' (doc/PERFORMANCE.md there), so numbers compare with theirs:
 the message size S is the all_reduce/broadcast buffer, the all_gather output, the
 reduce_scatter input and the all_to_all send buffer; time is the mean over ranks of each
-rank's loop time / iterations; algbw = S / time; busbw = algbw x 2(n-1)/n for all_reduce,
-x (n-1)/n for all_gather, reduce_scatter and all_to_all, x 1 for broadcast. Reported per
-size, never averaged over sizes.
+rank's loop time / iterations, the median of `repeats` such loops; algbw = S / time;
+busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather, reduce_scatter and
+all_to_all, x 1 for broadcast. Reported per size, never averaged over sizes.
 
 Who is slow, which collective timing alone cannot say (a ring waits for its slowest member
 everywhere), is found two ways:
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distdiag.comm import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE
 from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.report import Finding, ProbeResult
@@ -49,9 +50,9 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 CPU_SIZES = ("4KiB", "256KiB", "4MiB")
 GPU_SIZES = ("1MiB", "32MiB", "256MiB", "1GiB")
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-# torch 2.13 names them *_single and deprecates the old names; older torch has only those.
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# The timed loop's record uses the names comm.py gives the same calls in the warm-up.
+_TRACKED_NAME = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
+                 "all_to_all": "all_to_all_single"}
 _ELEM = 4  # float32: the element nccl-tests' default runs use
 
 
@@ -237,11 +238,41 @@ def _op_call(ctx: Any, op: str, size: int, device: torch.device) -> tuple[Any, A
     big = torch.ones(per_rank * n, dtype=torch.float32, device=device)
     nbytes = per_rank * n * _ELEM
     if op == "all_gather":
-        return (lambda: _ALL_GATHER(big, small)), (lambda: comm.all_gather_into_tensor(big, small)), small, nbytes
+        return (lambda: ALL_GATHER_SINGLE(big, small)), (lambda: comm.all_gather_into_tensor(big, small)), small, nbytes
     if op == "reduce_scatter":
-        return (lambda: _REDUCE_SCATTER(small, big)), (lambda: comm.reduce_scatter_tensor(small, big)), big, nbytes
+        return (lambda: REDUCE_SCATTER_SINGLE(small, big)), (lambda: comm.reduce_scatter_tensor(small, big)), big, nbytes
     out = torch.empty_like(big)
     return (lambda: dist.all_to_all_single(out, big)), (lambda: comm.all_to_all_single(out, big)), big, nbytes
+
+
+def _timed_loop(comm: Any, timer: _Timer, iters: int, fn: Any, delay: float, record: tuple | None = None) -> float:
+    """`iters` back-to-back calls of `fn` and a device sync; returns the loop's seconds.
+
+    `record` (op, tensor, detail): the loop is one tracked collective (fn is a bare
+    torch.distributed call) and a process-level injected fault (hang, raise, exit) due at
+    that collective fires before it; the sentinel ticks slowly meanwhile (Tracker.timed). `delay` (the straggler fault) sleeps
+    outside the record, so a rank stuck there is named as not in a collective.
+    """
+    tracker = comm.tracker
+    rec = None
+    if record is not None:
+        if comm.faults:
+            comm.faults.at(tracker.probe_name, tracker.collectives_in_probe)
+        rec = tracker.begin(*record[:2], "world", record[2])
+    try:
+        with tracker.timed():
+            started = time.perf_counter()
+            for i in range(iters):
+                if delay:
+                    tracker.in_collective = None
+                    time.sleep(delay)
+                    tracker.in_collective = rec
+                timer.call(i, fn)
+            timer.sync()
+            return time.perf_counter() - started
+    finally:
+        if rec is not None:
+            tracker.end(rec)
 
 
 class BandwidthProbe(Probe):
@@ -268,16 +299,10 @@ class BandwidthProbe(Probe):
                     timer = _Timer(device, plan["iters"])
                     timer.sync()
                     ctx.comm.barrier()
-                    with ctx.comm.tracker.collective(
-                        op, tensor, "world", detail=f"{format_size(size)} timed x{plan['iters']}"
-                    ), ctx.comm.tracker.timed():
-                        started = time.perf_counter()
-                        for i in range(plan["iters"]):
-                            if delay:
-                                time.sleep(delay)
-                            timer.call(i, fn)
-                        timer.sync()
-                        totals.append(time.perf_counter() - started)
+                    totals.append(_timed_loop(
+                        ctx.comm, timer, plan["iters"], fn, delay,
+                        (_TRACKED_NAME.get(op, op), tensor, f"{format_size(size)} timed x{plan['iters']}"),
+                    ))
                     incall += timer.incall_times()
                 samples.append({
                     "op": op, "size": size, "bytes": nbytes, "iters": plan["iters"], "totals_s": totals,
@@ -303,17 +328,11 @@ class BandwidthProbe(Probe):
             ctx.comm.send_recv(send, peer, recv, peer)  # warm-up; also waits for the previous pair
             timer = _Timer(device, plan["p2p_iters"])
             timer.sync()
-            with ctx.comm.tracker.timed():
-                started = time.perf_counter()
-                for i in range(plan["p2p_iters"]):
-                    if delay:
-                        time.sleep(delay)
-                    timer.call(i, lambda p=peer: ctx.comm.send_recv(send, p, recv, p))
-                timer.sync()
+            loop_s = _timed_loop(ctx.comm, timer, plan["p2p_iters"], lambda: ctx.comm.send_recv(send, peer, recv, peer), delay)
             # The fastest exchange: a slow link is slow every time, while scheduling noise on a
             # loaded host only ever adds time (the median still caught 20x bursts in CI here).
             out.append({"pair": [a, b], "bytes": count * _ELEM, "time_s": min(timer.incall_times()),
-                        "mean_s": (time.perf_counter() - started) / plan["p2p_iters"]})
+                        "mean_s": loop_s / plan["p2p_iters"]})
         return out
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
@@ -365,10 +384,10 @@ def _bandwidth_rows(
     for (op, size), samples in by_key.items():
         # Per timed loop, the mean over ranks of the loop time per call (nccl-tests' time);
         # the row is the median loop.
-        loops = min(len(s.get("totals_s") or [s["total_s"]]) for s in samples)
+        totals = [s.get("totals_s") or [s["total_s"]] for s in samples]  # one loop in older payloads
+        loops = min(len(t) for t in totals)
         times = sorted(
-            statistics.fmean((s.get("totals_s") or [s["total_s"]])[j] / s["iters"] for s in samples)
-            for j in range(loops)
+            statistics.fmean(t[j] / s["iters"] for t, s in zip(totals, samples, strict=True)) for j in range(loops)
         )
         t = statistics.median(times)
         nbytes = samples[0]["bytes"]

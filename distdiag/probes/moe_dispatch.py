@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from distdiag.comm import ALL_GATHER_SINGLE
 from distdiag.render import format_ranks
 from distdiag.report import Finding
 
@@ -61,7 +62,7 @@ class SplitRecorder:
         outs = [int(s) for s in output_split_sizes] if output_split_sizes else [output.shape[0] // world] * world
         mine = torch.tensor(ins + outs, dtype=torch.int64, device=input.device)
         table = torch.empty(world * 2 * world, dtype=torch.int64, device=input.device)
-        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(table, mine, group=group)
+        ALL_GATHER_SINGLE(table, mine, group=group)
         rows = table.cpu().view(world, 2, world).tolist()
         sends, recvs = [r[0] for r in rows], [r[1] for r in rows]
         bad = pair_mismatches(sends, recvs, ranks)

@@ -49,3 +49,17 @@ def test_bandwidth_is_not_in_the_default_suite(workdir):
 
     assert "bandwidth" not in make_plan(parse_config([]), 4).names
     assert "bandwidth" in make_plan(parse_config(["--probes", "env,bandwidth"]), 4).names
+
+
+def test_a_rank_stuck_between_timed_calls_is_named_not_the_network(workdir):
+    """Rank 1 sleeps 30 s before a timed call (timeout 3 s): the others wait inside the timed
+    all_reduce loop; rank 1 is named as never having entered it, at its line in bandwidth.py,
+    not an every-rank-inside stall blamed on the network."""
+    cfg = _config(workdir, 'sizes = ["4KiB"]\nops = ["all_reduce"]\ndelay_rank = 1\ndelay_s = 30\np2p = false\n')
+    result = run_check(3, ["--probes", "bandwidth", "--config", cfg, "--timeout-s", "3"], workdir, timeout=60)
+    assert result.codes == [3, 3, 3], result.stderr
+    report = result.report()
+    (f,) = [f for _, f in report.findings("critical")]
+    assert f.ranks == [1] and "never entered all_reduce" in f.issue, f.issue
+    assert "bandwidth.py" in f.issue and "timed x" in f.issue, f.issue
+    assert result.elapsed < 30, "the 30 s sleep must not be waited out"

@@ -1,4 +1,4 @@
-"""Tracker.timed: the flag the sentinel reads to tick slowly while a probe times something."""
+"""Tracker.timed and the sentinel's tick: quiet while a probe times a loop, not while it is stuck."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ def test_timed_sets_the_flag_and_clears_it_even_on_error():
     assert tracker.timing is False
 
 
-def test_the_timing_tick_is_slower_but_still_within_a_second():
-    """Deadlines and a peer's abort are still seen within about a second while timing."""
+def test_the_sentinel_ticks_slowly_only_for_the_first_seconds_of_a_timed_loop():
+    """Outside a timed loop: TICK_S. Inside: TIMING_TICK_S (<= 1 s, so deadlines and peers'
+    aborts are still seen within a second). A loop timed for longer than TIMING_QUIET_MAX_S
+    is probably hung: back to TICK_S."""
+    tracker = Tracker()
+    assert sentinel.tick_s(tracker, 100.0) == sentinel.TICK_S
+    with tracker.timed():
+        start = tracker.timing_since
+        assert sentinel.tick_s(tracker, start + 0.5) == sentinel.TIMING_TICK_S
+        assert sentinel.tick_s(tracker, start + sentinel.TIMING_QUIET_MAX_S + 0.1) == sentinel.TICK_S
     assert sentinel.TICK_S < sentinel.TIMING_TICK_S <= 1.0
