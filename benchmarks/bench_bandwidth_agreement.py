@@ -10,8 +10,8 @@ their ratio (median over the runs; each run's figure is already the median of `-
 timed loops on both sides). Target (issue 6): every ratio within 10% of 1. Exit 1 if one is not.
 
 "run noise" is half the interquartile range of the plain side's runs over their median;
-"2 sigma" is two standard errors of the ratio from the noisier side. A row outside 10% but
-inside 2 sigma is "unresolved": consistent with agreement, but this machine's noise is
+"3 sigma" is three standard errors of the ratio (both sides' noise). A row outside 10% but
+inside 3 sigma is "unresolved": consistent with agreement, but this machine's noise is
 wider than the target; outside both, the probe DISAGREES. Exit 0 only if every row is within.
 `--aa` adds a second plain run per round and prints plain/plain too: the noise floor of
 this machine, the disagreement two identical loops show. `--pin CPUS` runs both under
@@ -93,13 +93,13 @@ def main() -> None:
                 probe.setdefault((row["op"], row["bytes"]), []).append(row["busbw_GBps"])
 
         for i in range(args.runs):
-            # ABBA: the side that goes first alternates, so a machine drifting slower (or
-            # faster) over minutes favours neither.
-            first, second = (run_probe, lambda: _plain(plain_cmd, cwd, plain))[:: 1 if i % 2 == 0 else -1]
-            first()
-            second()
+            # ABBA: the order alternates, so a machine drifting slower (or faster) over
+            # minutes favours no side; with --aa the second plain run alternates too.
+            order = [run_probe, lambda: _plain(plain_cmd, cwd, plain)]
             if args.aa:
-                _plain(plain_cmd, cwd, plain2)
+                order.append(lambda: _plain(plain_cmd, cwd, plain2))
+            for step in order[:: 1 if i % 2 == 0 else -1]:
+                step()
     pick = statistics.median if args.stat == "median" else max
 
     def noise(values: list[float]) -> float:
@@ -111,29 +111,35 @@ def main() -> None:
 
     print(f"world {args.world}, {args.iters} iterations x {args.repeats} loops, {args.stat} of {args.runs} "
           f"interleaved runs{', pinned to CPUs ' + args.pin if args.pin else ''}")
-    print(f"{'op':<15}{'bytes':>10}{'probe GB/s':>12}{'plain GB/s':>12}{'ratio':>8}{'run noise':>11}{'2 sigma':>9}"
+    print(f"{'op':<15}{'bytes':>10}{'probe GB/s':>12}{'plain GB/s':>12}{'ratio':>8}{'run noise':>11}{'3 sigma':>9}"
           + (f"{'plain/plain':>13}" if args.aa else "") + "  verdict")
     worst = worst_aa = 0.0
     rows = []
-    tally = {"within": 0, "unresolved": 0, "DISAGREES": 0}
+    tally = {"within": 0, "unresolved": 0, "DISAGREES": 0, "outside": 0}
     for key in sorted(plain, key=lambda k: (k[0], k[1])):
         a, b = pick(probe[key]), pick(plain[key])
         off = abs(a / b - 1)
         worst = max(worst, off)
-        # Two standard errors of the ratio of two medians of `runs` runs each, from the
-        # noisier side's interquartile range (sigma ~ half-IQR / 0.674; SE(median) ~ 1.25 sigma / sqrt(runs)).
-        sigma = max(noise(probe[key]), noise(plain[key])) / 0.674
-        two_se = 2 * 2**0.5 * 1.2533 * sigma / len(plain[key]) ** 0.5
+        # Three standard errors of the ratio of two medians (relative): per side sigma ~
+        # half-IQR / 0.674 and SE(median) ~ 1.2533 sigma / sqrt(runs); the sides add in
+        # quadrature. Three, not two: with 20 rows judged at once, 2 sigma would call about
+        # one row in twenty a disagreement by chance alone (Bonferroni for 20 rows: ~3).
+        # Needs the median statistic and >= 4 runs a side (an IQR); otherwise unknown (nan).
+        band = float("nan")
+        if args.stat == "median" and len(plain[key]) >= 4:
+            band = 3 * 1.2533 * sum((noise(v) / 0.674) ** 2 / len(v) for v in (probe[key], plain[key])) ** 0.5
         if off <= args.tolerance:
             verdict = "within"
-        elif off <= two_se:
+        elif band != band:  # nan: no noise estimate
+            verdict = "outside"
+        elif off <= band:
             verdict = "unresolved"  # consistent with 1, but this run cannot tell 10% from noise
         else:
             verdict = "DISAGREES"
         tally[verdict] += 1
-        line = f"{key[0]:<15}{key[1]:>10}{a:>12.4f}{b:>12.4f}{a / b:>8.3f}{noise(plain[key]):>10.0%} {two_se:>8.0%}"
+        line = f"{key[0]:<15}{key[1]:>10}{a:>12.4f}{b:>12.4f}{a / b:>8.3f}{noise(plain[key]):>10.0%} {band:>8.0%}"
         row = {"op": key[0], "bytes": key[1], "probe": probe[key], "plain": plain[key], "ratio": a / b,
-               "two_se": two_se, "verdict": verdict}
+               "band": band, "verdict": verdict}
         if args.aa:
             aa = pick(plain2[key]) / b
             worst_aa = max(worst_aa, abs(aa - 1))
@@ -143,7 +149,9 @@ def main() -> None:
         print(f"{line}  {verdict}")
     print(f"largest disagreement probe/plain {worst:.1%}; {tally['within']} of {len(rows)} rows within "
           f"{args.tolerance:.0%}, {tally['unresolved']} unresolved (this machine's run-to-run noise is wider "
-          f"than the target there, and the ratio is within it), {tally['DISAGREES']} disagree beyond the noise")
+          f"than the target there, and the ratio is within it), {tally['DISAGREES']} disagree beyond the noise"
+          + (f", {tally['outside']} outside with no noise estimate (use --runs >= 4 and --stat median)"
+             if tally["outside"] else ""))
     if args.aa:
         print(f"largest disagreement plain/plain {worst_aa:.1%} (this machine's noise floor for the same settings)")
     if args.json:
