@@ -17,9 +17,9 @@ def test_mean_of_rank_losses_is_the_global_loss(name):
     torch.manual_seed(0)
     model = w.build_model()
     batch = w.make_batch(1)
-    whole = float(w.loss_fn(model, w.shard_batch(batch, 0, 1)))
+    whole = w.loss_fn(model, w.shard_batch(batch, 0, 1)).item()
     for world in (2, 4):
-        parts = [float(w.loss_fn(model, w.shard_batch(batch, r, world))) for r in range(world)]
+        parts = [w.loss_fn(model, w.shard_batch(batch, r, world)).item() for r in range(world)]
         assert sum(parts) / world == pytest.approx(whole, rel=1e-6)
 
 
