@@ -37,12 +37,6 @@ TIMING_QUIET_MAX_S = 5.0
 """A timed stretch longer than this is probably stuck: the sentinel goes back to TICK_S so a
 peer's abort is seen as fast as anywhere else."""
 
-
-def tick_s(tracker: Any, now: float) -> float:
-    """How long the sentinel sleeps between looks (SIGTERM wakes it at once regardless)."""
-    if tracker.timing and now - tracker.timing_since < TIMING_QUIET_MAX_S:
-        return TIMING_TICK_S
-    return TICK_S
 HEARTBEAT_EVERY_S = 0.5
 SNAPSHOT_GRACE_S = 2.0
 """How long the writer waits for every live rank's snapshot once a run is aborted."""
@@ -50,6 +44,14 @@ VERDICT_WAIT_S = 20.0
 """How long a non-writer waits for the verdict before leaving with exit code 3 on its own."""
 WRITER_DEFER_S = 1.0
 """How long a rank that is not waiting on anyone (a possible culprit) defers the writer role."""
+
+
+def tick_s(tracker: Any, now: float) -> float:
+    """How long the sentinel sleeps between looks (SIGTERM wakes it at once regardless)."""
+    if tracker.timing and now - tracker.timing_since < TIMING_QUIET_MAX_S:
+        return TIMING_TICK_S
+    return TICK_S
+
 
 _wakeup_read_fd: int | None = None
 

@@ -250,8 +250,9 @@ def _timed_loop(comm: Any, timer: _Timer, iters: int, fn: Any, delay: float, rec
 
     `record` (op, tensor, detail): the loop is one tracked collective (fn is a bare
     torch.distributed call) and a process-level injected fault (hang, raise, exit) due at
-    that collective fires before it; the sentinel ticks slowly meanwhile (Tracker.timed). `delay` (the straggler fault) sleeps
-    outside the record, so a rank stuck there is named as not in a collective.
+    that collective fires before it. The sentinel ticks slowly meanwhile (Tracker.timed).
+    `delay` (the straggler fault) sleeps outside the record, so a rank stuck there is named
+    as not in a collective.
     """
     tracker = comm.tracker
     rec = None
@@ -328,7 +329,9 @@ class BandwidthProbe(Probe):
             ctx.comm.send_recv(send, peer, recv, peer)  # warm-up; also waits for the previous pair
             timer = _Timer(device, plan["p2p_iters"])
             timer.sync()
-            loop_s = _timed_loop(ctx.comm, timer, plan["p2p_iters"], lambda: ctx.comm.send_recv(send, peer, recv, peer), delay)
+            loop_s = _timed_loop(
+                ctx.comm, timer, plan["p2p_iters"], lambda p=peer: ctx.comm.send_recv(send, p, recv, p), delay
+            )
             # The fastest exchange: a slow link is slow every time, while scheduling noise on a
             # loaded host only ever adds time (the median still caught 20x bursts in CI here).
             out.append({"pair": [a, b], "bytes": count * _ELEM, "time_s": min(timer.incall_times()),
