@@ -285,7 +285,7 @@ class BandwidthProbe(Probe):
     Config = BandwidthConfig
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        opts: BandwidthConfig = ctx.options or BandwidthConfig()
+        opts: BandwidthConfig = self.options(ctx)
         device = ctx.device
         plan = opts.resolved(device.type == "cuda")
         delay = opts.delay_s if ctx.rank == opts.delay_rank else 0.0
@@ -339,7 +339,7 @@ class BandwidthProbe(Probe):
         return out
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
-        opts: BandwidthConfig = view.options or BandwidthConfig()
+        opts: BandwidthConfig = self.options(view)
         n = view.world_size
         rows, metrics = _bandwidth_rows(payloads, n, opts)
         findings: list[Finding] = []

@@ -42,6 +42,11 @@ class Probe(abc.ABC):
     Config: ClassVar[type | None] = None
     """A dataclass of options, read from the `[probes.NAME]` table of the config."""
 
+    def options(self, holder: Any) -> Any:
+        """This probe's options from a RankContext or ConsolidationView: the check always
+        fills them in; called directly (tests, the watchdog), the Config's defaults."""
+        return holder.options if holder.options is not None else self.Config()
+
     def world_problem(self, world_size: int) -> str | None:
         """Why this world cannot run the probe (bad input if the probe was asked for by name)."""
         if world_size < self.min_world_size:

@@ -84,7 +84,7 @@ class CheckpointProbe(Probe):
     private_apis = ("torch.distributed.checkpoint._nested_dict:flatten_state_dict",)
 
     def skip_reason(self, ctx: Any) -> str | None:
-        opts = ctx.options or CheckpointConfig()
+        opts = self.options(ctx)
         if ctx.target is not None and not ctx.target.has("build_model"):
             return f"probe 'checkpoint' needs hook build_model() in target {ctx.target.spec}"
         if not opts.load and not opts.dir and ctx.info.local_world_size < ctx.world_size:
@@ -92,7 +92,7 @@ class CheckpointProbe(Probe):
         return None
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        opts: CheckpointConfig = ctx.options or CheckpointConfig()
+        opts: CheckpointConfig = self.options(ctx)
         findings: list[dict[str, Any]] = []
         model = opt = None
         try:

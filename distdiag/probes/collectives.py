@@ -119,7 +119,7 @@ class CollectivesProbe(Probe):
     Config = CollectivesConfig
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        opts: CollectivesConfig = ctx.options or CollectivesConfig()
+        opts: CollectivesConfig = self.options(ctx)
         rank, world = ctx.rank, ctx.world_size
         device = ctx.device
         checker = _Checker(rank, world)

@@ -104,7 +104,7 @@ class DeterminismProbe(tr.NumericsProbe):
     Config = DeterminismConfig
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        opts: DeterminismConfig = ctx.options or DeterminismConfig()
+        opts: DeterminismConfig = self.options(ctx)
         hooks = tr.resolve_hooks(ctx, opts.workload)
         mesh = tr.make_mesh(ctx)
         error = None

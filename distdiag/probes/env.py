@@ -111,7 +111,7 @@ class EnvProbe(Probe):
         return payload
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
-        opts: EnvConfig = view.options or EnvConfig()
+        opts: EnvConfig = self.options(view)
         findings: list[Finding] = []
         findings += _version_mismatches(payloads)
         findings += _device_collisions(payloads)

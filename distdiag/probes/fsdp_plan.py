@@ -122,7 +122,7 @@ class FsdpPlanProbe(tr.NumericsProbe):
     Config = FsdpPlanConfig
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        opts: FsdpPlanConfig = ctx.options or FsdpPlanConfig()
+        opts: FsdpPlanConfig = self.options(ctx)
         hooks = tr.resolve_hooks(ctx, opts.workload)
         mesh = tr.make_mesh(ctx)
         error = None
@@ -140,7 +140,7 @@ class FsdpPlanProbe(tr.NumericsProbe):
         if (failed := setup_failure(self.name, payloads, "rows")) is not None:
             return failed
         ranks = sorted(payloads)
-        opts: FsdpPlanConfig = view.options or FsdpPlanConfig()
+        opts: FsdpPlanConfig = self.options(view)
         base = payloads[ranks[0]]["rows"]
         table, findings = [], []
         unmanaged, twice, low_precision, partial = [], [], [], []

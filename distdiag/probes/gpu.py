@@ -329,7 +329,7 @@ class GpuProbe(Probe):
     Config = GpuConfig
 
     def skip_reason(self, ctx: Any) -> str | None:
-        opts: GpuConfig = ctx.options or GpuConfig()
+        opts: GpuConfig = self.options(ctx)
         if opts.required:
             return None  # run, and report a missing NVML or GPU as a failure
         nvml, why = _nvml()
@@ -354,7 +354,7 @@ class GpuProbe(Probe):
         return payload
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
-        opts: GpuConfig = view.options or GpuConfig()
+        opts: GpuConfig = self.options(view)
         findings: list[Finding] = []
         rows = []
         for rank, p in sorted(payloads.items()):

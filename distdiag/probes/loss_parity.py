@@ -167,7 +167,7 @@ class LossParityProbe(tr.NumericsProbe):
     Config = LossParityConfig
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        opts: LossParityConfig = ctx.options or LossParityConfig()
+        opts: LossParityConfig = self.options(ctx)
         hooks = tr.resolve_hooks(ctx, opts.workload)
         rank, world = ctx.rank, ctx.world_size
         base = {"source": hooks.source, "defaults": hooks.defaults, "optimizer": hooks.optimizer_desc}

@@ -129,7 +129,7 @@ class MoeRoutingProbe(Probe):
     Config = MoeRoutingConfig
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        opts: MoeRoutingConfig = ctx.options or MoeRoutingConfig()
+        opts: MoeRoutingConfig = self.options(ctx)
         world = ctx.world_size
         findings: list[dict[str, Any]] = []
         experts = opts.num_experts or 2 * world
@@ -230,7 +230,7 @@ class MoeRoutingProbe(Probe):
         return res
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
-        opts = view.options or MoeRoutingConfig()
+        opts = self.options(view)
         findings = merge_local_findings(payloads) + consolidate_moe(payloads, opts, view.world_size)
         metrics = {}
         b0 = payloads.get(0, {}).get("builtin", {})

@@ -112,7 +112,7 @@ class ParamSyncProbe(tr.NumericsProbe):
     Config = ParamSyncConfig
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        opts: ParamSyncConfig = ctx.options or ParamSyncConfig()
+        opts: ParamSyncConfig = self.options(ctx)
         hooks = tr.resolve_hooks(ctx, opts.workload)
         mesh = tr.make_mesh(ctx)
         error = None

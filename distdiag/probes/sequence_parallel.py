@@ -104,7 +104,7 @@ class SequenceParallelProbe(Probe):
     Config = SequenceParallelConfig
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        opts: SequenceParallelConfig = ctx.options or SequenceParallelConfig()
+        opts: SequenceParallelConfig = self.options(ctx)
         rank, world = ctx.rank, ctx.world_size
         target = ctx.target
         if target is not None and not (target.has("split_sequence") or target.has("parallelize_sp")):
@@ -148,7 +148,7 @@ class SequenceParallelProbe(Probe):
         findings = merge_local_findings(payloads)
         findings += _split_findings(payloads, world)
         findings += _ulysses_findings(payloads)
-        findings += _e2e_findings(payloads, world, (view.options or SequenceParallelConfig()).rtol)
+        findings += _e2e_findings(payloads, world, self.options(view).rtol)
         metrics: dict[str, Any] = {}
         first = payloads.get(0, {})
         if first.get("ulysses"):
