@@ -6,7 +6,7 @@ import datetime as _dt
 import traceback
 from typing import Any
 
-from distdiag.hang import analyze_hang, state_rows
+from distdiag.hang import analyze_hang, ensure_critical, snapshot_details, state_rows
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.render import format_ranks
 from distdiag.report import (
@@ -160,19 +160,11 @@ def hang_result(
         for f in findings:
             if f.severity == "error" and "raised on rank" in f.issue:
                 f.severity = "critical"
-    if not any(f.severity == "critical" for f in findings):
-        findings.append(
-            Finding(
-                severity="critical",
-                issue=f"the run ended during {what}: {reason}",
-                evidence="ranks' states at the end are in this probe's details",
-                fix="see the other findings and the per-rank stacks",
-                confidence=0.5,
-            )
-        )
-    details = {
-        "table:ranks at the end": state_rows(snaps, lost, world),
-        "stacks": {str(r): s.get("stack", []) for r, s in sorted(snaps.items())},
-        "recent_collectives": {str(r): s.get("recent", []) for r, s in sorted(snaps.items())},
-    }
+    ensure_critical(
+        findings,
+        f"the run ended during {what}: {reason}",
+        "ranks' states at the end are in this probe's details",
+        "see the other findings and the per-rank stacks",
+    )
+    details = {"table:ranks at the end": state_rows(snaps, lost, world), **snapshot_details(snaps)}
     return ProbeResult(name, status="error", findings=findings, duration_s=duration_s, details=details, reason=reason)

@@ -25,7 +25,10 @@ from typing import Any
 from distdiag.render import format_ranks
 from distdiag.report import Finding
 
-__all__ = ["analyze_hang", "rank_state", "state_rows", "find_desync", "desync_finding", "SHAPE_FREE_OPS"]
+__all__ = [
+    "analyze_hang", "rank_state", "state_rows", "find_desync", "desync_finding", "SHAPE_FREE_OPS",
+    "snapshot_details", "ensure_critical",
+]
 
 _DISTDIAG_FRAMES = ("/distdiag/check.py", "/distdiag/sentinel.py", "/distdiag/tracker.py", "/distdiag/watch.py", "/runpy.py")
 _DISTDIAG_DIRS = ("/distdiag/watchdog/",)
@@ -75,6 +78,20 @@ def state_rows(snaps: dict[int, dict[str, Any]], lost: dict[int, str], world: in
         else:
             rows.append({"rank": rank, "host": "?", "pid": "?", "state": "lost", "where": lost.get(rank, "no answer")})
     return rows
+
+
+def snapshot_details(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Per-rank stacks and recent collectives for a hang result's details (check and watchdog)."""
+    return {
+        "stacks": {str(r): s.get("stack", []) for r, s in sorted(snaps.items())},
+        "recent_collectives": {str(r): s.get("recent", []) for r, s in sorted(snaps.items())},
+    }
+
+
+def ensure_critical(findings: list[Finding], issue: str, evidence: str, fix: str) -> None:
+    """A run that ended early always leads with a critical finding: this one when no analysis named one."""
+    if not any(f.severity == "critical" for f in findings):
+        findings.append(Finding(severity="critical", issue=issue, evidence=evidence, fix=fix, confidence=0.5))
 
 
 def _fingerprint(c: dict[str, Any]) -> tuple[Any, ...]:

@@ -16,7 +16,15 @@ import time
 from typing import Any
 
 from distdiag.exchange import Exchange
-from distdiag.hang import _stack_text, analyze_hang, desync_finding, find_desync, state_rows
+from distdiag.hang import (
+    _stack_text,
+    analyze_hang,
+    desync_finding,
+    ensure_critical,
+    find_desync,
+    snapshot_details,
+    state_rows,
+)
 from distdiag.render import render_report
 from distdiag.report import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, verdict_for, write_report
 
@@ -142,21 +150,14 @@ def gather_and_write(
     details = {
         "table:ranks at the end": rows,
         "event": event,
-        "stacks": {str(r): s.get("stack", []) for r, s in sorted(merged.items())},
-        "recent_collectives": {str(r): s.get("recent", []) for r, s in sorted(merged.items())},
+        **snapshot_details(merged),
         "flight_recorder": {str(r): s["flight_recorder"] for r, s in sorted(merged.items()) if s.get("flight_recorder")},
         "errors": {str(r): e for r, e in errors.items()},
     }
-    if not any(f.severity == "critical" for f in findings):
-        findings.append(
-            Finding(
-                severity="critical",
-                issue=f"no progress for {timeout_s:g}s: {event.get('detail', '')}",
-                evidence="ranks' states are in the table below",
-                fix="see the per-rank stacks",
-                confidence=0.5,
-            )
-        )
+    ensure_critical(
+        findings, f"no progress for {timeout_s:g}s: {event.get('detail', '')}",
+        "ranks' states are in the table below", "see the per-rank stacks",
+    )
     result = ProbeResult.from_findings("watchdog", findings, details=details, duration_s=time.monotonic() - started)
     outcome = "desync" if event.get("kind") == "desync" else ("lost_rank" if lost else "hang")
     ranks = [infos.get(r, RankInfo(r, "?", -1, -1, "?", -1)) for r in range(world)]
