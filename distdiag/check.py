@@ -88,13 +88,12 @@ class CheckRun:
             _print_err(f"distdiag[rank {info.rank}]: cannot reach the job's store at {where}: {exc}")
             return 3
         self.ex = Exchange(self.store, info.rank, info.world_size)
+        setup_exc = None
         try:
             device, backend = pick_device(info)
         except Exception as exc:  # noqa: BLE001 - a broken GPU: report it, do not just die
-            import torch
-
             device, backend = torch.device("cpu"), "gloo"
-            self._setup_exc = exc
+            setup_exc = exc
         self.sentinel = Sentinel(
             store_factory=self._store,
             rank=info.rank,
@@ -109,9 +108,9 @@ class CheckRun:
         )
         self.sentinel.start()
         self.sentinel.started_ok.wait(30)
-        if getattr(self, "_setup_exc", None) is not None:
-            self.ex.post("setup_error", error_summary(self._setup_exc))
-            self.sentinel.trigger("setup", f"rank {info.rank} could not select its device: {type(self._setup_exc).__name__}")
+        if setup_exc is not None:
+            self.ex.post("setup_error", error_summary(setup_exc))
+            self.sentinel.trigger("setup", f"rank {info.rank} could not select its device: {type(setup_exc).__name__}")
             self._park()
 
         self.ex.post("info", RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
@@ -193,16 +192,16 @@ class CheckRun:
             if entry.get("comm_error"):
                 self.ex.bump(f"commerr/{index}")
         posted = time.monotonic()
+        # Half the probe deadline: ranks that raise at different times (one computes
+        # longer) must not be taken for ranks stranded in a collective.
+        grace = self.config.timeout_s / 2
         while not self.ex.wait_count(key, self.info.world_size, time.monotonic() + 0.25, stop=self.sentinel.aborting.is_set):
             if self.sentinel.aborting.is_set():
                 self._park()
             if self.ex.bump(f"commerr/{index}", 0) > 0:
                 self.sentinel.trigger("lost", f"a rank lost its connection to a peer during probe '{probe.name}'")
                 self._park()
-            # Half the probe deadline: ranks that raise at different times (one computes
-            # longer) must not be taken for ranks stranded in a collective.
-            grace = self.config.timeout_s / 2
-            if self.ex.bump(f"err/{index}", 0) > 0 and time.monotonic() - posted > grace:
+            if time.monotonic() - posted > grace and self.ex.bump(f"err/{index}", 0) > 0:
                 self.sentinel.trigger("stranded", f"probe '{probe.name}' raised on a rank; others did not finish")
                 self._park()
         if self.ex.bump(f"commerr/{index}", 0) > 0:
@@ -227,7 +226,6 @@ class CheckRun:
                 self._park()
             report = self._consolidate()
             self._emit(report)
-            self.ex.publish("verdict", {"exit_code": report.exit_code, "writer": info.rank, "host": info.host, "node": info.node})
             self.sentinel.finishing_code = report.exit_code
             self.ex.wait_count("ack", info.world_size - 1, time.monotonic() + ACK_WAIT_S)
             return report.exit_code
@@ -283,7 +281,8 @@ class CheckRun:
         )
 
     def _emit(self, report: Report, ex: Exchange | None = None) -> None:
-        """Write the report atomically, keep a copy in the store for other nodes, print it."""
+        """Write the report atomically, keep a copy in the store for other nodes, print it,
+        then publish the verdict the other ranks wait for."""
         ex = ex or self.ex
         text = report.to_json()
         try:
@@ -306,6 +305,8 @@ class CheckRun:
             if where:
                 sys.stdout.write(f"report: {os.path.abspath(where)}\n")
         sys.stdout.flush()
+        info = self.info
+        ex.publish("verdict", {"exit_code": report.exit_code, "writer": info.rank, "host": info.host, "node": info.node})
 
     def _mirror(self, ex: Exchange, verdict: dict[str, Any]) -> None:
         """Local rank 0 of every other node writes the same report there."""
@@ -334,7 +335,7 @@ class CheckRun:
 
     # -- the broken end (called on the sentinel thread of the rank that claims the writer) --
     def _write_abort_report(self, ex: Exchange, reason: dict[str, Any]) -> int:
-        from distdiag.sentinel import silent_rank_reasons
+        from distdiag.sentinel import kill_stopped_local, silent_rank_reasons
 
         world = self.info.world_size
         self._load_rank_infos(ex)
@@ -377,15 +378,7 @@ class CheckRun:
         )
         report = self._report(results, not_run, outcome=outcome, hung=True, writer=self.info.rank)
         self._emit(report, ex)
-        ex.publish("verdict", {"exit_code": report.exit_code, "writer": self.info.rank, "host": self.info.host, "node": self.info.node})
-        # A stopped process ignores SIGTERM; end the same-host ones ourselves, by pid.
-        for r, why in lost.items():
-            info = self.rank_infos[r]
-            if "stopped" in why and info.host == self.info.host:
-                try:
-                    os.kill(info.pid, 9)
-                except OSError:
-                    pass
+        kill_stopped_local(lost, dict(enumerate(self.rank_infos)), self.info.host)
         return report.exit_code
 
 

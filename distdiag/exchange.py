@@ -42,14 +42,7 @@ class Exchange:
         stop: Callable[[], bool] | None = None,
     ) -> bool:
         """Wait until `expected` ranks posted under key; False at the deadline or on stop()."""
-        delay = poll_s / 4
-        while True:
-            if self.count(key) >= expected:
-                return True
-            if time.monotonic() >= deadline or (stop is not None and stop()):
-                return False
-            time.sleep(delay)
-            delay = min(poll_s, delay * 2)
+        return _poll(lambda: self.count(key) >= expected, deadline, poll_s, stop) is not None
 
     def present(self, key: str, ranks: list[int] | None = None) -> list[int]:
         if ranks is None:
@@ -79,15 +72,8 @@ class Exchange:
     def wait_read(
         self, key: str, deadline: float, *, poll_s: float = 0.02, stop: Callable[[], bool] | None = None
     ) -> Any | None:
-        delay = poll_s / 4
-        while True:
-            value = self.read(key)
-            if value is not None:
-                return value
-            if time.monotonic() >= deadline or (stop is not None and stop()):
-                return None
-            time.sleep(delay)
-            delay = min(poll_s, delay * 2)
+        """The job-wide value once someone sets it; None at the deadline or on stop()."""
+        return _poll(lambda: self.read(key), deadline, poll_s, stop)
 
     def claim(self, key: str, who: str = "") -> bool:
         """Atomically claim a role; True for exactly one caller.
@@ -101,3 +87,17 @@ class Exchange:
 
     def bump(self, key: str, amount: int = 1) -> int:
         return int(self.store.add(key, amount))
+
+
+def _poll(probe: Callable[[], Any], deadline: float, poll_s: float, stop: Callable[[], bool] | None) -> Any | None:
+    """probe()'s first value that is not None or False, polling with a backoff up to poll_s;
+    None at the deadline or once stop() says so (probe is always tried at least once)."""
+    delay = poll_s / 4
+    while True:
+        value = probe()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() >= deadline or (stop is not None and stop()):
+            return None
+        time.sleep(delay)
+        delay = min(poll_s, delay * 2)

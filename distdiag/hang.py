@@ -213,6 +213,10 @@ def analyze_hang(
         by_group: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
         for key in keys:
             by_group[key[0]].append(key)
+        # Where histories first part: the same for every group, so found once (and only
+        # from the coarser per-record comparison when the full histories locate nothing).
+        located = find_desync(live) if _has_history(live) else None
+        diverged: Any = None
         for group, variants in by_group.items():
             if len(variants) > 1:
                 variants.sort(key=lambda k: -len(keys[k]))
@@ -223,8 +227,8 @@ def analyze_hang(
                     f"{format_ranks(sorted(keys[k]))}: {_coll_label(in_coll[keys[k][0]])} at {in_coll[keys[k][0]].get('call_site', '?')}"
                     for k in variants
                 ]
-                located = find_desync(live) if _has_history(live) else None
-                diverged = None if located is not None else first_divergence(live)
+                if located is None and diverged is None:
+                    diverged = first_divergence(live)
                 if located is not None:
                     lines.append(f"first divergence at {located['group']} #{located['seq']}:")
                     lines += _desync_lines(located)
@@ -256,10 +260,8 @@ def analyze_hang(
                     confidence=0.6,
                 )
             )
-        if not desync_reported and _has_history(live):
-            located = find_desync(live)
-            if located is not None:
-                findings.append(desync_finding(located))
+        if not desync_reported and located is not None:
+            findings.append(desync_finding(located))
     elif not lost and not errors:
         slow = sorted(live)
         where = "; ".join(f"rank {r} at {_where(live[r].get('stack', []))}" for r in slow[:4])

@@ -25,7 +25,10 @@ import psutil
 
 from distdiag.exchange import Exchange
 
-__all__ = ["Sentinel", "install_sigterm_wakeup", "flush_and_exit", "process_state", "silent_rank_reasons"]
+__all__ = [
+    "Sentinel", "install_sigterm_wakeup", "flush_and_exit", "process_state", "silent_rank_reasons",
+    "kill_pid", "kill_stopped_local",
+]
 
 log = logging.getLogger("distdiag.sentinel")
 
@@ -119,6 +122,22 @@ def silent_rank_reasons(missing: list[int], infos: dict[int, Any], host: str, wh
         else:
             lost[r] = f"no answer from host {info.host if info else '?'} (dead, stopped or unreachable)"
     return lost
+
+
+def kill_pid(pid: int) -> None:
+    """SIGKILL, ignoring a process that is already gone."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def kill_stopped_local(lost: dict[int, str], infos: dict[int, Any], host: str) -> None:
+    """A stopped process ignores SIGTERM: end the same-host ranks `lost` calls stopped, by pid."""
+    for r, why in lost.items():
+        info = infos.get(r)
+        if info is not None and "stopped" in why and info.host == host and 0 < info.pid != os.getpid():
+            kill_pid(info.pid)
 
 
 def process_state(pid: int) -> str:

@@ -21,7 +21,6 @@ import ctypes
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -391,12 +390,10 @@ class Monitor(threading.Thread):
             infos = {r: RankInfo.from_dict(v) for r, v in self.ex.collect("info").items()}
         except Exception:  # noqa: BLE001 - nothing to end then
             return
-        from distdiag.sentinel import process_state
+        from distdiag.sentinel import kill_pid, kill_stopped_local, process_state
 
+        kill_stopped_local(lost, infos, self.info.host)
         local = {r: i.pid for r, i in infos.items() if i.host == self.info.host and i.pid != os.getpid() and i.pid > 0}
-        for r, why in lost.items():
-            if r in local and "stopped" in why:
-                _kill(local[r])
         if self.config.action != "abort":
             return  # with action "raise", peers may be saving a checkpoint after HangDetected
         end = time.monotonic() + PEERS_EXIT_WAIT_S
@@ -404,11 +401,4 @@ class Monitor(threading.Thread):
             time.sleep(0.05)
         for pid in local.values():
             if process_state(pid) != "gone":
-                _kill(pid)
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
+                kill_pid(pid)

@@ -171,7 +171,7 @@ class Progress:
         rec = self.in_flight()
         phases = list(self.phases)
         where = f"phase '{phases[-1][0]}'" if phases else (f"step {self.step}" if self.step is not None else "training")
-        hist = self.history()
+        history_dicts = [r.to_dict() for r in self.history()[-history:]]
         return {
             "phase": "barrier" if finished else "training",
             "phase_for_s": round(now - (phases[-1][2] if phases else self.step_since), 3),
@@ -183,7 +183,7 @@ class Progress:
             "collectives_total": self.total,
             "no_progress_s": round(now - self.last_progress, 3),
             "phases": [{"name": n, "budget_s": b, "for_s": round(now - s, 3)} for n, b, s in phases],
-            "recent": [r.to_dict() for r in hist[-8:]],
-            "history": [r.to_dict() for r in hist[-history:]],
+            "recent": history_dicts[-8:],  # history >= 16 (config), so recent is its tail
+            "history": history_dicts,
             "stack": [] if finished else self.stack(),
         }

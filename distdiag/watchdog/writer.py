@@ -130,8 +130,9 @@ def gather_and_write(
         if not missing or time.monotonic() >= end:
             break
         # A rank on this host that is gone or stopped will never answer: do not wait for it.
-        if all("alive" not in why for why in silent_rank_reasons(missing, infos, host, who="watchdog").values() if why) and all(
-            infos.get(r) is not None and infos[r].host == host for r in missing
+        # (the host test first: it is free, the process lookups are not)
+        if all(infos.get(r) is not None and infos[r].host == host for r in missing) and all(
+            "alive" not in why for why in silent_rank_reasons(missing, infos, host, who="watchdog").values() if why
         ):
             break
         time.sleep(0.05)
