@@ -26,10 +26,21 @@ def mentions_broken_connection(exc: BaseException) -> bool:
     return any(marker in text for marker in COMM_ERROR_MARKERS)
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message ('' for none)."""
+    text = str(exc)
+    return text.splitlines()[0] if text else ""
+
+
+def exc_line(exc: BaseException) -> str:
+    """'Type: first line of the message', how findings quote an exception."""
+    return f"{type(exc).__name__}: {first_line(exc)}"
+
+
 def error_summary(exc: BaseException) -> dict[str, Any]:
     """An exception as the report carries it: type, first line of the message, traceback tail."""
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8)
-    message = str(exc).splitlines()[0][:500] if str(exc) else ""
+    message = first_line(exc)[:500]
     return {"type": type(exc).__name__, "message": message, "traceback": "".join(tb)[-4000:]}
 
 

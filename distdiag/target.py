@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, exc_line
 
 __all__ = ["HOOKS", "Target", "MissingHook", "load_target"]
 
@@ -128,8 +128,7 @@ def load_target(spec: str) -> Target:
     except BaseException as exc:  # noqa: BLE001 - any import failure of user code is bad input
         if isinstance(exc, KeyboardInterrupt):
             raise
-        message = str(exc).splitlines()[0] if str(exc) else ""
-        raise ConfigError(f"target {spec} failed to import: {type(exc).__name__}: {message}{_where(exc)}") from None
+        raise ConfigError(f"target {spec} failed to import: {exc_line(exc)}{_where(exc)}") from None
     hooks = {}
     for name in HOOKS:
         fn = getattr(module, name, None)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from distdiag.errors import exc_line
 from distdiag.probes.base import Probe
 from distdiag.workloads import WORKLOADS, get_workload
 from distdiag.workloads.base import batch_size, split_batch
@@ -77,8 +78,7 @@ def call_hook(name: str, fn: Callable[..., Any], *args: Any) -> Any:
     except HookError:
         raise
     except Exception as exc:  # noqa: BLE001 - user code: any failure is a finding
-        text = str(exc).splitlines()[0] if str(exc) else ""
-        raise HookError(f"hook {name} raised {type(exc).__name__}: {text}{_where(exc)}") from exc
+        raise HookError(f"hook {name} raised {exc_line(exc)}{_where(exc)}") from exc
 
 
 def _check_batch(batch: Any, what: str) -> Any:
@@ -260,6 +260,11 @@ def resolve_hooks(ctx: Any, workload: str) -> Hooks:
         defaults=defaults,
         optimizer_desc=sgd_desc if "build_optimizer" in defaults else "the target's build_optimizer",
     )
+
+
+def local_tensor(t: Any) -> Any:
+    """A DTensor's local shard; any other tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def agree(ctx: Any, failed: bool) -> bool:

@@ -19,12 +19,13 @@ from typing import Any
 
 import torch
 
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, exc_line
 from distdiag.probes._training import (
     HookError,
     agree,
     call_hook,
     default_parallelize,
+    local_tensor,
     make_mesh,
     resolve_hooks,
     run_step,
@@ -54,8 +55,6 @@ class CheckpointConfig:
                 raise ConfigError(f"probes.checkpoint.{key} must be a path string, got {getattr(self, key)!r}")
 
 
-def _local(t: Any) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _is_tensor(v: Any) -> bool:
@@ -150,7 +149,7 @@ class CheckpointProbe(Probe):
             return {"findings": findings}
         state = {"model": msd, "optim": osd}
         flat, _ = flatten_state_dict(state)
-        snapshot = {k: _local(v).detach().clone() for k, v in flat.items() if _is_tensor(v)}
+        snapshot = {k: local_tensor(v).detach().clone() for k, v in flat.items() if _is_tensor(v)}
         path = self._shared_dir(ctx, opts.dir)
         result: dict[str, Any] = {"findings": findings, "mode": "round_trip", "source": source, "keys": len(flat),
                                   "tensors": len(snapshot), "bytes": sum(t.numel() * t.element_size() for t in snapshot.values())}
@@ -159,7 +158,7 @@ class CheckpointProbe(Probe):
             dcp.save(state, checkpoint_id=path)
             with torch.no_grad():
                 for k in snapshot:
-                    _local(flat[k]).add_(1.0)  # so a load that silently reads nothing shows
+                    local_tensor(flat[k]).add_(1.0)  # so a load that silently reads nothing shows
             ckpt = _ckpt_shapes(path)
             expected = {k: (tuple(v.shape) if _is_tensor(v) else ()) for k, v in flat.items()}
             result["key_diff"] = _diff(expected, ckpt)
@@ -169,7 +168,7 @@ class CheckpointProbe(Probe):
             result["unequal"] = _unequal(snapshot, after)
             failed = False
         except Exception as exc:  # noqa: BLE001 - DCP failing is the finding
-            findings.append(local_finding("error", f"DCP round trip failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            findings.append(local_finding("error", f"DCP round trip failed: {exc_line(exc)}",
                                           fix="see the traceback of the same step in your training job; the checkpoint dir was removed"))
         finally:
             try:
@@ -192,7 +191,7 @@ class CheckpointProbe(Probe):
         except Exception as exc:  # noqa: BLE001 - a path that is no DCP checkpoint is bad input
             ckpt = None
             findings.append(local_finding("error", f"--checkpoint {load}: not a readable DCP checkpoint on this rank: "
-                                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                                          f"{exc_line(exc)}",
                                           fix="pass the directory that holds the checkpoint's .metadata file"))
         if agree(ctx, ckpt is None):
             return {"findings": findings}
@@ -211,7 +210,7 @@ class CheckpointProbe(Probe):
         result["shape_mismatch"] = {m: [list(a), list(b)] for m, (a, b) in shapes.items()}
         to_load = {c: flat[m] for m, c in to_ckpt.items() if _is_tensor(flat[m]) and m not in shapes}
         dcp.load(to_load, checkpoint_id=load)
-        loaded = {m: _local(flat[m]).detach().clone() for m, c in to_ckpt.items() if c in to_load}
+        loaded = {m: local_tensor(flat[m]).detach().clone() for m, c in to_ckpt.items() if c in to_load}
         set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
         now = get_state_dict(model, opt)
         after, _ = flatten_state_dict({"model": now[0], "optim": now[1]} if nested else now[0])
@@ -223,7 +222,7 @@ class CheckpointProbe(Probe):
         findings = merge(payloads)
         first = payloads.get(0, {})
         if first.get("key_diff"):
-            findings += key_findings(first, view.world_size)
+            findings += key_findings(first)
         metrics = {k: first[k] for k in ("mode", "keys", "tensors", "bytes", "loaded") if k in first}
         return ProbeResult.from_findings(self.name, findings, metrics=metrics)
 
@@ -249,7 +248,7 @@ def _unequal(before: dict[str, torch.Tensor], after: dict[str, Any]) -> list[str
         if not _is_tensor(now):
             bad.append(f"{k}: missing after load")
             continue
-        now = _local(now).detach()
+        now = local_tensor(now).detach()
         if now.shape != t.shape or not torch.equal(now.cpu(), t.cpu()):
             diff = float((now.float().cpu() - t.float().cpu()).abs().max()) if now.shape == t.shape else float("nan")
             bad.append(f"{k}: max abs difference {diff:.3g}" if now.shape == t.shape else f"{k}: shape {list(now.shape)} vs {list(t.shape)}")

@@ -35,7 +35,7 @@ def merge(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
     return findings
 
 
-def key_findings(first: dict[str, Any], world: int) -> list[Finding]:
+def key_findings(first: dict[str, Any]) -> list[Finding]:
     """Missing, unread and renamed keys, from rank 0's view of the checkpoint metadata."""
     diff = first["key_diff"]
     where = first.get("path", "the round-trip checkpoint")

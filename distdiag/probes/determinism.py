@@ -49,7 +49,7 @@ class DeterminismConfig:
 
 
 def _fingerprint(loss: float, grads: dict[str, torch.Tensor]) -> dict[str, Any]:
-    return {"loss": float(loss).hex(), "grads": {n: bit_checksum(g.to_local() if hasattr(g, "to_local") else g) for n, g in grads.items()}}
+    return {"loss": float(loss).hex(), "grads": {n: bit_checksum(tr.local_tensor(g)) for n, g in grads.items()}}
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -68,8 +68,6 @@ def _ref_pass(ctx: Any, hooks: tr.Hooks, model: nn.Module, shard: Any) -> dict[s
     return _fingerprint(float(loss.detach()), grads)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _inputs_fingerprint(model: nn.Module, batch: Any) -> str:
@@ -86,14 +84,14 @@ class _State:
     def __init__(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         import copy
 
-        self.tensors = [(t, _local(t).detach().clone()) for t in list(model.parameters()) + list(model.buffers())]
+        self.tensors = [(t, tr.local_tensor(t).detach().clone()) for t in list(model.parameters()) + list(model.buffers())]
         self.opt = copy.deepcopy(opt.state_dict())
         self.rng = torch.get_rng_state()
 
     def restore(self, opt: torch.optim.Optimizer) -> None:
         with torch.no_grad():
             for t, saved in self.tensors:
-                _local(t).copy_(saved)
+                tr.local_tensor(t).copy_(saved)
         opt.load_state_dict(self.opt)
         torch.set_rng_state(self.rng)
 

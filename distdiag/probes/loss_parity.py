@@ -69,10 +69,6 @@ def _local_slice(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return full[index]
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def compare_tensors(
@@ -96,7 +92,7 @@ def compare_tensors(
         # cost more than the step); the errors sought are far above float32 rounding.
         work = torch.float64 if full.dtype == torch.float64 else torch.float32
         want = _local_slice(full.detach(), mine).to(work)
-        got = _local(mine.detach()).to(work)
+        got = tr.local_tensor(mine.detach()).to(work)
         if got.shape != want.shape:
             bad.append({"name": name, "abs": _HUGE, "rel": _HUGE, "tol": 0.0,
                         "detail": f"local shape {list(got.shape)} vs reference slice {list(want.shape)}"})
@@ -142,7 +138,7 @@ def _norm(grads: dict[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(g.detach().float().norm()) ** 2 for g in grads.values()))
 
 
-def _accumulation_check(hooks: tr.Hooks, ref: torch.nn.Module, shard: Any, stepped: dict[str, torch.Tensor], plain: dict[str, torch.Tensor], scale: float) -> dict[str, Any]:
+def _accumulation_check(stepped: dict[str, torch.Tensor], plain: dict[str, torch.Tensor], scale: float) -> dict[str, Any]:
     """train_step's gradients against one loss_fn backward on the same global batch."""
     cmp = compare_tensors(plain, stepped, scale)
     dot = sum(float(torch.vdot(stepped[n].float().reshape(-1), plain[n].float().reshape(-1))) for n in plain if n in stepped)
@@ -211,11 +207,10 @@ class LossParityProbe(tr.NumericsProbe):
                         "(train_step must call optimizer.step() after backward)"
                     )
                 if plain is not None:
-                    accum = _accumulation_check(hooks, ref, ref_shards[i], ref_res.grads, plain, opts.tolerance_scale)
+                    accum = _accumulation_check(ref_res.grads, plain, opts.tolerance_scale)
                     del plain
                 ctx.seed(1000 + step)
                 par_res = tr.run_step(hooks, par, par_opt, par_shards[i])
-                names = [tr.canonical_name(n) for n, _ in par.named_parameters()]
                 grads = compare_tensors(
                     ref_res.grads, par_res.grads, opts.tolerance_scale,
                     absent="no gradient reached the optimizer on the parallel model (left unreduced: "
@@ -238,7 +233,7 @@ class LossParityProbe(tr.NumericsProbe):
                     "grad_sq_share": _sq_share(par_res.grads, world),
                     "grad": _trim(grads),
                     "param": _trim(params),
-                    "order": names if step == 1 else None,
+                    "order": [tr.canonical_name(n) for n, _ in par.named_parameters()] if step == 1 else None,
                     "dtype": str(next(iter(ref.parameters())).dtype).replace("torch.", ""),
                 })
                 # Drop this step's gradients before the next step allocates new ones: held

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, exc_line
 from distdiag.probes import _training as tr
 from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_local_findings
 from distdiag.probes.moe_checks import consolidate_moe
@@ -100,7 +100,7 @@ def _router_checks(ctx: Any, opts: MoeRoutingConfig, route: Any, who: str) -> di
         second = _parse_route(route(tokens), opts.num_tokens)
     except Exception as exc:  # noqa: BLE001 - the user's router raising is a finding
         return {"who": who, "problem": f"{who}(tokens float32 [{opts.num_tokens}, {opts.hidden_dim}]) raised "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (set probes.moe_routing.hidden_dim "
+                f"{exc_line(exc)} (set probes.moe_routing.hidden_dim "
                 "to your router's input width)"}
     if first[2] or second[2]:
         return {"who": who, "problem": first[2] or second[2]}

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, exc_line
 from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_local_findings
 from distdiag.probes.sp_checks import analyze_split, loss_problem
 from distdiag.probes.sp_end_to_end import run_end_to_end
@@ -134,7 +134,7 @@ class SequenceParallelProbe(Probe):
                 try:
                     local, problem = _local_lists(fn(b, rank, world), int(b["input_ids"].shape[0]))
                 except Exception as exc:  # noqa: BLE001 - the user's split raising is a finding
-                    local, problem = None, f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    local, problem = None, f"raised {exc_line(exc)}"
                 entry["local"], entry["problem"] = local, problem
                 if rank == 0:
                     entry["full"] = {k: _lists(b.get(k)) for k in ("input_ids", "labels", "position_ids", "attention_mask")}

@@ -13,8 +13,8 @@ import math
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from distdiag.errors import exc_line
 from distdiag.probes import _training as tr
 from distdiag.probes.base import local_finding
 from distdiag.probes.ckpt_keys import normalize_key
@@ -113,10 +113,9 @@ def _one(ctx: Any, hooks: dict[str, Any], split: Any, mesh: Any, variant: str, b
         local = split(batch, rank, world)
         res["sp_loss"], _ = _forward_backward(hooks["loss_fn"], sp, _to(local, device), captured)
     except Exception as exc:  # noqa: BLE001 - the user's SP step failing is a finding
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        error = f"{exc_line(exc)}"
     sp_out = _captured(captured)
-    ok = torch.tensor([0.0 if error else 1.0], device=device)
-    ctx.comm.all_reduce(ok, op=dist.ReduceOp.MIN)
+    any_failed = tr.agree(ctx, error is not None)
     full_targets = seqw.shift_labels(batch["labels"])
     if isinstance(local, dict) and isinstance(local.get("input_ids"), torch.Tensor):
         ids = local["input_ids"]
@@ -134,7 +133,7 @@ def _one(ctx: Any, hooks: dict[str, Any], split: Any, mesh: Any, variant: str, b
     if error:
         res["error"] = error
         return res
-    if ok.item() < 1:
+    if any_failed:
         res["skipped"] = "another rank's SP step failed"
         return res
     res["grad"] = _compare_grads(ctx, ref_grads, _grads(sp))

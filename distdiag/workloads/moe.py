@@ -52,15 +52,18 @@ def capacity_for(num_tokens: int, k: int, num_experts: int, factor: float) -> in
     return max(1, math.ceil(factor * num_tokens * k / num_experts))
 
 
-def keep_mask(idx: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
-    """[N, k] bool: an assignment is kept if it is among its expert's first `capacity`.
+def slots(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[N, k]: each assignment's place in its expert's queue (0 = first).
 
     Order: token-major, then choice (token 0 choice 0, token 0 choice 1, token 1 ...).
     """
-    flat = idx.reshape(-1)
-    onehot = nn.functional.one_hot(flat, num_experts)
-    slot = (onehot.cumsum(0) * onehot).sum(-1) - 1
-    return (slot < capacity).reshape(idx.shape)
+    onehot = nn.functional.one_hot(idx.reshape(-1), num_experts)
+    return ((onehot.cumsum(0) * onehot).sum(-1) - 1).reshape(idx.shape)
+
+
+def keep_mask(idx: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """[N, k] bool: an assignment is kept if it is among its expert's first `capacity`."""
+    return slots(idx, num_experts) < capacity
 
 
 class DenseMoE(nn.Module):
@@ -120,14 +123,13 @@ class ExpertParallelMoE(nn.Module):
         k = self.router.k
         idx, gates, _ = self.router(x)
         cap = self.capacity if self.capacity is not None else capacity_for(n, k, self.num_experts, self.capacity_factor)
-        keep = keep_mask(idx, self.num_experts, cap)
+        slot_all = slots(idx, self.num_experts)
+        keep = slot_all < cap  # keep_mask, with the slots kept for the send buffer below
         # Send buffer [experts, capacity, d] in expert order = [peer, local expert, slot].
         buf = x.new_zeros(self.num_experts * cap, d)
         token_of = torch.full((self.num_experts * cap,), -1, dtype=torch.long, device=x.device)
         token, choice = keep.nonzero(as_tuple=True)
         expert = idx[token, choice]
-        onehot = nn.functional.one_hot(idx.reshape(-1), self.num_experts)
-        slot_all = ((onehot.cumsum(0) * onehot).sum(-1) - 1).reshape(idx.shape)
         rows = expert * cap + slot_all[token, choice]
         buf[rows] = x[token]
         gid = self.rank * n + token  # the token's global id travels with it
