@@ -313,10 +313,11 @@ def _ulysses(ctx: Any, opts: SequenceParallelConfig) -> dict[str, Any]:
     pos = torch.arange(seq_local * world)[None]
     sl = slice(rank * seq_local, (rank + 1) * seq_local)
     a2a = ctx.comm.all_to_all_single
-    mine = q[:, sl].contiguous().to(ctx.device)
-    back = seqw.heads_to_seq(seqw.seq_to_heads(mine, world, a2a), world, a2a).cpu()
+    q_heads = seqw.seq_to_heads(q[:, sl].contiguous().to(ctx.device), world, a2a)
+    back = seqw.heads_to_seq(q_heads, world, a2a).cpu()
     trip_err = float((back - q[:, sl]).abs().max())
-    qh, kh, vh = (seqw.seq_to_heads(t[:, sl].contiguous().to(ctx.device), world, a2a).transpose(1, 2) for t in (q, k, v))
+    kh, vh = (seqw.seq_to_heads(t[:, sl].contiguous().to(ctx.device), world, a2a).transpose(1, 2) for t in (k, v))
+    qh = q_heads.transpose(1, 2)
     out_dev = seqw.heads_to_seq(seqw.attention(qh, kh, vh, pos, pos).transpose(1, 2).contiguous(), world, a2a)
     out_local = out_dev.cpu()
     ref = seqw.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), pos, pos).transpose(1, 2)
