@@ -149,20 +149,22 @@ def run_ranks(
         proc.start()
         procs.append(proc)
     deadline = started + timeout
-    timed_out = False
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    killed = set()
-    for rank, proc in enumerate(procs):
-        if proc.is_alive():
-            timed_out = True
-            killed.add(rank)
-            try:
-                os.kill(proc.pid, signal.SIGCONT)
-                os.kill(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            proc.join(5)
+    killed: set[int] = set()
+    try:
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        # Also when pytest-timeout interrupts the join: no rank outlives its test.
+        for rank, proc in enumerate(procs):
+            if proc.is_alive():
+                killed.add(rank)
+                try:
+                    os.kill(proc.pid, signal.SIGCONT)
+                    os.kill(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.join(5)
+    timed_out = bool(killed)
     elapsed = time.monotonic() - started
     outcomes = []
     for rank, proc in enumerate(procs):

@@ -32,6 +32,21 @@ def test_healthy_world_passes_with_nothing_above_info(workdir, world):
     assert report.probe("collectives").metrics["checks"] > 0
 
 
+@pytest.mark.parametrize(
+    "world,limits",
+    [(3, ["--timeout-s", "3"]), (2, ["--timeout-s", "30", "--deadline-s", "20"])],
+    ids=["probe-timeout-3s-world-3", "whole-check-deadline"],
+)
+def test_the_failure_paths_limits_stay_quiet_on_a_healthy_run(workdir, world, limits):
+    """The healthy twin of the failure-path tests: the same short --timeout-s at world 3, and a
+    --deadline-s the healthy check fits in, end in a pass with nothing above info."""
+    result = run_check(world, ["--probes", "env,collectives", *limits], workdir, timeout=60)
+    assert result.codes == [0] * world, result.stderr
+    report = result.report()
+    assert report.outcome == "completed" and report.verdict == "pass"
+    assert _no_finding_above_info(report) == []
+
+
 def test_report_on_disk_reads_back_equal_and_matches_json_output(workdir):
     """--format json prints the report on stdout; the file written reads back equal."""
     result = run_check(2, ["--probes", "env,collectives", "--format", "json", "--report", "out/r.json"], workdir, timeout=60)

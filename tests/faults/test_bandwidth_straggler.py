@@ -31,8 +31,10 @@ def test_slow_rank_is_named_by_score_and_ring_and_fails_the_expected_busbw(workd
 
 
 def test_healthy_twin_has_no_finding_above_info(workdir):
-    """The same world with no delay: every op and size measured, nothing named."""
-    result = run_check(4, ["--probes", "bandwidth", "--config", _config(workdir, SMALL)], workdir, timeout=90, hosts=2)
+    """The same world with no delay, and an expected busbw the box meets (1 MB/s): every op and
+    size measured, the floor checked, nothing named."""
+    cfg = _config(workdir, SMALL + 'expected_busbw_gbps = {"256KiB" = {all_reduce = 0.001}}\n')
+    result = run_check(4, ["--probes", "bandwidth", "--config", cfg], workdir, timeout=90, hosts=2)
     assert result.codes == [0] * 4, result.stderr
     report = result.report()
     assert report.findings("warning") == [], [f.issue for _, f in report.findings("warning")]
@@ -41,6 +43,8 @@ def test_healthy_twin_has_no_finding_above_info(workdir):
         (op, s) for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast") for s in ("4KiB", "256KiB")
     }
     assert len(probe.details["table:ring links"]) == 4
+    (row,) = [r for r in probe.details["table:bandwidth"] if r.get("expected_GBps")]
+    assert (row["op"], row["size"]) == ("all_reduce", "256KiB")
 
 
 def test_bandwidth_is_not_in_the_default_suite(workdir):

@@ -145,19 +145,31 @@ def test_action_report_writes_and_lets_the_job_finish(tmp_path):
 
 @pytest.mark.parametrize(
     "fault,extra",
-    [("slow_step", []), ("checkpoint", []), ("eval", ["timeout=2", "pg_timeout=1.5"]), ("branch", [])],
-    ids=["slow-step", "checkpoint-phase", "long-eval", "rank-dependent-call-site"],
+    [
+        ("slow_step", []), ("checkpoint", []), ("eval", ["timeout=2", "pg_timeout=1.5"]), ("branch", []),
+        ("slow_step", ["action=raise"]), ("slow_step", ["action=report"]),
+    ],
+    ids=["slow-step", "checkpoint-phase", "long-eval", "rank-dependent-call-site", "slow-step-raise", "slow-step-report"],
 )
 @pytest.mark.timeout(60)
 def test_healthy_twins_write_no_report(tmp_path, fault, extra):
     """Slower step within the timeout, a long checkpoint declared as a phase, a long eval, and
     rank 1 issuing the same all_reduce from a different line every step (the desync detector's
-    twin: call sites stay out of the digest): quiet."""
+    twin: call sites stay out of the digest): quiet, with every action (abort, raise, report)."""
     result = _run(tmp_path, 2, f"fault={fault}", "rank=1", "step=2", "steps=5", *extra)
     assert result.codes == [0, 0], result.stderr[-3000:]
     assert not (tmp_path / "hang-report").exists()
     if fault == "eval":
         assert "shorter than the watchdog's" in result.stderr  # pg timeout 1.5 s < watchdog 2 s
+
+
+@pytest.mark.timeout(60)
+def test_desync_twin_at_the_fault_runs_world_and_length(tmp_path):
+    """The skip/extra desync runs (3 ranks, 14 steps) with rank 1 calling from another line
+    instead of skipping or adding: no report."""
+    result = _run(tmp_path, 3, "fault=branch", "rank=1", "step=2", "steps=14")
+    assert result.codes == [0, 0, 0], result.stderr[-3000:]
+    assert not (tmp_path / "hang-report").exists()
 
 
 @pytest.mark.timeout(60)

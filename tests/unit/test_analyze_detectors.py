@@ -67,6 +67,7 @@ def test_divergence_found_from_its_step(onset):
     events = _events(report, "divergence")
     assert len(events) == 1 and abs(events[0]["step"] - onset) <= 15, events
     assert report.probe("divergence").findings[0].severity == "error"
+    assert report.probe("spikes") is not None
     assert _events(report, "spikes") == []  # the climb is one divergence, not a hundred spikes
 
 
@@ -140,6 +141,7 @@ def test_runs_part_at_the_first_step_beyond_tolerance():
 def test_two_seeds_of_one_recipe_do_not_part():
     """Independent noise of two seeds of one curve stays within the tolerance (no warning)."""
     report = analyze([_run("a", loss=clean_curve(seed=1)), _run("b", loss=clean_curve(seed=2))])
+    assert report.probe("compare") is not None
     assert _events(report, "compare") == []
 
 
