@@ -154,12 +154,7 @@ def hang_result(
 ) -> ProbeResult:
     """The result of the step during which the run ended."""
     what = f"probe '{name}'" if name not in ("setup", "final") else f"the {name} phase"
-    findings = analyze_hang(snaps, lost, errors, world, what=what, timeout_s=timeout_s)
-    if errors and not any(f.severity == "critical" for f in findings):
-        # The run ended and a rank raised: that exception is why (e.g. a failed setup).
-        for f in findings:
-            if f.severity == "error" and "raised on rank" in f.issue:
-                f.severity = "critical"
+    findings = analyze_hang(snaps, lost, errors, world, what=what, timeout_s=timeout_s, raise_ends_run=True)
     ensure_critical(
         findings,
         f"the run ended during {what}: {reason}",

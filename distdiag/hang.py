@@ -122,9 +122,15 @@ def analyze_hang(
     *,
     what: str,
     timeout_s: float,
+    raise_ends_run: bool = False,
 ) -> list[Finding]:
-    """Findings for a run that stopped. `what` names the step (e.g. "probe 'collectives'")."""
+    """Findings for a run that stopped. `what` names the step (e.g. "probe 'collectives'").
+
+    `raise_ends_run`: the run ended because of this step, so when nothing else is critical a
+    rank's exception is the cause (e.g. a failed setup) and leads as critical.
+    """
     findings: list[Finding] = []
+    raised: list[Finding] = []
     if lost:
         by_reason: dict[str, list[int]] = defaultdict(list)
         for rank, reason in sorted(lost.items()):
@@ -152,7 +158,7 @@ def analyze_hang(
         left = ""
         if stranded:
             left = f"; {format_ranks(stranded)} were left waiting in {_coll_label(in_coll[stranded[0]])} that it never entered"
-        findings.append(
+        raised.append(
             Finding(
                 severity="critical" if stranded else "error",
                 issue=f"{what} raised on rank {rank}: {err.get('type')}: {err.get('message')}{left}",
@@ -162,6 +168,7 @@ def analyze_hang(
                 confidence=0.9,
             )
         )
+    findings += raised
     desync_reported = False
     computing = sorted(r for r, st in states.items() if st in ("computing", "setup"))
     finished = sorted(r for r, st in states.items() if st == "finished")
@@ -275,6 +282,9 @@ def analyze_hang(
                 confidence=0.6,
             )
         )
+    if raise_ends_run and not any(f.severity == "critical" for f in findings):
+        for f in raised:
+            f.severity = "critical"
     return findings
 
 
