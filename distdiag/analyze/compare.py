@@ -22,7 +22,7 @@ def first_parting(
     sustain: int = 3,
 ) -> Detection:
     """Compare on the steps both logged. Each curve is lightly smoothed (rolling median of
-    about 2% of the points, at most 11) so batch noise of runs with a different data order does
+    about 2% of the points, odd, at most 51) so batch noise of runs with a different data order does
     not count; they part where the relative gap exceeds `tolerance` for `sustain` points in a row."""
     a = dict(zip(ref.steps, ref.values, strict=True))
     b = dict(zip(other.steps, other.values, strict=True))

@@ -81,13 +81,15 @@ class Run:
             s.values = [v for _, v in ordered]
 
 
-def median(values: list[float]) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
+def _middle(ordered: list[float]) -> float:
+    """The median of an already sorted, non-empty list."""
     n = len(ordered)
     mid = n // 2
     return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def median(values: list[float]) -> float:
+    return _middle(sorted(values)) if values else math.nan
 
 
 def mad_scale(values: list[float], center: float | None = None) -> float:
@@ -124,8 +126,7 @@ def rolling_median(values: list[float], window: int) -> list[float]:
         while lo < want_lo:
             del buf[bisect.bisect_left(buf, values[lo])]
             lo += 1
-        m = len(buf)
-        out.append(buf[m // 2] if m % 2 else 0.5 * (buf[m // 2 - 1] + buf[m // 2]))
+        out.append(_middle(buf))
     return out
 
 
