@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from distdiag.report import Finding, ProbeResult, RankInfo
 
-__all__ = ["Probe", "ConsolidationView", "merge_local_findings", "local_finding"]
+__all__ = ["Probe", "ConsolidationView", "merge_local_findings", "local_finding", "group_ranks", "minority_ranks"]
 
 
 @dataclass
@@ -126,3 +126,19 @@ def merge_local_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
             )
         )
     return out
+
+
+def group_ranks(ranks: Any, value: Any) -> dict[Any, list[int]]:
+    """Ranks grouped by value(rank), groups in order of first appearance."""
+    groups: dict[Any, list[int]] = {}
+    for r in ranks:
+        groups.setdefault(value(r), []).append(r)
+    return groups
+
+
+def minority_ranks(groups: dict[Any, list[int]]) -> list[int]:
+    """The ranks outside the largest group (every rank when no group is larger than the others)."""
+    ordered = sorted(groups.values(), key=len, reverse=True)
+    if len(ordered[0]) == len(ordered[1]):
+        return sorted(r for g in ordered for r in g)
+    return sorted(r for g in ordered[1:] for r in g)

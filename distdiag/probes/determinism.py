@@ -23,8 +23,8 @@ from torch import nn
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
 from distdiag.probes._parity_report import setup_failure
-from distdiag.probes.base import ConsolidationView
-from distdiag.probes.param_sync import _minority, bit_checksum
+from distdiag.probes.base import ConsolidationView, group_ranks, minority_ranks
+from distdiag.probes.param_sync import bit_checksum
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
 
@@ -50,6 +50,11 @@ class DeterminismConfig:
 
 def _fingerprint(loss: float, grads: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {"loss": float(loss).hex(), "grads": {n: bit_checksum(tr.local_tensor(g)) for n, g in grads.items()}}
+
+
+def _ref_key(fp: dict[str, Any]) -> str:
+    """A reference pass's fingerprint as one comparable string (loss and every gradient)."""
+    return fp["loss"] + "|" + "|".join(f"{n}:{c}" for n, c in sorted(fp["grads"].items()))
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -163,11 +168,9 @@ class DeterminismProbe(tr.NumericsProbe):
                 ),
                 confidence=0.9,
             ))
-        inputs: dict[str, list[int]] = {}
-        for r in ranks:
-            inputs.setdefault(payloads[r].get("inputs", ""), []).append(r)
+        inputs = group_ranks(ranks, lambda r: payloads[r].get("inputs", ""))
         if len(inputs) > 1:
-            odd = _minority(inputs)
+            odd = minority_ranks(inputs)
             findings.append(Finding(
                 severity="error",
                 issue=f"build_model or make_batch gives different bits on {format_ranks(odd)}: the ranks do not start from the same model and batch",
@@ -177,13 +180,9 @@ class DeterminismProbe(tr.NumericsProbe):
                 confidence=0.9,
             ))
         stable = [r for r in ranks if r not in unstable and len(inputs) == 1]
-        groups: dict[str, list[int]] = {}
-        for r in stable:
-            fp = payloads[r]["ref"]
-            key = fp["loss"] + "|" + "|".join(f"{n}:{c}" for n, c in sorted(fp["grads"].items()))
-            groups.setdefault(key, []).append(r)
+        groups = group_ranks(stable, lambda r: _ref_key(payloads[r]["ref"]))
         if len(groups) > 1:
-            odd = _minority(groups)
+            odd = minority_ranks(groups)
             tie = len(odd) == len(stable)
             base = payloads[max(groups.values(), key=len)[0]]["ref"]
             lines = []

@@ -19,7 +19,7 @@ from torch import nn
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
 from distdiag.probes._parity_report import setup_failure
-from distdiag.probes.base import ConsolidationView
+from distdiag.probes.base import ConsolidationView, group_ranks, minority_ranks
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
 
@@ -148,10 +148,10 @@ class ParamSyncProbe(tr.NumericsProbe):
                 continue
             compared += 1
             for i in range(nsnaps):
-                groups = _group(holders, lambda r, i=i, key=key: payloads[r]["snaps"][i]["sums"][key][1])
+                groups = group_ranks(holders, lambda r, i=i, key=key: payloads[r]["snaps"][i]["sums"][key][1])
                 if len(groups) > 1:
                     kind = payloads[holders[0]]["snaps"][0]["sums"][key][0]
-                    drifts.setdefault((kind, i, tuple(_minority(groups))), []).append((key, groups))
+                    drifts.setdefault((kind, i, tuple(minority_ranks(groups))), []).append((key, groups))
                     break
         # One finding per kind, first step and set of ranks: a module left out drifts as a whole.
         for (kind, i, _), items in drifts.items():
@@ -159,9 +159,9 @@ class ParamSyncProbe(tr.NumericsProbe):
         for which in ("cpu", "cuda"):
             for i in range(nsnaps):
                 holders = [r for r in ranks if which in payloads[r]["snaps"][i]["rng"]]
-                groups = _group(holders, lambda r, i=i, which=which: payloads[r]["snaps"][i]["rng"][which])
+                groups = group_ranks(holders, lambda r, i=i, which=which: payloads[r]["snaps"][i]["rng"][which])
                 if len(groups) > 1:
-                    odd = _minority(groups)
+                    odd = minority_ranks(groups)
                     findings.append(Finding(
                         severity="warning",
                         issue=f"the {which.upper()} RNG state differs across ranks {_when(i)}: {format_ranks(odd)} out of step with the others",
@@ -184,28 +184,13 @@ class ParamSyncProbe(tr.NumericsProbe):
         return ProbeResult.from_findings(self.name, findings, metrics=metrics)
 
 
-def _group(ranks: list[int], value: Any) -> dict[str, list[int]]:
-    groups: dict[str, list[int]] = {}
-    for r in ranks:
-        groups.setdefault(value(r), []).append(r)
-    return groups
-
-
-def _minority(groups: dict[str, list[int]]) -> list[int]:
-    """The ranks outside the largest group (every rank when no group is larger than the others)."""
-    ordered = sorted(groups.values(), key=len, reverse=True)
-    if len(ordered[0]) == len(ordered[1]):
-        return sorted(r for g in ordered for r in g)
-    return sorted(r for g in ordered[1:] for r in g)
-
-
 def _when(i: int) -> str:
     return "right after setup" if i == 0 else f"after step {i}"
 
 
 def _drift_finding(kind: str, i: int, items: list[tuple[str, dict[str, list[int]]]], payloads: dict[int, dict[str, Any]]) -> Finding:
     key, groups = items[0]
-    odd = _minority(groups)
+    odd = minority_ranks(groups)
     names = [k.split(" ", 1)[1] for k, _ in items]
     lines = []
     for k, grp in items[:6]:

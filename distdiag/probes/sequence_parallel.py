@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from distdiag.errors import ConfigError, exc_line
-from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_local_findings
+from distdiag.probes.base import ConsolidationView, Probe, group_ranks, local_finding, merge_local_findings
 from distdiag.probes.sp_checks import analyze_split, loss_problem
 from distdiag.probes.sp_end_to_end import run_end_to_end
 from distdiag.render import format_ranks
@@ -240,9 +240,7 @@ def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
 
 def _by_text(per_rank: dict[int, str]) -> str:
     """One line per distinct text, naming the ranks that reported it."""
-    groups: dict[str, list[int]] = {}
-    for r, text in sorted(per_rank.items()):
-        groups.setdefault(text, []).append(r)
+    groups = group_ranks(sorted(per_rank), per_rank.__getitem__)
     return "\n".join(f"{format_ranks(rs)}: {text}" for text, rs in groups.items())
 
 
