@@ -453,7 +453,8 @@ def slow_links(
     # The 25th-percentile link: with one bad rank two of the ring's links are slow, so the
     # median itself would be slow on small rings.
     reference = ordered[len(ordered) // 4]
-    factor, floor = opts.resolved(gpu)["slow_link_factor"], opts.resolved(gpu)["slow_link_min_s"]
+    plan = opts.resolved(gpu)
+    factor, floor = plan["slow_link_factor"], plan["slow_link_min_s"]
     rows = []
     slow: list[tuple[int, int]] = []
     for (a, b), t in sorted(times.items()):
