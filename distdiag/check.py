@@ -65,6 +65,7 @@ class CheckRun:
         self.started = time.monotonic()
         self.rank_infos: list[RankInfo] = []
         self.results: list[ProbeResult] = []
+        self._caught_posted: set[int] = set()
 
     # -- store and sentinel ---------------------------------------------------------------
     def _store(self) -> Any:
@@ -88,6 +89,9 @@ class CheckRun:
             _print_err(f"distdiag[rank {info.rank}]: cannot reach the job's store at {where}: {exc}")
             return 3
         self.ex = Exchange(self.store, info.rank, info.world_size)
+        from distdiag.errors import set_caught_publisher
+
+        set_caught_publisher(self._publish_caught)
         setup_exc = None
         try:
             device, backend = pick_device(info)
@@ -131,6 +135,17 @@ class CheckRun:
         for index, planned in enumerate(self.plan.probes):
             self._run_probe(ctx, index, planned)
         return self._finish()
+
+    def _publish_caught(self, exc: BaseException, where: str) -> None:
+        """A probe caught `exc` and goes on: post it now, before its next collective (the first
+        one per probe and rank: later ones are usually consequences)."""
+        index = self.tracker.probe_index
+        if index in self._caught_posted:
+            return
+        self._caught_posted.add(index)
+        summary = error_summary(exc)
+        summary.update({"where": where, "probe": self.tracker.probe_name, "phase": self.tracker.phase})
+        self.ex.post(f"caught/{index}", summary)
 
     def _load_target_everywhere(self) -> Any:
         """Load the user's target on every rank; if any rank fails, every rank exits 2.

@@ -14,6 +14,9 @@ __all__ = [
     "COMM_ERROR_MARKERS",
     "error_summary",
     "mentions_broken_connection",
+    "library_path",
+    "publish_caught",
+    "set_caught_publisher",
 ]
 
 COMM_ERROR_MARKERS = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe", "NCCL error")
@@ -37,11 +40,58 @@ def exc_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)}"
 
 
+def library_path(exc: BaseException, limit: int = 6) -> dict[str, str]:
+    """Where an exception was raised, outside distdiag's own frames.
+
+    `raised_at` is the innermost frame ("file:line in func"); `through` the chain of function
+    names from the first frame outside distdiag to it (e.g. "save -> ... -> gather_object"),
+    which says in which library call a probe's or a hook's exception started.
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    outside = [f for f in frames if "/distdiag/" not in f.filename.replace("\\", "/")]
+    if not outside:
+        outside = frames
+    if not outside:
+        return {}
+    names = [f.name for f in outside]
+    if len(names) > limit:
+        names = names[:2] + ["..."] + names[-(limit - 3):]
+    last = outside[-1]
+    return {"raised_at": f"{last.filename}:{last.lineno} in {last.name}", "through": " -> ".join(names)}
+
+
 def error_summary(exc: BaseException) -> dict[str, Any]:
-    """An exception as the report carries it: type, first line of the message, traceback tail."""
-    tb = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8)
+    """An exception as the report carries it: type, first line of the message, traceback tail,
+    and where outside distdiag it was raised (`library_path`)."""
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=16)
     message = first_line(exc)[:500]
-    return {"type": type(exc).__name__, "message": message, "traceback": "".join(tb)[-4000:]}
+    return {"type": type(exc).__name__, "message": message, "traceback": "".join(tb)[-4000:], **library_path(exc)}
+
+
+_caught_publisher: list[Any] = [None]
+
+
+def set_caught_publisher(publish: Any) -> None:
+    """The check installs how a caught exception reaches the other ranks (None: nowhere)."""
+    _caught_publisher[0] = publish
+
+
+def publish_caught(exc: BaseException, where: str = "") -> None:
+    """Say, out of band and at once, that this rank caught `exc` and goes on.
+
+    A probe (or the hook wrapper) that catches an exception and carries on to its next
+    collective calls this first: if the exception left other ranks waiting in a collective
+    this rank will never enter (DCP's save raising on its coordinator only), the hang report
+    then leads with this rank's exception instead of blaming the ranks it stranded. Never
+    raises; a no-op outside the check (probes called directly, in tests).
+    """
+    publish = _caught_publisher[0]
+    if publish is None:
+        return
+    try:
+        publish(exc, where)
+    except Exception:  # noqa: BLE001 - reporting must never add a failure of its own
+        pass
 
 
 class DistDiagError(Exception):

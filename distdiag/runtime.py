@@ -166,6 +166,14 @@ class RankContext:
     def rank(self) -> int:
         return self.info.rank
 
+    def caught(self, exc: BaseException, where: str = "") -> None:
+        """Publish, before any further collective, an exception this probe caught and goes on
+        from (distdiag.errors.publish_caught): if it stranded other ranks in a collective,
+        the hang report leads with it."""
+        from distdiag.errors import publish_caught
+
+        publish_caught(exc, where)
+
     @property
     def world_size(self) -> int:
         return self.info.world_size

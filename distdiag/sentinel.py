@@ -27,7 +27,7 @@ from distdiag.exchange import Exchange
 
 __all__ = [
     "Sentinel", "install_sigterm_wakeup", "flush_and_exit", "process_state", "silent_rank_reasons",
-    "kill_pid", "kill_stopped_local",
+    "kill_pid", "kill_stopped_local", "at_abort", "cancel_at_abort",
 ]
 
 log = logging.getLogger("distdiag.sentinel")
@@ -92,8 +92,38 @@ def _sigterm_pending(timeout: float) -> bool:
     return int(signal.SIGTERM) in data
 
 
+_AT_ABORT: dict[int, Callable[[], None]] = {}
+_at_abort_next = [0]
+
+
+def at_abort(cleanup: Callable[[], None]) -> int:
+    """Run `cleanup` if the process is ended by `flush_and_exit` (a hang, a lost rank, a
+    verdict reached while this thread is stuck): the main thread's `finally` blocks never run
+    then. Returns a token for `cancel_at_abort` (call it once the normal path cleaned up)."""
+    _at_abort_next[0] += 1
+    _AT_ABORT[_at_abort_next[0]] = cleanup
+    return _at_abort_next[0]
+
+
+def cancel_at_abort(token: int) -> None:
+    _AT_ABORT.pop(token, None)
+
+
+def _run_at_abort() -> None:
+    for token in list(_AT_ABORT):
+        cleanup = _AT_ABORT.pop(token, None)
+        if cleanup is None:
+            continue
+        try:
+            cleanup()
+        except Exception as exc:  # noqa: BLE001 - leaving anyway; say what was left behind
+            print(f"distdiag: cleanup at exit failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
 def flush_and_exit(code: int) -> None:
-    """Flush what was printed and logged, then end the process at once (any thread may call it)."""
+    """Run the `at_abort` cleanups, flush what was printed and logged, then end the process at
+    once (any thread may call it)."""
+    _run_at_abort()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

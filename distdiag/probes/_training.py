@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distdiag.errors import exc_line
+from distdiag.errors import exc_line, publish_caught
 from distdiag.probes.base import Probe
 from distdiag.workloads import WORKLOADS, get_workload
 from distdiag.workloads.base import batch_size, split_batch
@@ -78,6 +78,9 @@ def call_hook(name: str, fn: Callable[..., Any], *args: Any) -> Any:
     except HookError:
         raise
     except Exception as exc:  # noqa: BLE001 - user code: any failure is a finding
+        # Out of band first: the probe goes on to a collective (agree) that ranks the hook
+        # stranded in its own collectives will never match.
+        publish_caught(exc, f"hook {name}")
         raise HookError(f"hook {name} raised {exc_line(exc)}{_where(exc)}") from exc
 
 
