@@ -1,0 +1,357 @@
+"""What torch itself records of the collectives each process group issued: the flight recorder.
+
+For every process group, torch keeps the sequence numbers of the last collective enqueued,
+started and completed (`pg_status` in a recorder dump), whoever issued it: our probes, DDP's
+reducer inside `backward()`, FSDP, a compiled graph, NCCL kernels queued long before a rank
+blocks in `.item()`. It also keeps an entry per collective (op, sizes, dtypes,
+`collective_seq_id`, state, `time_created_ns`). A rank is *inside collective #N on group G*
+when it enqueued #N and has not completed it; a rank whose count on G is lower *never
+entered* #N. Python wrappers see none of the collectives torch issues from C++; these
+numbers see all of them.
+
+`EngineReader` reads this live, for the watchdog thread and the check's sentinel: about
+0.1 ms per look, on their thread, never on the training thread. `positions_from_dump` reads
+a dump file in torch's documented format (the flight-recorder tutorial; NCCL's
+`_dump_nccl_trace` has the same layout). What differs by version or backend degrades with a
+stated reason, never an exception:
+
+- torch without a JSON dump function (or a backend without a recorder): `unavailable`;
+- the recorder turned off (`TORCH_FR_BUFFER_SIZE=0`, or a torch whose default is 0): `off`;
+- `last_started_collective` is -1 on gloo, and on NCCL unless start events are recorded
+  (`TORCH_NCCL_ENABLE_TIMING=1`): "started" is then unknown, and a stall inside the network
+  cannot be told from a rank whose GPU never started the collective;
+- on gloo (torch 2.13) numbers come as strings, entries stay `scheduled`, `pg_config`
+  carries no membership: group labels come from this process's own groups instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+__all__ = [
+    "EngineReader",
+    "FR_BUFFER_ENV",
+    "NCCL_TIMING_ENV",
+    "enable_recorder",
+    "recorder_enabled",
+    "positions_from_dump",
+    "compact_entry",
+    "op_name",
+    "pending_groups",
+]
+
+FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+_LEGACY_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+"""NCCL records a collective's start (and so `last_started_collective`) only with start events."""
+
+_DUMPERS = (("fr", "_dump_fr_trace_json"), ("nccl", "_dump_nccl_trace_json"))
+"""torch's JSON dump functions: the CPU recorder (gloo, torch >= 2.7) and NCCL's (CUDA builds)."""
+
+
+def recorder_enabled() -> bool:
+    """False only when the user turned the recorder off by environment (0 entries)."""
+    raw = os.environ.get(FR_BUFFER_ENV) or os.environ.get(_LEGACY_BUFFER_ENV)
+    if raw is None:
+        return True  # torch's own default decides (2000 entries on 2.13; 0 on some older ones)
+    try:
+        return int(raw) > 0
+    except ValueError:
+        return False
+
+
+def enable_recorder(entries: int) -> str | None:
+    """Turn the recorder on for process groups created from now on; a warning or None.
+
+    The buffer size is read when a process group is created, so this must run before
+    `init_process_group`. A value the user set is kept (with a note when it differs).
+    NCCL's start events are enabled too (unless the user set them), so that a collective
+    that started everywhere but never completed tells a fabric stall apart.
+    """
+    os.environ.setdefault(NCCL_TIMING_ENV, "1")
+    if entries <= 0:
+        return None
+    current = os.environ.get(FR_BUFFER_ENV) or os.environ.get(_LEGACY_BUFFER_ENV)
+    if current:
+        return None if current == str(entries) else f"keeping the user's {FR_BUFFER_ENV}={current} (not {entries})"
+    os.environ[FR_BUFFER_ENV] = str(entries)
+    return None
+
+
+def op_name(profiling_name: Any) -> str:
+    """'gloo:all_reduce' -> 'all_reduce' (the backend is said elsewhere)."""
+    return str(profiling_name or "?").split(":", 1)[-1]
+
+
+def _int(value: Any, default: int = -1) -> int:
+    """The recorder's numbers are ints in the documented format and strings on torch 2.13."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _pg_name(entry: dict[str, Any]) -> str:
+    pg = entry.get("process_group")
+    if isinstance(pg, list | tuple) and pg:
+        return str(pg[0])
+    return str(entry.get("pg_id", "?"))
+
+
+def compact_entry(entry: dict[str, Any], label: str | None = None) -> dict[str, Any]:
+    """One recorder entry as snapshots and reports carry it."""
+    sizes = entry.get("input_sizes")
+    dtypes = entry.get("input_dtypes")
+    profiling = str(entry.get("profiling_name") or "?")
+    return {
+        "pg": _pg_name(entry),
+        "group": label or _pg_name(entry),
+        "seq": _int(entry.get("collective_seq_id"), 0),
+        "op": op_name(entry.get("profiling_name")),
+        "backend": profiling.split(":", 1)[0] if ":" in profiling else "?",
+        "sizes": sizes if isinstance(sizes, list) else None,
+        "dtypes": dtypes if isinstance(dtypes, list) else None,
+        "state": entry.get("state"),
+        "p2p": bool(entry.get("is_p2p")),
+        "created_ns": _int(entry.get("time_created_ns"), 0),
+    }
+
+
+def _shape_of(c: dict[str, Any]) -> list[int] | None:
+    sizes = c.get("sizes")
+    if isinstance(sizes, list) and sizes and isinstance(sizes[0], list):
+        return [_int(s, 0) for s in sizes[0]]
+    return None
+
+
+def _dtype_of(c: dict[str, Any]) -> str:
+    dtypes = c.get("dtypes")
+    if isinstance(dtypes, list) and dtypes:
+        return str(dtypes[0]).lower()
+    return "?"
+
+
+def _group_entry(name: str, label: str, status: dict[str, Any], backend: str) -> dict[str, Any]:
+    enq = _int(status.get("last_enqueued_collective"))
+    started = _int(status.get("last_started_collective"))
+    done = _int(status.get("last_completed_collective"))
+    return {
+        "pg": name,
+        "group": label,
+        "backend": backend,
+        "enqueued": enq,
+        "started": started if started >= 0 else None,
+        "completed": done,
+        "pending": None,
+    }
+
+
+def _attach_pending(group: dict[str, Any], entry: dict[str, Any] | None, now_ns: int, first_seen: float | None) -> None:
+    """Mark the group as inside its last enqueued collective, with what the entry says of it."""
+    seq = group["enqueued"]
+    pending: dict[str, Any] = {"seq": seq, "op": "?", "shape": None, "dtype": "?", "for_s": None, "state": None}
+    if entry is not None:
+        pending.update(op=entry["op"], shape=_shape_of(entry), dtype=_dtype_of(entry), state=entry.get("state"))
+        if entry.get("created_ns"):
+            pending["for_s"] = round(max(0.0, (now_ns - entry["created_ns"]) / 1e9), 3)
+    if pending["for_s"] is None and first_seen is not None:
+        pending["for_s"] = round(time.monotonic() - first_seen, 3)
+    group["pending"] = pending
+
+
+def pending_groups(engine: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The groups of one rank's engine view that are inside a collective, oldest first."""
+    if not engine or engine.get("state") != "ok":
+        return []
+    out = [g for g in engine.get("groups", []) if g.get("pending")]
+    return sorted(out, key=lambda g: -(g["pending"].get("for_s") or 0.0))
+
+
+class EngineReader:
+    """Live reads of this process's flight recorder, with labels for its own groups.
+
+    One per thread that reads (the reads take torch's recorder lock for a moment; the
+    bookkeeping here is not shared between threads).
+    """
+
+    def __init__(self) -> None:
+        self._fns: list[tuple[str, Any]] = []
+        self.reason = ""
+        try:
+            import torch
+
+            c10d = torch._C._distributed_c10d
+            self._fns = [(tag, getattr(c10d, name)) for tag, name in _DUMPERS if hasattr(c10d, name)]
+            version = torch.__version__
+        except Exception as exc:  # noqa: BLE001 - no torch.distributed at all
+            version = "?"
+            self.reason = f"torch.distributed is not available ({type(exc).__name__})"
+        if not self._fns and not self.reason:
+            self.reason = (
+                f"torch {version} has no JSON flight-recorder dump (_dump_fr_trace_json needs torch >= 2.7 for gloo; "
+                "NCCL builds have _dump_nccl_trace_json)"
+            )
+        self._labels: dict[str, str] = {}
+        self._first_seen: dict[tuple[str, str, int], float] = {}
+        self.completed_total = -1
+        """Sum of completed sequence numbers over every group at the last read (-1: none yet)."""
+
+    @property
+    def available(self) -> bool:
+        return bool(self._fns)
+
+    def label(self, name: str) -> str:
+        """'world' for the default group, 'ranks[0,1]' for a subgroup, else 'group NAME'."""
+        label = self._labels.get(name)
+        if label is None:
+            label = self._labels[name] = _label_for(name)
+        return label
+
+    def read(self, *, details: bool = True, tail: int = 0) -> dict[str, Any]:
+        """This rank's engine view: {"state": ok|off|unavailable, "reason", "groups": [...],
+        "entries": [last `tail` entries]}. `details` fetches the pending collectives' entries."""
+        if not self._fns:
+            return {"state": "unavailable", "reason": self.reason, "groups": []}
+        groups: list[dict[str, Any]] = []
+        errors = []
+        seen_backends: dict[str, list[str]] = {}
+        for tag, fn in self._fns:
+            try:
+                data = json.loads(fn(False, False))
+            except Exception as exc:  # noqa: BLE001 - a backend without a recorder, a version quirk
+                errors.append(f"{tag}: {type(exc).__name__}: {exc}")
+                continue
+            status = data.get("pg_status") if isinstance(data, dict) else None
+            if not isinstance(status, dict):
+                continue
+            for name, st in status.items():
+                if isinstance(st, dict):
+                    seen_backends.setdefault(str(name), []).append(tag)
+                    groups.append(_group_entry(str(name), self.label(str(name)), st, tag))
+        if not groups:
+            if errors and len(errors) == len(self._fns):
+                return {"state": "unavailable", "reason": "; ".join(errors), "groups": []}
+            return {"state": "off", "reason": _off_reason(), "groups": []}
+        for g in groups:  # one group on two backends (cpu:gloo,cuda:nccl): say which is which
+            if len(seen_backends.get(g["pg"], [])) > 1:
+                g["group"] = f"{g['group']} ({g['backend']})"
+        self.completed_total = sum(max(g["completed"], 0) for g in groups)
+        view: dict[str, Any] = {"state": "ok", "groups": groups}
+        pending = [g for g in groups if g["enqueued"] > g["completed"]]
+        live = {(g["backend"], g["pg"], g["enqueued"]) for g in pending}
+        for key in [k for k in self._first_seen if k not in live]:
+            del self._first_seen[key]
+        now = time.monotonic()
+        for key in live:
+            self._first_seen.setdefault(key, now)
+        entries: list[dict[str, Any]] = []
+        if (pending and details) or tail:
+            entries = self._entries(only_active=not tail)
+        if pending:
+            by_key = {(e["backend_tag"], e["pg"], e["seq"]): e for e in entries}
+            now_ns = time.time_ns()
+            for g in pending:
+                key = (g["backend"], g["pg"], g["enqueued"])
+                _attach_pending(g, by_key.get(key), now_ns, self._first_seen.get(key))
+        if tail:
+            view["entries"] = [{k: v for k, v in e.items() if k != "backend_tag"} for e in entries[-tail:]]
+        return view
+
+    def _entries(self, only_active: bool) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for tag, fn in self._fns:
+            try:
+                data = json.loads(fn(True, only_active))
+            except Exception:  # noqa: BLE001 - entries are detail; the status stands without them
+                continue
+            for raw in (data.get("entries") or []) if isinstance(data, dict) else []:
+                if not isinstance(raw, dict) or raw.get("is_p2p"):
+                    continue
+                c = compact_entry(raw, self.label(_pg_name(raw)))
+                c["backend_tag"] = tag
+                out.append(c)
+        out.sort(key=lambda c: c["created_ns"])
+        return out
+
+
+def _off_reason() -> str:
+    raw = os.environ.get(FR_BUFFER_ENV) or os.environ.get(_LEGACY_BUFFER_ENV)
+    how = f"{FR_BUFFER_ENV}={raw}" if raw is not None else "this torch's default"
+    return (
+        f"torch's flight recorder is off ({how}), so collectives torch issues itself (DDP, FSDP, compiled graphs, "
+        f"NCCL) are not seen; set {FR_BUFFER_ENV}=2000 before init_process_group (python -m distdiag.watch does)"
+    )
+
+
+def _label_for(name: str) -> str:
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        pg = c10d._resolve_process_group(name)
+        if pg is c10d._get_default_group():
+            return "world"
+        return "ranks[" + ",".join(str(r) for r in dist.get_process_group_ranks(pg)) + "]"
+    except Exception:  # noqa: BLE001 - a label only
+        return f"group {name}"
+
+
+def _dump_label(name: str, config: dict[str, Any]) -> str:
+    cfg = config.get(name) if isinstance(config, dict) else None
+    if isinstance(cfg, dict):
+        if cfg.get("desc") == "default_pg":
+            return "world"
+        ranks = cfg.get("ranks")
+        if isinstance(ranks, str) and ranks.strip("[] "):
+            return "ranks[" + ",".join(x.strip() for x in ranks.strip("[]").split(",")) + "]"
+    return "world" if name == "0" else f"group {name}"
+
+
+def positions_from_dump(dump: dict[str, Any]) -> dict[str, Any]:
+    """An engine view (as `EngineReader.read` returns) from one rank's dump file.
+
+    Works from `pg_status` when the dump has it, else from the entries alone (the last
+    sequence number per group, and the states). Raises ValueError for a dump that is not one.
+    """
+    if not isinstance(dump, dict):
+        raise ValueError("not a flight-recorder dump (expected a JSON object)")
+    entries_raw = dump.get("entries")
+    if entries_raw is None:
+        entries_raw = []
+    if not isinstance(entries_raw, list):
+        raise ValueError("not a flight-recorder dump ('entries' is not a list)")
+    config = dump.get("pg_config") if isinstance(dump.get("pg_config"), dict) else {}
+    entries = [compact_entry(e, _dump_label(_pg_name(e), config)) for e in entries_raw if isinstance(e, dict) and not e.get("is_p2p")]
+    status = dump.get("pg_status") if isinstance(dump.get("pg_status"), dict) else {}
+    groups: list[dict[str, Any]] = []
+    names = sorted({str(n) for n in status} | {e["pg"] for e in entries}, key=lambda n: (len(n), n))
+    for name in names:
+        mine = [e for e in entries if e["pg"] == name]
+        st = status.get(name)
+        guessed = False
+        if not isinstance(st, dict):
+            seqs = [e["seq"] for e in mine]
+            done = [e["seq"] for e in mine if e.get("state") == "completed"]
+            informative = any(e.get("state") in ("started", "completed") for e in mine)
+            last = max(seqs) if seqs else -1
+            st = {
+                "last_enqueued_collective": last,
+                # gloo leaves every entry 'scheduled': completion is unknown, so the last
+                # collective a rank issued is taken as the one it is in.
+                "last_completed_collective": (max(done) if done else -1) if informative else last - 1,
+                "last_started_collective": max((e["seq"] for e in mine if e.get("state") in ("started", "completed")), default=-1),
+            }
+            guessed = not informative
+        g = _group_entry(name, _dump_label(name, config), st, "dump")
+        if guessed:
+            g["completion_unknown"] = True
+        if g["enqueued"] > g["completed"]:
+            last = next((e for e in reversed(mine) if e["seq"] == g["enqueued"]), None)
+            _attach_pending(g, last, 0, None)
+            g["pending"]["for_s"] = None  # a dump does not say when it was taken
+        groups.append(g)
+    return {"state": "ok" if groups else "off", "reason": "" if groups else "the dump holds no process group",
+            "groups": groups, "entries": entries}
