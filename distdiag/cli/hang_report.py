@@ -10,7 +10,6 @@ early on which group, and where ranks recorded different collectives at the same
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,88 +25,40 @@ def _rank_of(path: Path, fallback: int) -> int:
     return int(match.group(1)) if match else fallback
 
 
-def _as_record(entry: dict[str, Any]) -> dict[str, Any]:
-    """A recorder entry in the watchdog's record form, for hang.first_divergence.
-
-    "op" keeps the recorder's full profiling name (e.g. "gloo:all_reduce"), as the
-    evidence line shows it; sizes and dtypes are strings so that records compare and hash.
-    """
-    from distdiag.watchdog.flight import _compact
-
-    c = _compact(entry)
-    return {"op": entry.get("profiling_name"), "group": c["pg"],
-            "seq": int(c["seq"] or 0), "shape": str(c["sizes"]), "dtype": str(c["dtypes"])}
-
-
 def report_from_dumps(dumps: dict[int, dict[str, Any]]) -> Any:
-    """A Report (probe 'flight_recorder') from per-rank recorder dumps."""
-    from distdiag.hang import first_divergence
+    """A Report (probe 'flight_recorder') from per-rank recorder dumps.
+
+    Each dump becomes that rank's engine view (distdiag.engine.positions_from_dump: what it
+    enqueued, started and completed per group, and its entries), and the hang rules that
+    read live snapshots read these: who never entered the collective the others are in, a
+    desync in the entries, a stall (NCCL: started everywhere, completed nowhere).
+    Raises ValueError for a file that is not a dump.
+    """
+    from distdiag.engine import positions_from_dump
+    from distdiag.hang import analyze_hang, snapshot_details
     from distdiag.render import format_ranks
     from distdiag.report import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
-    from distdiag.watchdog.flight import summarize_dump
 
-    summaries = {r: summarize_dump(d) for r, d in sorted(dumps.items())}
-    findings: list[Finding] = []
-    by_pg: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
-    for rank, summary in summaries.items():
-        for pg, last in summary["last"].items():
-            by_pg[pg][rank] = last
-    recents = {
-        rank: {"recent": [_as_record(e) for e in dump.get("entries") or [] if not e.get("is_p2p")]}
-        for rank, dump in dumps.items()
+    world = max(dumps) + 1 if dumps else 0
+    snaps = {
+        rank: {"phase": "training", "probe": "the dumped job", "stack": [], "recent": [],
+               "engine": positions_from_dump(dump), "in_collective": None}
+        for rank, dump in sorted(dumps.items())
     }
-    divergence = first_divergence(recents)
-    if divergence is not None:
-        pg, seq, by_rank = divergence
-        variants: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-        for rank, c in by_rank.items():
-            variants[(c["op"], c["shape"], c["dtype"])].append(rank)
-        ordered = sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
-        odd = sorted(r for _, rs in ordered[1:] for r in rs)
-        lines = [f"{format_ranks(sorted(rs))}: {k[0]} sizes {k[1]} dtypes {k[2]}" for k, rs in ordered]
-        findings.append(
-            Finding(
-                severity="critical",
-                issue=f"desync on process group {pg} at collective #{seq}: {format_ranks(odd)} recorded a different collective than {format_ranks(sorted(ordered[0][1]))}",
-                evidence="\n".join(lines),
-                ranks=odd,
-                fix="every rank must issue the same collectives in the same order",
-                confidence=0.7,
-            )
-        )
-    for pg, lasts in sorted(by_pg.items()):
-        top = max(int(c["seq"]) for c in lasts.values())
-        behind = sorted(r for r, c in lasts.items() if int(c["seq"]) < top)
-        missing = sorted(set(dumps) - set(lasts))
-        if behind or missing:
-            where = "; ".join(f"rank {r} last #{lasts[r]['seq']} {lasts[r]['op']}" for r in behind)
-            findings.append(
-                Finding(
-                    severity="critical",
-                    issue=f"on process group {pg}, {format_ranks(behind + missing)} stopped before collective #{top} that others recorded",
-                    evidence=where or "no entries for this group in their dumps",
-                    ranks=behind + missing,
-                    fix="those ranks never issued the collective the others wait in: their stacks (pickle dumps, or the watchdog) show where they are",
-                    confidence=0.7,
-                )
-            )
-    findings.append(
-        Finding(
-            severity="info",
-            issue=f"read flight-recorder dumps of {format_ranks(sorted(dumps))}",
-            evidence="on gloo the recorder keeps no group membership and leaves entries 'scheduled'; states are not evidence there",
-        )
-    )
-    result = ProbeResult.from_findings(
-        "flight_recorder", findings,
-        details={"table:last collective per rank": [
-            {"rank": r, "pg": pg, "seq": c["seq"], "op": c["op"], "sizes": c["sizes"]}
-            for r, s in summaries.items() for pg, c in sorted(s["last"].items())
-        ]},
-    )
+    lost = {r: "no dump file for this rank" for r in range(world) if r not in dumps}
+    findings = [f for f in analyze_hang(snaps, lost, {}, world, what="the dumped job", timeout_s=0)
+                if "did not finish within" not in f.issue]
+    guessed = any(g.get("completion_unknown") for s in snaps.values() for g in s["engine"]["groups"])
+    note = ("gloo dumps record no completion: each rank's last recorded collective is taken as the one it is in"
+            if guessed else "positions from each dump's pg_status (enqueued / started / completed per group)")
+    findings.append(Finding(severity="info", issue=f"read flight-recorder dumps of {format_ranks(sorted(dumps))}", evidence=note))
+    details = snapshot_details(snaps)
+    details.pop("stacks", None)
+    details.pop("recent_collectives", None)
+    result = ProbeResult.from_findings("flight_recorder", findings, details=details)
     code = EXIT_HANG if any(f.severity == "critical" for f in findings) else EXIT_PASS
     return Report(
-        world_size=max(dumps) + 1 if dumps else 0, probes=[result], exit_code=code, verdict=verdict_for(code, [result]),
+        world_size=world, probes=[result], exit_code=code, verdict=verdict_for(code, [result]),
         outcome="hang" if code else "completed", summary=findings[0].issue,
     )
 
@@ -151,7 +102,10 @@ def hang_report(
             raise fail(str(exc)) from None
         except OSError as exc:
             raise fail(f"cannot read {file}: {exc.strerror}") from None
-    report = report_from_dumps(dumps)
+    try:
+        report = report_from_dumps(dumps)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     typer.echo(report.to_json() if format == "json" else render_hang_report(report))
     if exit_code:
         raise typer.Exit(report.exit_code)

@@ -17,12 +17,12 @@ from typing import Any
 
 from distdiag.exchange import Exchange
 from distdiag.hang import (
-    _stack_text,
     analyze_hang,
     desync_finding,
     ensure_critical,
     find_desync,
     snapshot_details,
+    stack_text,
     state_rows,
 )
 from distdiag.render import render_report
@@ -42,7 +42,7 @@ def _phase_findings(snaps: dict[int, dict[str, Any]]) -> list[Finding]:
                     Finding(
                         severity="critical",
                         issue=f"rank {rank} has been in phase '{ph['name']}' for {ph['for_s']:.1f}s, over its budget of {ph['budget_s']:g}s",
-                        evidence=_stack_text(snap),
+                        evidence=stack_text(snap),
                         ranks=[rank],
                         fix=f"if '{ph['name']}' is just slow, give the phase a larger timeout; otherwise the stack shows where it is stuck",
                         confidence=0.85,
@@ -87,6 +87,21 @@ def analyse(
     findings += _phase_findings(merged)
     findings += analyze_hang(merged, lost, errors, world, what=what, timeout_s=timeout_s)
     return findings
+
+
+def _step_summary(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Steps per rank and the usual step time: lag between ranks, a rank that left the loop."""
+    steps = {str(r): s.get("steps") for r, s in sorted(snaps.items()) if s.get("steps") is not None}
+    cadences = sorted(s["step_cadence_s"] for s in snaps.values() if s.get("step_cadence_s"))
+    sources = sorted({s["step_source"] for s in snaps.values() if s.get("step_source")})
+    return {
+        "per_rank": steps,
+        "source": sources[0] if len(sources) == 1 else sources,
+        "usual_step_s": cadences[len(cadences) // 2] if cadences else None,
+        "since_step_s": {str(r): s.get("step_for_s") for r, s in sorted(snaps.items()) if s.get("step_for_s") is not None},
+        "in_training_loop": {str(r): s.get("in_loop") for r, s in sorted(snaps.items()) if s.get("in_loop") is not None},
+        "loop": sorted({s["loop"] for s in snaps.values() if s.get("loop")}),
+    }
 
 
 def render_hang_report(report: Report) -> str:
@@ -148,11 +163,15 @@ def gather_and_write(
     for row in rows:
         s = merged.get(row["rank"])
         row["step"] = "-" if s is None or s.get("step") is None else s.get("step")
+        row["steps"] = "-" if s is None or s.get("steps") is None else s.get("steps")
     details = {
         "table:ranks at the end": rows,
         "event": event,
         **snapshot_details(merged),
-        "flight_recorder": {str(r): s["flight_recorder"] for r, s in sorted(merged.items()) if s.get("flight_recorder")},
+        "flight_recorder": {
+            str(r): (s.get("engine") or {}).get("entries") for r, s in sorted(merged.items()) if (s.get("engine") or {}).get("entries")
+        },
+        "steps": _step_summary(merged),
         "errors": {str(r): e for r, e in errors.items()},
     }
     ensure_critical(
@@ -160,7 +179,8 @@ def gather_and_write(
         "ranks' states are in the table below", "see the per-rank stacks",
     )
     result = ProbeResult.from_findings("watchdog", findings, details=details, duration_s=time.monotonic() - started)
-    outcome = "desync" if event.get("kind") == "desync" else ("lost_rank" if lost else "hang")
+    kind = event.get("kind")
+    outcome = "desync" if kind == "desync" else ("lost_rank" if lost else ("raised" if kind == "raised" else "hang"))
     ranks = [infos.get(r, RankInfo(r, "?", -1, -1, "?", -1)) for r in range(world)]
     top = next((f for f in findings if f.severity == "critical"), findings[0])
     more = len([f for f in findings if f.severity in ("critical", "error")]) - 1

@@ -36,7 +36,7 @@ def test_json_dumps_name_the_rank_that_stopped_and_a_mismatch(tmp_path):
     data = json.loads(out.output)
     issues = [f["issue"] for f in data["probes"][0]["findings"]]
     assert any("desync" in i and "#2" in i for i in issues)
-    assert any("rank 1 stopped before collective #3" in i for i in issues)
+    assert any("rank 1 never entered all_reduce #3" in i for i in issues)
 
 
 def test_pickle_dumps_need_trust_pickle(tmp_path):

@@ -1,0 +1,38 @@
+"""Why a run stopped making progress: hang analysis shared by the check and the watchdog.
+
+    views.py   each rank's snapshot read into where it waits (torch's flight recorder first,
+               our wrappers for call sites), the per-rank table, the details
+    rules.py   the ordered rules (raised, lost, behind, desync..., stall, nobody waiting)
+    desync.py  desyncs from fingerprint histories and from the recorder's entries
+    fixes.py   what to do about exceptions distributed jobs raise often
+
+Imports: distdiag.engine, distdiag.render, distdiag.report only (no torch).
+"""
+
+from __future__ import annotations
+
+from distdiag.hang.desync import (
+    SHAPE_FREE_OPS,
+    desync_finding,
+    find_desync,
+    first_divergence,
+    record_desync_finding,
+    record_divergence,
+)
+from distdiag.hang.rules import RULES, Analysis, analyze_hang, ensure_critical
+from distdiag.hang.views import (
+    RankView,
+    build_views,
+    coll_label,
+    rank_state,
+    snapshot_details,
+    stack_text,
+    state_rows,
+    where,
+)
+
+__all__ = [
+    "analyze_hang", "ensure_critical", "Analysis", "RULES",
+    "RankView", "build_views", "rank_state", "state_rows", "snapshot_details", "stack_text", "where", "coll_label",
+    "SHAPE_FREE_OPS", "find_desync", "desync_finding", "first_divergence", "record_divergence", "record_desync_finding",
+]

@@ -1,0 +1,262 @@
+"""Desyncs: ranks whose collectives stop matching, found three ways.
+
+- `find_desync` / `desync_finding`: from the watchdog's fingerprint histories (op, shape,
+  dtype, call site per collective): the first sequence number where a rank departs from the
+  majority - a different op or shape (`mismatch`), or a call-site shift by one (`skipped`,
+  `extra`: a collective the backend paired silently with the next one).
+- `first_divergence`: the coarser per-record comparison of the recent collectives.
+- `record_divergence`: from torch's flight-recorder entries (distdiag.engine): the same
+  sequence number on a group with a different op or sizes - it sees the collectives no
+  wrapper saw (compiled graphs, C++ callers).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from distdiag.hang.views import coll_label
+from distdiag.render import format_ranks
+from distdiag.report import Finding
+
+__all__ = [
+    "SHAPE_FREE_OPS", "find_desync", "desync_finding", "desync_lines", "first_divergence", "has_history",
+    "record_divergence", "record_desync_finding",
+]
+
+
+def _fingerprint(c: dict[str, Any]) -> tuple[Any, ...]:
+    return (c["op"], str(c.get("shape")), c.get("dtype"))
+
+
+def first_divergence(snaps: dict[int, dict[str, Any]]) -> tuple[str, int, dict[int, dict[str, Any]]] | None:
+    """The first (group, seq) at which ranks' recorded collectives differ, from their histories."""
+    history: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
+    for rank, snap in snaps.items():
+        for c in list(snap.get("recent", [])) + ([snap["in_collective"]] if snap.get("in_collective") else []):
+            history[(c["group"], int(c["seq"]))][rank] = c
+    for (group, seq), by_rank in sorted(history.items(), key=lambda kv: kv[0][1]):
+        if len(by_rank) > 1 and len({_fingerprint(c) for c in by_rank.values()}) > 1:
+            return group, seq, by_rank
+    return None
+
+
+SHAPE_FREE_OPS = frozenset({
+    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "all_gather_object",
+    "broadcast_object_list", "gather_object", "scatter_object_list", "gather", "scatter",
+})
+"""Ops whose shapes may differ between ranks legitimately (uneven splits, root-only lists)."""
+_SHIFT_CHECK = 4
+"""How many following collectives must confirm a shift before it is called a skip/extra."""
+
+
+def _pair_key(c: dict[str, Any]) -> tuple[Any, ...]:
+    """What the backend pairs on: the op, and the shape/dtype where they must agree."""
+    op = str(c["op"])
+    if op.split("(", 1)[0].rsplit(":", 1)[-1] in SHAPE_FREE_OPS:
+        return (op,)
+    return (op, str(c.get("shape")), c.get("dtype"))
+
+
+def _full_key(c: dict[str, Any]) -> tuple[Any, ...]:
+    return (*_pair_key(c), c.get("call_site"))
+
+
+def has_history(snaps: dict[int, dict[str, Any]]) -> bool:
+    return any(s.get("history") for s in snaps.values())
+
+
+def _histories(snaps: dict[int, dict[str, Any]]) -> dict[str, dict[int, dict[int, dict[str, Any]]]]:
+    by_group: dict[str, dict[int, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    for rank, snap in snaps.items():
+        records = list(snap.get("history") or snap.get("recent") or [])
+        if snap.get("in_collective"):
+            records.append(snap["in_collective"])
+        for c in records:
+            if int(c.get("seq", 0)) > 0:
+                by_group[str(c["group"])][rank][int(c["seq"])] = c
+    return by_group
+
+
+def _classify(mine: dict[int, dict[str, Any]], ref: dict[int, dict[str, Any]], lo: int, hi: int) -> tuple[int, str] | None:
+    """The first seq where `mine` stops matching `ref`, and why: mismatch | skipped | extra."""
+    for seq in range(lo, hi + 1):
+        a, b = mine.get(seq), ref.get(seq)
+        if a is None or b is None or _full_key(a) == _full_key(b):
+            continue
+        if _pair_key(a) != _pair_key(b):
+            return seq, "mismatch"
+        ahead = [s for s in range(seq, seq + _SHIFT_CHECK) if s in mine and s + 1 in ref]
+        if ahead and all(_full_key(mine[s]) == _full_key(ref[s + 1]) for s in ahead):
+            return seq, "skipped"
+        behind = [s for s in range(seq, seq + _SHIFT_CHECK) if s + 1 in mine and s in ref]
+        if behind and all(_full_key(mine[s + 1]) == _full_key(ref[s]) for s in behind):
+            return seq, "extra"
+        # Same op and shape from another line, and no shift after it: a legitimate
+        # rank-dependent call site (e.g. `if rank == 0: broadcast(...) else: broadcast(...)`).
+    return None
+
+
+def find_desync(snaps: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The earliest point where some rank's collective history departs from the majority's."""
+    best: dict[str, Any] | None = None
+    for group, ranks in _histories(snaps).items():
+        if len(ranks) < 2:
+            continue
+        lo = max(min(recs) for recs in ranks.values())
+        hi = max(max(recs) for recs in ranks.values())
+        if lo > hi:
+            continue
+        sig: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+        common_hi = min(max(recs) for recs in ranks.values())
+        for rank, recs in sorted(ranks.items()):
+            sig[tuple(_full_key(recs[s]) if s in recs else None for s in range(lo, common_hi + 1))].append(rank)
+        if len(sig) < 2 and all(max(recs) == hi for recs in ranks.values()):
+            continue
+        classes = sorted(sig.values(), key=lambda rs: (-len(rs), rs[0]))
+        tie = len(classes) > 1 and len(classes[0]) == len(classes[1])
+        majority = classes[0]
+        ref = majority[0]
+        hits: list[tuple[int, str, int]] = []
+        for rank in sorted(ranks):
+            if rank in majority:
+                continue
+            found = _classify(ranks[rank], ranks[ref], lo, hi)
+            if found is not None:
+                hits.append((found[0], found[1], rank))
+        if not hits:
+            continue
+        seq = min(h[0] for h in hits)
+        odd = sorted(h[2] for h in hits if h[0] == seq)
+        kind = next(h[1] for h in hits if h[0] == seq)
+        located = {
+            "group": group, "seq": seq, "kind": kind, "odd": odd, "majority": majority, "tie": tie,
+            "records": {r: ranks[r].get(seq) for r in odd + [ref]},
+            "next": {r: ranks[r].get(seq + 1) for r in odd + [ref]},
+            "ref": ref,
+        }
+        if best is None or seq < best["seq"]:
+            best = located
+    return best
+
+
+def _rec_text(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "(nothing recorded)"
+    step = f" in step {c['step']}" if c.get("step") is not None else ""
+    return f"{coll_label(c)}{step} at {c.get('call_site', '?')}"
+
+
+def desync_lines(d: dict[str, Any]) -> list[str]:
+    ref = d["ref"]
+    lines = [f"  {format_ranks(d['majority'])}: {_rec_text(d['records'][ref])}"]
+    lines += [f"  rank {r}: {_rec_text(d['records'][r])}" for r in d["odd"]]
+    lines.append(f"then #{d['seq'] + 1}:")
+    lines.append(f"  {format_ranks(d['majority'])}: {_rec_text(d['next'][ref])}")
+    lines += [f"  rank {r}: {_rec_text(d['next'][r])}" for r in d["odd"]]
+    return lines
+
+
+def desync_finding(d: dict[str, Any]) -> Finding:
+    """A finding naming the odd rank(s), the step, and both call sites of the divergence."""
+    ref, odd, seq, group = d["ref"], d["odd"], d["seq"], d["group"]
+    theirs, mine = d["records"][ref] or {}, d["records"][odd[0]] or {}
+    who = format_ranks(odd)
+    others = format_ranks(d["majority"])
+    step = mine.get("step", theirs.get("step"))
+    at = f" in step {step}" if step is not None else ""
+    if d["kind"] == "skipped":
+        issue = (
+            f"desync on group {group}: {who} skipped collective #{seq}{at} - {others} issued {theirs.get('op')} "
+            f"at {theirs.get('call_site', '?')}, {who} went on to {mine.get('op')} at {mine.get('call_site', '?')}, "
+            "which the backend paired with it"
+        )
+    elif d["kind"] == "extra":
+        issue = (
+            f"desync on group {group}: {who} issued one extra {mine.get('op')} as collective #{seq}{at} at "
+            f"{mine.get('call_site', '?')}; {others} issued {theirs.get('op')} at {theirs.get('call_site', '?')} "
+            "there, and the backend paired the two silently"
+        )
+    else:
+        issue = (
+            f"desync on group {group} at collective #{seq}{at}: {who} issued {mine.get('op')} "
+            f"({mine.get('dtype', '?')}{mine.get('shape')}) at {mine.get('call_site', '?')} where {others} issued "
+            f"{theirs.get('op')} ({theirs.get('dtype', '?')}{theirs.get('shape')}) at {theirs.get('call_site', '?')}"
+        )
+    if d["tie"]:
+        issue += " (no majority: either side may be the odd one)"
+    return Finding(
+        severity="critical",
+        issue=issue,
+        evidence="\n".join([f"first divergence at {group} #{seq}:", *desync_lines(d)]),
+        ranks=sorted(set(odd) | (set(d["majority"]) if d["tie"] else set())),
+        fix=(
+            "every rank must issue the same collectives in the same order: look for a rank-dependent "
+            "branch, an early return/continue or an extra call around the call sites shown"
+        ),
+        confidence=0.55 if d["tie"] else 0.9,
+    )
+
+
+# -- desync from torch's flight-recorder entries (distdiag.engine) ---------------------------
+
+
+def _record_key(e: dict[str, Any]) -> tuple[Any, ...]:
+    op = str(e.get("op"))
+    if op in SHAPE_FREE_OPS:
+        return (op,)
+    return (op, str(e.get("sizes")), str(e.get("dtypes")))
+
+
+def _record_text(e: dict[str, Any]) -> str:
+    return f"{e.get('op')} sizes {e.get('sizes')} dtypes {e.get('dtypes')}"
+
+
+def record_divergence(snaps: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The first (group, seq) where ranks' recorder entries name a different op or sizes.
+
+    Only sequence numbers that at least two ranks recorded are compared, so ranks whose
+    recorder tails cover different stretches are not called desynced.
+    """
+    by_key: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
+    for rank, snap in snaps.items():
+        engine = snap.get("engine") or {}
+        for e in engine.get("entries") or []:
+            if not e.get("p2p") and int(e.get("seq") or 0) > 0:
+                by_key[(str(e.get("group")), int(e["seq"]))][rank] = e
+    for (group, seq), by_rank in sorted(by_key.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if len(by_rank) < 2:
+            continue
+        variants: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+        for rank, e in sorted(by_rank.items()):
+            variants[_record_key(e)].append(rank)
+        if len(variants) > 1:
+            ordered = sorted(variants.values(), key=lambda rs: (-len(rs), rs[0]))
+            return {"group": group, "seq": seq, "classes": ordered, "by_rank": by_rank,
+                    "tie": len(ordered[0]) == len(ordered[1])}
+    return None
+
+
+def record_desync_finding(d: dict[str, Any], severity: str = "critical") -> Finding:
+    """A finding naming the ranks whose recorded collective differs at the first divergence."""
+    classes, by_rank = d["classes"], d["by_rank"]
+    majority = classes[0]
+    odd = sorted(r for c in (classes if d["tie"] else classes[1:]) for r in c)
+    lines = [f"  {format_ranks(c)}: {_record_text(by_rank[c[0]])}" for c in classes]
+    who = "no majority: either side may be the odd one" if d["tie"] else f"{format_ranks(odd)} differ from {format_ranks(majority)}"
+    return Finding(
+        severity=severity,
+        issue=(
+            f"desync on group {d['group']} at collective #{d['seq']} (torch's flight recorder): the ranks recorded "
+            f"different collectives there ({who}; {format_ranks(majority)}: {by_rank[majority[0]].get('op')}, "
+            f"{format_ranks(odd if not d['tie'] else classes[1])}: {by_rank[(odd if not d['tie'] else classes[1])[0]].get('op')})"
+        ),
+        evidence="\n".join([f"recorded as collective #{d['seq']} on {d['group']}:", *lines]),
+        ranks=odd,
+        fix=(
+            "every rank must issue the same collectives in the same order and with the same sizes: look for a "
+            "rank-dependent branch or data-dependent shapes (this includes collectives torch issues for you: DDP "
+            "buckets, FSDP all-gathers, compiled graphs)"
+        ),
+        confidence=0.5 if d["tie"] else 0.85,
+    )

@@ -1,0 +1,450 @@
+"""Why a run stopped making progress: an ordered list of small rules over every rank's view.
+
+Input: each live rank's last snapshot (distdiag.hang.views reads where it waits, from
+torch's flight recorder and our wrappers), what is known of the ranks that could not answer
+(gone, stopped, silent, never checked in), and the exceptions ranks raised or caught.
+Output: findings that name the culprit ranks, where they are, and the fix.
+
+The rules, tried in this order (`RULES`); each adds findings and marks the ranks it
+explained, so a later rule does not blame a rank twice:
+  1. raised      - a rank's exception (raised, or caught and carried on from) left others waiting;
+  2. lost        - a rank's process is gone, stopped or silent, or it never checked in;
+  3. behind      - ranks wait in collective #N on a group that rank k never entered: k computes
+                   elsewhere, waits on another group, finished with fewer collectives, or ran
+                   fewer training steps (uneven data);
+  4. desync_in_flight    - ranks inside different collectives at the same sequence number;
+  5. desync_in_records   - torch's recorder entries differ at the same sequence number;
+  6. desync_in_histories - the watchdog's fingerprint histories part (skip, extra, mismatch);
+  7. stall       - every member inside the same collective: below the program (network,
+                   fabric, GPU), split by NCCL's "started" where it is known;
+  8. nobody_waiting - no rank inside a collective: the step is slower than the deadline.
+Adding a rule is adding a function to `RULES`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from distdiag.hang.desync import (
+    desync_finding,
+    desync_lines,
+    find_desync,
+    first_divergence,
+    has_history,
+    record_desync_finding,
+    record_divergence,
+)
+from distdiag.hang.fixes import GENERIC_FIX, fix_for
+from distdiag.hang.views import RankView, build_views, coll_label, group_members, stack_text, where
+from distdiag.render import format_ranks
+from distdiag.report import Finding
+
+__all__ = ["Analysis", "RULES", "analyze_hang", "ensure_critical"]
+
+
+@dataclass
+class Analysis:
+    """What every rule reads, and what the rules found so far."""
+
+    views: dict[int, RankView]
+    lost: dict[int, str]
+    errors: dict[int, dict[str, Any]]
+    """rank -> exception summary (type, message, traceback, raised_at, through; `caught`: the
+    rank caught it and went on; `comm`: a broken connection, a consequence of a lost peer)."""
+    world: int
+    what: str
+    timeout_s: float
+    findings: list[Finding] = field(default_factory=list)
+    explained: set[int] = field(default_factory=set)
+    causes: set[int] = field(default_factory=set)
+    """Ranks whose exception stranded others: what they do next is a consequence."""
+    desync_reported: bool = False
+
+    def waiters(self) -> dict[str, dict[int, dict[str, Any]]]:
+        """group -> {rank: the collective it waits in on that group}."""
+        out: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+        for rank, v in sorted(self.views.items()):
+            for w in v.waits:
+                out[w["group"]][rank] = w
+        return out
+
+    def waiting_ranks(self) -> list[int]:
+        return sorted(r for r, v in self.views.items() if v.waiting)
+
+    def members(self, group: str) -> list[int]:
+        known = group_members(group, self.world)
+        if known is not None:
+            return known
+        return sorted(r for r, v in self.views.items() if group in v.positions or v.wait_on(group)) + sorted(self.lost)
+
+
+def _they(ranks: list[int]) -> str:
+    """'rank 0 waits' / 'ranks 0-2 wait'."""
+    return f"{format_ranks(ranks)} {'waits' if len(ranks) == 1 else 'wait'}"
+
+
+def _wait_text(w: dict[str, Any]) -> str:
+    via = w.get("via") or ""
+    how = f" via {via}" if via and not str(w.get("op", "")).startswith(via) else ""
+    return f"{coll_label(w)}{how}"
+
+
+# -- 1. a rank's exception ------------------------------------------------------------------
+
+
+def raised(a: Analysis) -> None:
+    causes = {r: e for r, e in a.errors.items() if not e.get("comm")}
+    if not causes:
+        return
+    stranded = [r for r in a.waiting_ranks() if r not in causes]
+    by_exc: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for rank, err in sorted(causes.items()):
+        by_exc[(err.get("type"), err.get("message"), bool(err.get("caught")))].append(rank)
+    for (etype, message, caught), ranks in by_exc.items():
+        err = causes[ranks[0]]
+        who = format_ranks(ranks)
+        lib = f" in {err['through']}" if err.get("through") else ""
+        at = f" at {err['raised_at']}" if err.get("raised_at") else ""
+        left = ""
+        if stranded:
+            w = a.views[stranded[0]].waits[0]
+            them = "it never entered" if len(ranks) == 1 else "they never entered"
+            then = " and went on" if caught else ""
+            left = f"{then}; {format_ranks(stranded)} were left waiting in {_wait_text(w)} that {them}"
+        gone = [r for r in ranks if r in a.lost]
+        if gone:
+            left += f"; then {format_ranks(gone)} was lost ({a.lost[gone[0]]})"
+        verb = "raised" if not caught else "caught an exception"
+        issue = f"{a.what} {verb} on {who}: {etype}: {message}{lib}{left}"
+        evidence = "\n".join(x for x in (f"raised{at}" if at else "", err.get("traceback", "")) if x)
+        a.findings.append(
+            Finding(
+                severity="critical" if stranded else "error",
+                issue=issue,
+                evidence=evidence,
+                ranks=ranks,
+                fix=fix_for(str(etype), str(message)) or GENERIC_FIX,
+                confidence=0.9,
+            )
+        )
+        if stranded:
+            a.causes.update(ranks)
+        a.explained.update(ranks)
+
+
+# -- 2. lost ranks --------------------------------------------------------------------------
+
+
+def lost(a: Analysis) -> None:
+    comm_only = {r: e for r, e in a.errors.items() if e.get("comm")}
+    if comm_only and not a.lost:
+        # Connections broke but every rank answered: name what the ranks saw.
+        ranks = sorted(comm_only)
+        e = comm_only[ranks[0]]
+        a.findings.append(
+            Finding(
+                severity="critical",
+                issue=f"{format_ranks(ranks)} lost a connection to a peer during {a.what}: {e.get('type')}: {e.get('message')}",
+                evidence=e.get("traceback", ""),
+                ranks=ranks,
+                fix="gloo names the peer by address, not by rank: find the rank on that host and port; look for a "
+                    "process that ended or a network fault (dmesg, the node's health)",
+                confidence=0.7,
+            )
+        )
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for rank, reason in sorted(a.lost.items()):
+        if rank not in a.explained:
+            by_reason[reason].append(rank)
+    comm = sorted(r for r, e in a.errors.items() if e.get("comm"))
+    for reason, ranks in by_reason.items():
+        never = "never checked in" in reason
+        evidence = f"no snapshot from {format_ranks(ranks)} through the store; the others kept answering"
+        if comm:
+            evidence += f"; {format_ranks(comm)} saw their connection to a peer close (a consequence)"
+        a.findings.append(
+            Finding(
+                severity="critical",
+                issue=f"{format_ranks(ranks)} lost during {a.what}: {reason}",
+                evidence=evidence,
+                ranks=ranks,
+                fix=(
+                    "look for the process's end: the kernel log (dmesg: OOM killer, segfault), "
+                    "torchrun's per-worker exit code, the node's health; a stopped process "
+                    "(SIGSTOP, debugger) must be continued or killed"
+                ),
+                confidence=0.6 if never else 0.95,
+            )
+        )
+        a.explained.update(ranks)
+
+
+# -- 3. ranks that never entered what the others wait in -----------------------------------
+
+
+def _step_lag(a: Analysis, rank: int, waiters: list[int]) -> str | None:
+    """How the rank's training steps compare with the waiting ranks', when that says it left.
+
+    Fewer steps (marks or optimizer steps) is a lag; the same number while the rank is no
+    longer inside its training loop's frame (the others are inside their next step) means it
+    left the loop.
+    """
+    v = a.views[rank]
+    mine = v.steps
+    theirs = [a.views[r].steps for r in waiters if a.views[r].steps is not None]
+    if mine is None or not theirs:
+        return None
+    if mine < min(theirs):
+        return f"rank {rank} has taken {mine} training step(s) and the waiting ranks {min(theirs)}"
+    if v.in_loop is False or v.state in ("finished", "final"):
+        return (f"rank {rank} took {mine} training step(s) and left its training loop ({v.snap.get('loop') or '?'}) "
+                f"while the others are in step {min(theirs) + 1}")
+    return None
+
+
+def _behind_text(a: Analysis, rank: int, group: str, seq: int) -> tuple[str, str]:
+    """(where the rank is, the evidence) for a rank behind on `group`."""
+    v = a.views[rank]
+    snap = v.snap
+    other = next((w for w in v.waits if w["group"] != group), None)
+    same = v.wait_on(group)
+    if same is not None and same["seq"] < seq:
+        since = f" for {float(same['for_s']):.1f}s" if same.get("for_s") else ""
+        return f"it waits in {_wait_text(same)}{since}", stack_text(snap)
+    if other is not None:
+        return (f"it waits in {_wait_text(other)} on another group (called at {other.get('call_site', '?')}): "
+                "the groups wait on each other", stack_text(snap))
+    if v.state in ("finished", "final"):
+        done = v.positions.get(group)
+        count = f"{done} collectives on {group}" if done is not None else f"{snap.get('collectives_in_probe', 0)} collectives"
+        return f"it finished {a.what} after {count} and left", stack_text(snap)
+    return f"it is at {where(snap.get('stack', []))}", f"rank {rank} main-thread stack (innermost last):\n{stack_text(snap)}"
+
+
+def behind(a: Analysis) -> None:
+    if a.lost:
+        return  # a lost rank explains why the others wait
+    for group, waits in a.waiters().items():
+        seq = max(int(w["seq"]) for w in waits.values())
+        at_top = sorted(r for r, w in waits.items() if int(w["seq"]) == seq)
+        first = waits[at_top[0]]
+        engine = first.get("source") == "engine"
+        for rank in a.members(group):
+            if rank in a.explained or rank in a.causes or rank in at_top or rank not in a.views:
+                continue
+            v = a.views[rank]
+            if engine and v.engine_ok:
+                if v.positions.get(group, 0) >= seq:
+                    continue  # it reached #seq (a different op there is a desync) or passed it
+            elif v.wait_on(group) is not None or v.state not in ("computing", "setup", "finished", "final"):
+                continue
+            elif v.state in ("finished", "final") and a.errors:
+                continue  # without engine counts, a finished rank next to a raise says nothing
+            a.findings.append(_behind_finding(a, rank, group, seq, at_top, first))
+            a.explained.add(rank)
+
+
+def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[int], first: dict[str, Any]) -> Finding:
+    v = a.views[rank]
+    place, evidence = _behind_text(a, rank, group, seq)
+    lag = _step_lag(a, rank, at_top)
+    if lag and v.state in ("computing", "finished", "final"):
+        issue = (
+            f"rank {rank} stopped taking training steps while {_they(at_top)} in {_wait_text(first)}: "
+            f"{lag}; {place}"
+        )
+        fix = (
+            f"rank {rank} ran out of data (or left the loop early) while the others still train: make every rank run "
+            "the same number of steps - DistributedSampler(..., drop_last=True) or an equal number of batches per "
+            "rank - or wrap the loop in DDP's Join context manager (torch.distributed.algorithms.Join) for uneven inputs"
+        )
+    elif v.state in ("finished", "final"):
+        issue = (
+            f"rank {rank} finished while {_they(at_top)} in {_wait_text(first)}: it issued fewer "
+            f"collectives (one was skipped, or it ran fewer steps); {place}"
+        )
+        fix = "look for a rank-dependent branch or an early exit around this collective; every rank must issue it"
+    else:
+        issue = f"rank {rank} never entered {first['op']} #{seq} on {group} that {_they(at_top)} in; {place}"
+        fix = (
+            f"find why rank {rank} is stuck or slow there (a rank-dependent branch, I/O, a lock, data loading); "
+            "every rank must reach the same collectives in the same order"
+        )
+    return Finding(severity="critical", issue=issue, evidence=evidence, ranks=[rank], fix=fix, confidence=0.9)
+
+
+# -- 4-6. desyncs ---------------------------------------------------------------------------
+
+
+def desync_in_flight(a: Analysis) -> None:
+    located = find_desync(a_snaps(a)) if has_history(a_snaps(a)) else None
+    for group, waits in a.waiters().items():
+        by_seq: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
+        for rank, w in waits.items():
+            by_seq[int(w["seq"])][rank] = w
+        for _seq, same in sorted(by_seq.items()):
+            keys: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+            for rank, w in same.items():
+                keys[tuple(w.get("key") or (w["op"], str(w.get("shape")), w.get("dtype")))].append(rank)
+            if len(keys) < 2:
+                continue
+            variants = sorted(keys, key=lambda k: (-len(keys[k]), keys[k][0]))
+            tie = len(keys[variants[1]]) == len(keys[variants[0]])
+            odd = sorted(r for k in (variants if tie else variants[1:]) for r in keys[k])
+            lines = [f"{format_ranks(sorted(keys[k]))}: {_wait_text(same[keys[k][0]])} at {same[keys[k][0]].get('call_site', '?')}" for k in variants]
+            if located is not None:
+                lines.append(f"first divergence at {located['group']} #{located['seq']}:")
+                lines += desync_lines(located)
+            else:
+                diverged = first_divergence(a_snaps(a))
+                if diverged is not None:
+                    dgroup, dseq, by_rank = diverged
+                    lines.append(f"first divergence at {dgroup} #{dseq}:")
+                    lines += [f"  rank {r}: {c['op']} at {c.get('call_site', '?')}" for r, c in sorted(by_rank.items())]
+            who = "no majority: the ranks disagree" if tie else f"odd ones: {format_ranks(odd)}"
+            who += "; " + ", ".join(f"{format_ranks(sorted(keys[k]))} in {same[keys[k][0]]['op']}" for k in variants)
+            consequence = bool(a.causes & set(same))
+            a.findings.append(
+                Finding(
+                    severity="error" if consequence else "critical",
+                    issue=(f"desync on group {group}: ranks are inside different collectives at the same sequence number ({who})"
+                           + (" - a consequence of the exception above" if consequence else "")),
+                    evidence="\n".join(lines),
+                    ranks=odd,
+                    fix="the ranks issue collectives in a different order or with different shapes: align the code paths",
+                    confidence=0.5 if tie else 0.85,
+                )
+            )
+            a.desync_reported = a.desync_reported or located is not None
+            a.explained.update(odd)
+
+
+def a_snaps(a: Analysis) -> dict[int, dict[str, Any]]:
+    return {r: v.snap for r, v in a.views.items()}
+
+
+def desync_in_records(a: Analysis) -> None:
+    if any("desync" in f.issue for f in a.findings):
+        return
+    d = record_divergence(a_snaps(a))
+    if d is None:
+        return
+    severity = "critical" if not any(f.severity == "critical" for f in a.findings) else "error"
+    a.findings.append(record_desync_finding(d, severity))
+    a.desync_reported = True
+
+
+def desync_in_histories(a: Analysis) -> None:
+    if a.desync_reported or not a.waiters():
+        return
+    located = find_desync(a_snaps(a)) if has_history(a_snaps(a)) else None
+    if located is not None:
+        a.findings.append(desync_finding(located))
+        a.desync_reported = True
+
+
+# -- 7-8. nobody to blame in the program ------------------------------------------------------
+
+
+def stall(a: Analysis) -> None:
+    if a.lost or a.errors or any(f.severity == "critical" for f in a.findings):
+        return
+    for group, waits in a.waiters().items():
+        members = a.members(group)
+        if sorted(waits) != sorted(members) or len({(tuple(w.get("key") or ()), w["seq"]) for w in waits.values()}) != 1:
+            continue
+        w = next(iter(waits.values()))
+        seq = int(w["seq"])
+        started = {r: x.get("started") for r, x in waits.items()}
+        known = {r: s for r, s in started.items() if s is not None}
+        not_started = sorted(r for r, s in known.items() if s < seq)
+        for_s = min(float(x.get("for_s") or 0) for x in waits.values())
+        if known and len(known) == len(waits) and not not_started:
+            issue = (f"every rank started {_wait_text(w)} and none completed it in {for_s:.1f}s: "
+                     "the collective is stuck in the network or the GPUs, below the program")
+            fix = ("check the fabric and the GPUs: NCCL_DEBUG=INFO, link errors (ibstat, nvidia-smi nvlink -e), Xid "
+                   "errors in dmesg; `distdiag check --profile gate` on the same nodes names a slow link or GPU")
+            ranks: list[int] = []
+        elif not_started:
+            issue = (f"{format_ranks(not_started)} enqueued {_wait_text(w)} but never started it, while the others did: "
+                     "their GPU stream is still busy with earlier work")
+            fix = ("look at what those ranks queued before this collective: a long or hung kernel, or a collective on "
+                   "another group that waits on its own peers (py-spy dump --native, or the ranks' stacks below)")
+            ranks = not_started
+        else:
+            issue = (f"every rank has been inside {_wait_text(w)} for {for_s:.1f}s: the collective does not complete")
+            fix = ("a stall below the program: check the network/fabric (NCCL_DEBUG=INFO, link errors), GPU health, "
+                   "and the process group's transport"
+                   + ("; on NCCL set TORCH_NCCL_ENABLE_TIMING=1 so a rank whose GPU never started it is told apart"
+                      if not known else ""))
+            ranks = []
+        a.findings.append(
+            Finding(severity="critical", issue=issue, ranks=ranks, fix=fix, confidence=0.6,
+                    evidence=f"all {len(waits)} member rank(s) of {group} are inside the same collective (same op, sequence number and shape)")
+        )
+
+
+def nobody_waiting(a: Analysis) -> None:
+    if a.waiters() or a.lost or a.errors or any(f.severity == "critical" for f in a.findings):
+        return
+    slow = sorted(a.views)
+    place = "; ".join(f"rank {r} at {where(a.views[r].snap.get('stack', []))}" for r in slow[:4])
+    a.findings.append(
+        Finding(
+            severity="critical",
+            issue=f"{a.what} did not finish within {a.timeout_s:g}s and no rank is inside a collective: {place}",
+            evidence="\n".join(f"rank {r}:\n{stack_text(a.views[r].snap, 4)}" for r in slow[:4]),
+            ranks=slow if len(slow) < a.world else [],
+            fix="if the work is just slow, raise the deadline (--timeout-s); otherwise the stacks show where it loops",
+            confidence=0.6,
+        )
+    )
+
+
+RULES: tuple[Callable[[Analysis], None], ...] = (
+    raised, lost, behind, desync_in_flight, desync_in_records, desync_in_histories, stall, nobody_waiting,
+)
+
+
+def analyze_hang(
+    snaps: dict[int, dict[str, Any]],
+    lost_ranks: dict[int, str],
+    errors: dict[int, dict[str, Any]],
+    world: int,
+    *,
+    what: str,
+    timeout_s: float,
+    raise_ends_run: bool = False,
+) -> list[Finding]:
+    """Findings for a run that stopped. `what` names the step (e.g. "probe 'collectives'").
+
+    `raise_ends_run`: the run ended because of this step, so when nothing else is critical a
+    rank's exception is the cause (e.g. a failed setup) and leads as critical.
+    """
+    a = Analysis(build_views(snaps, lost_ranks), dict(lost_ranks), dict(errors), world, what, timeout_s)
+    for rule in RULES:
+        rule(a)
+    _settle(a, raise_ends_run)
+    return a.findings
+
+
+def _settle(a: Analysis, raise_ends_run: bool) -> None:
+    """Severities that depend on what else was found."""
+    others = [f for f in a.findings if f.severity == "critical" and "never checked in" not in f.issue]
+    if others:
+        for f in a.findings:
+            if "never checked in" in f.issue:
+                f.severity = "warning"  # still starting when another rank's trouble ended the run
+    if raise_ends_run and not any(f.severity == "critical" for f in a.findings):
+        for f in a.findings:
+            if f.ranks and set(f.ranks) <= set(a.errors) and f.issue.startswith(f"{a.what} "):
+                f.severity = "critical"
+
+
+def ensure_critical(findings: list[Finding], issue: str, evidence: str, fix: str) -> None:
+    """A run that ended early always leads with a critical finding: this one when no analysis named one."""
+    if not any(f.severity == "critical" for f in findings):
+        findings.append(Finding(severity="critical", issue=issue, evidence=evidence, fix=fix, confidence=0.5))

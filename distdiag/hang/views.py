@@ -1,0 +1,254 @@
+"""Each rank's last snapshot, read into one shape the rules can compare: where it waits.
+
+A snapshot comes from the check's sentinel (distdiag.tracker) or the watchdog
+(distdiag.watchdog.progress). Two sources say which collective a rank is inside:
+
+- the engine (torch's flight recorder, distdiag.engine): per process group, the last
+  collective enqueued and completed - whoever issued it (DDP's reducer, FSDP, a compiled
+  graph, DCP, NCCL kernels queued ahead). Its sequence numbers count every collective, so
+  they compare across ranks;
+- the Python wrapper (distdiag.comm / watchdog.intercept): the call site and the user's
+  step, for the calls it wraps.
+
+When a rank's engine view is usable it decides what the rank waits in, and the wrapper adds
+the call site when both name the same group; otherwise the wrapper's record is all there is.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from distdiag.engine import pending_groups
+from distdiag.render import format_ranks
+
+__all__ = [
+    "RankView", "build_views", "rank_state", "coll_label", "where", "stack_text", "state_rows",
+    "snapshot_details", "group_members",
+]
+
+_DISTDIAG_FRAMES = ("/distdiag/check.py", "/distdiag/sentinel.py", "/distdiag/tracker.py", "/distdiag/watch.py", "/runpy.py")
+_DISTDIAG_DIRS = ("/distdiag/watchdog/",)
+_TORCH = re.compile(r"/(site|dist)-packages/torch/|/torch/(distributed|nn|autograd|_dynamo|_functorch|_inductor|utils|optim|_tensor\.py|_ops\.py)")
+_C10D = "/torch/distributed/distributed_c10d.py"
+
+
+def _path(line: str) -> str:
+    return line.split(":", 1)[0]
+
+
+def where(stack: list[str]) -> str:
+    """The innermost frame of the stack that is not distdiag's own runner."""
+    for line in reversed(stack):
+        path = _path(line)
+        if not path.endswith(_DISTDIAG_FRAMES) and "/threading.py" not in path and not any(d in path for d in _DISTDIAG_DIRS):
+            return line
+    return stack[-1] if stack else "?"
+
+
+def user_frame(stack: list[str]) -> str | None:
+    """The innermost frame outside torch and distdiag's runner: the line of the job that led here."""
+    for line in reversed(stack):
+        path = _path(line)
+        if _TORCH.search(path) or path.endswith(_DISTDIAG_FRAMES) or "/threading.py" in path:
+            continue
+        if any(d in path for d in _DISTDIAG_DIRS):
+            continue
+        return line
+    return None
+
+
+def issued_via(stack: list[str]) -> str:
+    """How torch came to issue the collective a rank waits in, from its main-thread stack:
+    the torch.distributed API called (`scatter_object_list`), or `backward()` (DDP's and
+    FSDP's gradient hooks run inside it), or a compiled graph."""
+    api = None
+    for line in stack:  # outermost first: the API the job (or a library) called
+        if _C10D in _path(line):
+            api = line.split(" in ", 1)[1].split(":", 1)[0] if " in " in line else None
+            break
+    text = " ".join(stack)
+    if api:
+        return api
+    if "backward" in text and ("/torch/autograd/" in text or "/torch/_tensor.py" in text):
+        return "backward() (DDP's or FSDP's gradient hooks)"
+    if "/torch/_dynamo/" in text or "/torch/_inductor/" in text or "compiled" in text:
+        return "a compiled graph"
+    if "/torch/distributed/fsdp/" in text:
+        return "FSDP"
+    return ""
+
+
+def stack_text(snap: dict[str, Any], limit: int = 8) -> str:
+    return "\n".join((snap.get("stack") or [])[-limit:])
+
+
+def rank_state(snap: dict[str, Any]) -> str:
+    if snap.get("in_collective") or pending_groups(snap.get("engine")):
+        return "collective"
+    phase = snap.get("phase")
+    if phase == "barrier":
+        return "finished"
+    if phase == "final":
+        return "final"
+    if phase == "setup":
+        return "setup"
+    return "computing"
+
+
+def coll_label(c: dict[str, Any]) -> str:
+    shape = "x".join(str(s) for s in c.get("shape") or []) or "-"
+    return f"{c['op']} #{c['seq']} on {c['group']} ({c.get('dtype', '?')}[{shape}])"
+
+
+def group_members(label: str, world: int) -> list[int] | None:
+    """The ranks of a group from its label; None when the label does not say."""
+    base = label.split(" (", 1)[0]
+    if base == "world":
+        return list(range(world))
+    if base.startswith("ranks[") and base.endswith("]"):
+        try:
+            return [int(x) for x in base[6:-1].split(",") if x.strip()]
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass
+class RankView:
+    """What the rules need of one live rank."""
+
+    rank: int
+    snap: dict[str, Any]
+    state: str
+    waits: list[dict[str, Any]] = field(default_factory=list)
+    """The collectives it is inside, oldest first: group, seq, op, shape, dtype, for_s,
+    call_site, via, source (engine | wrapper), started."""
+    positions: dict[str, int] = field(default_factory=dict)
+    """Group -> last collective enqueued (engine), when the engine view is usable."""
+    engine_ok: bool = False
+    steps: int | None = None
+    """Optimizer steps taken (or the user's step marks), when known."""
+    in_loop: bool | None = None
+    """Whether the rank is still inside its training loop's frame (watchdog; None: unknown)."""
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.waits)
+
+    def wait_on(self, group: str) -> dict[str, Any] | None:
+        return next((w for w in self.waits if w["group"] == group), None)
+
+
+def _engine_waits(snap: dict[str, Any], stack: list[str]) -> list[dict[str, Any]]:
+    wrapper = snap.get("in_collective") or None
+    via = issued_via(stack)
+    site = user_frame(stack)
+    out = []
+    for g in pending_groups(snap.get("engine")):
+        p = g["pending"]
+        w = {
+            "group": g["group"], "seq": p["seq"], "op": p.get("op") or "?", "shape": p.get("shape"),
+            "dtype": p.get("dtype", "?"), "for_s": p.get("for_s") or 0.0, "call_site": site or "?", "via": via,
+            "source": "engine", "started": g.get("started"), "completed": g.get("completed"),
+            # What ranks compare: the engine's own op/sizes/dtype, the same on every rank whether
+            # or not a wrapper also saw the call.
+            "key": (p.get("op") or "?", str(p.get("shape")), p.get("dtype", "?")),
+        }
+        if wrapper and wrapper.get("group") == g["group"]:
+            # The same collective as the user called it (the engine may name the backend's op:
+            # gloo records reduce_scatter as all_reduce), with its call site.
+            w.update(op=wrapper.get("op", w["op"]), shape=wrapper.get("shape", w["shape"]),
+                     dtype=wrapper.get("dtype", w["dtype"]), call_site=wrapper.get("call_site", w["call_site"]))
+            # The recorder does not keep a broadcast's root or a reduction's op: what the
+            # wrapper saw ("broadcast(src=1)") tells same-shape calls apart.
+            w["key"] = (*w["key"], wrapper.get("op"))
+        out.append(w)
+    return out
+
+
+def _wrapper_wait(snap: dict[str, Any]) -> dict[str, Any] | None:
+    c = snap.get("in_collective")
+    if not c:
+        return None
+    w = dict(c)
+    w.setdefault("for_s", 0.0)
+    w.update(source="wrapper", via=w.get("via", ""), key=(w.get("op"), str(w.get("shape")), w.get("dtype")))
+    return w
+
+
+def build_views(snaps: dict[int, dict[str, Any]], lost: dict[int, str]) -> dict[int, RankView]:
+    """A RankView for every live rank (not in `lost`)."""
+    views: dict[int, RankView] = {}
+    for rank, snap in snaps.items():
+        if rank in lost:
+            continue
+        stack = snap.get("stack") or []
+        engine = snap.get("engine") or {}
+        view = RankView(rank=rank, snap=snap, state=rank_state(snap), engine_ok=engine.get("state") == "ok")
+        if view.engine_ok:
+            view.positions = {g["group"]: int(g["enqueued"]) for g in engine.get("groups", [])}
+            view.waits = _engine_waits(snap, stack)
+            wrapper = _wrapper_wait(snap)
+            # A wrapped call on a group the engine does not track (p2p, a group with no
+            # collective recorded yet) still says where the rank waits.
+            if wrapper and not view.waits and wrapper.get("group") not in view.positions:
+                view.waits = [wrapper]
+        else:
+            wrapper = _wrapper_wait(snap)
+            view.waits = [wrapper] if wrapper else []
+        steps = snap.get("steps")
+        view.steps = int(steps) if isinstance(steps, int) else None
+        view.in_loop = snap.get("in_loop")
+        views[rank] = view
+    return views
+
+
+def state_rows(snaps: dict[int, dict[str, Any]], lost: dict[int, str], world: int) -> list[dict[str, Any]]:
+    """One row per rank for the report's table: state and where."""
+    views = build_views(snaps, {})
+    rows = []
+    for rank in range(world):
+        if rank in snaps and rank not in lost:
+            s, v = snaps[rank], views[rank]
+            if v.waits:
+                w = v.waits[0]
+                how = f" via {w['via']}" if w.get("via") else ""
+                what = f"in {coll_label(w)} for {float(w.get('for_s') or 0):.1f}s{how}, called at {w.get('call_site', '?')}"
+            elif v.state == "finished":
+                what = f"finished '{s.get('probe')}' after {s.get('collectives_in_probe', 0)} collectives, waiting for the others"
+            else:
+                what = f"{v.state} in '{s.get('probe') or s.get('phase')}' for {s.get('phase_for_s', 0):.1f}s at {where(s.get('stack', []))}"
+            rows.append({"rank": rank, "host": s.get("host", "?"), "pid": s.get("pid", "?"), "state": v.state, "where": what})
+        else:
+            rows.append({"rank": rank, "host": "?", "pid": "?", "state": "lost", "where": lost.get(rank, "no answer")})
+    return rows
+
+
+def snapshot_details(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Per-rank stacks, recent collectives and engine positions for a hang result's details."""
+    details: dict[str, Any] = {
+        "stacks": {str(r): s.get("stack", []) for r, s in sorted(snaps.items())},
+        "recent_collectives": {str(r): s.get("recent", []) for r, s in sorted(snaps.items())},
+    }
+    engine = {str(r): s["engine"] for r, s in sorted(snaps.items()) if s.get("engine")}
+    if engine:
+        details["engine"] = {r: {k: v for k, v in e.items() if k != "entries"} for r, e in engine.items()}
+        rows = [
+            {"rank": int(r), "group": g["group"], "enqueued": g["enqueued"], "completed": g["completed"],
+             "started": "-" if g.get("started") is None else g["started"],
+             "inside": coll_label({**g["pending"], "group": g["group"]}) if g.get("pending") else "-"}
+            for r, e in engine.items() for g in e.get("groups", [])
+        ]
+        if rows:
+            details["table:collectives per group (torch's flight recorder)"] = rows
+        states = {e.get("state") for e in engine.values()}
+        if states != {"ok"}:
+            reasons = sorted({e.get("reason", "") for e in engine.values() if e.get("state") != "ok"})
+            details["engine_note"] = "; ".join(r for r in reasons if r)
+    return details
+
+
+def describe_ranks(ranks: list[int]) -> str:
+    return format_ranks(sorted(ranks))
