@@ -119,6 +119,11 @@ class CheckRun:
 
         self.ex.post("info", RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
         target = self._load_target_everywhere()
+        from distdiag.engine import enable_recorder
+
+        # Before init: the recorder's buffer is sized when a process group is created. It is
+        # how a hang report sees collectives torch issues itself (DCP, FSDP, hooks).
+        enable_recorder(2000)
         try:
             self.faults.at("setup", 0)
             side_group = init_process_groups(info, self.store, backend, device, timedelta(seconds=cfg.deadline_s + 60))
@@ -367,11 +372,15 @@ class CheckRun:
             name = self.plan.probes[cur].probe.name
             posted = ex.collect(f"res/{cur}")
             errors = {r: p["error"] for r, p in posted.items() if p["status"] == "error" and not p.get("comm_error")}
-            comm_errors = {r: p["error"] for r, p in posted.items() if p.get("comm_error")}
+            comm_errors = {r: {**p["error"], "comm": True} for r, p in posted.items() if p.get("comm_error")}
         else:
             name = "final" if final else "setup"
             errors = {int(r): e for r, e in ex.collect("setup_error").items()} if name == "setup" else {}
             comm_errors = {}
+        # Exceptions a probe caught and went on from, posted the moment they were caught: when
+        # they stranded the others, they lead (the rank itself may be waiting somewhere else now).
+        for r, err in ex.collect(f"caught/{cur}").items():
+            errors.setdefault(int(r), {**err, "caught": True})
         first = reasons.get(min(reasons)) if reasons else reason
         detail = first.get("detail", "") if first else ""
         if comm_errors and not lost:

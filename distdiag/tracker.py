@@ -88,6 +88,8 @@ class Tracker:
         self.collectives_in_probe = 0
         self.seq: dict[str, int] = collections.defaultdict(int)
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=8)
+        self._engine: Any = None
+        """distdiag.engine.EngineReader, made on first use by the thread that snapshots (the sentinel)."""
         self.timing = False
         """True while a probe times something (the bandwidth loops): the sentinel then
         ticks slowly, since its store round trips would be timed too."""
@@ -133,7 +135,9 @@ class Tracker:
         try:
             yield
         finally:
-            self.timing = False
+            self._engine: Any = None
+        """distdiag.engine.EngineReader, made on first use by the thread that snapshots (the sentinel)."""
+        self.timing = False
 
     @contextmanager
     def collective(self, op: str, tensor: Any, group_name: str, detail: str = "") -> Iterator[CollectiveRecord]:
@@ -148,7 +152,7 @@ class Tracker:
         now = time.monotonic()
         current = self.in_collective
         coll = current.to_dict(now) if current is not None else None
-        return {
+        snap = {
             "phase": self.phase,
             "phase_for_s": round(now - self.phase_since, 3),
             "probe_index": self.probe_index,
@@ -158,3 +162,19 @@ class Tracker:
             "recent": [r.to_dict() for r in list(self.recent)],
             "stack": main_thread_stack(),
         }
+        engine = self.engine_view()
+        if engine is not None:
+            snap["engine"] = engine
+        return snap
+
+    def engine_view(self) -> dict[str, Any] | None:
+        """Where torch's flight recorder says this rank is, per process group: it also sees the
+        collectives torch issues itself (DCP's object collectives, FSDP's, a user hook's DDP)."""
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        if self._engine is None:
+            from distdiag.engine import EngineReader
+
+            self._engine = EngineReader()
+        return self._engine.read(details=True, tail=16)

@@ -38,7 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-dir", default=None, help="where the report goes (env DISTDIAG_WATCHDOG_DUMP_DIR; default hang-report)")
     p.add_argument(
         "--flight-recorder", type=int, default=None, metavar="N",
-        help="enable torch's flight recorder with N entries before init (env DISTDIAG_WATCHDOG_FLIGHT_RECORDER; default 2000, 0: off)",
+        help=(
+            "enable torch's flight recorder with N entries before init (env DISTDIAG_WATCHDOG_FLIGHT_RECORDER; "
+            "default 2000, 0: leave torch's setting). It is how the watchdog sees collectives torch issues itself "
+            "(DDP, FSDP, compiled graphs, NCCL)"
+        ),
+    )
+    p.add_argument(
+        "--no-wrap", action="store_true", default=None,
+        help=(
+            "do not wrap torch.distributed's Python collectives (env DISTDIAG_WATCHDOG_WRAP=0): hangs are still found "
+            "from torch's flight recorder, but reports lose call sites and silent desyncs are found only once they hang"
+        ),
     )
     p.add_argument("-m", dest="module", default=None, help="run a module (like python -m) instead of a script")
     p.add_argument("script", nargs="?", help="the training script")
@@ -89,6 +100,7 @@ def _install_init_hook() -> list[tuple[Any, Any]]:
 
 
 _VALUED = {"--timeout-s", "--action", "--dump-dir", "--flight-recorder", "-m"}
+"""Our options that take a value (the next word is theirs, not the script)."""
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -111,9 +123,9 @@ def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def run(argv: list[str]) -> int:
+    from distdiag.engine import enable_recorder
     from distdiag.errors import ConfigError
-    from distdiag.watchdog.config import WATCHDOG_FLIGHT_RECORDER, WatchdogConfig
-    from distdiag.watchdog.flight import enable_recorder
+    from distdiag.watchdog.config import MAX_TIMEOUT_S, WATCHDOG_FLIGHT_RECORDER, WatchdogConfig
 
     parser = build_parser()
     # Our own options come first; they end at the first `--` or at the first word that is not
@@ -129,12 +141,12 @@ def run(argv: list[str]) -> int:
         ns.args = rest
     if ns.module is None and not ns.script:
         return _fail("no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS...")
-    if ns.timeout_s is not None and ns.timeout_s <= 0:
-        return _fail(f"--timeout-s must be > 0 seconds, got {ns.timeout_s:g}")
+    if ns.timeout_s is not None and not 0 < ns.timeout_s <= MAX_TIMEOUT_S:
+        return _fail(f"--timeout-s must be within (0, {MAX_TIMEOUT_S:g}] seconds (a week), got {ns.timeout_s:g}")
     try:
         config = WatchdogConfig.from_env(
             timeout=timedelta(seconds=ns.timeout_s) if ns.timeout_s is not None else None,
-            action=ns.action, dump_dir=ns.dump_dir,
+            action=ns.action, dump_dir=ns.dump_dir, wrap=False if ns.no_wrap else None,
         )
         entries = ns.flight_recorder
         if entries is None:

@@ -20,7 +20,10 @@ __all__ = [
     "WATCHDOG_DUMP_DIR",
     "WATCHDOG_FLIGHT_RECORDER",
     "WATCHDOG_HISTORY",
+    "WATCHDOG_WRAP",
+    "WATCHDOG_COMPILE_TIMEOUT_S",
     "EXIT_WATCHDOG",
+    "MAX_TIMEOUT_S",
 ]
 
 WATCHDOG_TIMEOUT_S = "DISTDIAG_WATCHDOG_TIMEOUT_S"
@@ -33,8 +36,15 @@ WATCHDOG_FLIGHT_RECORDER = "DISTDIAG_WATCHDOG_FLIGHT_RECORDER"
 """Entries of torch's flight recorder the wrapper enables before init (0: leave it off)."""
 WATCHDOG_HISTORY = "DISTDIAG_WATCHDOG_HISTORY"
 """How many collective fingerprints each rank keeps for the desync analysis (default 512)."""
+WATCHDOG_WRAP = "DISTDIAG_WATCHDOG_WRAP"
+"""1 (default) or 0: wrap torch.distributed's Python collectives for call sites and desync fingerprints."""
+WATCHDOG_COMPILE_TIMEOUT_S = "DISTDIAG_WATCHDOG_COMPILE_TIMEOUT_S"
+"""Budget in seconds of a torch.compile compilation, a phase of its own (default 1800)."""
 
 ACTIONS = ("abort", "raise", "report")
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""A week: longer timeouts are a typo (1e300 used to reach the store as an int and kill every rank)."""
 
 EXIT_WATCHDOG = 3
 """The exit code of a process the watchdog ends (the same as the check's "hang or rank lost")."""
@@ -80,10 +90,19 @@ class WatchdogConfig:
     """How long the writer waits for live ranks' snapshots once a hang is declared."""
     compare_steps: bool = True
     """Compare ranks' collective fingerprints at each step mark (finds silent desyncs)."""
+    wrap: bool = True
+    """Wrap torch.distributed's Python collectives while armed. Detection does not need it
+    (torch's flight recorder shows every rank's position, whoever issued the collective); the
+    wrappers add the call site of each collective they see and the fingerprints that find a
+    silent desync (a skipped or extra same-shape call gloo/NCCL paired with the next one)
+    while the job still runs. About 8 us of Python per wrapped collective."""
+    compile_timeout: timedelta = timedelta(minutes=30)
+    """torch.compile's compilation is a phase with this budget: peers waiting for a rank that
+    (re)compiles are not hung until it runs out."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.timeout, timedelta) or self.timeout.total_seconds() <= 0:
-            raise ConfigError(f"watchdog.timeout must be a positive timedelta, got {self.timeout!r}")
+        if not isinstance(self.timeout, timedelta) or not 0 < self.timeout.total_seconds() <= MAX_TIMEOUT_S:
+            raise ConfigError(f"watchdog.timeout must be a positive timedelta of at most a week, got {self.timeout!r}")
         if self.action not in ACTIONS:
             raise ConfigError(f"watchdog.action must be one of {', '.join(ACTIONS)}, got {self.action!r}")
         if not isinstance(self.dump_dir, str | os.PathLike) or not str(self.dump_dir):
@@ -95,6 +114,10 @@ class WatchdogConfig:
             raise ConfigError(f"watchdog.history must be within [16, 100000], got {self.history}")
         if self.snapshot_grace.total_seconds() < 0:
             raise ConfigError(f"watchdog.snapshot_grace must be >= 0, got {self.snapshot_grace}")
+        if not isinstance(self.wrap, bool):
+            raise ConfigError(f"watchdog.wrap must be True or False, got {self.wrap!r}")
+        if not isinstance(self.compile_timeout, timedelta) or self.compile_timeout.total_seconds() <= 0:
+            raise ConfigError(f"watchdog.compile_timeout must be a positive timedelta, got {self.compile_timeout!r}")
 
     @property
     def timeout_s(self) -> float:
@@ -112,8 +135,8 @@ class WatchdogConfig:
         values: dict[str, object] = {}
         timeout_s = _env_float(WATCHDOG_TIMEOUT_S)
         if timeout_s is not None:
-            if timeout_s <= 0:
-                raise ConfigError(f"{WATCHDOG_TIMEOUT_S} must be > 0 seconds, got {timeout_s:g}")
+            if not 0 < timeout_s <= MAX_TIMEOUT_S:
+                raise ConfigError(f"{WATCHDOG_TIMEOUT_S} must be within (0, {MAX_TIMEOUT_S:g}] seconds, got {timeout_s:g}")
             values["timeout"] = timedelta(seconds=timeout_s)
         if os.environ.get(WATCHDOG_ACTION):
             values["action"] = os.environ[WATCHDOG_ACTION].strip().lower()
@@ -122,5 +145,15 @@ class WatchdogConfig:
         history = _env_int(WATCHDOG_HISTORY)
         if history is not None:
             values["history"] = history
+        wrap = os.environ.get(WATCHDOG_WRAP, "").strip()
+        if wrap:
+            if wrap not in ("0", "1"):
+                raise ConfigError(f"environment variable {WATCHDOG_WRAP} must be 0 or 1, got {wrap!r}")
+            values["wrap"] = wrap == "1"
+        compile_s = _env_float(WATCHDOG_COMPILE_TIMEOUT_S)
+        if compile_s is not None:
+            if not 0 < compile_s <= MAX_TIMEOUT_S:
+                raise ConfigError(f"{WATCHDOG_COMPILE_TIMEOUT_S} must be > 0 seconds, got {compile_s:g}")
+            values["compile_timeout"] = timedelta(seconds=compile_s)
         values.update({k: v for k, v in explicit.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -2,15 +2,23 @@
 
     with HangWatchdog(timeout=timedelta(minutes=5), dump_dir="hang-report") as wd:
         for step, batch in enumerate(loader):
-            wd.step(step)
+            wd.step(step)                  # optional: optimizer steps are counted anyway
             train_step(batch)
             if step % 1000 == 0:
                 with wd.phase("checkpoint", timeout=timedelta(minutes=20)):
                     save(...)
 
-Arming (after init_process_group) wraps torch.distributed's collectives for the arming
-thread and starts one daemon thread; leaving the block - normally, by an exception, or at
+Arming (after init_process_group) starts one daemon thread, hooks torch's global optimizer
+step (steps without marks) and, unless `wrap=False`, wraps torch.distributed's Python
+collectives for the arming thread; leaving the block - normally, by an exception, or at
 interpreter exit - puts everything back. Nothing here touches signal handlers.
+
+Where each rank is comes from torch's flight recorder (distdiag.engine): it must be on when
+the process group is created - torch 2.13's default is on (2000 entries); elsewhere set
+TORCH_FR_BUFFER_SIZE=2000 before init_process_group (`python -m distdiag.watch` does). Without
+it the watchdog sees only the collectives its wrappers see: a rank waiting in DDP's gradient
+all-reduce, a compiled graph's collectives or a queued NCCL kernel is invisible, and such a
+hang is reported only when you mark steps (`wd.step`).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from distdiag.errors import ConfigError, error_summary, mentions_broken_connection
+from distdiag.errors import ConfigError, HangDetected, error_summary, mentions_broken_connection
 from distdiag.watchdog.config import WatchdogConfig
 from distdiag.watchdog.monitor import VERDICT_WAIT_S
 
@@ -58,6 +66,7 @@ class HangWatchdog:
         self._progress: Any = None
         self._interceptor: Any = None
         self._monitor: Any = None
+        self._step_hook: Any = None
         self._auto_step = 0
 
     # -- arming ---------------------------------------------------------------------------
@@ -87,7 +96,10 @@ class HangWatchdog:
         _arms[0] += 1
         self._progress = Progress(self.config.history, threading.get_ident())
         self._interceptor = Interceptor(self._progress)
-        self._interceptor.install()
+        if self.config.wrap:
+            self._interceptor.install()
+        self._step_hook = _hook_optimizer_steps(self._progress)
+        _warn_if_recorder_off(info.rank)
         extra = {
             "timeout_s": self.config.timeout_s, "action": self.config.action, "dump_dir": self.config.dump_dir,
             "run_id": info.run_id, "restart_count": info.restart_count,
@@ -107,13 +119,22 @@ class HangWatchdog:
             return
         monitor, self._monitor = self._monitor, None
         self._interceptor.restore()
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
         summary = None
-        if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit):
+        if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit | HangDetected):
             summary = error_summary(error)
-        if summary is not None and _is_comm_error(error) and monitor.is_alive():
-            # A peer died or broke its connection: the others learn it as an exception in
-            # their collective. Report it (naming the lost rank) before the script goes on.
-            monitor.request("peer_error", f"rank {monitor.rank}: {summary['type']}: {summary['message']}")
+        if summary is not None and monitor.is_alive() and monitor.world > 1:
+            if _is_comm_error(error):
+                # A peer died or broke its connection: the others learn it as an exception in
+                # their collective. Report it (naming the lost rank) before the script goes on.
+                summary["comm"] = True
+                monitor.request("peer_error", f"rank {monitor.rank}: {summary['type']}: {summary['message']}")
+            else:
+                # This rank's exception may leave the others waiting in a collective it will
+                # never enter: say so now, while they can still answer, then let it go on.
+                monitor.request("raised", summary)
             monitor.acted.wait(self.config.snapshot_grace.total_seconds() + VERDICT_WAIT_S)
         monitor.finish(summary)
         try:
@@ -165,6 +186,31 @@ class HangWatchdog:
                 "more to init_process_group, or lower the watchdog's timeout",
                 pg_timeout.total_seconds(), self.config.timeout_s, int(self.config.timeout_s * 2),
             )
+
+
+def _hook_optimizer_steps(progress: Any) -> Any:
+    """torch's global optimizer step post-hook counts steps with no code change (None if absent)."""
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:  # pragma: no cover - every torch >= 2.0 has it
+        return None
+    return register_optimizer_step_post_hook(progress.optimizer_step)
+
+
+def _warn_if_recorder_off(rank: int) -> None:
+    from distdiag.engine import EngineReader, recorder_enabled
+
+    reader = EngineReader()
+    if rank != 0:
+        return
+    if not reader.available:
+        log.warning("distdiag watchdog: %s; it sees only the collectives its wrappers see", reader.reason)
+    elif not recorder_enabled():
+        log.warning(
+            "distdiag watchdog: torch's flight recorder is off (TORCH_FR_BUFFER_SIZE=0): collectives torch issues "
+            "itself (DDP's gradient all-reduce, FSDP, compiled graphs, NCCL) are invisible; set "
+            "TORCH_FR_BUFFER_SIZE=2000 before init_process_group"
+        )
 
 
 def _is_comm_error(exc: BaseException) -> bool:

@@ -59,6 +59,16 @@ def _skip_prefixes() -> tuple[tuple[str, ...], str]:
     return (torch_dir, own + "watchdog" + os.sep, own + "watch.py", stdlib), os.sep + "site-packages" + os.sep
 
 
+def _compiling_check() -> Callable[[], bool]:
+    """torch.compiler.is_compiling where it exists (torch >= 2.3), else always False."""
+    try:
+        import torch
+
+        return torch.compiler.is_compiling
+    except AttributeError:  # pragma: no cover - older torch
+        return lambda: False
+
+
 class _Spec:
     """Where a collective's tensor, group and async flag sit in its positional arguments."""
 
@@ -171,9 +181,14 @@ class Interceptor:
         p2p = op in P2P_OPS
         label = f"funcol:{op}" if funcol else op
         get_ident = threading.get_ident
+        compiling = _compiling_check()
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                # torch.compile traces through us: stay out of the graph (no side effects, no
+                # graph break); the flight recorder sees the collective when the graph runs.
+                return fn(*args, **kwargs)
             if prog.depth or not me.enabled or get_ident() != prog.thread_ident:
                 return fn(*args, **kwargs)
             try:

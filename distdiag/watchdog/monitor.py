@@ -1,12 +1,19 @@
 """The watchdog thread of one rank: notice a hang or a desync, agree on it, report, act.
 
 Every tick (a fraction of the timeout) the thread
+  - reads torch's flight recorder (distdiag.engine, ~0.1 ms): a completed collective on any
+    group is progress, an enqueued one not completed means this rank waits in a collective -
+    whoever issued it (DDP's reducer, FSDP, a compiled graph, NCCL);
   - publishes this rank's declared phase (so peers waiting on it are not called hung);
   - compares this rank's collective digests at step marks with the group's lowest rank
     (through the store: the lowest rank posts its last marks, the others read them);
   - looks for a job-wide event (`event/N`) another rank declared;
   - declares one itself when this rank made no progress for the timeout (or its phase's
-    budget), unless a peer is inside a declared phase that still has budget.
+    budget) while it waits in a collective (or while it marks steps itself), unless a peer
+    is inside a declared phase that still has budget. Long compute with no collective
+    waiting is never a hang by itself (optimizer steps alone do not make it one).
+A rank whose training code raises declares a `raised` event at once (the exception leads
+the report when it stranded the others), then its exception goes on.
 On an event every rank posts a snapshot; one claims the writer role and writes the report
 (distdiag.watchdog.writer); then each rank acts: abort (os._exit after flushing; the writer
 also ends same-host ranks that are stopped or silent, by pid), raise (HangDetected in the
@@ -33,7 +40,6 @@ from distdiag.exchange import Exchange
 from distdiag.report import RankInfo
 from distdiag.sentinel import flush_and_exit
 from distdiag.watchdog.config import EXIT_WATCHDOG, WatchdogConfig
-from distdiag.watchdog.flight import recorder_tail
 from distdiag.watchdog.progress import Progress
 from distdiag.watchdog.writer import REPORT_NAME, gather_and_write
 
@@ -105,6 +111,13 @@ class Monitor(threading.Thread):
         self._labels: dict[str, list[int] | None] = {}
         self._request: tuple[str, Any] | None = None
         self.acted = threading.Event()
+        self.engine: Any = None
+        self.engine_progress = 0.0
+        """When a collective last completed on any group, per the recorder (monotonic)."""
+        self.engine_pending = False
+        self._engine_total = -1
+        self._engine_warned = False
+        self._compile_hooked = False
 
     def request(self, kind: str, detail: Any) -> None:
         """From the training thread: declare an event at the next tick (e.g. a peer died)."""
@@ -129,6 +142,10 @@ class Monitor(threading.Thread):
             log.warning("rank %d: the watchdog cannot reach the job's store (%s); it is off", self.rank, exc)
             self.ready.set()
             return
+        from distdiag.engine import EngineReader
+
+        self.engine = EngineReader()
+        self.engine_progress = time.monotonic()
         self.ready.set()
         failures = 0
         poll = self.config.poll_s
@@ -160,6 +177,8 @@ class Monitor(threading.Thread):
     # -- one tick ------------------------------------------------------------------------
     def _tick(self) -> None:
         assert self.ex is not None
+        self._read_engine()
+        self._hook_compile()
         self._publish_phase()
         if self.config.compare_steps and not self.desync_reported:
             self._compare_marks()
@@ -172,6 +191,40 @@ class Monitor(threading.Thread):
             self._declare(kind, detail)
             return
         self._check_local()
+
+    def _read_engine(self) -> None:
+        """Progress and waiting from torch's own records (no Python wrapper involved)."""
+        if self.engine is None or not self.engine.available:
+            return
+        view = self.engine.read(details=False)
+        if view["state"] != "ok":
+            self.engine_pending = False
+            if not self._engine_warned and self.progress.total > 0 and self.rank == 0:
+                self._engine_warned = True
+                log.warning("distdiag watchdog: %s", view.get("reason"))
+            return
+        total = self.engine.completed_total
+        if total != self._engine_total:
+            self._engine_total = total
+            self.engine_progress = time.monotonic()
+        self.engine_pending = any(g["enqueued"] > g["completed"] for g in view["groups"])
+
+    def _hook_compile(self) -> None:
+        """torch.compile's compilation is a phase with its own budget: ranks that wait for a
+        peer that (re)compiles are not hung. Hooked once dynamo is imported (never imported here)."""
+        if self._compile_hooked or "torch._dynamo" not in sys.modules:
+            return
+        self._compile_hooked = True
+        try:
+            from torch._dynamo.callback import callback_handler
+
+            budget = self.config.compile_timeout.total_seconds()
+            progress = self.progress
+            callback_handler.register_start_callback(lambda *_a: progress.enter_phase("compile", budget))
+            callback_handler.register_end_callback(lambda *_a: progress.exit_phase("compile"))
+            self._compile_callbacks = callback_handler
+        except Exception as exc:  # noqa: BLE001 - an older torch: compiles count against the timeout
+            log.debug("cannot hook torch.compile's callbacks: %s", exc)
 
     def _publish_phase(self) -> None:
         phases = list(self.progress.phases)
@@ -215,13 +268,15 @@ class Monitor(threading.Thread):
         else:
             limit, base = self.config.timeout_s, max(prog.last_progress, self.excused)
             what = f"(timeout {limit:g}s)"
+        base = max(base, self.engine_progress)
         idle = now - base
         if idle <= limit:
             return
-        if not phases and prog.step is None and prog.current is None and not prog.pending_async:
-            # No step marks and not inside a collective this watchdog sees: long untracked work
-            # (DDP's gradient all-reduce runs in C++, compiled graphs, plain compute) looks the
-            # same as a hang from here. A rank waiting inside a tracked collective declares it.
+        waiting = prog.current is not None or bool(prog.pending_async) or self.engine_pending
+        if not phases and not prog.explicit and not waiting:
+            # Not waiting in any collective (torch's recorder and our wrappers agree) and no
+            # step marks of the user's: long compute looks the same as a hang from inside the
+            # rank. Ranks waiting for this one declare it, and the report names this rank.
             return
         if not phases:
             peer = self._peer_in_phase()
@@ -290,6 +345,10 @@ class Monitor(threading.Thread):
     # -- events ------------------------------------------------------------------------------
     def _declare(self, kind: str, detail: Any) -> None:
         assert self.ex is not None
+        if kind == "raised":
+            # The exception first, so the writer has it whoever claims the role.
+            self.ex.post("error", detail)
+            detail = f"rank {self.rank} raised {detail.get('type')}: {detail.get('message')}"
         epoch = self.handled + 1
         reason = {"kind": kind, "detail": detail, "rank": self.rank}
         self.ex.store.compare_set(f"event/{epoch}", "", json.dumps(reason))
@@ -298,9 +357,8 @@ class Monitor(threading.Thread):
     def _snapshot(self, event: dict[str, Any]) -> dict[str, Any]:
         snap = self.progress.snapshot(self.config.history)
         snap.update({"rank": self.rank, "host": self.info.host, "pid": os.getpid(), "event": event})
-        tail = recorder_tail()
-        if tail:
-            snap["flight_recorder"] = tail
+        if self.engine is not None:
+            snap["engine"] = self.engine.read(details=True, tail=16)
         return snap
 
     def _handle(self, epoch: int) -> None:
@@ -348,6 +406,8 @@ class Monitor(threading.Thread):
     def _act(self, event: dict[str, Any], writer: bool, lost: dict[int, str]) -> None:
         action = self.config.action
         path = os.path.join(self.config.dump_dir, REPORT_NAME)
+        if event.get("kind") == "raised" and event.get("rank") == self.rank:
+            return  # this rank's own exception goes on (the training thread re-raises it)
         if action == "report":
             self.reported_at = time.monotonic()
             return

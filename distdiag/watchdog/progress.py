@@ -1,15 +1,23 @@
-"""What the training thread did last: collectives with their fingerprints, step marks, phases.
+"""What the training thread did last: steps, phases, and the collectives our wrappers saw.
 
 The training thread writes (cheap attribute and deque updates, no locks, no store I/O); the
-watchdog thread reads under the GIL and turns it into a snapshot. Every collective gets a
-fingerprint - op, group, shape, dtype, call site - and a sequence number per group; a
-running CRC per group over those fingerprints lets ranks compare whole histories at a step
-mark by exchanging two numbers per group (distdiag.watchdog.monitor).
+watchdog thread reads under the GIL and turns it into a snapshot. Steps come from the user's
+`wd.step(n)` marks or, without them, from torch's global optimizer step hook (every
+`optimizer.step()`, no code change). Compilation (torch.compile) is an automatic phase with
+its own budget. When the wrappers are on (distdiag.watchdog.intercept), every collective they
+see gets a fingerprint - op, group, shape, dtype, call site - and a sequence number per
+group; a running CRC per group over those fingerprints lets ranks compare whole histories at
+a step mark by exchanging two numbers per group (distdiag.watchdog.monitor). Where each rank
+is in the collectives torch issues itself comes from the engine (distdiag.engine), read by
+the watchdog thread, not from here.
 """
 
 from __future__ import annotations
 
 import collections
+import dis
+import functools
+import sys
 import threading
 import time
 import zlib
@@ -25,6 +33,29 @@ P2P_GROUP = "p2p"
 # Ops whose shapes may differ between ranks (hang.SHAPE_FREE_OPS): only the op enters the
 # digest. The digest leaves call sites out too (`if rank == 0: broadcast(...) else: broadcast(...)` is
 # fine); the analysis uses them to locate a skip or an extra call once counts disagree.
+
+
+@functools.lru_cache(maxsize=64)
+def _loop_span(code: Any, lasti: int) -> tuple[int, int] | None:
+    """(first, last) bytecode offset of the innermost loop of `code` that contains `lasti`:
+    a backward jump after it whose target is before it (for and while loops alike)."""
+    best: tuple[int, int] | None = None
+    try:
+        for ins in dis.get_instructions(code):
+            backward = ins.opname.startswith(("JUMP_BACKWARD", "POP_JUMP_BACKWARD")) or (
+                ins.opname == "JUMP_ABSOLUTE" and isinstance(ins.argval, int) and ins.argval < ins.offset
+            )
+            if backward and isinstance(ins.argval, int) and ins.argval <= lasti <= ins.offset:
+                if best is None or ins.offset - ins.argval < best[1] - best[0]:
+                    best = (ins.argval, ins.offset)
+    except Exception:  # noqa: BLE001 - bytecode we cannot read: the frame alone decides
+        return None
+    return best
+
+
+def _loop_tag(frame: Any, event: str, arg: Any) -> None:
+    """The tag Progress puts in frames' f_trace at a step (a no-op tracer, should one run)."""
+    return None
 
 
 class Record:
@@ -88,6 +119,18 @@ class Progress:
         self.since_step = 0
         self.total = 0
         self.depth = 0
+        self.explicit = False
+        """True once the user marked a step (wd.step): then a rank idle for the timeout is hung even
+        outside collectives. Optimizer steps alone never make long compute a hang."""
+        self.steps = 0
+        """Steps taken: the user's marks, else optimizer steps."""
+        self.step_times: collections.deque[float] = collections.deque(maxlen=33)
+        self.loop_span: tuple[int, int] | None = None
+        """Bytecode offsets of the innermost loop around the step call in that frame: code after
+        the loop (a final checkpoint) runs in the same frame, outside this span."""
+        self.loop_frame: tuple[int, Any] | None = None
+        """(id, code) of the training loop's frame: the deepest frame on the stack at two
+        consecutive steps. A rank whose stack no longer holds it has left the loop."""
         self._shape_free: dict[str, bool] = {}
         """op -> whether only the op enters the digest (SHAPE_FREE_OPS), so the hot path tests it once per op."""
 
@@ -126,20 +169,92 @@ class Progress:
 
     def mark_step(self, step: Any) -> None:
         now = time.monotonic()
+        if not self.explicit:  # the first mark: optimizer steps counted so far give way to marks
+            self.explicit = True
+            self.steps = 0
+            self.step_times.clear()
         self.step = step
         self.step_since = self.last_progress = now
         self.since_step = 0
+        self.steps += 1
+        self.step_times.append(now)
+        self._note_loop_frame()
         self.marks.append((self.mark_total, step, {g: [self.seq[g], self.crc[g]] for g in self.crc}))
         self.mark_total += 1
+
+    def optimizer_step(self, *_args: Any) -> None:
+        """torch's global optimizer step post-hook: a step when the user marks none."""
+        now = time.monotonic()
+        self.last_progress = now
+        if self.explicit:
+            return
+        self.steps += 1
+        self.step = self.steps
+        self.step_since = now
+        self.since_step = 0
+        self.step_times.append(now)
+        self._note_loop_frame()
+
+    def _note_loop_frame(self) -> None:
+        """Find the loop's frame: the deepest frame that was already on the stack at the last step.
+
+        Frames of a running function are the same objects from one step to the next; the
+        step's own frames are new ones (often at a reused address, so ids cannot tell). Each
+        step tags the frames on the stack through `f_trace`, which nothing reads while no
+        tracer runs; the deepest frame already tagged is the loop. Skipped under a debugger
+        or coverage (sys.gettrace()), whose per-frame tracers must not be touched.
+        """
+        if sys.gettrace() is not None:
+            return
+        frame: Any = sys._getframe(2)
+        chain = []
+        while frame is not None:
+            chain.append(frame)
+            frame = frame.f_back
+        for f in chain:  # innermost first: the first tagged one is the deepest
+            if f.f_trace is _loop_tag:
+                self.loop_frame = (id(f), f.f_code)
+                self.loop_span = _loop_span(f.f_code, f.f_lasti)
+                break
+        for f in chain:
+            if f.f_trace is None:
+                f.f_trace = _loop_tag
+
+    def in_loop(self) -> bool | None:
+        """Whether the training thread is still inside the loop's frame (None: not known yet)."""
+        if self.loop_frame is None:
+            return None
+        frame = sys._current_frames().get(self.thread_ident)
+        while frame is not None:
+            if frame.f_code is self.loop_frame[1] and frame.f_trace is _loop_tag:
+                span = self.loop_span
+                return span is None or span[0] <= frame.f_lasti <= span[1]
+            frame = frame.f_back
+        return False
+
+    def step_cadence(self) -> float | None:
+        """The median time between recent steps (None before three steps)."""
+        times = list(self.step_times)
+        if len(times) < 3:
+            return None
+        gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False))
+        return gaps[len(gaps) // 2]
 
     def enter_phase(self, name: str, budget_s: float) -> None:
         now = time.monotonic()
         self.phases.append((name, budget_s, now))
         self.last_progress = now
 
-    def exit_phase(self) -> None:
-        if self.phases:
-            self.phases.pop()
+    def exit_phase(self, name: str | None = None) -> None:
+        """Leave the innermost phase (or the innermost one called `name`)."""
+        if name is None:
+            if self.phases:
+                self.phases.pop()
+        else:
+            for i in range(len(self.phases) - 1, -1, -1):
+                if self.phases[i][0] == name:
+                    del self.phases[i]
+                    break
         self.last_progress = time.monotonic()
 
     # -- read by the watchdog thread -----------------------------------------------------
@@ -172,12 +287,19 @@ class Progress:
         phases = list(self.phases)
         where = f"phase '{phases[-1][0]}'" if phases else (f"step {self.step}" if self.step is not None else "training")
         history_dicts = [r.to_dict() for r in self.history()[-history:]]
+        cadence = self.step_cadence()
         return {
             "phase": "barrier" if finished else "training",
             "phase_for_s": round(now - (phases[-1][2] if phases else self.step_since), 3),
             "probe_index": -1,
             "probe": where,
             "step": self.step,
+            "steps": self.steps,
+            "step_source": "marks" if self.explicit else ("optimizer" if self.steps else None),
+            "step_for_s": round(now - self.step_since, 3),
+            "step_cadence_s": round(cadence, 4) if cadence is not None else None,
+            "in_loop": None if finished else self.in_loop(),
+            "loop": f"{self.loop_frame[1].co_filename} in {self.loop_frame[1].co_name}" if self.loop_frame else None,
             "in_collective": rec.to_dict(now) if rec is not None and not finished else None,
             "collectives_in_probe": self.since_step,
             "collectives_total": self.total,
