@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from distdiag.config import CheckConfig
-from distdiag.consolidate import build_report, consolidate_probe, hang_result
+from distdiag.consolidate import build_report, cancel_result, consolidate_probe, hang_result
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection
 from distdiag.exchange import Exchange
 from distdiag.faults import FaultPlan
@@ -28,6 +28,7 @@ from distdiag.probes.base import ConsolidationView
 from distdiag.render import render_report
 from distdiag.report import (
     EXIT_BAD_INPUT,
+    EXIT_HANG,
     ProbeResult,
     RankInfo,
     Report,
@@ -39,6 +40,16 @@ __all__ = ["main", "run_check"]
 log = logging.getLogger("distdiag.check")
 
 ACK_WAIT_S = 3.0
+LEAVE_WAIT_S = 2.0
+"""After the verdict, how long a rank waits for the others to say they are leaving before it
+looks at the silent ones (a SIGSTOPped rank would keep torchrun waiting forever)."""
+CHECKIN_MIN_S = 60.0
+
+
+def checkin_limit(timeout_s: float) -> float:
+    """How long ranks wait for every rank to check in: torch's import takes seconds per rank on
+    a loaded node, whatever --timeout-s says; never less than the probe deadline."""
+    return max(timeout_s, CHECKIN_MIN_S)
 
 
 def _is_comm_error(exc: BaseException) -> bool:
@@ -61,11 +72,14 @@ class CheckRun:
         self.plan = plan
         self.info = info
         self.tracker = Tracker()
+        self.tracker.enter_phase("checkin")
         self.faults = FaultPlan.from_env(info.rank)
         self.started = time.monotonic()
         self.rank_infos: list[RankInfo] = []
         self.results: list[ProbeResult] = []
         self._caught_posted: set[int] = set()
+        self._leaving = threading.Lock()
+        self._left_code: int | None = None
 
     # -- store and sentinel ---------------------------------------------------------------
     def _store(self) -> Any:
@@ -105,7 +119,7 @@ class CheckRun:
             host=info.host,
             tracker=self.tracker,
             timeout_s=cfg.timeout_s,
-            setup_timeout_s=max(cfg.timeout_s, 60.0),
+            setup_timeout_s=checkin_limit(cfg.timeout_s),
             deadline_at=self.started + cfg.deadline_s,
             write_abort_report=self._write_abort_report,
             mirror=self._mirror,
@@ -118,6 +132,8 @@ class CheckRun:
             self._park()
 
         self.ex.post("info", RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
+        self._wait_for_checkin()
+        self.tracker.enter_phase("setup")
         target = self._load_target_everywhere()
         from distdiag.engine import enable_recorder
 
@@ -140,6 +156,18 @@ class CheckRun:
         for index, planned in enumerate(self.plan.probes):
             self._run_probe(ctx, index, planned)
         return self._finish()
+
+    def _wait_for_checkin(self) -> None:
+        """Every rank posts its row of the rank table once it has imported torch and reached the
+        store; ranks start seconds apart on a loaded node, so this wait alone has the longer
+        limit. A rank that never checks in is named as such, not as lost on host '?'."""
+        limit = checkin_limit(self.config.timeout_s)
+        world = self.info.world_size
+        if not self.ex.wait_count("info", world, time.monotonic() + limit, poll_s=0.05, stop=self.sentinel.aborting.is_set):
+            if not self.sentinel.aborting.is_set():
+                missing = sorted(set(range(world)) - set(self.ex.present("info")))
+                self.sentinel.trigger("setup", f"ranks {missing} did not check in within {limit:g}s")
+            self._park()
 
     def _publish_caught(self, exc: BaseException, where: str) -> None:
         """A probe caught `exc` and goes on: post it now, before its next collective (the first
@@ -168,7 +196,7 @@ class CheckRun:
             except ConfigError as exc:
                 error = str(exc)
         self.ex.post("valid", error)
-        limit = max(self.config.timeout_s, 60.0)
+        limit = self.config.timeout_s
         if not self.ex.wait_count("valid", self.info.world_size, time.monotonic() + limit):
             missing = sorted(set(range(self.info.world_size)) - set(self.ex.collect("valid")))
             self.sentinel.trigger("setup", f"ranks {missing} did not finish loading the target within {limit:g}s")
@@ -246,9 +274,11 @@ class CheckRun:
                 self._park()
             report = self._consolidate()
             self._emit(report)
+            self._verdict_report = report
             self.sentinel.finishing_code = report.exit_code
+            self.sentinel.on_late_sigterm = lambda: self._after_verdict(wait_s=0.5, ex=self.sentinel.exchange)
             self.ex.wait_count("ack", info.world_size - 1, time.monotonic() + ACK_WAIT_S)
-            return report.exit_code
+            return self._after_verdict()
         verdict = None
         while verdict is None:
             verdict = self.ex.wait_read("verdict", time.monotonic() + 0.5, stop=self.sentinel.aborting.is_set)
@@ -260,7 +290,49 @@ class CheckRun:
         self._mirror(self.ex, verdict)
         self.sentinel.finishing_code = code
         self.ex.post("ack", 1)
+        self._after_verdict()
         return code
+
+    def _after_verdict(self, wait_s: float = LEAVE_WAIT_S, ex: Exchange | None = None) -> int:
+        """Every rank says it is leaving and waits (bounded) for the others to say so too. A
+        rank that does not - SIGSTOPped, or killed after the verdict - would keep torchrun
+        waiting forever or pass for healthy: same-host stopped ones are ended by pid, and the
+        rank that wrote the verdict adds them to the report (exit 3). Returns the exit code.
+        Runs once: on the main thread, or on the sentinel's when a SIGTERM comes first (`ex` is
+        then the sentinel's own store client)."""
+        with self._leaving:
+            if self._left_code is None:
+                self._left_code = self._leave(wait_s, ex or self.ex)
+            return self._left_code
+
+    def _leave(self, wait_s: float, ex: Exchange) -> int:
+        from distdiag.sentinel import kill_stopped_local, silent_rank_reasons
+
+        report = getattr(self, "_verdict_report", None)
+        code = report.exit_code if report is not None else int(self.sentinel.finishing_code or 0)
+        ex.post("left", 1)
+        world = self.info.world_size
+        if ex.wait_count("left", world, time.monotonic() + wait_s, poll_s=0.05):
+            return code
+        missing = sorted(set(range(world)) - set(ex.present("left")))
+        self._load_rank_infos(ex)
+        infos = dict(enumerate(self.rank_infos))
+        reasons = silent_rank_reasons(missing, infos, self.info.host)
+        kill_stopped_local(reasons, infos, self.info.host)
+        definite = {r: why for r, why in reasons.items() if "is gone" in why or "stopped" in why}
+        if report is None or not definite:
+            return code
+        from distdiag.consolidate import after_verdict_result
+
+        report.probes.append(after_verdict_result(definite))
+        report.exit_code = EXIT_HANG
+        report.verdict = "fail"
+        report.outcome = "lost_rank"
+        report.summary = report.probes[-1].findings[0].issue
+        self._emit(report, ex, show=False)
+        _print_err(f"distdiag: {report.summary}; the report now says exit {EXIT_HANG}: {os.path.abspath(self.config.report)}")
+        self.sentinel.finishing_code = EXIT_HANG
+        return EXIT_HANG
 
     def _view(self, options: Any) -> ConsolidationView:
         return ConsolidationView(world_size=self.info.world_size, ranks=self.rank_infos, options=options)
@@ -300,9 +372,9 @@ class CheckRun:
             written_by=writer,
         )
 
-    def _emit(self, report: Report, ex: Exchange | None = None) -> None:
-        """Write the report atomically, keep a copy in the store for other nodes, print it,
-        then publish the verdict the other ranks wait for."""
+    def _emit(self, report: Report, ex: Exchange | None = None, *, show: bool = True) -> None:
+        """Write the report atomically, keep a copy in the store for other nodes, print it
+        (unless `show` is False), then publish the verdict the other ranks wait for."""
         ex = ex or self.ex
         text = report.to_json()
         try:
@@ -316,7 +388,9 @@ class CheckRun:
             ex.publish("report", {"json": text, "host": self.info.host, "node": self.info.node})
         except Exception as exc:  # noqa: BLE001 - the local copy is written already
             log.warning("could not share the report through the store: %s", exc)
-        if self.config.format == "json":
+        if not show:
+            pass
+        elif self.config.format == "json":
             sys.stdout.write(text + "\n")
         elif self.config.quiet:
             sys.stdout.write(f"verdict: {report.verdict.upper()} (exit {report.exit_code}) - {report.summary}\n")
@@ -386,15 +460,22 @@ class CheckRun:
         if comm_errors and not lost:
             for r, err in comm_errors.items():
                 errors.setdefault(r, err)
-        result = hang_result(
-            name, snaps, lost, errors, world, timeout_s=self.config.timeout_s, reason=detail,
-            duration_s=time.monotonic() - self.started,
-        )
+        kinds = {r.get("kind") for r in reasons.values()} or {reason.get("kind")}
+        # Every rank that said why it stopped was told to by a signal, and none is lost or
+        # raised: the run was cancelled (Ctrl-C, scancel, a preemption), nobody is at fault.
+        cancelled = kinds == {"terminated"} and not lost and not errors
+        duration = time.monotonic() - self.started
+        if cancelled:
+            result = cancel_result(name, snaps, world, reason=detail, duration_s=duration)
+        else:
+            result = hang_result(
+                name, snaps, lost, errors, world, timeout_s=self.config.timeout_s, reason=detail, duration_s=duration,
+            )
         results.append(result)
         not_run = [p.probe.name for p in self.plan.probes[cur + 1 :]] if cur >= 0 else self.plan.names
-        kinds = {r.get("kind") for r in reasons.values()} or {reason.get("kind")}
         outcome = (
-            "lost_rank" if lost or "lost" in kinds
+            "cancelled" if cancelled
+            else "lost_rank" if lost or "lost" in kinds
             else "stranded" if "stranded" in kinds
             else "deadline" if "deadline" in kinds
             else "hang" if "timeout" in kinds

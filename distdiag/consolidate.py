@@ -19,7 +19,9 @@ from distdiag.report import (
     verdict_for,
 )
 
-__all__ = ["consolidate_probe", "build_report", "summary_line", "now_iso"]
+__all__ = [
+    "consolidate_probe", "build_report", "summary_line", "now_iso", "hang_result", "cancel_result", "after_verdict_result",
+]
 
 
 def now_iso() -> str:
@@ -163,3 +165,41 @@ def hang_result(
     )
     details = {"table:ranks at the end": state_rows(snaps, lost, world), **snapshot_details(snaps)}
     return ProbeResult(name, status="error", findings=findings, duration_s=duration_s, details=details, reason=reason)
+
+
+def cancel_result(
+    name: str, snaps: dict[int, dict[str, Any]], world: int, *, reason: str, duration_s: float
+) -> ProbeResult:
+    """The result of the step a cancelled run (every rank signalled, none lost) stopped in:
+    where each rank was, and nobody blamed."""
+    what = f"probe '{name}'" if name not in ("setup", "final") else f"the {name} phase"
+    finding = Finding(
+        severity="critical",
+        issue=f"the run was cancelled during {what}: every rank that answered was told to stop by a signal ({reason})",
+        evidence="no rank was lost and none raised; where each rank was is in the table below",
+        ranks=[],
+        fix=(
+            "nothing points at a rank: rerun the check; if nobody cancelled it, look at what sent the signal "
+            "(the scheduler's time limit or preemption, an OOM killer acting on the launcher)"
+        ),
+        confidence=0.8,
+    )
+    details = {"table:ranks at the end": state_rows(snaps, {}, world), **snapshot_details(snaps)}
+    return ProbeResult(name, status="error", findings=[finding], duration_s=duration_s, details=details, reason=reason)
+
+
+def after_verdict_result(lost: dict[int, str]) -> ProbeResult:
+    """Ranks that were stopped or died after the verdict was written, before they left."""
+    ranks = sorted(lost)
+    finding = Finding(
+        severity="critical",
+        issue=f"{format_ranks(ranks)} did not leave after the verdict: {lost[ranks[0]]}",
+        evidence="; ".join(f"rank {r}: {why}" for r, why in sorted(lost.items())) + "; stopped ranks on this host were ended by pid",
+        ranks=ranks,
+        fix=(
+            "the probes passed on these ranks, but their processes stopped or died right after: look at the node "
+            "(dmesg, the OOM killer, a debugger or a job-control signal) before trusting it with a job"
+        ),
+        confidence=0.9,
+    )
+    return ProbeResult("final", status="error", findings=[finding], reason="a rank did not leave after the verdict")

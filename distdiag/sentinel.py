@@ -59,12 +59,19 @@ def tick_s(tracker: Any, now: float) -> float:
 _wakeup_read_fd: int | None = None
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What ends a run from outside: torchrun's SIGTERM (another worker failed, or the job was
+cancelled), and SIGINT (Ctrl-C; torchrun passes the signal it got on to its workers)."""
+
+
 def install_sigterm_wakeup() -> None:
-    """Route SIGTERM to the sentinel, whatever thread the kernel delivers it to.
+    """Route SIGTERM and SIGINT to the sentinel, whatever thread the kernel delivers them to.
 
     torch starts a thread at import, so blocking SIGTERM in the main thread alone would let
     the default action kill the process. Instead a no-op Python handler keeps the process
-    alive and the C-level handler writes the signal number to a wakeup pipe the sentinel reads.
+    alive and the C-level handler writes the signal number to a wakeup pipe the sentinel
+    reads. SIGINT gets the same treatment: a KeyboardInterrupt in the main thread would end
+    a rank mid-probe without a report, and cannot reach a rank blocked in a collective anyway.
     Call from the main thread.
     """
     global _wakeup_read_fd
@@ -73,23 +80,28 @@ def install_sigterm_wakeup() -> None:
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
     os.set_blocking(write_fd, False)
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: None)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     _wakeup_read_fd = read_fd
 
 
-def _sigterm_pending(timeout: float) -> bool:
+def _sigterm_pending(timeout: float) -> str | None:
+    """The name of a stop signal that arrived within `timeout` (SIGTERM, SIGINT), else None."""
     if _wakeup_read_fd is None:
         time.sleep(timeout)
-        return False
+        return None
     ready, _, _ = select.select([_wakeup_read_fd], [], [], timeout)
     if not ready:
-        return False
+        return None
     try:
         data = os.read(_wakeup_read_fd, 512)
     except BlockingIOError:
-        return False
-    return int(signal.SIGTERM) in data
+        return None
+    for sig in _STOP_SIGNALS:
+        if int(sig) in data:
+            return sig.name
+    return None
 
 
 _AT_ABORT: dict[int, Callable[[], None]] = {}
@@ -149,8 +161,13 @@ def silent_rank_reasons(missing: list[int], infos: dict[int, Any], host: str, wh
                 "stopped": f"its process (pid {info.pid}) is stopped (SIGSTOP or a debugger)",
                 "alive": f"its process (pid {info.pid}) is alive but its {who} did not answer (holding the GIL?)",
             }.get(state, f"its process (pid {info.pid}) is in state {state}")
+        elif info is None:
+            lost[r] = (
+                "it never checked in (no rank table entry): it was still starting - importing torch or the "
+                "target - or it died before connecting"
+            )
         else:
-            lost[r] = f"no answer from host {info.host if info else '?'} (dead, stopped or unreachable)"
+            lost[r] = f"no answer from host {info.host} (dead, stopped or unreachable)"
     return lost
 
 
@@ -217,6 +234,9 @@ class Sentinel(threading.Thread):
         self.aborting = threading.Event()
         self.finishing_code: int | None = None
         """Set by the main thread once the verdict is known: SIGTERM then just exits with it."""
+        self.on_late_sigterm: Callable[[], int] | None = None
+        """On the rank that wrote the verdict: called (bounded) by a SIGTERM that comes after
+        it, which means a peer failed after the verdict; returns the code to leave with."""
         self._trigger: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self.exchange: Exchange | None = None
@@ -240,10 +260,18 @@ class Sentinel(threading.Thread):
         last_beat = 0.0
         try:
             while True:
-                if _sigterm_pending(tick_s(self.tracker, time.monotonic())):
+                sig = _sigterm_pending(tick_s(self.tracker, time.monotonic()))
+                if sig is not None:
                     if self.finishing_code is not None:
-                        flush_and_exit(self.finishing_code)
-                    self.trigger("terminated", "the launcher sent SIGTERM (another worker failed or the job was cancelled)")
+                        code = self.finishing_code
+                        if self.on_late_sigterm is not None:
+                            try:
+                                code = self.on_late_sigterm()
+                            except Exception as exc:  # noqa: BLE001 - leave with the verdict's code
+                                log.warning("could not look at the ranks after the verdict: %s", exc)
+                        flush_and_exit(code)
+                    what = "SIGINT (Ctrl-C)" if sig == "SIGINT" else "SIGTERM"
+                    self.trigger("terminated", f"rank {self.rank} received {what} from the launcher (another worker failed or the job was cancelled)")
                 now = time.monotonic()
                 if now - last_beat >= HEARTBEAT_EVERY_S:
                     self.exchange.bump(f"hb/{self.rank}")
@@ -267,8 +295,10 @@ class Sentinel(threading.Thread):
         if self.exchange.count("abort_reason") > 0:
             return {"kind": "peer", "detail": "another rank aborted the run", "rank": self.rank}
         phase, since = self.tracker.phase, self.tracker.phase_since
-        limit = self.setup_timeout_s if phase == "setup" else self.timeout_s
-        if phase in ("setup", "probe", "barrier", "final") and now - since > limit:
+        # Only the wait for every rank to check in (ranks still importing torch) gets the long
+        # limit; setup proper (the target, the process groups) is bounded like a probe.
+        limit = self.setup_timeout_s if phase == "checkin" else self.timeout_s
+        if phase in ("checkin", "setup", "probe", "barrier", "final") and now - since > limit:
             where = f"probe '{self.tracker.probe_name}'" if phase in ("probe", "barrier") else f"the {phase} phase"
             return {"kind": "timeout", "detail": f"{where} exceeded its deadline of {limit:g}s on rank {self.rank}", "rank": self.rank}
         if now > self.deadline_at:
@@ -287,7 +317,9 @@ class Sentinel(threading.Thread):
         grace_end = time.monotonic() + SNAPSHOT_GRACE_S + 0.002 * self.world_size
         ex.wait_count("snap", self.world_size, grace_end, poll_s=0.05)
         code = 3
-        if snap.get("in_collective") is None and snap.get("phase") in ("setup", "probe"):
+        from distdiag.hang import rank_state
+
+        if rank_state(snap) != "collective" and snap.get("phase") in ("checkin", "setup", "probe"):
             # This rank may be the culprit (it is not waiting on anyone): let a rank that is
             # only waiting write the report, so a stuck rank 0 is reported by another rank.
             time.sleep(WRITER_DEFER_S)

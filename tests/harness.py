@@ -115,11 +115,13 @@ def run_ranks(
     rank_env: dict[int, dict[str, str]] | None = None,
     timeout: float = 60.0,
     hosts: int = 1,
+    signal_after: tuple[float, int] | None = None,
 ) -> RunResult:
     """Start `world_size` ranks running `entry(argv)`; wait at most `timeout` seconds.
 
     `hosts` > 1 splits the ranks into that many pretend nodes (GROUP_RANK, LOCAL_RANK) on
-    this one machine.
+    this one machine. `signal_after=(seconds, signum)` sends that signal to every rank once,
+    that long after the start (what a launcher does when a job is cancelled).
     """
     import torch.distributed as dist
 
@@ -151,6 +153,11 @@ def run_ranks(
     deadline = started + timeout
     killed: set[int] = set()
     try:
+        if signal_after is not None:
+            time.sleep(max(0.0, started + signal_after[0] - time.monotonic()))
+            for proc in procs:
+                if proc.is_alive():
+                    os.kill(proc.pid, signal_after[1])
         for proc in procs:
             proc.join(max(0.0, deadline - time.monotonic()))
     finally:

@@ -92,7 +92,7 @@ def rank_state(snap: dict[str, Any]) -> str:
         return "finished"
     if phase == "final":
         return "final"
-    if phase == "setup":
+    if phase in ("setup", "checkin"):
         return "setup"
     return "computing"
 

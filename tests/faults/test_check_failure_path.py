@@ -161,3 +161,50 @@ def test_setup_failure_on_one_rank_is_reported_not_a_traceback(workdir):
     lead = _crit(report)[0] if _crit(report) else report.findings("error")[0][1]
     assert lead.ranks == [1] and "injected fault: raise in setup" in lead.issue
     assert report.not_run == ["env", "collectives"]
+
+
+def test_rank_stopped_during_setup_is_reported_within_the_probe_deadline(workdir):
+    """SIGSTOP just before the process group: setup is bounded by --timeout-s, not by a minute."""
+    result = run_check(2, ARGS, workdir, inject="stop:setup:1", timeout=60)
+    assert result.codes[0] == 3 and result.codes[1] == -9, (result.codes, result.stderr[-2000:])
+    lead = _crit(result.report())[0]
+    assert lead.ranks == [1] and "stopped" in lead.issue and "setup" in lead.issue
+    assert result.elapsed < T + 15
+
+
+def test_rank_that_dies_importing_the_target_is_reported_within_the_probe_deadline(workdir):
+    """A target that calls os._exit on rank 1 at import: rank 0 reports it after --timeout-s."""
+    target = str(__import__("pathlib").Path(__file__).parent / "targets" / "exit_at_import_on_rank1.py")
+    result = run_check(2, [*ARGS, "--target", target], workdir, timeout=60)
+    assert result.codes == [3, 7], (result.codes, result.stderr[-2000:])
+    lead = _crit(result.report())[0]
+    assert lead.ranks == [1] and "gone" in lead.issue
+    assert result.elapsed < T + 15
+
+
+@pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])
+def test_cancelled_run_is_reported_as_cancelled_blaming_nobody(workdir, signum):
+    """Every rank gets the launcher's signal mid-probe (a cancelled job): no rank is blamed."""
+    spec = "sleep:collectives:0:seconds=60;sleep:collectives:1:seconds=60"
+    result = run_check(2, ["--probes", "env,collectives", "--timeout-s", "30"], workdir, inject=spec, timeout=60,
+                       signal_after=(4.0, signum))
+    assert result.codes == [3, 3], (result.codes, result.stderr[-2000:])
+    report = result.report()
+    assert report.outcome == "cancelled"
+    (lead,) = _crit(report)
+    assert "cancelled" in lead.issue and lead.ranks == [] and "SIG" in lead.issue
+    assert result.elapsed < 20
+
+
+@pytest.mark.parametrize("action,word", [("stop", "stopped"), ("kill", "gone")])
+def test_rank_stopped_or_killed_after_the_verdict_fails_the_report_and_leaves(workdir, action, word):
+    """A rank stopped (or killed) as the verdict is written: the job still ends within seconds,
+    a stopped rank is ended by pid, and the report does not pass."""
+    result = run_check(2, ARGS, workdir, inject=f"{action}:final:1", timeout=60)
+    assert not result.timed_out and result.codes == [3, -9], (result.codes, result.stderr[-2000:])
+    report = result.report()
+    assert report.exit_code == 3 and report.outcome == "lost_rank"
+    lead = _crit(report)[0]
+    assert lead.ranks == [1] and "did not leave after the verdict" in lead.issue and word in lead.issue
+    assert report.probe("collectives").status == "pass"
+    assert result.elapsed < 25
