@@ -177,17 +177,21 @@ class EngineReader:
     bookkeeping here is not shared between threads).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, dumpers: list[tuple[str, Any]] | None = None) -> None:
+        """`dumpers`: (tag, fn(include_collectives, only_active) -> JSON) to read instead of
+        torch's own (tests feed dumps of other versions and backends through it)."""
         self._fns: list[tuple[str, Any]] = []
         self.reason = ""
+        version = "?"
         try:
             import torch
 
-            c10d = torch._C._distributed_c10d
-            self._fns = [(tag, getattr(c10d, name)) for tag, name in _DUMPERS if hasattr(c10d, name)]
             version = torch.__version__
+            if dumpers is None:
+                c10d = torch._C._distributed_c10d
+                dumpers = [(tag, getattr(c10d, name)) for tag, name in _DUMPERS if hasattr(c10d, name)]
+            self._fns = list(dumpers)
         except Exception as exc:  # noqa: BLE001 - no torch.distributed at all
-            version = "?"
             self.reason = f"torch.distributed is not available ({type(exc).__name__})"
         if not self._fns and not self.reason:
             self.reason = (
