@@ -8,8 +8,15 @@ MLP loop and of a loop of small all_reduces alternate without and with the watch
 TORCH_DISTRIBUTED_DEBUG=DETAIL and the flight recorder need their setting before init, so
 they run in their own processes, interleaved run by run with plain ones, and are compared
 with the plain runs' unarmed blocks. Reported: median ratio and [min, max] spread.
-Latency: rank 1 blocks outside any collective with a 3 s timeout; the time from the hang to
-the report on disk, and to every process gone (action abort).
+Each process run also has blocks armed with the wrappers off (`wrap=False`: detection from
+torch's flight recorder only), so the training thread's CPU per collective is measured with
+and without the wrappers in the same run.
+Latency: with a 3 s timeout, the time from the hang to the report on disk (and to every
+process gone, action abort) for each case: a rank blocked outside any collective (plain
+all_reduce loop), DDP with uneven data (the short rank leaves the loop while the others wait
+in DDP's all-reduce inside backward), DDP with an unused parameter on one rank (it raises),
+FSDP2 with a rank blocked in data loading, and a compiled step whose all-reduce is a
+functional collective inside the graph (tests/faults/engine_workers.py).
 """
 
 from __future__ import annotations
@@ -73,19 +80,21 @@ def worker(argv: list[str]) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     _fsdp_block(model, opt, 3, None)
     _ar_block(50, None)
-    out: dict[str, list[float]] = {f"{k}_{a}{c}": [] for k in ("fsdp", "ar") for a in ("off", "on") for c in ("", "_cpu")}
+    out: dict[str, list[float]] = {
+        f"{k}_{a}{c}": [] for k in ("fsdp", "ar") for a in ("off", "on", "nowrap") for c in ("", "_cpu")
+    }
 
     def add(key: str, value: tuple[float, float]) -> None:
         out[key].append(value[0])
         out[key + "_cpu"].append(value[1])
 
     for _ in range(blocks):
-        for armed in (False, True) if mode == "plain" else (False,):
+        for armed in ("off", "on", "nowrap") if mode == "plain" else ("off",):
             dist.barrier()
-            if armed:
-                with HangWatchdog(timeout=timedelta(seconds=60), dump_dir="hang-report") as wd:
-                    add("fsdp_on", _fsdp_block(model, opt, 5, wd))
-                    add("ar_on", _ar_block(100, wd))
+            if armed != "off":
+                with HangWatchdog(timeout=timedelta(seconds=60), dump_dir="hang-report", wrap=armed == "on") as wd:
+                    add(f"fsdp_{armed}", _fsdp_block(model, opt, 5, wd))
+                    add(f"ar_{armed}", _ar_block(100, wd))
             else:
                 add("fsdp_off", _fsdp_block(model, opt, 5, None))
                 add("ar_off", _ar_block(100, None))
@@ -122,6 +131,16 @@ def overhead(repeats: int, blocks: int) -> dict[str, str]:
         table[f"{loop}: watchdog armed / off (same process), wall"] = _spread(pairs)
         cpu = [on / off for r in runs["plain"] for off, on in zip(r[f"{loop}_off_cpu"], r[f"{loop}_on_cpu"], strict=True)]
         table[f"{loop}: watchdog armed / off, training-thread CPU"] = _spread(cpu)
+        pairs = [on / off for r in runs["plain"] for off, on in zip(r[f"{loop}_off"], r[f"{loop}_nowrap"], strict=True)]
+        table[f"{loop}: armed without wrappers / off, wall"] = _spread(pairs)
+        cpu = [on / off for r in runs["plain"] for off, on in zip(r[f"{loop}_off_cpu"], r[f"{loop}_nowrap_cpu"], strict=True)]
+        table[f"{loop}: armed without wrappers / off, training-thread CPU"] = _spread(cpu)
+        if loop == "ar":  # one collective per iteration: the added CPU per collective, in us
+            for label, key in (("wrappers on", "ar_on_cpu"), ("wrappers off", "ar_nowrap_cpu")):
+                extra = [(on - off) * 1e6 for r in runs["plain"] for off, on in zip(r["ar_off_cpu"], r[key], strict=True)]
+                table[f"ar: training-thread CPU added per collective, {label}"] = (
+                    f"{statistics.median(extra):.1f} us [{min(extra):.1f}, {max(extra):.1f}]"
+                )
         for mode in ("detail", "recorder"):
             ratios = [
                 statistics.median(r[f"{loop}_off"]) / statistics.median(p[f"{loop}_off"])
@@ -133,27 +152,40 @@ def overhead(repeats: int, blocks: int) -> dict[str, str]:
     return table
 
 
+LATENCY_CASES = {
+    "blocked outside a collective (all_reduce loop)": (2, "tests.faults.watchdog_workers:train", ["fault=block", "rank=1", "step=2"]),
+    "DDP, uneven data (rank leaves the loop)": (3, "tests.faults.engine_workers:train", ["kind=ddp", "fault=uneven", "rank=2", "steps=4"]),
+    "DDP, unused parameter (rank raises)": (3, "tests.faults.engine_workers:train", ["kind=ddp", "fault=unused", "rank=1"]),
+    "FSDP2, rank blocked in data loading": (2, "tests.faults.engine_workers:train", ["kind=fsdp", "fault=block", "rank=1"]),
+    "compiled step, rank blocked": (2, "tests.faults.engine_workers:train", ["kind=compile", "fault=block", "rank=1"]),
+}
+
+
 def latency(runs: int, timeout_s: float = 3.0) -> dict[str, str]:
+    """Per case: hang start (the worker's `hang_started` stamp) -> report on disk, -> all gone."""
     from tests.harness import run_ranks
 
-    to_report, to_gone = [], []
-    for _ in range(runs):
-        with tempfile.TemporaryDirectory() as tmp:
-            res = run_ranks(
-                2, ["fault=block", "rank=1", "step=2", f"timeout={timeout_s}"], tmp,
-                entry="tests.faults.watchdog_workers:train", timeout=120,
-            )
-            done = time.time()
-            started = float((Path(tmp) / "hang_started").read_text())
-            report = Path(tmp) / "hang-report" / "hang-report.json"
-            if res.codes != [3, 3] or not report.exists():
-                raise SystemExit(f"latency run failed: {res.codes}\n{res.stderr[-2000:]}")
-            to_report.append(os.path.getmtime(report) - started)
-            to_gone.append(done - started)
-    return {
-        f"hang -> report on disk (timeout {timeout_s:g}s)": f"median {statistics.median(to_report):.2f}s [{min(to_report):.2f}, {max(to_report):.2f}] = timeout + {statistics.median(to_report) - timeout_s:.2f}s",
-        "hang -> every process gone (abort)": f"median {statistics.median(to_gone):.2f}s [{min(to_gone):.2f}, {max(to_gone):.2f}] = timeout + {statistics.median(to_gone) - timeout_s:.2f}s",
-    }
+    table: dict[str, str] = {}
+    for case, (world, entry, words) in LATENCY_CASES.items():
+        to_report, to_gone = [], []
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                res = run_ranks(world, [*words, f"timeout={timeout_s}"], tmp, entry=entry, timeout=120)
+                done = time.time()
+                report = Path(tmp) / "hang-report" / "hang-report.json"
+                if res.timed_out or not report.exists():
+                    raise SystemExit(f"latency run failed ({case}): {res.codes}\n{res.stderr[-2000:]}")
+                started = float((Path(tmp) / "hang_started").read_text())
+                to_report.append(os.path.getmtime(report) - started)
+                to_gone.append(done - started)
+        rep, gone = statistics.median(to_report), statistics.median(to_gone)
+        table[f"{case}: hang -> report (timeout {timeout_s:g}s)"] = (
+            f"median {rep:.2f}s [{min(to_report):.2f}, {max(to_report):.2f}] = timeout + {rep - timeout_s:.2f}s"
+        )
+        table[f"{case}: hang -> every process gone"] = (
+            f"median {gone:.2f}s [{min(to_gone):.2f}, {max(to_gone):.2f}] = timeout + {gone - timeout_s:.2f}s"
+        )
+    return table
 
 
 def main() -> None:

@@ -47,7 +47,10 @@ names the store namespace of this one (wd0/, wd1/, ...)."""
 class HangWatchdog:
     """Names the stuck rank, its collective and its stack when a job stops making progress.
 
-    Arguments left as None come from the environment (DISTDIAG_WATCHDOG_*), then defaults.
+    Arguments left as None come from the environment (DISTDIAG_WATCHDOG_*), then defaults
+    (WatchdogConfig documents each). `wrap=False` leaves torch.distributed's functions alone:
+    hangs are still found from torch's flight recorder, without call sites or the step-mark
+    fingerprints that find a silent desync while the job still runs.
     """
 
     def __init__(
@@ -58,10 +61,13 @@ class HangWatchdog:
         dump_dir: str | None = None,
         poll: timedelta | None = None,
         history: int | None = None,
+        wrap: bool | None = None,
         config: WatchdogConfig | None = None,
     ) -> None:
         if config is None:
-            config = WatchdogConfig.from_env(timeout=timeout, action=action, dump_dir=dump_dir, poll=poll, history=history)
+            config = WatchdogConfig.from_env(
+                timeout=timeout, action=action, dump_dir=dump_dir, poll=poll, history=history, wrap=wrap
+            )
         self.config = config
         self._progress: Any = None
         self._interceptor: Any = None

@@ -57,13 +57,21 @@ class _Off:
         return nullcontext()
 
 
+def _hang_started() -> None:
+    """When the fault starts (for the detection-latency benchmark, benchmarks/bench_watchdog.py)."""
+    with open("hang_started", "w") as handle:
+        handle.write(repr(time.time()))
+
+
 def load_batch(i: int, o: dict[str, str], me: int, data: list[torch.Tensor]) -> torch.Tensor:
     if o["fault"] == "block" and me == int(o["rank"]) and i == int(o["step"]):
+        _hang_started()
         threading.Event().wait()  # FAULT:block (stuck in data loading, outside any collective)
     return data[i]
 
 
 def save_checkpoint(o: dict[str, str]) -> None:
+    _hang_started()
     time.sleep(600)  # FAULT:uneven (the short rank writes its checkpoint while the others still train)
 
 
@@ -143,6 +151,8 @@ def _loop(o: dict[str, str], wd: Any, me: int, world: int) -> None:
         else:
             if kind == "ddp":
                 model.module.skip_b = o["fault"] == "unused" and me == k and i == s
+                if model.module.skip_b:
+                    _hang_started()
             model(x).sum().backward()
         opt.step()
         opt.zero_grad()
