@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import traceback
 from typing import Any
 
@@ -40,22 +41,32 @@ def exc_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)}"
 
 
+_GENERIC_FRAMES = frozenset({"wrapper", "inner", "inner_func", "_fn", "decorate_context", "wrapped", "__call__", "<lambda>"})
+"""Decorator frames that say nothing of where an exception came from."""
+_CALLEE = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+
+
 def library_path(exc: BaseException, limit: int = 6) -> dict[str, str]:
     """Where an exception was raised, outside distdiag's own frames.
 
-    `raised_at` is the innermost frame ("file:line in func"); `through` the chain of function
-    names from the first frame outside distdiag to it (e.g. "save -> ... -> gather_object"),
-    which says in which library call a probe's or a hook's exception started.
+    `raised_at` is the innermost frame ("file:line in func"); `through` the chain from the
+    call distdiag made into the library (read from its source line: "dcp.save") to the
+    innermost function, decorator frames left out (e.g. "dcp.save -> ... -> gather_object
+    -> _tensor_to_object"): which library call a probe's or a hook's exception started in.
     """
     frames = traceback.extract_tb(exc.__traceback__)
-    outside = [f for f in frames if "/distdiag/" not in f.filename.replace("\\", "/")]
-    if not outside:
-        outside = frames
+    ours = [i for i, f in enumerate(frames) if "/distdiag/" in f.filename.replace("\\", "/")]
+    start = ours[-1] + 1 if ours and ours[-1] + 1 < len(frames) else 0
+    outside = frames[start:]
     if not outside:
         return {}
-    names = [f.name for f in outside]
+    names = [f.name for f in outside if f.name not in _GENERIC_FRAMES] or [outside[-1].name]
+    if ours and start:
+        match = _CALLEE.search(frames[start - 1].line or "")
+        if match:
+            names.insert(0, match.group(1))
     if len(names) > limit:
-        names = names[:2] + ["..."] + names[-(limit - 3):]
+        names = names[:1] + ["..."] + names[-(limit - 2):]
     last = outside[-1]
     return {"raised_at": f"{last.filename}:{last.lineno} in {last.name}", "through": " -> ".join(names)}
 
