@@ -221,7 +221,17 @@ def _behind_text(a: Analysis, rank: int, group: str, seq: int) -> tuple[str, str
         done = v.positions.get(group)
         count = f"{done} collectives on {group}" if done is not None else f"{snap.get('collectives_in_probe', 0)} collectives"
         return f"it finished {a.what} after {count} and left", stack_text(snap)
-    return f"it is at {where(snap.get('stack', []))}", f"rank {rank} main-thread stack (innermost last):\n{stack_text(snap)}"
+    return (f"it is at {where(snap.get('stack', []))}{_step_text(snap)}",
+            f"rank {rank} main-thread stack (innermost last):\n{stack_text(snap)}")
+
+
+def _step_text(snap: dict[str, Any]) -> str:
+    """' (in step 7)' for the user's marks, ' (after 6 optimizer steps)' without them."""
+    if snap.get("step_source") == "marks" and snap.get("step") is not None:
+        return f" (in step {snap['step']})"
+    if snap.get("step_source") == "optimizer" and snap.get("steps"):
+        return f" (after {snap['steps']} optimizer step(s))"
+    return ""
 
 
 def behind(a: Analysis) -> None:

@@ -74,3 +74,86 @@ def test_slow_step_without_collectives():
     snaps = {0: snap(), 1: snap()}
     (f,) = run(snaps)
     assert "did not finish within 5s" in f.issue and "--timeout-s" in f.fix
+
+
+# -- engine views (torch's flight recorder in each snapshot) ----------------------------------
+
+
+def engine(*groups):
+    """An engine view: groups as (label, enqueued, completed[, op])."""
+    out = []
+    for label, enq, done, *op in groups:
+        g = {"pg": "0", "group": label, "backend": "fr", "enqueued": enq, "started": None, "completed": done, "pending": None}
+        if enq > done:
+            g["pending"] = {"seq": enq, "op": op[0] if op else "all_reduce", "shape": [9], "dtype": "float", "for_s": 4.0}
+        out.append(g)
+    return {"state": "ok", "groups": out}
+
+
+def esnap(eng, stack=None, steps=None, in_loop=None, source="optimizer", phase="training"):
+    return {"phase": phase, "probe": "step", "probe_index": -1, "phase_for_s": 4.0, "in_collective": None,
+            "stack": stack or ["/x/train.py:40 in loop: loss.backward()", "/site-packages/torch/autograd/graph.py:8 in _engine_run_backward: x"],
+            "recent": [], "engine": eng, "steps": steps, "step_source": source, "in_loop": in_loop, "loop": "/x/train.py in loop"}
+
+
+def test_engine_position_names_the_rank_that_never_entered_even_without_wrappers():
+    """DDP's all-reduce: no wrapper saw it, the recorder did; rank 2 is behind on world."""
+    snaps = {0: esnap(engine(("world", 9, 8))), 1: esnap(engine(("world", 9, 8))),
+             2: esnap(engine(("world", 8, 8)), stack=["/x/train.py:33 in loop: batch = next(it)"], steps=3, in_loop=True)}
+    for r in (0, 1):
+        snaps[r]["steps"] = 3
+    (f,) = run(snaps)
+    assert f.ranks == [2] and "never entered all_reduce #9 on world that ranks 0-1 wait in" in f.issue
+    assert "via backward()" not in f.issue and "train.py:33" in f.issue and "after 3 optimizer step(s)" in f.issue
+
+
+def test_a_rank_that_left_its_training_loop_is_uneven_data():
+    snaps = {r: esnap(engine(("world", 9, 8)), steps=3, in_loop=True) for r in (0, 1)}
+    snaps[2] = esnap(engine(("world", 8, 8)), stack=["/x/train.py:60 in main: save(model)"], steps=3, in_loop=False)
+    (f,) = run(snaps)
+    assert f.ranks == [2] and "left its training loop" in f.issue and "DistributedSampler" in f.fix and "Join" in f.fix
+
+
+def test_fewer_marked_steps_is_a_lag():
+    snaps = {r: esnap(engine(("world", 9, 8)), steps=5, source="marks") for r in (0, 1)}
+    snaps[2] = esnap(engine(("world", 8, 8)), stack=["/x/train.py:60 in main: save(model)"], steps=4, source="marks")
+    (f,) = run(snaps)
+    assert f.ranks == [2] and "taken 4 training step(s) and the waiting ranks 5" in f.issue
+
+
+def test_a_rank_waiting_on_another_group_is_named_with_that_group():
+    """Rank 1 waits in its pipeline group while rank 0 waits for it on world."""
+    snaps = {0: esnap(engine(("world", 5, 4), ("ranks[1,2]", 3, 3))),
+             1: esnap(engine(("world", 4, 4), ("ranks[1,2]", 4, 3, "broadcast"))),
+             2: esnap(engine(("world", 5, 4), ("ranks[1,2]", 3, 3)))}
+    findings = run(snaps)
+    lead = findings[0]
+    assert lead.ranks == [1] and "waits in broadcast #4 on ranks[1,2]" in lead.issue and "another group" in lead.issue
+
+
+def test_a_caught_exception_leads_and_the_desync_it_causes_is_a_consequence():
+    snaps = {0: esnap(engine(("world", 6, 5, "all_reduce"))), 1: esnap(engine(("world", 6, 5, "broadcast"))),
+             2: esnap(engine(("world", 6, 5, "broadcast")))}
+    errors = {0: {"type": "RuntimeError", "message": "Numpy is not available", "caught": True,
+                  "through": "dcp.save -> ... -> gather_object", "raised_at": "c10d.py:9 in _tensor_to_object"}}
+    findings = run(snaps, errors=errors)
+    assert findings[0].ranks == [0] and findings[0].severity == "critical"
+    assert "caught an exception on rank 0" in findings[0].issue and "dcp.save" in findings[0].issue
+    assert "ranks 1-2 were left waiting in broadcast #6" in findings[0].issue and "numpy" in findings[0].fix
+    desync = next(f for f in findings if "desync" in f.issue)
+    assert desync.severity == "error" and "consequence" in desync.issue
+
+
+def test_never_checked_in_gives_way_to_the_rank_that_died():
+    findings = run({0: snap()}, lost={1: "its process (pid 9) is gone: killed or exited",
+                                      2: "it never checked in (no rank table entry): it was still starting"}, world=3)
+    by_rank = {f.ranks[0]: f for f in findings}
+    assert by_rank[1].severity == "critical" and by_rank[2].severity == "warning"
+
+
+def test_comm_errors_are_consequences_of_the_lost_rank():
+    snaps = {0: snap(), 2: snap()}
+    errors = {0: {"type": "RuntimeError", "message": "Connection closed by peer", "comm": True}}
+    findings = run(snaps, lost={1: "its process (pid 9) is gone: killed or exited"}, errors=errors, world=3)
+    assert findings[0].ranks == [1] and "Connection closed" not in findings[0].issue
+    assert "consequence" in findings[0].evidence
