@@ -11,6 +11,7 @@ Words (key=value):
       uneven: rank K gets one batch fewer, leaves the loop and writes its checkpoint
       unused: rank K leaves a parameter out of the loss at step S (DDP raises on that rank)
       block:  rank K blocks in data loading at step S (outside any collective)
+      op_mismatch (kind=compile): rank K's compiled graph all-gathers where the others all-reduce
   rank=K step=S steps=N timeout=T (watchdog seconds) pg_timeout=T wd=code|none marks=0|1
   healthy variations at step S:  eval=SEC (rank 0 evaluates alone while the others go on to
   the next all-reduce), compute=SEC (every rank computes, no collective), ckpt=SEC (rank 0
@@ -127,6 +128,18 @@ def _compiled_step() -> Any:
     return grad_step
 
 
+def _compiled_gather_step() -> Any:
+    """The same step where one rank's graph all-gathers instead (a rank-dependent code path)."""
+    import torch.distributed._functional_collectives as funcol
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def gather_step(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        g = (x.t() @ (x @ w)) / x.shape[0]
+        return funcol.all_gather_tensor(g, 0, dist.group.WORLD)[: g.shape[0]]  # FAULT:op_mismatch
+
+    return gather_step
+
+
 def _loop(o: dict[str, str], wd: Any, me: int, world: int) -> None:
     kind, k, s = o["kind"], int(o["rank"]), int(o["step"])
     steps = int(o["steps"])
@@ -147,7 +160,11 @@ def _loop(o: dict[str, str], wd: Any, me: int, world: int) -> None:
             wd.step(i)
         x = load_batch(i, o, me, mine)
         if kind == "compile":
-            w.grad = grad_step(w.detach(), x)
+            if o["fault"] == "op_mismatch" and me == k and i == s:
+                _hang_started()
+                w.grad = _compiled_gather_step()(w.detach(), x)
+            else:
+                w.grad = grad_step(w.detach(), x)
         else:
             if kind == "ddp":
                 model.module.skip_b = o["fault"] == "unused" and me == k and i == s

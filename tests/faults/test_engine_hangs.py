@@ -113,6 +113,17 @@ def test_compiled_step_hang_is_seen_by_the_recorder(tmp_path):
     assert "all_reduce" in lead.issue
 
 
+@pytest.mark.timeout(120)
+def test_desync_inside_a_compiled_graph_is_found_from_the_recorder(tmp_path):
+    """Rank 1's compiled graph all-gathers where ranks 0,2 all-reduce: no wrapper sees either
+    call; the recorder shows them at the same sequence number with different ops."""
+    result = _code(tmp_path, 3, "kind=compile", "fault=op_mismatch", "rank=1", "step=2")
+    assert not result.timed_out and result.codes == [3, 3, 3], result.stderr[-3000:]
+    _, _, lead = _lead(tmp_path)
+    assert lead.ranks == [1] and "desync" in lead.issue
+    assert "all_gather" in lead.issue and "all_reduce" in lead.issue
+
+
 @pytest.mark.parametrize(
     "words",
     [
