@@ -53,6 +53,8 @@ def user_frame(stack: list[str]) -> str | None:
         path = _path(line)
         if _TORCH.search(path) or path.endswith(_DISTDIAG_FRAMES) or "/threading.py" in path:
             continue
+        if path.startswith("<eval_with_key"):  # an FX graph's generated code: its caller is the job's line
+            continue
         if any(d in path for d in _DISTDIAG_DIRS):
             continue
         return line
