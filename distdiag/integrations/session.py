@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import timedelta
 from typing import Any
 
 from distdiag.integrations.config import DiagnosticsConfig
