@@ -63,9 +63,9 @@ class TrainerDiagnostics:
         self._model = model
         self._skipped, self._emitted, self._warned_no_loss = [], set(), False
         if cfg.watchdog and distributed:
-            from distdiag import watch
+            from distdiag.integrations.wrapper import wrapper_watchdog
 
-            wrapper_wd = watch.armed()
+            wrapper_wd = wrapper_watchdog()
             if wrapper_wd is not None:
                 self.watchdog, self._own_watchdog = wrapper_wd, False
             else:
