@@ -7,6 +7,7 @@ marks is kept in the probe's `details["events"]` (for --plot and for scripts).
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -22,13 +23,14 @@ from distdiag.analyze.detectors import (
     detect_plateau,
     detect_spikes,
 )
+from distdiag.analyze.masking import detect_masked
 from distdiag.analyze.series import Run, Series
 from distdiag.errors import ConfigError
 from distdiag.report import Finding, ProbeResult, Report, exit_code_for, verdict_for
 
 __all__ = ["AnalyzeConfig", "analyze", "pick_metric", "DETECTORS"]
 
-DETECTORS = ("nonfinite", "divergence", "spikes", "plateau", "grad_trend", "overfit", "compare", "monitor")
+DETECTORS = ("nonfinite", "masked", "divergence", "spikes", "plateau", "grad_trend", "overfit", "compare", "monitor")
 """The probe names of an analysis report, in order."""
 
 _VAL_MARKERS = ("val", "valid", "validation", "eval", "evaluation", "test", "dev", "holdout")
@@ -121,14 +123,23 @@ def analyze(runs: list[Run], config: AnalyzeConfig | None = None) -> Report:
         loss = pick_metric(run, "loss", cfg.metric)
         val = pick_metric(run, "val", cfg.val_metric)
         grad = pick_metric(run, "grad", cfg.grad_metric)
-        watched = [s for s in (loss, val, grad) if s is not None] + [
-            s for s in _grad_series(run, grad) if s is not grad
-        ]
+        grads = _grad_series(run, grad)
 
         def add(probe: str, detections: list[Detection], label: str = run.label) -> None:
             per[probe] += [(label, _tag(d, label, several)) for d in detections]
 
-        add("nonfinite", detect_nonfinite(watched or list(run.series.values())))
+        others = [s for s in run.series.values() if s is not loss and s not in grads]
+        masking = detect_masked(loss, grads, others, run.format)
+        add("masked", masking.detections)
+        if loss is not None and masking.steps:
+            # see through the mask: every other detector reads those points as the NaN they were
+            loss = Series(loss.name, list(loss.steps), [math.nan if st in masking.steps else v for st, v in zip(loss.steps, loss.values, strict=True)])
+        watched = [s for s in (loss, val, grad) if s is not None] + [s for s in grads if s is not grad]
+        nonfinite = detect_nonfinite(watched or list(run.series.values()))
+        for d in nonfinite:
+            if loss is not None and masking.steps and d.metric == loss.name:
+                d.finding.evidence += f"; the log shows finite values at {len(masking.steps)} of these steps (see 'masked')"
+        add("nonfinite", nonfinite)
         if loss is None:
             missing = Finding("warning", f"no training-loss metric in {run.source}", f"metrics: {', '.join(sorted(run.series)[:12])}", fix="Name it with --metric.")
             add("divergence", [Detection(missing, None, "")])

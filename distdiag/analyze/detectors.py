@@ -45,6 +45,11 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def _times(value: float, base: float) -> str:
+    ratio = value / base if base else math.inf
+    return f"{ratio:.1f}x" if ratio < 1e4 else f"{ratio:.2g}x"
+
+
 def detect_nonfinite(series: list[Series]) -> list[Detection]:
     """The first NaN/Inf of each metric; the earliest one is the error, the others evidence."""
     firsts: list[tuple[int, str, float, int, int]] = []
@@ -54,7 +59,8 @@ def detect_nonfinite(series: list[Series]) -> list[Detection]:
             firsts.append((s.steps[bad[0]], s.name, s.values[bad[0]], len(bad), len(s) - bad[0]))
     if not firsts:
         return []
-    firsts.sort()
+    # by step; on a tie the order of `series` (loss first) decides which one the finding names
+    firsts.sort(key=lambda f: f[0])
     step, name, value, count, tail = firsts[0]
     kind = "NaN" if math.isnan(value) else "Inf"
     others = ", ".join(f"{n} from step {st}" for st, n, *_ in firsts[1:6])
@@ -74,7 +80,8 @@ def detect_nonfinite(series: list[Series]) -> list[Detection]:
         "clip gradients, and check the data at that step."
     )
     if grad_first is not None and grad_first[0] <= step and "grad" not in name.lower():
-        evidence += f"; the gradient norm ({grad_first[1]}) was non-finite first, at step {grad_first[0]}"
+        when = f"first, at step {grad_first[0]}" if grad_first[0] < step else "at the same step"
+        evidence += f"; the gradient norm ({grad_first[1]}) was non-finite {when}"
     finding = Finding(
         severity="error",
         issue=f"{name} became {kind} at step {step}",
@@ -131,7 +138,7 @@ def detect_spikes(
     for start, peak, value, base in _spike_events(s, factor, window, min_history):
         step = s.steps[start]
         pre = [e for e in grad_events if step - lookback <= e[0] <= step]
-        evidence = f"{s.name} {_fmt(value)} at step {s.steps[peak]} vs a median of {_fmt(base)} over the {window} points before ({value / base if base else math.inf:.1f}x)"
+        evidence = f"{s.name} {_fmt(value)} at step {s.steps[peak]} vs a median of {_fmt(base)} over the {window} points before ({_times(value, base)})"
         if pre:
             gstep, gval, gbase = pre[0]
             evidence += f"; the gradient norm spiked first: {_fmt(gval)} at step {gstep} vs a median of {_fmt(gbase)}"
@@ -145,7 +152,7 @@ def detect_spikes(
             Detection(
                 Finding(
                     severity="warning",
-                    issue=f"{s.name} spiked at step {step} to {_fmt(value)} ({value / base if base else math.inf:.1f}x its recent median {_fmt(base)})",
+                    issue=f"{s.name} spiked at step {step} to {_fmt(value)} ({_times(value, base)} its recent median {_fmt(base)})",
                     evidence=evidence,
                     fix=fix,
                     confidence=0.8 if pre or grad is None else 0.7,

@@ -60,6 +60,9 @@ class Run:
     """Findings a distdiag TrainingMonitor wrote into the log while the run was going."""
     notes: list[str] = field(default_factory=list)
     """Things the reader tolerated (a truncated last line), shown on stderr."""
+    format: str = ""
+    """What wrote the log, as far as the reader can tell: jsonl, csv, lightning_csv, wandb_csv,
+    hf_trainer_state, tfevents (the masking detector explains a trainer's known replacements)."""
 
     def add(self, name: str, step: int, value: float) -> None:
         self.series.setdefault(name, Series(name)).steps.append(step)

@@ -16,7 +16,7 @@ __all__ = ["register"]
 def analyze(
     paths: Annotated[
         list[Path],
-        typer.Argument(help="Logs: .jsonl (distdiag's or {\"step\",\"loss\"} lines), .csv, TensorBoard event files or log dirs. Several: compared side by side."),
+        typer.Argument(help="Logs, recognised by content: JSON lines (distdiag's or {\"step\",\"loss\"} lines), a Hugging Face trainer_state.json, CSV (Lightning's metrics.csv, W&B exports), TensorBoard event files, or their directories. Several: compared side by side."),
     ],
     format: FormatOpt = "text",
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of the curves with the findings marked (needs matplotlib).")] = None,
@@ -72,10 +72,19 @@ def analyze(
 
 def _labels(paths: list[Path]) -> list[str]:
     """Short names for the runs: the file stem, or the parent folder when stems collide."""
-    stems = [p.stem if p.is_file() else p.name for p in paths]
+    stems = [_name(p) for p in paths]
     if len(set(stems)) == len(stems):
         return stems
     return [str(p) for p in paths]
+
+
+def _name(p: Path) -> str:
+    if not p.is_file():
+        return p.name
+    if p.name == "trainer_state.json":  # the Trainer's output dir names the run, not the file
+        parent = p.parent.resolve()
+        return parent.parent.name if parent.name.startswith("checkpoint-") else parent.name
+    return p.stem
 
 
 def register(app: typer.Typer) -> None:

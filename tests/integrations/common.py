@@ -1,0 +1,68 @@
+"""What the trainer-integration tests share: run a worker on real gloo ranks, read what it wrote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from distdiag.report import read_report
+from tests.harness import RunResult, run_ranks
+
+HARD_TIMEOUT = 150.0
+"""A rank imports transformers or lightning (seconds each on 2 shared cores), then trains."""
+
+
+def run_worker(entry: str, tmp_path: Path, *words: str, world: int = 2) -> RunResult:
+    return run_ranks(world, [str(tmp_path), *words], tmp_path, entry=entry, timeout=HARD_TIMEOUT)
+
+
+def results(result: RunResult, world: int = 2) -> list[dict]:
+    assert not result.timed_out and result.codes == [0] * world, (result.codes, result.stderr[-4000:])
+    return [json.loads((result.workdir / f"result{r}.json").read_text()) for r in range(world)]
+
+
+def above_info(findings: list[dict]) -> list[str]:
+    return [f"{f['severity']}: {f['issue']}" for f in findings if f["severity"] != "info"]
+
+
+def assert_healthy_twin(result: RunResult, dump_dir: Path) -> list[dict]:
+    """Every rank ends 0, trains to the same losses as without distdiag, finds nothing above info."""
+    per_rank = results(result)
+    for r, res in enumerate(per_rank):
+        assert res["losses"] and res["losses"] == res["plain_losses"], (r, res["losses"], res["plain_losses"])
+        assert above_info(res["findings"]) == [], (r, res["findings"])
+    assert not dump_dir.exists(), "a healthy run wrote a hang report"
+    return per_rank
+
+
+def hang_report(result: RunResult, dump_dir: Path):
+    """The job ended on its own (no rank outlived the test's deadline) with a hang report."""
+    assert not result.timed_out, result.stderr[-4000:]
+    assert any(code not in (0, None) for code in result.codes), (result.codes, result.stderr[-4000:])
+    report = read_report(dump_dir / "hang-report.json")
+    crit = [f for f in report.probe("watchdog").findings if f.severity == "critical"]
+    assert crit, report.probe("watchdog").findings
+    return report, crit
+
+
+def assert_names_short_rank(crit: list, short: int) -> None:
+    """Uneven batches: the critical finding names the rank that ran out of data.
+
+    The watchdog of main reports this hang without naming a rank (ranks=[]); the lead's rework
+    names the rank with fewer steps. Until then the test stops here as an expected failure; a
+    wrong rank fails it.
+    """
+    if not crit[0].ranks:
+        pytest.xfail("the watchdog does not name the rank with fewer steps yet (uneven-steps diagnosis pending)")
+    assert crit[0].ranks == [short], crit[0]
+
+
+def nan_findings(per_rank: list[dict], module: str, rank: int, step: int) -> None:
+    """The monitor names the module, the rank and the first step; every rank holds the same findings."""
+    issues = [f["issue"] for f in per_rank[0]["findings"]]
+    assert f"loss became non-finite at step {step} on rank(s) {rank}" in issues, issues
+    trace = [i for i in issues if "first non-finite value" in i]
+    assert len(trace) == 1 and f"on rank {rank} appeared in its forward: module {module!r}" in trace[0], issues
+    assert [f["issue"] for f in per_rank[1]["findings"]] == issues
