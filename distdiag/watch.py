@@ -194,4 +194,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # Run as `-m distdiag.watch` this module is `__main__`: a script's own
+    # `import distdiag.watch` would load a second copy whose armed() is always None.
+    sys.modules.setdefault("distdiag.watch", sys.modules[__name__])
     main()

@@ -12,6 +12,9 @@ explained, so a later rule does not blame a rank twice:
   3. behind      - ranks wait in collective #N on a group that rank k never entered: k computes
                    elsewhere, waits on another group, finished with fewer collectives, or ran
                    fewer training steps (uneven data);
+  3b. left_early - nobody waits any more (their collective failed once k's process left), but
+                   k finished with fewer collectives or steps than the others;
+  3c. broken_connections - connections broke, every rank answered, nothing above explains it;
   4. desync_in_flight    - ranks inside different collectives at the same sequence number;
   5. desync_in_records   - torch's recorder entries differ at the same sequence number;
   6. desync_in_histories - the watchdog's fingerprint histories part (skip, extra, mismatch);
@@ -138,23 +141,68 @@ def raised(a: Analysis) -> None:
 # -- 2. lost ranks --------------------------------------------------------------------------
 
 
-def lost(a: Analysis) -> None:
-    comm_only = {r: e for r, e in a.errors.items() if e.get("comm")}
-    if comm_only and not a.lost:
-        # Connections broke but every rank answered: name what the ranks saw.
-        ranks = sorted(comm_only)
-        e = comm_only[ranks[0]]
+def broken_connections(a: Analysis) -> None:
+    """Connections broke, yet every rank answered and nothing above explains it."""
+    comm_only = {r: e for r, e in a.errors.items() if e.get("comm") and r not in a.explained}
+    if not comm_only or a.lost or any(f.severity == "critical" for f in a.findings):
+        return
+    ranks = sorted(comm_only)
+    e = comm_only[ranks[0]]
+    a.findings.append(
+        Finding(
+            severity="critical",
+            issue=f"{format_ranks(ranks)} lost a connection to a peer during {a.what}: {e.get('type')}: {e.get('message')}",
+            evidence=e.get("traceback", ""),
+            ranks=ranks,
+            fix="gloo names the peer by address, not by rank: find the rank on that host and port; look for a "
+                "process that ended or a network fault (dmesg, the node's health)",
+            confidence=0.7,
+        )
+    )
+
+
+def left_early(a: Analysis) -> None:
+    """A rank that finished while the others went on to collectives it never issued.
+
+    With nobody left waiting (the others' collective failed once the finished rank's process
+    left, or they raised), `behind` has nothing to compare: the finished rank's last counts
+    per group (its final snapshot) against the others' say it left first.
+    """
+    going = {r: v for r, v in a.views.items() if v.state not in ("finished", "final")}
+    if not going:
+        return
+    for rank, v in sorted(a.views.items()):
+        if v.state not in ("finished", "final") or rank in a.explained or rank in a.causes:
+            continue
+        ahead = [(g, max(o.positions.get(g, 0) for o in going.values()), n) for g, n in v.positions.items()]
+        ahead = [(g, top, n) for g, top, n in ahead if top > n]
+        lag = _step_lag(a, rank, sorted(going))
+        if not ahead and not (lag and v.steps is not None and any(o.steps and o.steps > v.steps for o in going.values())):
+            continue
+        where = "; ".join(f"on {g} it issued {n} collectives, the others {top}" for g, top, n in ahead) or lag
+        consequence = sorted(r for r, e in a.errors.items() if e.get("comm"))
+        tail = f"; {format_ranks(consequence)} then lost their connection to it" if consequence else ""
         a.findings.append(
             Finding(
                 severity="critical",
-                issue=f"{format_ranks(ranks)} lost a connection to a peer during {a.what}: {e.get('type')}: {e.get('message')}",
-                evidence=e.get("traceback", ""),
-                ranks=ranks,
-                fix="gloo names the peer by address, not by rank: find the rank on that host and port; look for a "
-                    "process that ended or a network fault (dmesg, the node's health)",
-                confidence=0.7,
+                issue=f"rank {rank} finished {a.what} while {format_ranks(sorted(going))} went on: {where}{tail}",
+                evidence=(f"rank {rank} left its watched loop after {v.steps} step(s)" if v.steps is not None else
+                          f"rank {rank} posted its final state"),
+                ranks=[rank],
+                fix=(
+                    f"rank {rank} ran out of data (or returned early) while the others still train: make every rank "
+                    "run the same number of steps - DistributedSampler(..., drop_last=True) or an equal number of "
+                    "batches per rank - or wrap the loop in DDP's Join context manager "
+                    "(torch.distributed.algorithms.Join) for uneven inputs"
+                ),
+                confidence=0.8,
             )
         )
+        a.explained.add(rank)
+        a.explained.update(consequence)
+
+
+def lost(a: Analysis) -> None:
     by_reason: dict[str, list[int]] = defaultdict(list)
     for rank, reason in sorted(a.lost.items()):
         if rank not in a.explained:
@@ -415,7 +463,8 @@ def nobody_waiting(a: Analysis) -> None:
 
 
 RULES: tuple[Callable[[Analysis], None], ...] = (
-    raised, lost, behind, desync_in_flight, desync_in_records, desync_in_histories, stall, nobody_waiting,
+    raised, lost, behind, left_early, broken_connections, desync_in_flight, desync_in_records, desync_in_histories,
+    stall, nobody_waiting,
 )
 
 

@@ -34,9 +34,10 @@ def wrapper_watchdog() -> Any:
 def mark_step(step: int) -> None:
     """A step mark on the wrapper's watchdog; nothing when the script runs without the wrapper.
 
-    For scripts with their own loop (accelerate, plain torch) under `-m distdiag.watch`: with step
-    marks a rank that stops is found even when the others wait where the watchdog cannot see
-    (DDP's gradient all-reduce), and ranks compare their collectives at each mark.
+    For scripts with their own loop (accelerate, plain torch) under `-m distdiag.watch`: ranks
+    compare their collectives at each mark (a silent desync is found while the job runs), and a
+    step longer than the timeout is a hang even with no collective waiting. Without marks the
+    watchdog still counts optimizer steps and sees every collective through torch's recorder.
     """
     wd = wrapper_watchdog()
     if wd is not None:

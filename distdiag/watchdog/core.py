@@ -136,7 +136,7 @@ class HangWatchdog:
                 # A peer died or broke its connection: the others learn it as an exception in
                 # their collective. Report it (naming the lost rank) before the script goes on.
                 summary["comm"] = True
-                monitor.request("peer_error", f"rank {monitor.rank}: {summary['type']}: {summary['message']}")
+                monitor.request("peer_error", summary)
             else:
                 # This rank's exception may leave the others waiting in a collective it will
                 # never enter: say so now, while they can still answer, then let it go on.

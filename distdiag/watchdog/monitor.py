@@ -166,6 +166,10 @@ class Monitor(threading.Thread):
         try:
             snap = self.progress.snapshot(self.config.history, finished=True)
             snap.update({"rank": self.rank, "host": self.info.host, "pid": os.getpid()})
+            if self.engine is not None:
+                # How far this rank got on each group: a rank that left while the others went
+                # on (uneven data) is told apart by these counts after the fact.
+                snap["engine"] = self.engine.read(details=False)
             if self.error:
                 self.ex.post("error", self.error)
             self.ex.post("final", snap)
@@ -345,7 +349,7 @@ class Monitor(threading.Thread):
     # -- events ------------------------------------------------------------------------------
     def _declare(self, kind: str, detail: Any) -> None:
         assert self.ex is not None
-        if kind == "raised":
+        if kind in ("raised", "peer_error") and isinstance(detail, dict):
             # The exception first, so the writer has it whoever claims the role.
             self.ex.post("error", detail)
             detail = f"rank {self.rank} raised {detail.get('type')}: {detail.get('message')}"

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from distdiag.report import read_report
 from tests.harness import RunResult, run_ranks
 
@@ -48,15 +46,10 @@ def hang_report(result: RunResult, dump_dir: Path):
 
 
 def assert_names_short_rank(crit: list, short: int) -> None:
-    """Uneven batches: the critical finding names the rank that ran out of data.
-
-    The watchdog of main reports this hang without naming a rank (ranks=[]); the lead's rework
-    names the rank with fewer steps. Until then the test stops here as an expected failure; a
-    wrong rank fails it.
-    """
-    if not crit[0].ranks:
-        pytest.xfail("the watchdog does not name the rank with fewer steps yet (uneven-steps diagnosis pending)")
+    """Uneven batches: the critical finding names the rank that ran out of data, and the fix
+    says how to even the data out."""
     assert crit[0].ranks == [short], crit[0]
+    assert "DistributedSampler" in crit[0].fix and "Join" in crit[0].fix, crit[0]
 
 
 def nan_findings(per_rank: list[dict], module: str, rank: int, step: int) -> None:

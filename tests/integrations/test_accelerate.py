@@ -34,11 +34,7 @@ def test_sleeping_rank_in_an_accelerate_script_is_named(cli_env, tmp_path):
     crit = [f for f in read_report(tmp_path / "hang-report" / "hang-report.json").probe("watchdog").findings if f.severity == "critical"]
     assert crit and "FAULT:sleep" in crit[0].issue + crit[0].evidence, crit
     assert elapsed < 100, elapsed
-    if not crit[0].ranks:
-        # rank 0 waits in DDP's all-reduce (C++, unseen by today's watchdog), rank 1 sleeps: both
-        # stacks are in the finding, but naming the sleeper needs the collective positions the
-        # lead's flight-recorder rework brings. A wrong rank fails the test.
-        pytest.xfail("both ranks shown, none named: DDP's all-reduce is invisible to the watchdog of main")
+    # rank 0 waits in DDP's all-reduce (issued in C++, seen through torch's flight recorder)
     assert crit[0].ranks == [1], crit[0]
 
 

@@ -157,3 +157,14 @@ def test_comm_errors_are_consequences_of_the_lost_rank():
     findings = run(snaps, lost={1: "its process (pid 9) is gone: killed or exited"}, errors=errors, world=3)
     assert findings[0].ranks == [1] and "Connection closed" not in findings[0].issue
     assert "consequence" in findings[0].evidence
+
+
+def test_a_rank_that_left_while_the_others_went_on_is_named_after_their_collective_failed():
+    """Lightning's uneven data: rank 1 finished and its process left; rank 0's all-reduce then
+    failed with a broken connection, so nobody waits any more. The counts name rank 1."""
+    snaps = {0: esnap(engine(("world", 12, 12)), stack=["/x/fit.py:9 in finish: close(error)"], steps=4),
+             1: esnap(engine(("world", 11, 11)), stack=[], steps=3, phase="barrier")}
+    errors = {0: {"type": "RuntimeError", "message": "Connection closed by peer [127.0.0.1]:1", "comm": True}}
+    findings = run(snaps, errors=errors)
+    assert findings[0].ranks == [1] and "finished" in findings[0].issue and "issued 11 collectives, the others 12" in findings[0].issue
+    assert "lost their connection" in findings[0].issue and "DistributedSampler" in findings[0].fix
