@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -30,6 +31,10 @@ __all__ = [
 ]
 
 FORMATS = ("text", "json")
+
+MAX_SECONDS = 7 * 24 * 3600
+"""Upper bound of every timeout and deadline (one week): larger values overflow the store's and
+the process group's C int/duration timeouts, so every rank would die instead of waiting."""
 
 
 @dataclass
@@ -92,10 +97,10 @@ def _str_list(key: str, value: Any) -> list[str]:
 
 
 def _positive(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{key} must be a number of seconds > 0, got {value!r}")
-    if not value > 0 or value != value or value == float("inf"):
-        raise ConfigError(f"{key} must be a number of seconds > 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_SECONDS:
+        raise ConfigError(
+            f"{key} must be a number of seconds > 0 and at most {MAX_SECONDS} (one week), got {value!r}"
+        )
     return float(value)
 
 
@@ -111,6 +116,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {target} is a directory, not a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {target} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {target} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            "pass a TOML file"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {target}: {exc.strerror}") from None
 
@@ -135,8 +145,18 @@ def load_profile(name: str) -> dict[str, Any]:
 _TOP_KEYS = {"check", "probes"}
 
 
-def merge_config(layers: list[tuple[str, dict[str, Any]]], overrides: dict[str, Any]) -> CheckConfig:
-    """Merge TOML layers (lowest first, each named for messages) and CLI overrides."""
+def merge_config(
+    layers: list[tuple[str, dict[str, Any]]],
+    overrides: dict[str, Any],
+    validate: Callable[[CheckConfig], None] | None = None,
+) -> CheckConfig:
+    """Merge TOML layers (lowest first, each named for messages) and CLI overrides.
+
+    Every layer is validated as it is merged, not only the result: a bad value that a higher
+    layer or a flag overrides is still a mistake in that file (`timeout_s = -1` under
+    `--timeout-s 10`). `validate` checks more of each merged state (the probe names and every
+    `[probes.NAME]` table, see distdiag.plan); its errors are prefixed with the layer's name.
+    """
     fields = {f.name for f in dataclasses.fields(CheckConfig)} - {"probe_options"}
     merged: dict[str, Any] = {}
     probe_options: dict[str, dict[str, Any]] = {}
@@ -163,8 +183,21 @@ def merge_config(layers: list[tuple[str, dict[str, Any]]], overrides: dict[str, 
             if not isinstance(opts, dict):
                 raise ConfigError(f"{origin}: probes.{name} must be a table, got {opts!r}")
             probe_options.setdefault(name, {}).update(opts)
+        try:
+            _build(merged, probe_options, validate)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: {exc}") from None
     merged.update({k: v for k, v in overrides.items() if v is not None})
-    return CheckConfig(**merged, probe_options=probe_options)
+    return _build(merged, probe_options, validate)
+
+
+def _build(
+    merged: dict[str, Any], probe_options: dict[str, dict[str, Any]], validate: Callable[[CheckConfig], None] | None
+) -> CheckConfig:
+    config = CheckConfig(**merged, probe_options={k: dict(v) for k, v in probe_options.items()})
+    if validate is not None:
+        validate(config)
+    return config
 
 
 def dataclass_from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
@@ -177,5 +210,7 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
             )
     try:
         return cls(**data)
-    except TypeError as exc:
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
         raise ConfigError(f"{prefix}: {exc}") from None

@@ -65,7 +65,30 @@ def parse_config(argv: list[str]) -> CheckConfig:
         "target": args.target,
         "junit": args.junit,
     }
-    return merge_config(layers, overrides)
+    return merge_config(layers, overrides, validate=validate_names_and_options)
+
+
+def validate_names_and_options(config: CheckConfig) -> None:
+    """What a config says must hold whatever runs: every probe it names exists, and every
+    `[probes.NAME]` table is valid for its probe, run or not (bandwidth is opt-in, yet a bad
+    `[probes.bandwidth]` table is still a mistake the user wants to hear about)."""
+    known = ", ".join(PROBES)
+    for key, names in (("check.probes", [] if config.probes == ["all"] else config.probes or []), ("check.skip", config.skip)):
+        for name in names:
+            if name not in PROBES:
+                raise ConfigError(f"{key}: unknown probe {name!r}; available: {known}")
+    for name, opts in config.probe_options.items():
+        if name not in PROBES:
+            raise ConfigError(f"probes.{name}: unknown probe {name!r}; available: {known}")
+        _probe_options(PROBES[name], opts, name)
+
+
+def _probe_options(cls: type[Probe], opts: dict[str, Any], name: str) -> Any:
+    if cls.Config is not None:
+        return dataclass_from_dict(cls.Config, opts, f"probes.{name}")
+    if opts:
+        raise ConfigError(f"probes.{name} takes no options, got {sorted(opts)}")
+    return None
 
 
 @dataclass
@@ -106,11 +129,7 @@ def make_plan(config: CheckConfig, world_size: int) -> Plan:
         if name in config.skip:
             continue
         probe = PROBES[name]()
-        options = None
-        if probe.Config is not None:
-            options = dataclass_from_dict(probe.Config, config.probe_options.get(name, {}), f"probes.{name}")
-        elif config.probe_options.get(name):
-            raise ConfigError(f"probes.{name} takes no options, got {sorted(config.probe_options[name])}")
+        options = _probe_options(PROBES[name], config.probe_options.get(name, {}), name)
         problem = probe.world_problem(world_size)
         if problem and explicit:
             raise ConfigError(problem)
