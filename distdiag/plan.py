@@ -65,7 +65,20 @@ def parse_config(argv: list[str]) -> CheckConfig:
         "target": args.target,
         "junit": args.junit,
     }
-    return merge_config(layers, overrides, validate=validate_names_and_options)
+    config = merge_config(layers, overrides, validate=validate_names_and_options)
+    check_output_paths(config)
+    return config
+
+
+def check_output_paths(config: CheckConfig) -> None:
+    """The report and JUnit paths must be files to (re)write: a FIFO, device or directory there
+    is bad input before anything runs, not a report lost at the end."""
+    from distdiag.report import non_regular_kind
+
+    for key, flag, path in (("check.report", "--report", config.report), ("check.junit", "--junit", config.junit)):
+        kind = non_regular_kind(path) if path else None
+        if kind is not None:
+            raise ConfigError(f"{key}: {path} is {kind}, not a regular file; pass {flag} a file path")
 
 
 def validate_names_and_options(config: CheckConfig) -> None:

@@ -110,7 +110,7 @@ def render_report(
             if SEVERITIES.index(f.severity) >= floor:
                 out += _finding_lines(f, report.world_size, width)
         for title, table in probe.details.items():
-            if isinstance(table, list) and table and isinstance(table[0], dict) and title.startswith("table:"):
+            if title.startswith("table:") and isinstance(table, list) and table and all(isinstance(r, dict) for r in table):
                 out.append(f"  {title[6:]}:")
                 shown = table if max_rows is None else table[:max_rows]
                 out += ["    " + ln for ln in render_table(shown).splitlines()]
