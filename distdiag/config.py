@@ -55,6 +55,9 @@ class CheckConfig:
     """text: the table on stdout; json: the report on stdout."""
     quiet: bool = False
     """Print only the verdict line (text format)."""
+    verbose: bool = False
+    """Text format: also print info findings and every probe's detail tables (by default a
+    probe's tables are shown only when it has a warning or worse; the JSON report has all)."""
     target: str | None = None
     """The user's target: a module name or a .py file exposing hook functions."""
     junit: str | None = None
@@ -72,8 +75,9 @@ class CheckConfig:
             raise ConfigError(f"check.report must be a file path, got {self.report!r}")
         if self.format not in FORMATS:
             raise ConfigError(f"check.format must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        if not isinstance(self.quiet, bool):
-            raise ConfigError(f"check.quiet must be true or false, got {self.quiet!r}")
+        for key in ("quiet", "verbose"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"check.{key} must be true or false, got {getattr(self, key)!r}")
         if self.target is not None and (not isinstance(self.target, str) or not self.target):
             raise ConfigError(f"check.target must be a module name or a .py path, got {self.target!r}")
         if self.junit is not None and (not isinstance(self.junit, str) or not self.junit):

@@ -1,52 +1,27 @@
-"""Command-line and config parsing of `distdiag.check`, and the plan of probes to run."""
+"""Config of `distdiag.check` from its command line (options: distdiag.check_options), and the
+plan of probes to run."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
+from distdiag.check_options import build_parser
 from distdiag.config import CheckConfig, dataclass_from_dict, load_profile, load_toml, merge_config
 from distdiag.errors import ConfigError
 from distdiag.probes import PROBES, Probe
 
-__all__ = ["Plan", "build_parser", "parse_config", "make_plan"]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises ConfigError (one line, exit 2 on every rank) instead of printing usage."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see: python -m distdiag.check --help)")
-
-
-def build_parser(prog: str = "python -m distdiag.check") -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=prog,
-        description=(
-            "Run distdiag's probes on every rank of a torchrun job; rank 0 prints one verdict and "
-            "writes a JSON report. Exit codes: 0 pass (warnings allowed), 1 a probe failed, "
-            "2 bad input, 3 a rank hung, died or never reported, 4 take a node out."
-        ),
-        epilog="Example: torchrun --nproc-per-node 4 -m distdiag.check --profile quick",
-    )
-    p.add_argument("--probes", metavar="A,B", help="probes to run, in order (default: every probe that applies; see `distdiag probes`)")
-    p.add_argument("--skip", metavar="A,B", help="probes to leave out")
-    p.add_argument("--profile", metavar="NAME", help="a profile shipped with distdiag: default, quick, full, ... (configs/ has copies)")
-    p.add_argument("--config", metavar="PATH", help="a TOML config file ([check] and [probes.NAME] tables); flags override it")
-    p.add_argument("--report", metavar="PATH", help="where to write the JSON report (default: distdiag-report.json)")
-    p.add_argument("--timeout-s", type=float, metavar="S", help="deadline of one probe on every rank, in seconds (default: 60)")
-    p.add_argument("--deadline-s", type=float, metavar="S", help="deadline of the whole check, in seconds (default: 600)")
-    p.add_argument("--format", choices=["text", "json"], help="text: a table on stdout (default); json: the report on stdout")
-    p.add_argument("--quiet", action="store_true", default=None, help="print only the verdict line")
-    p.add_argument("--target", metavar="MODULE|FILE.py", help="the user's target exposing hook functions (module name or .py path)")
-    p.add_argument("--junit", metavar="PATH", help="also write the verdict as JUnit XML to PATH (on every node, like the report)")
-    p.add_argument("--checkpoint", metavar="PATH", help="an existing DCP checkpoint to load into the target model (probe checkpoint; sets probes.checkpoint.load)")
-    return p
+__all__ = ["Plan", "build_parser", "parse_config", "config_from_args", "make_plan", "validate_names_and_options"]
 
 
 def parse_config(argv: list[str]) -> CheckConfig:
-    args = build_parser().parse_args(argv)
+    """Every rank's command line -> the validated config (ConfigError on any mistake)."""
+    return config_from_args(build_parser().parse_args(argv))
+
+
+def config_from_args(args: argparse.Namespace) -> CheckConfig:
+    """Parsed options (of either front end, see distdiag.check_options) -> the validated config."""
     layers: list[tuple[str, dict[str, Any]]] = []
     if args.profile:
         layers.append((f"profile {args.profile!r}", load_profile(args.profile)))
@@ -62,6 +37,7 @@ def parse_config(argv: list[str]) -> CheckConfig:
         "deadline_s": args.deadline_s,
         "format": args.format,
         "quiet": args.quiet,
+        "verbose": args.verbose,
         "target": args.target,
         "junit": args.junit,
     }
