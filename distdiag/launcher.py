@@ -24,6 +24,7 @@ __all__ = [
     "exit_code_after_run",
     "filter_torchrun_stderr",
     "torchrun_command",
+    "run_gate",
     "STOP_WAIT_S",
 ]
 
@@ -203,3 +204,86 @@ def exit_code_after_run(report_path: str, started: float, rc: int, stopped_by: s
         "a rank died before the check could report (rerun with DISTDIAG_DEBUG=1 for torchrun's log)\n"
     )
     return 3
+
+
+GATE_USAGE = "usage: distdiag gate [torchrun options] -- TRAINING COMMAND..."
+
+GATE_HELP = f"""{GATE_USAGE}
+
+The cluster gate: run distdiag's check on this node's ranks (torchrun with the job's own
+options, the `gate` profile), then exec the training command only if the check passed;
+otherwise exit with the check's own code. Run it once per node (srun --ntasks-per-node=1,
+a PyTorchJob pod, ...); torchrun also reads its options from PET_* variables (Kubeflow).
+launch/gate.sh is this same command for scripts that call a file.
+
+Exit codes: the training command's when the gate passed; else the check's verdict (1 a probe
+failed, 2 bad input, 3 a rank hung or died, 4 take this node out), read from the report
+each node's local rank 0 writes (torchrun itself turns every failure into 1).
+
+Environment:
+  DISTDIAG_PROFILE     profile of the check (default: gate)
+  DISTDIAG_CONFIG      a TOML config layered over the profile (expected busbw, GPUs per node)
+  DISTDIAG_REPORT      where this node's report goes (default: distdiag-gate-report.json)
+  DISTDIAG_JUNIT       where this node's JUnit XML goes (default: none)
+  DISTDIAG_CHECK_ARGS  more arguments for the check (e.g. "--timeout-s 60"), split like a shell
+
+Example: distdiag gate --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+             --rdzv-endpoint head:29500 --rdzv-id job1 -- torchrun ... train.py"""
+
+
+def run_gate(argv: list[str]) -> int:
+    """`distdiag gate [torchrun options] -- COMMAND...`: the check, then exec COMMAND if it passed.
+
+    Returns the exit code when the job must not start (or on a usage error); on a pass the
+    process becomes the training command and never returns.
+    """
+    import shlex
+    import socket
+
+    if argv[:1] in (["-h"], ["--help"]):
+        print(GATE_HELP)
+        return 0
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        sys.stderr.write(f"distdiag: error: {GATE_USAGE}\n")
+        return 2
+    split = argv.index("--")
+    torchrun_args, command = argv[:split], argv[split + 1 :]
+    report = os.environ.get("DISTDIAG_REPORT") or "distdiag-gate-report.json"
+    check_args = ["--profile", os.environ.get("DISTDIAG_PROFILE") or "gate", "--report", report, "--quiet"]
+    if os.environ.get("DISTDIAG_CONFIG"):
+        check_args += ["--config", os.environ["DISTDIAG_CONFIG"]]
+    if os.environ.get("DISTDIAG_JUNIT"):
+        check_args += ["--junit", os.environ["DISTDIAG_JUNIT"]]
+    try:
+        check_args += shlex.split(os.environ.get("DISTDIAG_CHECK_ARGS", ""))
+    except ValueError as exc:
+        sys.stderr.write(f"distdiag: error: DISTDIAG_CHECK_ARGS: {exc}\n")
+        return 2
+    # A report left by an earlier run must not pass for this one (exit_code_after_run also
+    # ignores a report older than this run, e.g. behind a symlink).
+    if os.path.isfile(report) and not os.path.islink(report):
+        os.unlink(report)
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, "-m", "distdiag.check", *check_args]
+    started = time.time()
+    rc, stopped_by = run_forwarding_signals(cmd, dict(os.environ))
+    code = exit_code_after_run(report, started, rc, stopped_by)
+    host = socket.gethostname()
+    if code != 0 or stopped_by:
+        code = code or 3
+        sys.stderr.write(
+            f"distdiag gate: the distdiag gate failed on {host} (exit {code}, torchrun exited {rc}); "
+            f"report: {report}; not starting the job\n"
+        )
+        return code
+    sys.stderr.write(f"distdiag gate: the distdiag gate passed on {host}; starting: {shlex.join(command)}\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(command[0], command)
+    except FileNotFoundError:
+        sys.stderr.write(f"distdiag: error: the training command {command[0]!r} was not found\n")
+        return 127
+    except PermissionError:
+        sys.stderr.write(f"distdiag: error: the training command {command[0]!r} is not executable\n")
+        return 126
+    return 0  # pragma: no cover - execvp does not return

@@ -14,6 +14,7 @@ import typer
 
 from distdiag.cli import analyze as _analyze
 from distdiag.cli import check as _check
+from distdiag.cli import gate as _gate
 from distdiag.cli import hang_report as _hang_report
 from distdiag.cli import probes as _probes
 from distdiag.cli import report as _report
@@ -49,6 +50,7 @@ def _root(
 
 
 _check.register(app)
+_gate.register(app)
 _probes.register(app)
 _report.register(app)
 _analyze.register(app)
