@@ -156,6 +156,10 @@ def run_torchrun_check(
     # torchrun sets OMP_NUM_THREADS=1 for nproc > 1 anyway, with a banner; say it quietly.
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
+    if sys.stdout.isatty() and sys.stderr.isatty():
+        from distdiag.render import PROGRESS_ENV
+
+        env[PROGRESS_ENV] = "stdout"  # the ranks' stderr is our pipe: rank 0 shows progress on stdout
     lines: list[str] = []
     pumps: list[threading.Thread] = []
 

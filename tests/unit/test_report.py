@@ -256,3 +256,73 @@ def test_reading_a_fifo_is_refused_not_blocked(tmp_path):
     os.mkfifo(path)
     with pytest.raises(ReportError, match=r"is a FIFO \(named pipe\), not a report file"):
         read_report(path)
+
+
+def _healthy() -> Report:
+    table = {"table:plan": [{"fqn": f"layer{i}", "ok": "yes"} for i in range(3)]}
+    return Report(
+        world_size=2,
+        probes=[
+            ProbeResult.from_findings("env", [Finding("info", "4 ranks share 2 cores", "threads 1")]),
+            ProbeResult.from_findings("fsdp_plan", [Finding("info", "audited 25 parameters")], details=table),
+            ProbeResult("gpu", status="skip", reason="no NVML"),
+        ],
+        summary="all passed",
+    )
+
+
+def test_healthy_run_renders_one_line_per_probe_and_the_verdict():
+    """Terse (the check's default): no info findings, no tables of a probe without trouble."""
+    lines = render_report(_healthy(), verbose=False).splitlines()
+    assert lines[3:6] == [line for line in lines if line.split(" ", 1)[0] in ("env", "fsdp_plan", "gpu")]
+    assert len(lines) == 3 + 3 + 2  # title, header, rule; a row per probe; blank, verdict
+    assert "1 info" in lines[3]  # counted, not shown
+
+
+def test_verbose_renders_every_finding_and_table():
+    text = render_report(_healthy(), verbose=True)
+    assert "[info] job: 4 ranks share 2 cores" in text and "  plan:" in text and "layer2" in text
+
+
+def test_terse_still_shows_trouble_with_its_tables():
+    """A probe with a warning or worse keeps its findings and tables; info findings stay hidden."""
+    report = _healthy()
+    report.probes[1] = ProbeResult.from_findings(
+        "fsdp_plan", [Finding("warning", "memory unbalanced", ranks=[1]), Finding("info", "audited")],
+        details={"table:plan": [{"fqn": "a"}]},
+    )
+    text = render_report(report, verbose=False)
+    assert "[WARN] rank 1: memory unbalanced" in text and "  plan:" in text
+    assert "audited" not in text and "4 ranks share" not in text
+    assert "[info] job: audited" in render_report(report, verbose=False, min_severity="info")
+
+
+def test_progress_line_is_silent_off_a_terminal(capsys):
+    """Under pytest (captured, not a TTY) the check's progress line draws nothing."""
+    from distdiag.config import CheckConfig
+    from distdiag.render import ProgressLine
+
+    line = ProgressLine.for_check(CheckConfig(), 0)
+    line.show(0, 3, "env")
+    line.clear()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_progress_line_rewrites_one_line_and_clears_it():
+    import io
+
+    from distdiag.render import ProgressLine
+
+    stream = io.StringIO()
+    line = ProgressLine(stream)
+    line.show(0, 2, "collectives")
+    line.show(1, 2, "env")
+    line.clear()
+    line.show(1, 2, "late")  # after the verdict: nothing
+    text = stream.getvalue()
+    assert "\n" not in text
+    assert text == (
+        "\rdistdiag [1/2] collectives ...\r"
+        "\rdistdiag [2/2] env ...        \r"  # padded over the longer line before it
+        "\r" + " " * len("distdiag [2/2] env ...") + "\r"
+    )
