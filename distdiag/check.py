@@ -25,7 +25,7 @@ from distdiag.exchange import Exchange
 from distdiag.faults import FaultPlan
 from distdiag.plan import Plan, make_plan, parse_config
 from distdiag.probes.base import ConsolidationView
-from distdiag.render import render_report
+from distdiag.render import ProgressLine, render_report
 from distdiag.report import (
     EXIT_BAD_INPUT,
     EXIT_HANG,
@@ -80,6 +80,7 @@ class CheckRun:
         self._caught_posted: set[int] = set()
         self._leaving = threading.Lock()
         self._left_code: int | None = None
+        self.progress = ProgressLine.for_check(config, info.rank)  # rank 0 on a terminal only (render.py)
 
     # -- store and sentinel ---------------------------------------------------------------
     def _store(self) -> Any:
@@ -215,6 +216,7 @@ class CheckRun:
 
     def _run_probe(self, ctx: Any, index: int, planned: Any) -> None:
         probe = planned.probe
+        self.progress.show(index, len(self.plan.probes), probe.name)
         self.tracker.enter_phase("probe", index, probe.name)
         started = time.perf_counter()
         entry: dict[str, Any]
@@ -388,6 +390,7 @@ class CheckRun:
             ex.publish("report", {"json": text, "host": self.info.host, "node": self.info.node})
         except Exception as exc:  # noqa: BLE001 - the local copy is written already
             log.warning("could not share the report through the store: %s", exc)
+        self.progress.clear()
         if not show:
             pass
         elif self.config.format == "json":
@@ -395,7 +398,7 @@ class CheckRun:
         elif self.config.quiet:
             sys.stdout.write(f"verdict: {report.verdict.upper()} (exit {report.exit_code}) - {report.summary}\n")
         else:
-            sys.stdout.write(render_report(report) + "\n")
+            sys.stdout.write(render_report(report, verbose=self.config.verbose) + "\n")
             if where:
                 sys.stdout.write(f"report: {os.path.abspath(where)}\n")
         sys.stdout.flush()

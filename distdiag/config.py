@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -31,6 +32,10 @@ __all__ = [
 
 FORMATS = ("text", "json")
 
+MAX_SECONDS = 7 * 24 * 3600
+"""Upper bound of every timeout and deadline (one week): larger values overflow the store's and
+the process group's C int/duration timeouts, so every rank would die instead of waiting."""
+
 
 @dataclass
 class CheckConfig:
@@ -50,6 +55,9 @@ class CheckConfig:
     """text: the table on stdout; json: the report on stdout."""
     quiet: bool = False
     """Print only the verdict line (text format)."""
+    verbose: bool = False
+    """Text format: also print info findings and every probe's detail tables (by default a
+    probe's tables are shown only when it has a warning or worse; the JSON report has all)."""
     target: str | None = None
     """The user's target: a module name or a .py file exposing hook functions."""
     junit: str | None = None
@@ -67,8 +75,9 @@ class CheckConfig:
             raise ConfigError(f"check.report must be a file path, got {self.report!r}")
         if self.format not in FORMATS:
             raise ConfigError(f"check.format must be one of {', '.join(FORMATS)}, got {self.format!r}")
-        if not isinstance(self.quiet, bool):
-            raise ConfigError(f"check.quiet must be true or false, got {self.quiet!r}")
+        for key in ("quiet", "verbose"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"check.{key} must be true or false, got {getattr(self, key)!r}")
         if self.target is not None and (not isinstance(self.target, str) or not self.target):
             raise ConfigError(f"check.target must be a module name or a .py path, got {self.target!r}")
         if self.junit is not None and (not isinstance(self.junit, str) or not self.junit):
@@ -92,10 +101,10 @@ def _str_list(key: str, value: Any) -> list[str]:
 
 
 def _positive(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{key} must be a number of seconds > 0, got {value!r}")
-    if not value > 0 or value != value or value == float("inf"):
-        raise ConfigError(f"{key} must be a number of seconds > 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_SECONDS:
+        raise ConfigError(
+            f"{key} must be a number of seconds > 0 and at most {MAX_SECONDS} (one week), got {value!r}"
+        )
     return float(value)
 
 
@@ -111,6 +120,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {target} is a directory, not a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {target} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {target} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            "pass a TOML file"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {target}: {exc.strerror}") from None
 
@@ -135,8 +149,18 @@ def load_profile(name: str) -> dict[str, Any]:
 _TOP_KEYS = {"check", "probes"}
 
 
-def merge_config(layers: list[tuple[str, dict[str, Any]]], overrides: dict[str, Any]) -> CheckConfig:
-    """Merge TOML layers (lowest first, each named for messages) and CLI overrides."""
+def merge_config(
+    layers: list[tuple[str, dict[str, Any]]],
+    overrides: dict[str, Any],
+    validate: Callable[[CheckConfig], None] | None = None,
+) -> CheckConfig:
+    """Merge TOML layers (lowest first, each named for messages) and CLI overrides.
+
+    Every layer is validated as it is merged, not only the result: a bad value that a higher
+    layer or a flag overrides is still a mistake in that file (`timeout_s = -1` under
+    `--timeout-s 10`). `validate` checks more of each merged state (the probe names and every
+    `[probes.NAME]` table, see distdiag.plan); its errors are prefixed with the layer's name.
+    """
     fields = {f.name for f in dataclasses.fields(CheckConfig)} - {"probe_options"}
     merged: dict[str, Any] = {}
     probe_options: dict[str, dict[str, Any]] = {}
@@ -163,8 +187,21 @@ def merge_config(layers: list[tuple[str, dict[str, Any]]], overrides: dict[str, 
             if not isinstance(opts, dict):
                 raise ConfigError(f"{origin}: probes.{name} must be a table, got {opts!r}")
             probe_options.setdefault(name, {}).update(opts)
+        try:
+            _build(merged, probe_options, validate)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: {exc}") from None
     merged.update({k: v for k, v in overrides.items() if v is not None})
-    return CheckConfig(**merged, probe_options=probe_options)
+    return _build(merged, probe_options, validate)
+
+
+def _build(
+    merged: dict[str, Any], probe_options: dict[str, dict[str, Any]], validate: Callable[[CheckConfig], None] | None
+) -> CheckConfig:
+    config = CheckConfig(**merged, probe_options={k: dict(v) for k, v in probe_options.items()})
+    if validate is not None:
+        validate(config)
+    return config
 
 
 def dataclass_from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
@@ -177,5 +214,7 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
             )
     try:
         return cls(**data)
-    except TypeError as exc:
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
         raise ConfigError(f"{prefix}: {exc}") from None

@@ -1,52 +1,27 @@
-"""Command-line and config parsing of `distdiag.check`, and the plan of probes to run."""
+"""Config of `distdiag.check` from its command line (options: distdiag.check_options), and the
+plan of probes to run."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
+from distdiag.check_options import build_parser
 from distdiag.config import CheckConfig, dataclass_from_dict, load_profile, load_toml, merge_config
 from distdiag.errors import ConfigError
 from distdiag.probes import PROBES, Probe
 
-__all__ = ["Plan", "build_parser", "parse_config", "make_plan"]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises ConfigError (one line, exit 2 on every rank) instead of printing usage."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see: python -m distdiag.check --help)")
-
-
-def build_parser(prog: str = "python -m distdiag.check") -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=prog,
-        description=(
-            "Run distdiag's probes on every rank of a torchrun job; rank 0 prints one verdict and "
-            "writes a JSON report. Exit codes: 0 pass (warnings allowed), 1 a probe failed, "
-            "2 bad input, 3 a rank hung, died or never reported, 4 take a node out."
-        ),
-        epilog="Example: torchrun --nproc-per-node 4 -m distdiag.check --profile quick",
-    )
-    p.add_argument("--probes", metavar="A,B", help="probes to run, in order (default: every probe that applies; see `distdiag probes`)")
-    p.add_argument("--skip", metavar="A,B", help="probes to leave out")
-    p.add_argument("--profile", metavar="NAME", help="a profile shipped with distdiag: default, quick, full, ... (configs/ has copies)")
-    p.add_argument("--config", metavar="PATH", help="a TOML config file ([check] and [probes.NAME] tables); flags override it")
-    p.add_argument("--report", metavar="PATH", help="where to write the JSON report (default: distdiag-report.json)")
-    p.add_argument("--timeout-s", type=float, metavar="S", help="deadline of one probe on every rank, in seconds (default: 60)")
-    p.add_argument("--deadline-s", type=float, metavar="S", help="deadline of the whole check, in seconds (default: 600)")
-    p.add_argument("--format", choices=["text", "json"], help="text: a table on stdout (default); json: the report on stdout")
-    p.add_argument("--quiet", action="store_true", default=None, help="print only the verdict line")
-    p.add_argument("--target", metavar="MODULE|FILE.py", help="the user's target exposing hook functions (module name or .py path)")
-    p.add_argument("--junit", metavar="PATH", help="also write the verdict as JUnit XML to PATH (on every node, like the report)")
-    p.add_argument("--checkpoint", metavar="PATH", help="an existing DCP checkpoint to load into the target model (probe checkpoint; sets probes.checkpoint.load)")
-    return p
+__all__ = ["Plan", "build_parser", "parse_config", "config_from_args", "make_plan", "validate_names_and_options"]
 
 
 def parse_config(argv: list[str]) -> CheckConfig:
-    args = build_parser().parse_args(argv)
+    """Every rank's command line -> the validated config (ConfigError on any mistake)."""
+    return config_from_args(build_parser().parse_args(argv))
+
+
+def config_from_args(args: argparse.Namespace) -> CheckConfig:
+    """Parsed options (of either front end, see distdiag.check_options) -> the validated config."""
     layers: list[tuple[str, dict[str, Any]]] = []
     if args.profile:
         layers.append((f"profile {args.profile!r}", load_profile(args.profile)))
@@ -62,10 +37,47 @@ def parse_config(argv: list[str]) -> CheckConfig:
         "deadline_s": args.deadline_s,
         "format": args.format,
         "quiet": args.quiet,
+        "verbose": args.verbose,
         "target": args.target,
         "junit": args.junit,
     }
-    return merge_config(layers, overrides)
+    config = merge_config(layers, overrides, validate=validate_names_and_options)
+    check_output_paths(config)
+    return config
+
+
+def check_output_paths(config: CheckConfig) -> None:
+    """The report and JUnit paths must be files to (re)write: a FIFO, device or directory there
+    is bad input before anything runs, not a report lost at the end."""
+    from distdiag.report import non_regular_kind
+
+    for key, flag, path in (("check.report", "--report", config.report), ("check.junit", "--junit", config.junit)):
+        kind = non_regular_kind(path) if path else None
+        if kind is not None:
+            raise ConfigError(f"{key}: {path} is {kind}, not a regular file; pass {flag} a file path")
+
+
+def validate_names_and_options(config: CheckConfig) -> None:
+    """What a config says must hold whatever runs: every probe it names exists, and every
+    `[probes.NAME]` table is valid for its probe, run or not (bandwidth is opt-in, yet a bad
+    `[probes.bandwidth]` table is still a mistake the user wants to hear about)."""
+    known = ", ".join(PROBES)
+    for key, names in (("check.probes", [] if config.probes == ["all"] else config.probes or []), ("check.skip", config.skip)):
+        for name in names:
+            if name not in PROBES:
+                raise ConfigError(f"{key}: unknown probe {name!r}; available: {known}")
+    for name, opts in config.probe_options.items():
+        if name not in PROBES:
+            raise ConfigError(f"probes.{name}: unknown probe {name!r}; available: {known}")
+        _probe_options(PROBES[name], opts, name)
+
+
+def _probe_options(cls: type[Probe], opts: dict[str, Any], name: str) -> Any:
+    if cls.Config is not None:
+        return dataclass_from_dict(cls.Config, opts, f"probes.{name}")
+    if opts:
+        raise ConfigError(f"probes.{name} takes no options, got {sorted(opts)}")
+    return None
 
 
 @dataclass
@@ -106,11 +118,7 @@ def make_plan(config: CheckConfig, world_size: int) -> Plan:
         if name in config.skip:
             continue
         probe = PROBES[name]()
-        options = None
-        if probe.Config is not None:
-            options = dataclass_from_dict(probe.Config, config.probe_options.get(name, {}), f"probes.{name}")
-        elif config.probe_options.get(name):
-            raise ConfigError(f"probes.{name} takes no options, got {sorted(config.probe_options[name])}")
+        options = _probe_options(PROBES[name], config.probe_options.get(name, {}), name)
         problem = probe.world_problem(world_size)
         if problem and explicit:
             raise ConfigError(problem)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
-from typing import Any
+from typing import Any, TextIO
 
 from distdiag.report import Finding, Report
 
-__all__ = ["render_report", "format_ranks", "render_table"]
+__all__ = ["render_report", "format_ranks", "render_table", "ProgressLine", "PROGRESS_ENV"]
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "error": "ERROR"}
 _SEV = {"info": "info", "warning": "WARN", "error": "ERROR", "critical": "CRIT"}
@@ -71,18 +73,23 @@ def render_report(
     report: Report,
     *,
     width: int = 100,
-    min_severity: str = "info",
+    verbose: bool = True,
+    min_severity: str | None = None,
     max_rows: int | None = 12,
     title: str | None = None,
 ) -> str:
     """The consolidated verdict as text: one row per probe, findings under it, one verdict line.
 
-    Probes' detail tables are cut at `max_rows` rows (None: all); the JSON report has them whole.
+    `verbose=False` is the check's default: info findings are left out and a probe's detail
+    tables are shown only when it has a warning or worse, so a healthy run is one line per
+    probe and the verdict. `verbose=True` shows every finding and table. `min_severity`
+    overrides the floor either way (default: info when verbose, else warning). Tables are
+    cut at `max_rows` rows (None: all); the JSON report always has everything.
     `title` replaces the first line (which otherwise describes the ranks of a check).
     """
     from distdiag.report import SEVERITIES
 
-    floor = SEVERITIES.index(min_severity)
+    floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
     out: list[str] = []
     hosts = sorted({r.host for r in report.ranks})
     out.append(
@@ -109,9 +116,12 @@ def render_report(
         for f in probe.findings:
             if SEVERITIES.index(f.severity) >= floor:
                 out += _finding_lines(f, report.world_size, width)
-        for title, table in probe.details.items():
-            if isinstance(table, list) and table and isinstance(table[0], dict) and title.startswith("table:"):
-                out.append(f"  {title[6:]}:")
+        troubled = probe.status in ("warn", "fail", "error") or any(f.severity != "info" for f in probe.findings)
+        if not (verbose or troubled):
+            continue
+        for name, table in probe.details.items():
+            if name.startswith("table:") and isinstance(table, list) and table and all(isinstance(r, dict) for r in table):
+                out.append(f"  {name[6:]}:")
                 shown = table if max_rows is None else table[:max_rows]
                 out += ["    " + ln for ln in render_table(shown).splitlines()]
                 if len(shown) < len(table):
@@ -123,3 +133,60 @@ def render_report(
     out.append("")
     out.append(f"verdict: {report.verdict.upper()} (exit {report.exit_code}) - {report.summary}")
     return "\n".join(out)
+
+
+PROGRESS_ENV = "DISTDIAG_PROGRESS"
+"""Set to `stdout` by `distdiag check` when its own stdout and stderr are a terminal: the
+ranks' stderr is then a pipe to the launcher, so rank 0 draws its progress line on stdout."""
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
+
+
+class ProgressLine:
+    """Which probe rank 0 is running, as one status line rewritten in place with `\\r`.
+
+    Only on a terminal (stdout and stderr both a TTY, or the launcher's terminal through
+    PROGRESS_ENV), with text output that is not --quiet, on rank 0; otherwise every call is a
+    no-op. The line ends with `\\r`, so any other output (another rank's warning) writes over
+    it instead of after it; `clear()` blanks it before the verdict is printed.
+    """
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream
+        self.width = 0
+
+    @classmethod
+    def for_check(cls, config: Any, rank: int) -> ProgressLine:
+        if rank != 0 or config.format != "text" or config.quiet:
+            return cls(None)
+        if _is_tty(sys.stdout) and _is_tty(sys.stderr):
+            return cls(sys.stderr)
+        if os.environ.get(PROGRESS_ENV) == "stdout" and _is_tty(sys.stdout):
+            return cls(sys.stdout)
+        return cls(None)
+
+    def show(self, index: int, total: int, name: str) -> None:
+        if self.stream is None:
+            return
+        text = f"distdiag [{index + 1}/{total}] {name} ..."
+        self._write("\r" + text.ljust(self.width) + "\r")
+        self.width = len(text)
+
+    def clear(self) -> None:
+        """Blank the line for good: nothing is shown after the verdict."""
+        if self.stream is not None and self.width:
+            self._write("\r" + " " * self.width + "\r")
+        self.stream = None
+        self.width = 0
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)  # type: ignore[union-attr]
+            self.stream.flush()  # type: ignore[union-attr]
+        except (OSError, ValueError):  # the terminal went away: drop the line, never the check
+            self.stream = None

@@ -7,14 +7,17 @@ never sees half a report even when the writer is killed mid-write.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from distdiag.errors import ReportError
+from distdiag.report_schema import MAX_DEPTH, json_depth, report_type_problem
 
 __all__ = [
     "SCHEMA",
@@ -31,7 +34,9 @@ __all__ = [
     "Report",
     "exit_code_for",
     "write_report",
+    "write_json_atomic",
     "read_report",
+    "non_regular_kind",
     "group_by_node",
 ]
 
@@ -342,13 +347,59 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def non_regular_kind(path: str | os.PathLike[str]) -> str | None:
+    """What stands at `path` (symlinks followed) when it is not a regular file: 'a FIFO
+    (named pipe)', 'a directory', ...; None when it is a regular file or nothing."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask sets it, racing other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc (not Linux): the classic read-and-restore
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write `text` to `path` so that readers see the old file or the new one, never half."""
-    target = Path(path)
-    if target.parent != Path(""):
-        target.parent.mkdir(parents=True, exist_ok=True)
+    """Write `text` to `path` so that readers see the old file or the new one, never half.
+
+    A symlink is followed: its target is replaced atomically and the link stays. A FIFO,
+    device, directory or socket at the path is refused with OSError (a rename would replace a
+    pipe someone reads, or a device node, with a file). The file is created 0644 minus the
+    umask, like any file the user writes (mkstemp alone would leave it 0600).
+    """
+    given = Path(path)
+    kind = non_regular_kind(given)
+    if kind is not None:
+        code = errno.EISDIR if kind == "a directory" else errno.EINVAL
+        raise OSError(code, f"{given} is {kind}, not a regular file; refusing to replace it (pick a file path)")
+    target = Path(os.path.realpath(given))
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, 0o644 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.write("\n")
@@ -361,7 +412,7 @@ def write_json_atomic(path: str | os.PathLike[str], text: str) -> Path:
         except FileNotFoundError:
             pass
         raise
-    return target
+    return given
 
 
 def write_report(report: Report, path: str | os.PathLike[str]) -> Path:
@@ -370,12 +421,20 @@ def write_report(report: Report, path: str | os.PathLike[str]) -> Path:
 
 
 def read_report(path: str | os.PathLike[str]) -> Report:
-    """Read a report back; a missing, truncated or foreign file raises ReportError."""
+    """Read a report back; a missing, truncated, foreign or mistyped file raises ReportError
+    with one line (every field is type-checked first, so rendering never meets a surprise)."""
     target = Path(path)
+    kind = non_regular_kind(target)
+    if kind is not None:
+        raise ReportError(f"{target} is {kind}, not a report file")
     try:
         text = target.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ReportError(f"no report at {target}") from None
+    except UnicodeDecodeError as exc:
+        raise ReportError(
+            f"{target} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}): not a distdiag report"
+        ) from None
     except OSError as exc:
         raise ReportError(f"cannot read report {target}: {exc.strerror}") from None
     try:
@@ -385,8 +444,20 @@ def read_report(path: str | os.PathLike[str]) -> Report:
             f"{target} is not valid JSON (line {exc.lineno}, column {exc.colno}): "
             "truncated or not a distdiag report"
         ) from None
+    except RecursionError:
+        raise ReportError(f"{target} nests JSON too deeply to read: not a distdiag report") from None
     if not isinstance(data, dict):
         raise ReportError(f"{target} holds a JSON {type(data).__name__}, not a distdiag report")
+    schema = data.get("schema", "")
+    if not isinstance(schema, str) or not schema.startswith("distdiag.report/"):
+        raise ReportError(f"{target} is not a distdiag report (schema {schema!r}, expected {SCHEMA!r})")
+    if schema.split("/", 1)[1] != SCHEMA.split("/", 1)[1]:
+        raise ReportError(f"{target}: report schema {schema!r} is not supported (this is {SCHEMA!r})")
+    if json_depth(data) > MAX_DEPTH:
+        raise ReportError(f"{target} nests JSON deeper than {MAX_DEPTH} levels: not a distdiag report")
+    problem = report_type_problem(data)
+    if problem:
+        raise ReportError(f"{target} is not a valid distdiag report: {problem}")
     try:
         return Report.from_dict(data)
     except (KeyError, TypeError, ValueError) as exc:

@@ -135,9 +135,7 @@ class Tracker:
         try:
             yield
         finally:
-            self._engine: Any = None
-        """distdiag.engine.EngineReader, made on first use by the thread that snapshots (the sentinel)."""
-        self.timing = False
+            self.timing = False
 
     @contextmanager
     def collective(self, op: str, tensor: Any, group_name: str, detail: str = "") -> Iterator[CollectiveRecord]:

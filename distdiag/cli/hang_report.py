@@ -17,12 +17,46 @@ import typer
 
 from distdiag.cli.options import FormatOpt, check_format, fail
 
-__all__ = ["register", "report_from_dumps"]
+__all__ = ["register", "report_from_dumps", "dump_problem"]
 
 
 def _rank_of(path: Path, fallback: int) -> int:
     match = re.search(r"(\d+)(?:\.\w+)?$", path.name)
     return int(match.group(1)) if match else fallback
+
+
+def dump_problem(dump: Any) -> str | None:
+    """The first field of a recorder dump whose type report_from_dumps cannot use, or None.
+
+    Only what is read is checked: `entries` a list of objects, each with an integer (or null)
+    sequence id, a list `process_group`, a string `profiling_name`, a boolean `is_p2p`.
+    """
+    from distdiag.report_schema import MAX_DEPTH, json_depth
+
+    if not isinstance(dump, dict):
+        return f"the dump is a {type(dump).__name__}, not an object"
+    if json_depth(dump) > MAX_DEPTH:
+        return f"it nests deeper than {MAX_DEPTH} levels"
+    entries = dump.get("entries")
+    if entries is None:
+        return None
+    if not isinstance(entries, list):
+        return f"'entries' must be a list, got {type(entries).__name__}"
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            return f"entries[{i}] must be an object, got {type(entry).__name__}"
+        for key in ("collective_seq_id", "p2p_seq_id"):
+            value = entry.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                return f"entries[{i}].{key} must be an integer, got {value!r}"
+        group = entry.get("process_group")
+        if group is not None and (not isinstance(group, list) or not group):
+            return f"entries[{i}].process_group must be a non-empty list, got {group!r}"
+        if not isinstance(entry.get("profiling_name", ""), str):
+            return f"entries[{i}].profiling_name must be a string"
+        if not isinstance(entry.get("is_p2p", False), bool):
+            return f"entries[{i}].is_p2p must be true or false"
+    return None
 
 
 def report_from_dumps(dumps: dict[int, dict[str, Any]]) -> Any:
@@ -73,18 +107,22 @@ def hang_report(
 ) -> None:
     """Render a hang report the watchdog wrote, or one built from flight-recorder dumps."""
     from distdiag.errors import ReportError
-    from distdiag.report import read_report
+    from distdiag.report import non_regular_kind, read_report
     from distdiag.watchdog.flight import load_dump
     from distdiag.watchdog.writer import REPORT_NAME, render_hang_report
 
     check_format(format)
     if not path.exists():
         raise fail(f"{path} does not exist")
+    if not path.is_dir() and not path.is_file():
+        raise fail(f"{path} is {non_regular_kind(path)}: pass a report, a dump or a directory")
     target = path / REPORT_NAME if path.is_dir() else path
     if target.is_file() and (target.name == REPORT_NAME or path.is_file()) and target.read_bytes()[:1] == b"{":
         try:
             report = read_report(target)
-        except ReportError:
+        except ReportError as exc:
+            if target.name == REPORT_NAME:  # the watchdog's own file, broken: say so, not "no entries"
+                raise fail(str(exc)) from None
             report = None
         if report is not None:
             typer.echo(report.to_json() if format == "json" else render_hang_report(report))
@@ -97,11 +135,17 @@ def hang_report(
     dumps: dict[int, dict[str, Any]] = {}
     for i, file in enumerate(files):
         try:
-            dumps[_rank_of(file, i)] = load_dump(file, trust_pickle=trust_pickle)
+            dump = load_dump(file, trust_pickle=trust_pickle)
         except ValueError as exc:
             raise fail(str(exc)) from None
+        except RecursionError:
+            raise fail(f"{file} nests JSON too deeply to read: not a flight-recorder dump") from None
         except OSError as exc:
             raise fail(f"cannot read {file}: {exc.strerror}") from None
+        problem = dump_problem(dump)
+        if problem:
+            raise fail(f"{file} is not a flight-recorder dump: {problem}")
+        dumps[_rank_of(file, i)] = dump
     try:
         report = report_from_dumps(dumps)
     except ValueError as exc:

@@ -10,7 +10,7 @@ __all__ = ["FormatOpt", "fail", "check_format", "check_severity"]
 
 FormatOpt = Annotated[
     str,
-    typer.Option("--format", help="text: a human table; json: machine-readable on stdout.", case_sensitive=False),
+    typer.Option("--format", help="text: a human table; json: machine-readable on stdout.", metavar="[text|json]"),
 ]
 
 

@@ -19,25 +19,42 @@ def show(
     path: Annotated[Path, typer.Argument(help="A distdiag-report.json written by the check.")],
     format: FormatOpt = "text",
     min_severity: Annotated[
-        str, typer.Option("--min-severity", help="Hide findings below this: info, warning, error, critical.")
-    ] = "info",
-    full: Annotated[bool, typer.Option("--full", help="Show every row of the probes' tables (default: the first 12).")] = False,
+        str | None,
+        typer.Option(
+            "--min-severity",
+            help="Hide findings below this: info, warning, error, critical (default: warning; info with --verbose).",
+        ),
+    ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", "-v",
+            help="Also show info findings and every probe's tables, as the check's --verbose (default: tables only of probes with warnings or worse).",
+        ),
+    ] = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="Everything: --verbose, and every row of the tables (default: the first 12).")
+    ] = False,
     exit_code: Annotated[
         bool, typer.Option("--exit-code", help="Exit with the code the check exited with (default: 0 once shown).")
     ] = False,
 ) -> None:
-    """Render a saved report the way rank 0 printed it."""
+    """Render a saved report the way rank 0 printed it (--verbose, --full: more of it)."""
     from distdiag.errors import ReportError
     from distdiag.render import render_report
     from distdiag.report import read_report
 
-    check_severity(min_severity)
+    if min_severity is not None:
+        check_severity(min_severity)
     check_format(format)
     try:
         report = read_report(path)
     except ReportError as exc:
         raise fail(str(exc)) from None
-    typer.echo(report.to_json() if format == "json" else render_report(report, min_severity=min_severity, max_rows=None if full else 12))
+    if format == "json":
+        typer.echo(report.to_json())
+    else:
+        typer.echo(render_report(report, verbose=verbose or full, min_severity=min_severity, max_rows=None if full else 12))
     if exit_code:
         raise typer.Exit(report.exit_code)
 

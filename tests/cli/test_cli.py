@@ -38,8 +38,23 @@ def test_report_show_renders_like_rank0(cli_env, tmp_path):
     path = write_report(report, tmp_path / "r.json")
     out = distdiag(["report", "show", str(path)], cli_env, tmp_path)
     assert out.returncode == 0
-    assert out.stdout.rstrip("\n") == render_report(report)
+    assert out.stdout.rstrip("\n") == render_report(report, verbose=False)
     assert distdiag(["report", "show", str(path), "--exit-code"], cli_env, tmp_path).returncode == 1
+
+
+def test_report_show_verbose_and_full(cli_env, tmp_path):
+    """Terse by default like the check; --verbose adds info findings and every table; --full every row too."""
+    rows = [{"i": i} for i in range(20)]
+    report = Report(world_size=2, summary="ok", probes=[
+        ProbeResult.from_findings("fsdp_plan", [Finding("info", "audited 20")], details={"table:plan": rows})])
+    path = write_report(report, tmp_path / "r.json")
+    terse = distdiag(["report", "show", str(path)], cli_env, tmp_path).stdout
+    assert "audited 20" not in terse and "plan:" not in terse
+    verbose = distdiag(["report", "show", "-v", str(path)], cli_env, tmp_path).stdout
+    assert "[info] job: audited 20" in verbose and "plan:" in verbose and "8 more row(s)" in verbose
+    assert verbose.rstrip("\n") == render_report(report, verbose=True)
+    full = distdiag(["report", "show", "--full", str(path)], cli_env, tmp_path).stdout
+    assert "audited 20" in full and "more row" not in full and full.count("\n") > verbose.count("\n")
 
 
 @pytest.mark.parametrize("content", [None, "{trunc", '{"a": 1}'])

@@ -1,4 +1,5 @@
-"""launch/gate.sh end to end with real torchrun: two agents (--nnodes 2, c10d on localhost) and a drain."""
+"""The gate end to end with real torchrun, as `distdiag gate` and as launch/gate.sh (which runs it):
+two agents (--nnodes 2, c10d on localhost), a drain, a passing gate handing over to the job."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def _free_port() -> int:
 def _env(cli_env, **extra) -> dict[str, str]:
     env = dict(cli_env, PYTHON=sys.executable, **extra)
     return env
+
+
+FRONTS = {"gate.sh": ["bash", str(GATE)], "distdiag gate": [sys.executable, "-m", "distdiag", "gate"]}
 
 
 def test_two_nodes_on_one_machine_one_report_grouped_per_node(tmp_path, cli_env):
@@ -63,11 +67,12 @@ def test_two_nodes_on_one_machine_one_report_grouped_per_node(tmp_path, cli_env)
     assert not any(f["probe"] == "bandwidth" for f in nodes[0]["findings"]), nodes
 
 
-def test_failed_gate_passes_the_drain_code_and_skips_the_job(tmp_path, cli_env):
-    """A required GPU check on this CPU box drains the node: gate.sh exits 4 and never starts the job."""
+@pytest.mark.parametrize("front", list(FRONTS))
+def test_failed_gate_passes_the_drain_code_and_skips_the_job(tmp_path, cli_env, front):
+    """A required GPU check on this CPU box drains the node: the gate exits 4 and never starts the job."""
     cfg = tmp_path / "gate.toml"
     cfg.write_text("[probes.gpu]\nrequired = true\ngpus_per_node = 8\n")
-    cmd = ["bash", str(GATE), "--nproc-per-node", "2", "--", sys.executable, "-c", "open('trained', 'w')"]
+    cmd = [*FRONTS[front], "--nproc-per-node", "2", "--", sys.executable, "-c", "open('trained', 'w')"]
     env = _env(cli_env, DISTDIAG_CONFIG=str(cfg), DISTDIAG_CHECK_ARGS="--probes env,gpu")
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 4, proc.stderr[-3000:]
@@ -75,8 +80,29 @@ def test_failed_gate_passes_the_drain_code_and_skips_the_job(tmp_path, cli_env):
     assert "the distdiag gate failed" in proc.stderr and "exit 4" in proc.stderr
 
 
-def test_usage_error_is_one_line_exit_2(tmp_path, cli_env):
-    """No `--` and no command: one usage line, exit 2, nothing launched."""
-    proc = subprocess.run(["bash", str(GATE), "--nproc-per-node", "2"], cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "usage" in proc.stderr
+@pytest.mark.parametrize("front", list(FRONTS))
+@pytest.mark.parametrize("args", [["--nproc-per-node", "2"], ["--nproc-per-node", "2", "--"]])
+def test_usage_error_is_one_line_exit_2(tmp_path, cli_env, front, args):
+    """No `--` or no command after it: one usage line, exit 2, nothing launched."""
+    env = _env(cli_env)
+    proc = subprocess.run([*FRONTS[front], *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "usage" in proc.stderr, proc.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_passing_gate_becomes_the_job_with_its_exit_code(tmp_path, cli_env):
+    """`distdiag gate`, as installed by pip (no launch/ folder): on a pass it execs the job, whose code it returns."""
+    cmd = [*FRONTS["distdiag gate"], "--nproc-per-node", "1", "--", sys.executable, "-c",
+           "import os; open('trained', 'w').write(str(os.getppid())); raise SystemExit(7)"]
+    env = _env(cli_env, DISTDIAG_CHECK_ARGS="--probes env")
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 7, proc.stderr[-3000:]
+    assert "the distdiag gate passed" in proc.stderr
+    assert (tmp_path / "trained").read_text() == str(os.getpid())  # exec'd: the job's parent is ours, not a gate
+    assert json.loads((tmp_path / "distdiag-gate-report.json").read_text())["exit_code"] == 0
+
+
+def test_gate_help(tmp_path, cli_env):
+    out = subprocess.run([*FRONTS["distdiag gate"], "-h"], cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.startswith("usage: distdiag gate [torchrun options] -- TRAINING COMMAND")
+    assert "DISTDIAG_REPORT" in out.stdout

@@ -36,7 +36,7 @@ def test_cli_overrides_config_overrides_profile(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--timeout-s", "-1"], "check.timeout_s must be a number of seconds > 0, got -1.0"),
+        (["--timeout-s", "-1"], r"check.timeout_s must be a number of seconds > 0 and at most 604800 \(one week\), got -1.0"),
         (["--deadline-s", "0"], "check.deadline_s"),
         (["--profile", "nope"], "unknown profile 'nope'"),
         (["--format", "xml"], "invalid choice"),
@@ -113,3 +113,60 @@ def test_probe_with_missing_private_api_skips_with_reason():
     from distdiag.probes import PROBES
 
     assert all(cls().missing_api_reason() is None for cls in PROBES.values())
+
+
+def test_binary_config_file_is_one_line(tmp_path):
+    """A config file that is not UTF-8 (a binary picked by mistake) is a ConfigError, not a traceback."""
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 0x89 at offset 0\)") as info:
+        parse_config(["--config", str(path)])
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("flag", ["--timeout-s", "--deadline-s"])
+@pytest.mark.parametrize("value", ["1e300", "604801", "inf", "nan"])
+def test_timeouts_have_an_upper_bound(flag, value):
+    """Huge timeouts overflow torch's C int timeouts on every rank: rejected up front, the bound in the message."""
+    key = flag[2:].replace("-", "_")
+    with pytest.raises(ConfigError, match=rf"check\.{key} must be a number of seconds > 0 and at most 604800 \(one week\)"):
+        parse_config([flag, value])
+
+
+def test_a_week_is_accepted():
+    assert parse_config(["--timeout-s", "604800", "--deadline-s", "604800"]).deadline_s == 604800
+
+
+@pytest.mark.parametrize("value", ["-1", '"ten"'])
+def test_bad_value_overridden_by_a_flag_is_still_an_error(tmp_path, value):
+    """`[check] timeout_s = -1` in the file is reported even when --timeout-s overrides it."""
+    path = tmp_path / "c.toml"
+    path.write_text(f"[check]\ntimeout_s = {value}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: check\.timeout_s must be a number of seconds"):
+        parse_config(["--config", str(path), "--timeout-s", "10"])
+
+
+def test_bad_value_overridden_by_a_later_layer_is_still_an_error():
+    """Every layer is validated as merged, not only the result."""
+    with pytest.raises(ConfigError, match="^low: check.deadline_s"):
+        merge_config([("low", {"check": {"deadline_s": 0}}), ("high", {"check": {"deadline_s": 5}})], {})
+    from distdiag.plan import validate_names_and_options
+
+    with pytest.raises(ConfigError, match="^low: check.probes: unknown probe 'nope'"):
+        merge_config([("low", {"check": {"probes": ["nope"]}})], {"probes": "env"}, validate=validate_names_and_options)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('[probes.bandwidth]\nsizes = ["abc"]\n', "probes.bandwidth.sizes: cannot read size 'abc'"),
+        ("[probes.bandwidth]\nbogus = 1\n", "unknown key probes.bandwidth.bogus"),
+        ("[probes.collectives]\nnumel = -3\n", "probes.collectives.numel must be an integer"),
+    ],
+)
+def test_options_of_a_probe_that_does_not_run_are_validated(tmp_path, text, words):
+    """bandwidth is opt-in and collectives is skipped here, yet their tables are checked."""
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        parse_config(["--config", str(path), "--probes", "env"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -145,3 +146,183 @@ def test_writer_claim_is_exclusive_within_a_rank_too():
     assert ex.claim("writer", "main") is True
     assert ex.claim("writer", "sentinel") is False
     assert ex.claim("writer", "main") is True  # the holder asking again
+
+
+def test_write_follows_a_symlink_and_keeps_it(tmp_path):
+    """A report path that is a symlink: the file it points to is replaced, the link stays a link."""
+    real = tmp_path / "store" / "r.json"
+    real.parent.mkdir()
+    real.write_text("old")
+    link = tmp_path / "r.json"
+    link.symlink_to(real)
+    write_report(_report(), link)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert read_report(real) == _report()
+    assert sorted(os.listdir(real.parent)) == ["r.json"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_write_refuses_what_is_not_a_regular_file(tmp_path, kind):
+    """A FIFO, a directory or a device (here through a symlink to /dev/null) is left alone, with one line."""
+    path = tmp_path / "r.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/null")
+    with pytest.raises(OSError, match="not a regular file; refusing to replace it") as info:
+        write_report(_report(), path)
+    assert "\n" not in info.value.strerror
+    assert {"fifo": path.is_fifo, "directory": path.is_dir, "device": path.is_symlink}[kind]()
+    assert os.listdir(tmp_path) == ["r.json"]  # no temp file left behind
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
+def test_report_mode_is_0644_minus_umask(tmp_path, umask, mode):
+    """Reports are readable like any file the user writes (mkstemp alone made them 0600)."""
+    old = os.umask(umask)
+    try:
+        path = write_report(_report(), tmp_path / "r.json")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == mode
+
+
+def _valid() -> dict:
+    return json.loads(_report().to_json())
+
+
+def _set(data: dict, dotted: str, value) -> dict:
+    *parts, last = dotted.split(".")
+    node = data
+    for part in parts:
+        node = node[int(part)] if part.isdigit() else node[part]
+    node[int(last) if last.isdigit() else last] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("probes.0.findings", 5, "probes[0].findings must be a list, got int"),
+        ("probes.0.findings.0", ["error", "x"], "probes[0].findings[0] must be an object, got list"),
+        ("probes.0.findings.0.evidence", 5, "probes[0].findings[0].evidence must be a string, got int"),
+        ("probes.0.findings.0.ranks", "x", "probes[0].findings[0].ranks must be a list, got string"),
+        ("probes.0.findings.0.ranks", ["x"], "ranks must be a list of integers"),
+        ("probes.0.findings.0.drain", "node1", "drain must be an object"),
+        ("probes.0.name", 7, "probes[0].name must be a string"),
+        ("probes.1", [1], "probes[1] must be an object, got list"),
+        ("probes", {"a": 1}, "probes must be a list, got object"),
+        ("ranks.0.host", None, "ranks[0].host"),
+        ("verdict", 1, "verdict must be a string"),
+        ("world_size", "4", "world_size must be an integer, got string"),
+        ("exit_code", 300, "exit_code must be within [0, 255]"),
+        ("not_run", [1], "not_run[0] must be a string"),
+    ],
+)
+def test_mistyped_fields_are_one_line_naming_the_field(tmp_path, field, value, words):
+    """A hand-edited report with a wrong type says which field, instead of crashing the renderer."""
+    path = tmp_path / "r.json"
+    data = _set(_valid(), field, value)
+    if value is None:
+        del data["ranks"][0]["host"]
+        words = "missing field ranks[0].host"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReportError, match=re.escape(words)) as info:
+        read_report(path)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"\xff\xfe{\x00", "is not UTF-8 text (byte 0xff at offset 0)"),
+        (b"[" * 100_000 + b"]" * 100_000, "nests JSON too deeply"),
+        (b'{"schema": "distdiag.report/1", "world_size": 1, "config": ' + b"[" * 200 + b"]" * 200 + b"}", "deeper than 64 levels"),
+    ],
+)
+def test_binary_or_deep_files_are_one_line(tmp_path, content, words):
+    """Non-UTF-8 bytes and deep nesting (RecursionError once) are ReportErrors."""
+    path = tmp_path / "r.json"
+    path.write_bytes(content)
+    with pytest.raises(ReportError, match=re.escape(words)):
+        read_report(path)
+
+
+def test_reading_a_fifo_is_refused_not_blocked(tmp_path):
+    """A FIFO at the path would block the reader forever: refused at once."""
+    path = tmp_path / "r.json"
+    os.mkfifo(path)
+    with pytest.raises(ReportError, match=r"is a FIFO \(named pipe\), not a report file"):
+        read_report(path)
+
+
+def _healthy() -> Report:
+    table = {"table:plan": [{"fqn": f"layer{i}", "ok": "yes"} for i in range(3)]}
+    return Report(
+        world_size=2,
+        probes=[
+            ProbeResult.from_findings("env", [Finding("info", "4 ranks share 2 cores", "threads 1")]),
+            ProbeResult.from_findings("fsdp_plan", [Finding("info", "audited 25 parameters")], details=table),
+            ProbeResult("gpu", status="skip", reason="no NVML"),
+        ],
+        summary="all passed",
+    )
+
+
+def test_healthy_run_renders_one_line_per_probe_and_the_verdict():
+    """Terse (the check's default): no info findings, no tables of a probe without trouble."""
+    lines = render_report(_healthy(), verbose=False).splitlines()
+    assert lines[3:6] == [line for line in lines if line.split(" ", 1)[0] in ("env", "fsdp_plan", "gpu")]
+    assert len(lines) == 3 + 3 + 2  # title, header, rule; a row per probe; blank, verdict
+    assert "1 info" in lines[3]  # counted, not shown
+
+
+def test_verbose_renders_every_finding_and_table():
+    text = render_report(_healthy(), verbose=True)
+    assert "[info] job: 4 ranks share 2 cores" in text and "  plan:" in text and "layer2" in text
+
+
+def test_terse_still_shows_trouble_with_its_tables():
+    """A probe with a warning or worse keeps its findings and tables; info findings stay hidden."""
+    report = _healthy()
+    report.probes[1] = ProbeResult.from_findings(
+        "fsdp_plan", [Finding("warning", "memory unbalanced", ranks=[1]), Finding("info", "audited")],
+        details={"table:plan": [{"fqn": "a"}]},
+    )
+    text = render_report(report, verbose=False)
+    assert "[WARN] rank 1: memory unbalanced" in text and "  plan:" in text
+    assert "audited" not in text and "4 ranks share" not in text
+    assert "[info] job: audited" in render_report(report, verbose=False, min_severity="info")
+
+
+def test_progress_line_is_silent_off_a_terminal(capsys):
+    """Under pytest (captured, not a TTY) the check's progress line draws nothing."""
+    from distdiag.config import CheckConfig
+    from distdiag.render import ProgressLine
+
+    line = ProgressLine.for_check(CheckConfig(), 0)
+    line.show(0, 3, "env")
+    line.clear()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_progress_line_rewrites_one_line_and_clears_it():
+    import io
+
+    from distdiag.render import ProgressLine
+
+    stream = io.StringIO()
+    line = ProgressLine(stream)
+    line.show(0, 2, "collectives")
+    line.show(1, 2, "env")
+    line.clear()
+    line.show(1, 2, "late")  # after the verdict: nothing
+    text = stream.getvalue()
+    assert "\n" not in text
+    assert text == (
+        "\rdistdiag [1/2] collectives ...\r"
+        "\rdistdiag [2/2] env ...        \r"  # padded over the longer line before it
+        "\r" + " " * len("distdiag [2/2] env ...") + "\r"
+    )

@@ -1,0 +1,38 @@
+"""Careless input reaches every rank of a real torchrun job as one line and exit 2, with a report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(180)]
+
+
+def _torchrun_check(args, env, cwd):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "distdiag.check", *args]
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(
+    ("make_args", "words"),
+    [
+        (lambda p: ["--config", str(p)], "is not UTF-8 text"),
+        (lambda p: ["--timeout-s", "1e300"], "at most 604800 (one week)"),
+        (lambda p: ["--deadline-s", "1e300"], "at most 604800 (one week)"),
+    ],
+    ids=["binary-config", "timeout-1e300", "deadline-1e300"],
+)
+def test_bad_input_is_exit_2_on_every_rank(cli_env, tmp_path, make_args, words):
+    """A binary --config or a 1e300 timeout: each rank says one line, the report says bad input (exit 2)."""
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(128, 256)) * 4)
+    out = _torchrun_check(make_args(binary), cli_env, tmp_path)
+    said = [line for line in out.stderr.splitlines() if line.startswith("distdiag: error:")]
+    assert len(said) == 2 and all(words in line for line in said), out.stderr[-3000:]
+    # torchrun prints its own ChildFailedError traceback; no rank printed one of ours
+    assert "distdiag/" not in "".join(line for line in out.stderr.splitlines() if line.lstrip().startswith("File "))
+    report = json.loads((tmp_path / "distdiag-report.json").read_text())
+    assert report["exit_code"] == 2 and report["outcome"] == "bad_input", report
