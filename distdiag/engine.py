@@ -41,6 +41,7 @@ __all__ = [
     "compact_entry",
     "op_name",
     "pending_groups",
+    "group_label",
 ]
 
 FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
@@ -211,7 +212,7 @@ class EngineReader:
         """'world' for the default group, 'ranks[0,1]' for a subgroup, else 'group NAME'."""
         label = self._labels.get(name)
         if label is None:
-            label = self._labels[name] = _label_for(name)
+            label = self._labels[name] = group_label(name)
         return label
 
     def read(self, *, details: bool = True, tail: int = 0) -> dict[str, Any]:
@@ -290,7 +291,9 @@ def _off_reason() -> str:
     )
 
 
-def _label_for(name: str) -> str:
+def group_label(name: str) -> str:
+    """A process group's label by its name: 'world', 'ranks[0,1]', else 'group NAME' (the
+    watchdog's wrappers and the recorder's positions use the same labels, so they match)."""
     try:
         import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from distdiag.engine import group_label
 from distdiag.watchdog.progress import P2P_GROUP, Progress
 
 __all__ = ["Interceptor", "C10D_OPS", "FUNCOL_OPS"]
@@ -143,20 +144,8 @@ class Interceptor:
             return "group?"
         label = self._labels.get(key)
         if label is None:
-            label = self._labels[key] = self._label_for(key)
+            label = self._labels[key] = group_label(key)
         return label
-
-    def _label_for(self, name: str) -> str:
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d as c10d
-
-        try:
-            pg = c10d._resolve_process_group(name)
-            if pg is c10d._get_default_group():
-                return "world"
-            return "ranks[" + ",".join(str(r) for r in dist.get_process_group_ranks(pg)) + "]"
-        except Exception:  # noqa: BLE001 - a label only
-            return f"group {name}"
 
     def describe(self, value: Any) -> tuple[Any, str]:
         if isinstance(value, list | tuple):

@@ -25,12 +25,16 @@ import os
 import sys
 import threading
 import time
-from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+if __name__ == "__main__":  # run as an unchanged script: the repository root for `tests`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tests.faults.watchdog_workers import _NoWatchdog  # noqa: E402
 
 __all__ = ["train"]
 
@@ -42,20 +46,6 @@ def _opts(argv: list[str]) -> dict[str, str]:
         key, _, value = word.partition("=")
         out[key] = value
     return out
-
-
-class _Off:
-    def __enter__(self) -> _Off:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def step(self, step: Any = None) -> None:
-        return None
-
-    def phase(self, name: str, timeout: Any = None) -> Any:
-        return nullcontext()
 
 
 def _hang_started() -> None:
@@ -190,7 +180,7 @@ def train(argv: list[str]) -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(o["pg_timeout"])))
     me, world = dist.get_rank(), dist.get_world_size()
     if o["wd"] == "none":
-        wd: Any = _Off()
+        wd: Any = _NoWatchdog()
     else:
         from distdiag import HangWatchdog
 
@@ -203,5 +193,4 @@ def train(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     sys.exit(train(sys.argv[1:] + ["wd=none"]))
