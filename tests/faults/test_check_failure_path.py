@@ -208,3 +208,21 @@ def test_rank_stopped_or_killed_after_the_verdict_fails_the_report_and_leaves(wo
     assert lead.ranks == [1] and "did not leave after the verdict" in lead.issue and word in lead.issue
     assert report.probe("collectives").status == "pass"
     assert result.elapsed < 25
+
+
+def test_library_exception_caught_on_one_rank_leads_and_names_the_stranded_ranks(workdir):
+    """DCP's save raises inside torch's object collectives on rank 0 only; the probe catches it
+    and goes on to its next collective while ranks 1-2 wait in DCP's scatter. The report leads
+    with rank 0's exception, where in the library it was raised, and the ranks it stranded."""
+    target = str(__import__("pathlib").Path(__file__).parent / "targets" / "object_decoding_fails_on_rank0.py")
+    # 15 s: the probe's first import of DCP, FSDP2 and DTensor takes seconds on a loaded box.
+    result = run_check(3, ["--probes", "checkpoint", "--timeout-s", "15", "--target", target], workdir, timeout=90)
+    assert result.codes == [3, 3, 3], (result.codes, result.stderr[-2000:])
+    report = result.report()
+    lead = _crit(report)[0]
+    assert lead.ranks == [0], lead.issue
+    assert "RuntimeError: Numpy is not available" in lead.issue and "caught" in lead.issue
+    assert "gather_object" in lead.issue or "gather_object" in lead.evidence
+    assert "ranks 1,2 were left waiting in" in lead.issue or "ranks 1-2 were left waiting in" in lead.issue
+    assert "numpy" in lead.fix
+    assert result.elapsed < 15 + 25
