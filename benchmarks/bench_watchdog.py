@@ -188,6 +188,49 @@ def latency(runs: int, timeout_s: float = 3.0) -> dict[str, str]:
     return table
 
 
+def per_collective_worker(argv: list[str]) -> int:
+    """One rank, back-to-back small all_reduces: the training thread's CPU per collective
+    unarmed, armed without wrappers, armed with wrappers (blocks alternate)."""
+    import torch
+    import torch.distributed as dist
+
+    from distdiag import HangWatchdog
+
+    dist.init_process_group("gloo")
+    t = torch.ones(16)
+
+    def loop(n: int) -> float:
+        cpu = time.thread_time()
+        for _ in range(n):
+            dist.all_reduce(t)
+        return (time.thread_time() - cpu) / n * 1e6
+
+    loop(2000)
+    out: dict[str, list[float]] = {"off": [], "nowrap": [], "on": []}
+    for _ in range(int(argv[0])):
+        out["off"].append(loop(5000))
+        for mode in ("nowrap", "on"):
+            with HangWatchdog(timeout=timedelta(seconds=60), dump_dir="hang-report", wrap=mode == "on"):
+                out[mode].append(loop(5000))
+    Path("per_collective.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+    return 0
+
+
+def per_collective(blocks: int = 7) -> dict[str, str]:
+    from tests.harness import run_ranks
+
+    with tempfile.TemporaryDirectory() as tmp:
+        res = run_ranks(1, [str(blocks)], tmp, entry="bench_watchdog:per_collective_worker", timeout=300)
+        if res.codes != [0]:
+            raise SystemExit(f"per-collective run failed: {res.codes}\n{res.stderr[-2000:]}")
+        out = json.loads((Path(tmp) / "per_collective.json").read_text())
+    return {
+        f"one rank, training-thread CPU per all_reduce, {label}": f"{statistics.median(out[key]):.1f} us (median of {blocks})"
+        for key, label in (("off", "unarmed"), ("nowrap", "armed, wrappers off"), ("on", "armed, wrappers on"))
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -196,6 +239,7 @@ def main() -> None:
     args = parser.parse_args()
     results = {}
     results.update(latency(args.latency_runs))
+    results.update(per_collective())
     results.update(overhead(args.repeats, args.blocks))
     width = max(len(k) for k in results)
     for key, value in results.items():
