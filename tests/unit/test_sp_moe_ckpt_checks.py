@@ -96,3 +96,50 @@ def test_expert_parallel_layer_equals_dense_in_a_world_of_one_with_drops():
     with torch.no_grad():
         assert torch.allclose(ep(x), dense(x), atol=1e-6)
     assert ep.stats["dropped"] == int((~keep_mask(dense.router(x)[0], 4, ep.stats["capacity"])).sum()) > 0
+
+
+def _floor_split(b, rank, world):
+    per = b["input_ids"].shape[1] // world  # relies on divisible lengths
+    idx = torch.arange(rank * per, (rank + 1) * per)
+    return seqw.take_positions(b, idx)
+
+
+def _split_payloads(seq: int, world: int, split=_floor_split) -> dict:
+    from distdiag.probes.sequence_parallel import _local_lists, _one_longer
+
+    batch = seqw.make_lm_batch(2, seq, 50, pad=2)
+    payloads = {r: {"splits": []} for r in range(world)}
+    for variant, b in (("batch", batch), ("seq+1", _one_longer(batch))):
+        for r in range(world):
+            local, problem = _local_lists(split(b, r, world), 2)
+            entry = {"splitter": "split_sequence", "variant": variant, "seq_len": b["input_ids"].shape[1],
+                     "origin": "make_batch(1)", "local": local, "problem": problem}
+            if r == 0:
+                entry["full"] = {k: (b[k].tolist() if k in b else None) for k in ("input_ids", "labels", "position_ids", "attention_mask")}
+            payloads[r]["splits"].append(entry)
+    return payloads
+
+
+def test_tokens_lost_only_on_the_made_up_length_are_a_warning_naming_the_invariant():
+    """A floor split is right on 32 at world 4 and loses position 32 of the probe's 33: a warning, not an error."""
+    from distdiag.probes.sequence_parallel import _split_findings
+
+    (f,) = _split_findings(_split_payloads(32, 4), 4)
+    assert f.severity == "warning" and "a length distdiag made up" in f.issue and "2 of 66 tokens are on no rank" in f.issue
+    assert "(0, 32), (1, 32)" in f.evidence and "dividing by 4" in f.fix
+
+
+def test_tokens_lost_on_the_targets_own_length_stay_an_error():
+    """The same split on make_batch's own length 34 (world 4): an error, and the made-up length is not looked at."""
+    from distdiag.probes.sequence_parallel import _split_findings
+
+    findings = _split_findings(_split_payloads(34, 4), 4)
+    assert [(f.severity, f.issue) for f in findings] == [("error", "split split_sequence: 4 of 68 tokens are on no rank")]
+    assert "make_batch(1) has sequences of length 34, which 4 ranks do not divide" in findings[0].evidence
+
+
+@pytest.mark.parametrize("seq_len,world,expected", [(32, 2, 32), (32, 3, 36), (32, 32, 64), (5, 2, 8)])
+def test_the_built_in_batch_length_divides_by_twice_the_world(seq_len, world, expected):
+    from distdiag.probes.sequence_parallel import nominal_length
+
+    assert nominal_length(seq_len, world) == expected
