@@ -61,10 +61,27 @@ def _is_tensor(v: Any) -> bool:
     return isinstance(v, torch.Tensor)
 
 
+def _perturb(t: torch.Tensor) -> None:
+    """Change every element in place, in the tensor's own dtype (an integer buffer such as
+    BatchNorm's num_batches_tracked cannot take a float add: the probe's own edit must not be
+    what fails)."""
+    if t.dtype == torch.bool:
+        t.logical_not_()
+    elif t.is_floating_point() or t.is_complex():
+        t.add_(1.0)
+    else:
+        t.add_(1)
+
+
 def _manual_adam_state(opt: torch.optim.Optimizer) -> None:
-    """Non-trivial Adam state without a step (the first step imports torch._dynamo: seconds)."""
+    """Non-trivial Adam state without a step (the first step imports torch._dynamo: seconds).
+
+    Only for parameters a step would give state to: a frozen parameter has none in training,
+    and made-up state for it must not be what a round trip trips on."""
     for group in opt.param_groups:
         for i, p in enumerate(group["params"]):
+            if not p.requires_grad:
+                continue
             base = p.detach()
             opt.state[p] = {"step": torch.tensor(3.0), "exp_avg": base * 0.5 + 0.25 + i, "exp_avg_sq": base * base + 0.125}
 
@@ -158,7 +175,7 @@ class CheckpointProbe(Probe):
             dcp.save(state, checkpoint_id=path)
             with torch.no_grad():
                 for k in snapshot:
-                    local_tensor(flat[k]).add_(1.0)  # so a load that silently reads nothing shows
+                    _perturb(local_tensor(flat[k]))  # so a load that silently reads nothing shows
             ckpt = _ckpt_shapes(path)
             expected = {k: (tuple(v.shape) if _is_tensor(v) else ()) for k, v in flat.items()}
             result["key_diff"] = _diff(expected, ckpt)

@@ -113,3 +113,11 @@ def test_missing_build_model_skips_with_the_hook_named(workdir):
     result = run_check(2, ["--probes", "checkpoint,sequence_parallel", "--target", str(TARGETS / "sp_bad_split.py")], workdir, timeout=90)
     probe = result.report().probe("checkpoint")
     assert probe.status == "skip" and "build_model()" in probe.reason
+
+
+def test_round_trip_of_integer_buffers_and_frozen_params_passes(workdir):
+    """BatchNorm's int64 counter and a frozen layer: the probe's own perturbation and made-up Adam state do not fail it."""
+    result, probe = _run(workdir, "ckpt_int_buffer_frozen")
+    assert result.codes == [0, 0], result.stderr
+    assert [f.issue for f in probe.findings if f.severity != "info"] == []
+    assert probe.metrics["mode"] == "round_trip" and probe.metrics["tensors"] >= 8
