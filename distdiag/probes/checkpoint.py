@@ -185,6 +185,9 @@ class CheckpointProbe(Probe):
             result["unequal"] = _unequal(snapshot, after)
             failed = False
         except Exception as exc:  # noqa: BLE001 - DCP failing is the finding
+            # DCP's save/load run collectives of their own: a rank that raised inside one may have
+            # stranded the others there; say so before the agreement below.
+            ctx.caught(exc, "DCP round trip")
             findings.append(local_finding("error", f"DCP round trip failed: {exc_line(exc)}",
                                           fix="see the traceback of the same step in your training job; the checkpoint dir was removed"))
         finally:
@@ -206,6 +209,7 @@ class CheckpointProbe(Probe):
         try:
             ckpt = _ckpt_shapes(load)
         except Exception as exc:  # noqa: BLE001 - a path that is no DCP checkpoint is bad input
+            ctx.caught(exc, f"reading the metadata of {load}")  # local read, but agree() follows
             ckpt = None
             findings.append(local_finding("error", f"--checkpoint {load}: not a readable DCP checkpoint on this rank: "
                                           f"{exc_line(exc)}",
