@@ -140,19 +140,30 @@ class CheckpointProbe(Probe):
         model = call_hook("parallelize", wrap, model, make_mesh(ctx)) or model
         return model, _adamw(model), f"target {target.spec}"
 
-    def _shared_dir(self, ctx: Any, base: str) -> str:
-        """Rank 0 creates the directory; every rank learns its path (one broadcast)."""
+    def _shared_dir(self, ctx: Any, base: str, cleanups: list[int]) -> str:
+        """Rank 0 creates the directory; every rank learns its path (one broadcast).
+
+        Each local rank 0 (the ranks that remove it) registers its removal with the sentinel
+        (`at_abort`) before anything can hang: a run ended by a hang leaves through os._exit,
+        where no `finally` runs. The tokens go to `cleanups`, cancelled once it is removed.
+        """
+        from distdiag.sentinel import at_abort
+
         buf = torch.zeros(_PATH_BYTES, dtype=torch.uint8, device=ctx.device)
         if ctx.rank == 0:
             path = tempfile.mkdtemp(prefix="distdiag-ckpt-", dir=base or None)
+            cleanups.append(at_abort(lambda: shutil.rmtree(path, ignore_errors=True)))
             raw = path.encode()
             if len(raw) >= _PATH_BYTES:
-                shutil.rmtree(path, ignore_errors=True)
+                _remove(path, cleanups)
                 raise ConfigError(f"probes.checkpoint.dir: path too long ({len(raw)} bytes)")
             buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
         ctx.comm.broadcast(buf, src=0)
         data = bytes(buf.cpu().tolist())
-        return data[: data.index(0)].decode()
+        path = data[: data.index(0)].decode()
+        if ctx.rank != 0 and ctx.info.local_rank == 0:
+            cleanups.append(at_abort(lambda: shutil.rmtree(path, ignore_errors=True)))
+        return path
 
     def _round_trip(self, ctx: Any, opts: CheckpointConfig, model: Any, opt: Any, msd: Any, osd: Any,
                     findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
@@ -167,7 +178,8 @@ class CheckpointProbe(Probe):
         state = {"model": msd, "optim": osd}
         flat, _ = flatten_state_dict(state)
         snapshot = {k: local_tensor(v).detach().clone() for k, v in flat.items() if _is_tensor(v)}
-        path = self._shared_dir(ctx, opts.dir)
+        cleanups: list[int] = []
+        path = self._shared_dir(ctx, opts.dir, cleanups)
         result: dict[str, Any] = {"findings": findings, "mode": "round_trip", "source": source, "keys": len(flat),
                                   "tensors": len(snapshot), "bytes": sum(t.numel() * t.element_size() for t in snapshot.values())}
         failed = True
@@ -189,14 +201,15 @@ class CheckpointProbe(Probe):
             # stranded the others there; say so before the agreement below.
             ctx.caught(exc, "DCP round trip")
             findings.append(local_finding("error", f"DCP round trip failed: {exc_line(exc)}",
-                                          fix="see the traceback of the same step in your training job; the checkpoint dir was removed"))
+                                          fix="see the traceback of the same step in your training job; the probe removes "
+                                              "its temporary directory once every rank is done with it (a warning says "
+                                              "so if it could not)"))
         finally:
             try:
                 agree(ctx, failed)  # every rank is done with the directory before it goes
             finally:
                 if ctx.info.local_rank == 0:
-                    shutil.rmtree(path, ignore_errors=True)
-                    result["removed"] = not os.path.exists(path)
+                    result["removed"] = _remove(path, cleanups)
         result["dir"] = path
         return result
 
@@ -246,6 +259,17 @@ class CheckpointProbe(Probe):
             findings += key_findings(first)
         metrics = {k: first[k] for k in ("mode", "keys", "tensors", "bytes", "loaded") if k in first}
         return ProbeResult.from_findings(self.name, findings, metrics=metrics)
+
+
+def _remove(path: str, cleanups: list[int]) -> bool:
+    """Remove the round trip's directory now, and with it the sentinel's cleanup for a hang."""
+    from distdiag.sentinel import cancel_at_abort
+
+    shutil.rmtree(path, ignore_errors=True)
+    for token in cleanups:
+        cancel_at_abort(token)
+    cleanups.clear()
+    return not os.path.exists(path)
 
 
 def _ckpt_shapes(path: str) -> dict[str, tuple]:

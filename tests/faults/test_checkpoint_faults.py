@@ -121,3 +121,16 @@ def test_round_trip_of_integer_buffers_and_frozen_params_passes(workdir):
     assert result.codes == [0, 0], result.stderr
     assert [f.issue for f in probe.findings if f.severity != "info"] == []
     assert probe.metrics["mode"] == "round_trip" and probe.metrics["tensors"] >= 8
+
+
+@pytest.mark.parametrize("spec", ["hang:checkpoint:1:after=2", "hang:checkpoint:1:after=3", "hang:checkpoint:0:after=3"])
+def test_a_hang_inside_the_round_trip_leaves_no_directory_behind(workdir, spec):
+    """A rank hangs before the path broadcast (dir just made) or after the save: the run ends 3, and the
+    distdiag-ckpt-* directory is removed by the sentinel's exit cleanup (no `finally` runs then)."""
+    base = workdir / "ckptdir"
+    base.mkdir()
+    cfg = workdir / "c.toml"
+    cfg.write_text(f'[probes.checkpoint]\ndir = "{base}"\n')
+    result, _ = _run(workdir, None, "--config", str(cfg), "--timeout-s", "3", inject=spec)
+    assert result.codes == [3, 3], result.stderr
+    assert list(base.iterdir()) == []
