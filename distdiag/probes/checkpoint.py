@@ -48,11 +48,17 @@ class CheckpointConfig:
     every node shares (empty: the system temp dir, single node only)."""
     load: str = ""
     """An existing DCP checkpoint to load into the target model (also `--checkpoint PATH`)."""
+    trust_pickle: bool = False
+    """Read the checkpoint's `.metadata` and non-tensor entries with plain pickle, as DCP does
+    (unpickling runs code: only for checkpoints you trust). Off: a restricted unpickler that
+    admits only what DCP metadata is made of (distdiag.probes.ckpt_safe)."""
 
     def __post_init__(self) -> None:
         for key in ("dir", "load"):
             if not isinstance(getattr(self, key), str):
                 raise ConfigError(f"probes.checkpoint.{key} must be a path string, got {getattr(self, key)!r}")
+        if not isinstance(self.trust_pickle, bool):
+            raise ConfigError(f"probes.checkpoint.trust_pickle must be true or false, got {self.trust_pickle!r}")
 
 
 
@@ -121,7 +127,7 @@ class CheckpointProbe(Probe):
 
         msd, osd = get_state_dict(model, opt)
         if opts.load:
-            return self._load_existing(ctx, opts.load, model, opt, msd, osd, findings, source)
+            return self._load_existing(ctx, opts, model, opt, msd, osd, findings, source)
         return self._round_trip(ctx, opts, model, opt, msd, osd, findings, source)
 
     def _setup(self, ctx: Any) -> tuple[Any, Any, str]:
@@ -169,6 +175,7 @@ class CheckpointProbe(Probe):
                     findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         if opts.dir and not os.path.isdir(opts.dir):
@@ -188,15 +195,16 @@ class CheckpointProbe(Probe):
             with torch.no_grad():
                 for k in snapshot:
                     _perturb(local_tensor(flat[k]))  # so a load that silently reads nothing shows
-            ckpt = _ckpt_shapes(path)
+            ckpt = _ckpt_shapes(path, opts.trust_pickle)
             expected = {k: (tuple(v.shape) if _is_tensor(v) else ()) for k, v in flat.items()}
             result["key_diff"] = _diff(expected, ckpt)
-            dcp.load({k: v for k, v in flat.items() if _is_tensor(v) and k in ckpt}, checkpoint_id=path)
+            _dcp_load({k: v for k, v in flat.items() if _is_tensor(v) and k in ckpt}, path, opts.trust_pickle)
             set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
             after, _ = flatten_state_dict(dict(zip(("model", "optim"), get_state_dict(model, opt), strict=True)))
             result["unequal"] = _unequal(snapshot, after)
             failed = False
-        except Exception as exc:  # noqa: BLE001 - DCP failing is the finding
+        # CheckpointException (a failure DCP gathered from every rank) is a BaseException.
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP failing is the finding
             # DCP's save/load run collectives of their own: a rank that raised inside one may have
             # stranded the others there; say so before the agreement below.
             ctx.caught(exc, "DCP round trip")
@@ -213,14 +221,21 @@ class CheckpointProbe(Probe):
         result["dir"] = path
         return result
 
-    def _load_existing(self, ctx: Any, load: str, model: Any, opt: Any, msd: Any, osd: Any,
+    def _load_existing(self, ctx: Any, opts: CheckpointConfig, model: Any, opt: Any, msd: Any, osd: Any,
                        findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+        from distdiag.probes.ckpt_safe import RefusedPickle
+
+        load = opts.load
         try:
-            ckpt = _ckpt_shapes(load)
+            ckpt = _ckpt_shapes(load, opts.trust_pickle)
+        except RefusedPickle as exc:
+            ctx.caught(exc, f"reading the metadata of {load}")  # local read, but agree() follows
+            ckpt = None
+            findings.append(_refused(load, exc))
         except Exception as exc:  # noqa: BLE001 - a path that is no DCP checkpoint is bad input
             ctx.caught(exc, f"reading the metadata of {load}")  # local read, but agree() follows
             ckpt = None
@@ -243,7 +258,18 @@ class CheckpointProbe(Probe):
         shapes = {m: (expected[m], ckpt[c]) for m, c in to_ckpt.items() if expected[m] != ckpt[c]}
         result["shape_mismatch"] = {m: [list(a), list(b)] for m, (a, b) in shapes.items()}
         to_load = {c: flat[m] for m, c in to_ckpt.items() if _is_tensor(flat[m]) and m not in shapes}
-        dcp.load(to_load, checkpoint_id=load)
+        failed = None
+        try:
+            _dcp_load(to_load, load, opts.trust_pickle)
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - a load DCP (or we) refuse is the finding
+            ctx.caught(exc, f"dcp.load of {load}")  # DCP's load is collective: peers may be left in it
+            failed = _refused(load, exc) if "refuses to unpickle" in str(exc) else local_finding(
+                "error", f"--checkpoint {load}: dcp.load raised {exc_line(exc)}",
+                fix="see the traceback of the same load in your training job")
+            findings.append(failed)
+        if agree(ctx, failed is not None):
+            result["findings"] = findings
+            return result
         loaded = {m: local_tensor(flat[m]).detach().clone() for m, c in to_ckpt.items() if c in to_load}
         set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
         now = get_state_dict(model, opt)
@@ -272,11 +298,44 @@ def _remove(path: str, cleanups: list[int]) -> bool:
     return not os.path.exists(path)
 
 
-def _ckpt_shapes(path: str) -> dict[str, tuple]:
-    from torch.distributed.checkpoint import FileSystemReader
+def _ckpt_shapes(path: str, trust_pickle: bool) -> dict[str, tuple]:
+    """{key: shape} of a checkpoint's metadata, read without running code from it (unless trusted)."""
+    from distdiag.probes.ckpt_safe import SafeFileSystemReader
 
-    meta = FileSystemReader(path).read_metadata()
+    meta = SafeFileSystemReader(path, trust_pickle).read_metadata()
     return {k: tuple(getattr(m, "size", ())) for k, m in meta.state_dict_metadata.items()}
+
+
+def _dcp_load(state: dict[str, Any], path: str, trust_pickle: bool) -> None:
+    """dcp.load through the restricted metadata reader and byte-entry planner (unless trusted)."""
+    import torch.distributed.checkpoint as dcp
+
+    from distdiag.probes.ckpt_safe import SafeFileSystemReader, SafeLoadPlanner
+
+    dcp.load(state, checkpoint_id=path, storage_reader=SafeFileSystemReader(path, trust_pickle),
+             planner=SafeLoadPlanner(trust_pickle=trust_pickle))
+
+
+def _refused(load: str, exc: BaseException) -> dict[str, Any]:
+    """The finding for a checkpoint the restricted reader refused (what, where, the trust key)."""
+    what = getattr(exc, "what", None)
+    where = getattr(exc, "where", None)
+    text = f"distdiag refuses to unpickle {what} from {where}" if what else _refusal_line(str(exc))
+    return local_finding(
+        "error", f"--checkpoint {load}: {text}",
+        evidence="unpickling runs code: the restricted reader admits only the classes DCP metadata is made of "
+                 "(torch.distributed.checkpoint metadata classes, torch.Size, dtypes, builtin containers) and "
+                 "tensors, numbers and strings in non-tensor entries",
+        fix="set [probes.checkpoint] trust_pickle = true if you trust the checkpoint (it is then read with plain "
+            "pickle, as DCP does); otherwise do not load it anywhere",
+    )
+
+
+def _refusal_line(text: str) -> str:
+    """The 'distdiag refuses to unpickle X from Y' part of a message DCP wrapped."""
+    start = text.find("distdiag refuses to unpickle")
+    line = text[start:] if start >= 0 else text
+    return line.split(" (unpickling runs code")[0].splitlines()[0]
 
 
 def _diff(expected: dict[str, tuple], ckpt: dict[str, tuple]) -> dict[str, Any]:

@@ -17,7 +17,8 @@ import distdiag.probes
 
 PROBES_DIR = Path(distdiag.probes.__file__).parent
 MARK = "strands no one"
-BROAD = {"Exception", "BaseException", "MemoryError"}
+BROAD = {"Exception", "BaseException", "MemoryError", "CheckpointException"}
+"""CheckpointException: DCP's failure gathered from every rank, a BaseException."""
 
 
 def _broad(handler: ast.ExceptHandler) -> bool:
