@@ -164,7 +164,9 @@ class DeterminismProbe(tr.NumericsProbe):
                 fix=(
                     "a nondeterministic op or an unseeded random source is in the step: run it under "
                     "torch.use_deterministic_algorithms(True) to have torch name the op (atomic scatter/index_add on GPU, "
-                    "nondeterministic cuDNN/cuBLAS kernels), and draw randomness from torch's seeded generators"
+                    "nondeterministic cuDNN/cuBLAS kernels), and draw randomness from torch's seeded generators; "
+                    "for the parallel step only, also check that train_step keeps no state of its own that the repeat "
+                    "cannot restore (a step counter or schedule outside the model and optimizer)"
                 ),
                 confidence=0.9,
             ))

@@ -48,7 +48,7 @@ def _cuda_versions() -> dict[str, str | None]:
     if torch.cuda.is_available():
         try:
             out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - a version is informative only
+        except Exception:  # noqa: BLE001 - a version is informative only; strands no one: local, before any collective
             out["nccl"] = None
         try:
             import pynvml
@@ -56,7 +56,7 @@ def _cuda_versions() -> dict[str, str | None]:
             pynvml.nvmlInit()
             out["driver"] = pynvml.nvmlSystemGetDriverVersion()
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - no NVML: say nothing of the driver
+        except Exception:  # noqa: BLE001 - no NVML: say nothing of the driver; strands no one: local lookup
             out["driver"] = None
     return out
 

@@ -187,6 +187,7 @@ class LossParityProbe(tr.NumericsProbe):
         except tr.HookError as exc:
             error = str(exc)
         except MemoryError as exc:
+            ctx.caught(exc, "building the model")  # before agree: parallelize may have left peers in a collective
             error = f"building the model ran out of memory on rank {rank}: {exc}"
         if tr.agree(ctx, error is not None):
             return {**base, "setup_error": error}

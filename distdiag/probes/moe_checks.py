@@ -15,8 +15,11 @@ def _f(severity: str, issue: str, evidence: str, ranks: list[int], fix: str, con
     return Finding(severity=severity, issue=issue, evidence=evidence, ranks=ranks, fix=fix, confidence=confidence)
 
 
-def load_findings(who: str, indices: list[list[int]], num_experts: int, imbalance_warn: float) -> list[Finding]:
-    """Tokens per expert from [N][k] indices: idle experts and collapse are warnings with numbers."""
+def load_findings(who: str, indices: list[list[int]], num_experts: int, imbalance_warn: float, tokens: str = "") -> list[Finding]:
+    """Tokens per expert from [N][k] indices: idle experts and collapse are warnings with numbers.
+
+    `tokens` says what was routed when it is not the user's data (made-up random tokens load
+    a router differently than real hidden states do)."""
     counts = [0] * num_experts
     for row in indices:
         for e in row:
@@ -27,6 +30,8 @@ def load_findings(who: str, indices: list[list[int]], num_experts: int, imbalanc
     idle = [e for e, c in enumerate(counts) if c == 0]
     ratio = max(counts) / mean if mean else 0.0
     evidence = f"tokens per expert {counts} ({total} assignments, mean {mean:.1f}, max/mean {ratio:.2f}, {num_experts - len(idle)}/{num_experts} experts used)"
+    if tokens:
+        evidence += f"; routed: {tokens}"
     out = []
     if idle:
         out.append(_f("warning", f"{who}: {len(idle)} of {num_experts} experts get no tokens (experts {idle})", evidence, [],
@@ -45,6 +50,15 @@ def _router(payloads: dict[int, dict[str, Any]], opts: Any, world: int) -> list[
     info = {r: p.get("router") or {} for r, p in payloads.items()}
     who = info.get(0, {}).get("who", "route")
     problems = {r: v["problem"] for r, v in info.items() if v.get("problem")}
+    if problems and all(info[r].get("raised") for r in problems):
+        # The tokens are made up (random, hidden_dim wide): a router that raises on them is
+        # most likely one of another width, not a broken router; its checks did not run.
+        ranks = sorted(problems)
+        return [_f("warning", f"{who} was not checked: it raised on the tokens distdiag made up on "
+                              f"{format_ranks(ranks, world)}: {problems[ranks[0]]}",
+                   "\n".join(f"rank {r}: {p}" for r, p in sorted(problems.items())), ranks,
+                   "set probes.moe_routing.hidden_dim to the width of the hidden states your router takes, so route() can "
+                   "be called on made-up tokens of that shape", 0.8)]
     if problems:
         ranks = sorted(problems)
         return [_f("error", f"{who} cannot be checked on {format_ranks(ranks, world)}: {problems[ranks[0]]}",
@@ -82,13 +96,15 @@ def _router(payloads: dict[int, dict[str, Any]], opts: Any, world: int) -> list[
                 ranks, "the router depends on the rank (a per-rank seed or generator, unsynchronised router weights): "
                        "seed identically and keep router parameters replicated", 0.95))
         num = info[0].get("num_experts") or (max((e for row in ref for e in row), default=-1) + 1)
-        out += load_findings(who, ref, num, opts.imbalance_warn)
+        made_up = f"{len(ref)} random tokens N(0, 1) of width {opts.hidden_dim} that distdiag made up, not your data"
+        out += load_findings(who, ref, num, opts.imbalance_warn, made_up)
     ties = info.get(0, {}).get("near_ties")
     if ties:
         share = ties / max(1, opts.num_tokens)
         out.append(_f("warning" if share > opts.tie_warn_share else "info",
                       f"{who}: {ties} of {opts.num_tokens} tokens ({share:.1%}) are near-ties (top-k log-score gap < {opts.tie_eps:g})",
-                      f"smallest gap {info[0].get('min_gap', 0):.3g}", [],
+                      f"smallest gap {info[0].get('min_gap', 0):.3g}; routed: {opts.num_tokens} random tokens N(0, 1) that "
+                      "distdiag made up (real hidden states may tie more or less often)", [],
                       "near-ties flip under recomputation or another reduction order (activation checkpointing, "
                       "different parallelism): break ties deterministically or add a small fixed bias", 0.6))
     return out

@@ -99,7 +99,8 @@ def _router_checks(ctx: Any, opts: MoeRoutingConfig, route: Any, who: str) -> di
         first = _parse_route(route(tokens), opts.num_tokens)
         second = _parse_route(route(tokens), opts.num_tokens)
     except Exception as exc:  # noqa: BLE001 - the user's router raising is a finding
-        return {"who": who, "problem": f"{who}(tokens float32 [{opts.num_tokens}, {opts.hidden_dim}]) raised "
+        ctx.caught(exc, f"{who} on made-up tokens")  # a router may issue collectives; the dispatch check follows
+        return {"who": who, "raised": True, "problem": f"{who}(tokens float32 [{opts.num_tokens}, {opts.hidden_dim}]) raised "
                 f"{exc_line(exc)} (set probes.moe_routing.hidden_dim "
                 "to your router's input width)"}
     if first[2] or second[2]:

@@ -4,7 +4,9 @@ Three parts, each a finding that names ranks and token positions:
 1. the split (the target's `split_sequence`, else the built-in contiguous and zigzag ones)
    on the batch and on a sequence one token longer: every (position, token, target) on
    exactly one rank, targets shifted before the split, global position ids, the mask split
-   like the tokens (distdiag.probes.sp_checks);
+   like the tokens (distdiag.probes.sp_checks). The longer sequence is a length the probe
+   made up, so what goes wrong only there is a warning naming the invariant the split relies
+   on; on the target's own lengths it is an error;
 2. a Ulysses all-to-all (sequence-sharded -> head-sharded and back) round trip and the
    attention computed that way, gathered back along the sequence;
 3. end to end, with `parallelize_sp`: the SP model's loss, output and gradients on split
@@ -23,7 +25,7 @@ import torch
 from distdiag.errors import ConfigError, exc_line
 from distdiag.probes.base import ConsolidationView, Probe, group_ranks, local_finding, merge_local_findings
 from distdiag.probes.sp_checks import analyze_split, loss_problem
-from distdiag.probes.sp_end_to_end import run_end_to_end
+from distdiag.probes.sp_end_to_end import VARIANT_TEXT, run_end_to_end
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
 from distdiag.workloads import sequence as seqw
@@ -41,7 +43,9 @@ class SequenceParallelConfig:
     splitter: str = "both"
     """Built-in split checked when the target has no split_sequence: contiguous, zigzag or both."""
     seq_len: int = 32
-    """Sequence length of the built-in batch."""
+    """Sequence length of the built-in batch (used without make_batch), rounded up to a multiple
+    of 2 x world size: a split that relies on divisible lengths is checked on one, and the
+    probe's own one-longer variant shows what happens otherwise."""
     num_heads: int = 0
     """Heads of the Ulysses check; 0 means 2 x world size. Must divide by the world size."""
     rtol: float = 1e-4
@@ -63,6 +67,22 @@ def _lists(value: Any) -> Any:
     return value.tolist() if isinstance(value, torch.Tensor) else None
 
 
+def _rows(value: Any) -> Any:
+    """The rows the split checks compare (they travel as JSON)."""
+    return value[:_MAX_ROWS] if isinstance(value, torch.Tensor) else value
+
+
+def nominal_length(seq_len: int, world: int) -> int:
+    """The built-in batch's length: `seq_len` rounded up to a multiple of 2 x world.
+
+    A length the probe makes up must not be what trips a split that relies on divisible
+    lengths (an invariant a collator usually keeps); the one-longer variant checks that case,
+    as a warning.
+    """
+    step = 2 * world
+    return -(-seq_len // step) * step
+
+
 def _check_batch(batch: Any, who: str) -> str | None:
     if not isinstance(batch, dict):
         return f"{who} must return a dict with input_ids and labels, got {type(batch).__name__}"
@@ -81,19 +101,19 @@ def _check_batch(batch: Any, who: str) -> str | None:
 
 
 def _local_lists(out: Any, rows: int) -> tuple[dict[str, Any] | None, str | None]:
-    """This rank's split as lists, or why the hook's result is unusable."""
+    """This rank's split as lists (its first rows), or why the hook's result is unusable."""
     if not isinstance(out, dict) or not isinstance(out.get("input_ids"), torch.Tensor):
         return None, f"must return a dict with an input_ids tensor, got {type(out).__name__}"
     ids = out["input_ids"]
     if ids.dim() != 2 or ids.shape[0] != rows or ids.dtype.is_floating_point:
         return None, f"input_ids must be an integer tensor [{rows}, local_seq], got {ids.dtype} {list(ids.shape)}"
-    res: dict[str, Any] = {"input_ids": ids.tolist()}
+    res: dict[str, Any] = {"input_ids": _rows(ids).tolist()}
     for key in ("shift_labels", "labels", "position_ids", "attention_mask"):
         t = out.get(key)
         if t is not None and (not isinstance(t, torch.Tensor) or t.shape != ids.shape):
             shown = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             return None, f"{key} must be a tensor shaped like input_ids {list(ids.shape)}, got {shown}"
-        res[key] = _lists(t)
+        res[key] = _lists(_rows(t))
     return res, None
 
 
@@ -118,26 +138,34 @@ class SequenceParallelProbe(Probe):
                 findings.append(local_finding("error", f"sequence_parallel cannot use the target's batch: {problem}",
                                               fix="make_batch(step) returns {'input_ids': [B, S], 'labels': [B, S], ...} for this probe"))
                 return {"findings": findings, "splits": [], "e2e": []}
+            origin = "make_batch(1)"
         else:
-            batch = seqw.make_lm_batch(2, opts.seq_len, 64, pad=opts.seq_len // (2 * world) + 1, seed=0)
+            seq = nominal_length(opts.seq_len, world)
+            batch = seqw.make_lm_batch(2, seq, 64, pad=seq // (2 * world) + 1, seed=0)
+            origin = "the built-in batch"
         if target is not None and target.has("split_sequence"):
             splitters = {"split_sequence": target.split_sequence}
         else:
             names = ["contiguous", "zigzag"] if opts.splitter == "both" else [opts.splitter]
             splitters = {f"built-in {n}": seqw.SPLITTERS[n] for n in names}
         splits = []
-        small = {k: (v[:_MAX_ROWS] if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-        longer = _one_longer(small)
+        longer = _one_longer(batch)
+        rows = int(batch["input_ids"].shape[0])
         for label, fn in splitters.items():
-            for variant, b in (("batch", small), ("seq+1", longer)):
-                entry: dict[str, Any] = {"splitter": label, "variant": variant, "seq_len": int(b["input_ids"].shape[1])}
+            # The split sees the whole batch (the user's, as make_batch returns it); only the first
+            # rows of its result travel to the writing rank (as JSON).
+            for variant, b in (("batch", batch), ("seq+1", longer)):
+                entry: dict[str, Any] = {"splitter": label, "variant": variant, "seq_len": int(b["input_ids"].shape[1]),
+                                         "origin": origin}
                 try:
-                    local, problem = _local_lists(fn(b, rank, world), int(b["input_ids"].shape[0]))
+                    local, problem = _local_lists(fn(b, rank, world), rows)
                 except Exception as exc:  # noqa: BLE001 - the user's split raising is a finding
+                    # A split may issue collectives of its own: say so before Ulysses' all_to_all.
+                    ctx.caught(exc, f"{label} on sequence length {entry['seq_len']}")
                     local, problem = None, f"raised {exc_line(exc)}"
                 entry["local"], entry["problem"] = local, problem
                 if rank == 0:
-                    entry["full"] = {k: _lists(b.get(k)) for k in ("input_ids", "labels", "position_ids", "attention_mask")}
+                    entry["full"] = {k: _lists(_rows(b.get(k))) for k in ("input_ids", "labels", "position_ids", "attention_mask")}
                 splits.append(entry)
         ulysses = _ulysses(ctx, opts)
         e2e = run_end_to_end(ctx, target, batch, splitters, findings)
@@ -183,36 +211,69 @@ def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Fin
     entries0 = payloads.get(0, {}).get("splits", [])
     flagged: set[str] = set()
     for i, entry0 in enumerate(entries0):
-        if entry0["variant"] != "batch" and entry0["splitter"] in flagged:
+        made_up = entry0["variant"] != "batch"
+        if made_up and entry0["splitter"] in flagged:
             continue  # the uneven length would only repeat what the batch itself showed
-        label = f"{entry0['splitter']!s}" + (" (seq len +1)" if entry0["variant"] != "batch" else "")
+        label = f"{entry0['splitter']!s}" + (" (seq len +1)" if made_up else "")
         seq_len = entry0["seq_len"]
         problems = {r: p["splits"][i]["problem"] for r, p in payloads.items() if p["splits"][i]["problem"]}
         if problems:
             ranks = sorted(problems)
-            uneven = entry0["variant"] != "batch"
             raised = all(str(v).startswith("raised") for v in problems.values())
-            sev = "info" if uneven and raised else "error"
             lines = "\n".join(f"rank {r}: {v}" for r, v in sorted(problems.items()))
-            what = "refuses" if raised else "returns an unusable result for"
-            if sev != "info":
+            if made_up and raised:
+                findings.append(Finding(
+                    "info", f"split {label} refuses sequence length {seq_len} at world size {world} on ranks {ranks}",
+                    lines, ranks, f"pad sequences to a multiple of {world} (zigzag: {2 * world}) before the split", 0.95))
+            elif made_up:
+                findings.append(_made_up_length(entry0, world, "returns an unusable result", lines, ranks))
+            else:
                 flagged.add(entry0["splitter"])
-            findings.append(Finding(
-                severity=sev,
-                issue=f"split {label} {what} sequence length {seq_len} at world size {world} on ranks {ranks}",
-                evidence=lines, ranks=ranks,
-                fix=(f"pad sequences to a multiple of {world} (zigzag: {2 * world}) before the split" if sev == "info"
-                     else "split_sequence(batch, rank, world_size) returns a dict of [B, local_seq] tensors: input_ids, "
-                          "shift_labels, position_ids and attention_mask when the batch has one"),
-                confidence=0.95,
-            ))
+                what = "refuses" if raised else "returns an unusable result for"
+                findings.append(Finding(
+                    "error", f"split {label} {what} sequence length {seq_len} at world size {world} on ranks {ranks}",
+                    lines, ranks,
+                    "split_sequence(batch, rank, world_size) returns a dict of [B, local_seq] tensors: input_ids, "
+                    "shift_labels, position_ids and attention_mask when the batch has one", 0.95))
             continue
         local = {r: p["splits"][i]["local"] for r, p in payloads.items()}
         found = analyze_split(label, entry0["full"], local, world)
-        if any(f.severity != "info" for f in found):
+        bad = [f for f in found if f.severity != "info"]
+        if bad and made_up:
+            prefix = f"split {label}: "
+            what = "; ".join(f.issue[len(prefix):] if f.issue.startswith(prefix) else f.issue for f in bad)
+            evidence = "\n".join(f.evidence for f in bad if f.evidence)
+            found = [f for f in found if f.severity == "info"]
+            found.append(_made_up_length(entry0, world, what, evidence, sorted({r for f in bad for r in f.ranks})))
+        elif bad:
             flagged.add(entry0["splitter"])
+            if seq_len % world:
+                note = f"{entry0.get('origin', 'the batch')} has sequences of length {seq_len}, which {world} ranks do not divide"
+                for f in bad:
+                    f.evidence = f"{f.evidence}\n{note}" if f.evidence else note
         findings += found
     return findings
+
+
+def _made_up_length(entry0: dict[str, Any], world: int, what: str, evidence: str, ranks: list[int]) -> Finding:
+    """What a split does wrong on the probe's own one-longer length: a warning, with the invariant.
+
+    The split was right on the target's lengths (else this variant is not looked at): whether
+    the length breaks training depends on whether batches of that length can occur.
+    """
+    n, origin = entry0["seq_len"], entry0.get("origin", "the batch")
+    undivided = n % world != 0
+    issue = (f"split {entry0['splitter']} on sequence length {n}, a length distdiag made up (one more than {origin}'s "
+             f"{n - 1}" + (f"; {world} ranks do not divide it" if undivided else "") + f"): {what}")
+    if undivided:
+        fix = (f"the split is right on {origin}'s length and relies on every sequence length dividing by {world} "
+               f"({2 * world} for a load-balanced zigzag split): keep that invariant where batches are made (pad to a "
+               f"multiple of {world} in the collator) and assert it in split_sequence (raise when seq_len % world_size "
+               "!= 0), so a batch that breaks it fails loudly instead of training on lost tokens")
+    else:
+        fix = (f"the split is right on {origin}'s length but not on {n}: make sure training batches only have lengths "
+               "it handles (pad in the collator) and make split_sequence raise on any other length")
+    return Finding("warning", issue, evidence, ranks, fix, 0.8)
 
 
 def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
@@ -248,8 +309,10 @@ def _e2e_findings(payloads: dict[int, dict[str, Any]], world: int, rtol: float) 
     """One finding per kind of problem, its evidence listing every batch variant it showed on."""
     kinds: dict[str, dict[str, Any]] = {}
 
-    def add(kind: str, issue: str, variant: str, evidence: str, ranks: list[int], fix: str, conf: float = 0.9) -> None:
-        entry = kinds.setdefault(kind, {"issue": issue, "variants": [], "evidence": [], "ranks": set(), "fix": fix, "conf": conf})
+    def add(kind: str, issue: str, variant: str, evidence: str, ranks: list[int], fix: str, conf: float = 0.9,
+            severity: str = "error") -> None:
+        entry = kinds.setdefault(kind, {"issue": issue, "variants": [], "evidence": [], "ranks": set(), "fix": fix, "conf": conf,
+                                        "severity": severity})
         entry["variants"].append(variant)
         entry["evidence"].append(f"[{variant} batch] {evidence}")
         entry["ranks"].update(ranks)
@@ -271,9 +334,19 @@ def _e2e_findings(payloads: dict[int, dict[str, Any]], world: int, rtol: float) 
             continue
         if any(v.get("skipped") for v in per.values()):
             continue
+        ref_ok = math.isfinite(v0["ref_loss"])
+        if not ref_ok:
+            # The probe made this batch by ignoring targets: the user's own (unsplit) loss is not
+            # finite on it, so there is nothing to hold the SP loss and gradients against.
+            sp = [per[r].get("sp_loss") for r in sorted(per)]
+            add("ref-nan", f"loss_fn returns {v0['ref_loss']} on the unsplit batch when "
+                f"{VARIANT_TEXT.get(variant, variant)} (a batch distdiag made from the target's)", variant,
+                f"reference loss {v0['ref_loss']}; SP losses per rank {sp}; SP loss and gradients not compared on it",
+                [], "if a batch or micro-batch can have no valid target in training (all padding, fully masked prompts), its "
+                "step turns the weights to NaN: divide the summed token loss by max(valid targets, 1)", 0.7, "warning")
         valid = {r: v["valid"] for r, v in per.items()}
         sums = {r: v["ref_shard_sum"] for r, v in per.items()} if all(v.get("ref_shard_sum") is not None for v in per.values()) else None
-        problem = loss_problem(v0["ref_loss"], {r: v["sp_loss"] for r, v in per.items()}, valid, sums, rtol)
+        problem = loss_problem(v0["ref_loss"], {r: v["sp_loss"] for r, v in per.items()}, valid, sums, rtol) if ref_ok else None
         if problem:
             add("loss-nan" if "not finite" in problem[0] else "loss", problem[0], variant, problem[1], sorted(per),
                 "weight per-rank losses by valid targets: sum the token losses and divide by the group's valid-target "
@@ -284,16 +357,18 @@ def _e2e_findings(payloads: dict[int, dict[str, Any]], world: int, rtol: float) 
                 variant, "\n".join(f"rank {r}: {m}" for r, m in sorted(mism.items())), sorted(mism),
                 "the SP model must see the whole causal prefix by global position (gather K/V along the sequence, "
                 "global position ids)", 0.85)
+        if not ref_ok:
+            continue
         g = per[0].get("grad") or {}
         if not g.get("finite", True):
             add("grad", "SP gradients are not finite", variant, g.get("worst", ""), sorted(per),
                 "a shard or group without valid targets must contribute 0, not 0/0")
-        elif g.get("rel_err", 0.0) > rtol * 10 and math.isfinite(v0["ref_loss"]) and not problem:
+        elif g.get("rel_err", 0.0) > rtol * 10 and not problem:
             add("grad", f"SP gradients (averaged over {world} ranks) differ from the unsplit batch's", variant,
                 f"worst parameter {g['worst']}: relative error {g['rel_err']:.3g}", sorted(per),
                 "the loss each rank backpropagates must be its token-loss sum x world / the group's valid targets", 0.85)
     return [
-        Finding("error", f"{k['issue']} ({', '.join(k['variants'])} batch{'es' if len(k['variants']) > 1 else ''})",
+        Finding(k["severity"], f"{k['issue']} ({', '.join(k['variants'])} batch{'es' if len(k['variants']) > 1 else ''})",
                 "\n".join(k["evidence"]), sorted(k["ranks"]), k["fix"], k["conf"])
         for k in kinds.values()
     ]

@@ -21,7 +21,14 @@ from distdiag.probes.ckpt_keys import normalize_key
 from distdiag.probes.sp_checks import IGNORE, output_shape_problem, positions_text
 from distdiag.workloads import sequence as seqw
 
-__all__ = ["run_end_to_end", "variants"]
+__all__ = ["run_end_to_end", "variants", "VARIANT_TEXT"]
+
+VARIANT_TEXT = {
+    "uneven": "the targets of the last half-shard are ignored",
+    "empty-shard": "the targets of the last shard are all ignored",
+    "all-ignored": "every target is ignored",
+}
+"""What each batch variant of `variants` ignores (for findings: the probe made these batches)."""
 
 
 def variants(batch: dict[str, Any], world: int) -> list[tuple[str, dict[str, Any]]]:
@@ -81,7 +88,8 @@ def _grads(model: Any) -> dict[str, torch.Tensor]:
 def run_end_to_end(ctx: Any, target: Any, batch: dict[str, Any], splitters: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every batch variant's comparison; `target` None means the built-in tiny LM."""
     if target is None:
-        hooks = {"build_model": lambda: seqw.TinyCausalLM(vocab=64), "loss_fn": seqw.sp_loss,
+        length = max(256, int(batch["input_ids"].shape[1]))
+        hooks = {"build_model": lambda: seqw.TinyCausalLM(vocab=64, max_len=length), "loss_fn": seqw.sp_loss,
                  "parallelize_sp": seqw.parallelize_tiny_lm}
     else:
         needed = ("build_model", "make_batch", "loss_fn", "parallelize_sp")
@@ -113,6 +121,7 @@ def _one(ctx: Any, hooks: dict[str, Any], split: Any, mesh: Any, variant: str, b
         local = split(batch, rank, world)
         res["sp_loss"], _ = _forward_backward(hooks["loss_fn"], sp, _to(local, device), captured)
     except Exception as exc:  # noqa: BLE001 - the user's SP step failing is a finding
+        ctx.caught(exc, f"SP step on the {variant} batch")  # before agree: the step may have stranded peers
         error = f"{exc_line(exc)}"
     sp_out = _captured(captured)
     any_failed = tr.agree(ctx, error is not None)

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.timeout(120)
 TARGETS = Path(__file__).parent / "targets"
 
 
-def _run(workdir: Path, target: str | None, world: int = 2):
-    args = ["--probes", "moe_routing"] + (["--target", str(TARGETS / f"{target}.py")] if target else [])
+def _run(workdir: Path, target: str | None, *extra: str, world: int = 2):
+    args = ["--probes", "moe_routing", *extra] + (["--target", str(TARGETS / f"{target}.py")] if target else [])
     result = run_check(world, args, workdir, timeout=90)
     assert not result.timed_out, result.stderr
     return result, result.report().probe("moe_routing")
@@ -77,3 +77,18 @@ def test_route_with_the_wrong_dtype_is_a_clear_finding(workdir):
     assert result.codes == [1, 1]
     (f,) = _errors(probe)
     assert "torch.float32 [64, 4]" in f.issue and f.ranks == [0, 1]
+
+
+def test_a_router_of_another_width_is_not_checked_rather_than_failed(workdir):
+    """route() raising on the made-up 16-wide tokens is a warning with the hidden_dim hint; with hidden_dim 32 it passes."""
+    result, probe = _run(workdir, "moe_wide_router")
+    assert result.codes == [0, 0], result.stderr
+    assert _errors(probe) == []
+    (warn,) = [f for f in probe.findings if f.severity == "warning"]
+    assert "route was not checked: it raised on the tokens distdiag made up" in warn.issue and "hidden_dim" in warn.fix
+    cfg = workdir / "moe.toml"
+    cfg.write_text("[probes.moe_routing]\nhidden_dim = 32\n")
+    result, probe = _run(workdir, "moe_wide_router", "--config", str(cfg))
+    assert result.codes == [0, 0], result.stderr
+    assert [f.issue for f in probe.findings if f.severity != "info"] == []
+    assert any("load per expert" in f.issue and "made up" in f.evidence for f in probe.findings)

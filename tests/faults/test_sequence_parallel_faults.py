@@ -13,8 +13,10 @@ pytestmark = pytest.mark.timeout(120)
 TARGETS = Path(__file__).parent / "targets"
 
 
-def _run(workdir: Path, target: str, world: int = 2):
-    result = run_check(world, ["--probes", "sequence_parallel", "--target", str(TARGETS / f"{target}.py")], workdir, timeout=90)
+def _run(workdir: Path, target: str, world: int = 2, healthy: bool = False):
+    env = {"DISTDIAG_TWIN": "healthy"} if healthy else {}
+    result = run_check(world, ["--probes", "sequence_parallel", "--target", str(TARGETS / f"{target}.py")], workdir,
+                       timeout=90, env=env)
     assert not result.timed_out, result.stderr
     return result, result.report().probe("sequence_parallel")
 
@@ -63,6 +65,10 @@ def test_per_rank_mean_loss_is_named_with_valid_counts_and_zero_shard(workdir):
     issues = [f.issue for f in _errors(probe)]
     assert any("average of per-rank mean losses" in i and "rank 0: 16, rank 1: 7" in i for i in issues), issues
     assert any("not finite" in i and "rank 1 had zero valid targets" in i for i in issues), issues
+    # The all-ignored batch is one the probe made: the unsplit mean is nan too, so it is a warning, not an SP error.
+    assert not any("all-ignored" in i for i in issues), issues
+    (nan_ref,) = [f for f in probe.findings if f.severity == "warning" and "every target is ignored" in f.issue]
+    assert "returns nan on the unsplit batch" in nan_ref.issue and "max(valid targets, 1)" in nan_ref.fix
 
 
 def test_bad_split_output_is_a_finding(workdir):
@@ -79,3 +85,24 @@ def test_a_split_that_refuses_uneven_lengths_is_info_only(workdir):
     assert result.codes == [0, 0], result.stderr
     assert [f.issue for f in probe.findings if f.severity != "info"] == []
     assert any("refuses sequence length 33" in f.issue for f in probe.findings)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_split_relying_on_divisible_lengths_warns_only_on_the_made_up_length(workdir, world):
+    """Healthy twin: 32-long batches, a floor split; only the probe's length 33 loses a token: one warning, exit 0."""
+    result, probe = _run(workdir, "sp_divisible_only", world, healthy=True)
+    assert result.codes == [0] * world, result.stderr
+    assert _errors(probe) == []
+    (warn,) = [f for f in probe.findings if f.severity == "warning"]
+    assert "sequence length 33, a length distdiag made up (one more than make_batch(1)'s 32" in warn.issue
+    assert f"{world} ranks do not divide it" in warn.issue and "of 33 tokens are on no rank" in warn.issue
+    assert "(0, 32)" in warn.evidence and f"dividing by {world}" in warn.fix and "assert" in warn.fix
+
+
+def test_a_split_losing_tokens_on_the_targets_own_length_is_an_error(workdir):
+    """Bug: make_batch's sequences are 33 long and the floor split drops position 32: an error, not 'made up'."""
+    result, probe = _run(workdir, "sp_divisible_only")
+    assert result.codes == [1, 1]
+    (lost,) = _errors(probe)
+    assert lost.issue == "split split_sequence: 1 of 33 tokens are on no rank" and "made up" not in lost.issue
+    assert "(0, 32)" in lost.evidence and "make_batch(1) has sequences of length 33, which 2 ranks do not divide" in lost.evidence
