@@ -23,6 +23,7 @@ from torch import nn
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
 from distdiag.probes._parity_report import setup_failure
+from distdiag.probes._shared import fingerprint, parallel_run, release
 from distdiag.probes.base import ConsolidationView, group_ranks, minority_ranks
 from distdiag.probes.param_sync import bit_checksum
 from distdiag.render import format_ranks
@@ -48,10 +49,6 @@ class DeterminismConfig:
             raise ConfigError(f"probes.determinism.parallel must be true or false, got {self.parallel!r}")
 
 
-def _fingerprint(loss: float, grads: dict[str, torch.Tensor]) -> dict[str, Any]:
-    return {"loss": float(loss).hex(), "grads": {n: bit_checksum(tr.local_tensor(g)) for n, g in grads.items()}}
-
-
 def _ref_key(fp: dict[str, Any]) -> str:
     """A reference pass's fingerprint as one comparable string (loss and every gradient)."""
     return fp["loss"] + "|" + "|".join(f"{n}:{c}" for n, c in sorted(fp["grads"].items()))
@@ -70,7 +67,7 @@ def _ref_pass(ctx: Any, hooks: tr.Hooks, model: nn.Module, shard: Any) -> dict[s
         raise tr.HookError("hook loss_fn must return a scalar tensor that requires grad")
     loss.backward()
     grads = {tr.canonical_name(n): p.grad for n, p in model.named_parameters() if p.grad is not None}
-    return _fingerprint(float(loss.detach()), grads)
+    return fingerprint(float(loss.detach()), grads)
 
 
 
@@ -83,24 +80,6 @@ def _inputs_fingerprint(model: nn.Module, batch: Any) -> str:
     return bit_checksum(torch.tensor([int(p.split("-")[0], 16) - (1 << 63) for p in parts], dtype=torch.int64))
 
 
-class _State:
-    """A copy of one rank's local training state (its shards only) to run a step again."""
-
-    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        import copy
-
-        self.tensors = [(t, tr.local_tensor(t).detach().clone()) for t in list(model.parameters()) + list(model.buffers())]
-        self.opt = copy.deepcopy(opt.state_dict())
-        self.rng = torch.get_rng_state()
-
-    def restore(self, opt: torch.optim.Optimizer) -> None:
-        with torch.no_grad():
-            for t, saved in self.tensors:
-                tr.local_tensor(t).copy_(saved)
-        opt.load_state_dict(self.opt)
-        torch.set_rng_state(self.rng)
-
-
 class DeterminismProbe(tr.NumericsProbe):
     name = "determinism"
     summary = "a step that is not bitwise reproducible, or a rank whose identical computation gives different bits (SDC suspect)"
@@ -108,11 +87,15 @@ class DeterminismProbe(tr.NumericsProbe):
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: DeterminismConfig = self.options(ctx)
-        hooks = tr.resolve_hooks(ctx, opts.workload)
-        mesh = tr.make_mesh(ctx)
+        # The parallel model the other numerics probes built and trained: its step 1 (if one
+        # of them ran it) is the first run of the step, so the repeat costs one step.
+        run = parallel_run(ctx, opts.workload) if opts.parallel else None
+        hooks = run.hooks if run is not None else tr.resolve_hooks(ctx, opts.workload)
+        if run is not None and run.failed:
+            release(ctx, run)
+            return {"setup_error": run.error, "source": hooks.source}
         error = None
         try:
-            par = hooks.wrap(hooks.model(ctx.seed), mesh) if opts.parallel else None
             ref = hooks.model(ctx.seed)
             batch = hooks.batch(1)
             inputs = _inputs_fingerprint(ref, batch)
@@ -120,25 +103,31 @@ class DeterminismProbe(tr.NumericsProbe):
             par_shard = hooks.shard(batch, ctx.rank, ctx.world_size)
             first = _ref_pass(ctx, hooks, ref, ref_shard)
             second = _ref_pass(ctx, hooks, ref, ref_shard)
-            opt = hooks.optimizer(par) if par is not None else None
+            if run is not None:
+                run.ensure_optimizer()
         except tr.HookError as exc:
             error = str(exc)
         if tr.agree(ctx, error is not None):
+            if run is not None:
+                release(ctx, run)
             return {"setup_error": error, "source": hooks.source}
         del ref
         out: dict[str, Any] = {"source": hooks.source, "ref": first, "ref_diff": _diff(first, second), "inputs": inputs}
-        if par is not None and opt is not None:
+        if run is not None:
+            # Step 1 from the setup state, twice, with the same seed: bitwise equal loss and grads.
             try:
-                state = _State(par, opt)
-                ctx.seed(_SEED)
-                a = tr.run_step(hooks, par, opt, par_shard)
-                fa = _fingerprint(a.loss, a.grads)
-                state.restore(opt)
-                ctx.seed(_SEED)
-                b = tr.run_step(hooks, par, opt, par_shard)
+                if not run.steps:
+                    run.rewind()
+                    run.step(ctx, 1, par_shard)
+                a = run.steps[0]
+                run.rewind()
+                run.step(ctx, 1, par_shard)
+                b = run.steps[0]
             except tr.HookError as exc:
                 return {"setup_error": f"parallel step: {exc}", "source": hooks.source}
-            out["par_diff"] = _diff(fa, _fingerprint(b.loss, b.grads))
+            finally:
+                release(ctx, run)  # the last probe that uses it in the suite's order
+            out["par_diff"] = _diff(a.fingerprint, b.fingerprint)
             out["par_losses"] = [a.loss, b.loss]
         return out
 

@@ -20,6 +20,7 @@ from torch import nn
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
 from distdiag.probes._parity_report import setup_failure
+from distdiag.probes._shared import parallel_run
 from distdiag.probes.base import ConsolidationView
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
@@ -123,18 +124,10 @@ class FsdpPlanProbe(tr.NumericsProbe):
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: FsdpPlanConfig = self.options(ctx)
-        hooks = tr.resolve_hooks(ctx, opts.workload)
-        mesh = tr.make_mesh(ctx)
-        error = None
-        try:
-            model = hooks.model(ctx.seed)
-            ties = _ties(model)
-            model = hooks.wrap(model, mesh)
-        except tr.HookError as exc:
-            error = str(exc)
-        if tr.agree(ctx, error is not None):
-            return {"setup_error": error, "source": hooks.source}
-        return {"source": hooks.source, "rows": describe_plan(model, ctx.world_size), "ties": ties}
+        run = parallel_run(ctx, opts.workload)  # the model the other numerics probes train (built once)
+        if run.failed:
+            return {"setup_error": run.error, "source": run.hooks.source}
+        return {"source": run.hooks.source, "rows": describe_plan(run.model, ctx.world_size), "ties": run.ties}
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
         if (failed := setup_failure(self.name, payloads, "rows")) is not None:
@@ -245,14 +238,6 @@ def _lower_precision(row: dict[str, Any]) -> str | None:
     if _BITS[reduce] < _BITS[row["dtype"]]:
         return f"reduced in {reduce}, stored in {row['dtype']}"
     return None
-
-
-def _ties(model: nn.Module) -> list[list[str]]:
-    """Names that share one parameter in the model as built (before parallelize)."""
-    by_id: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(p), []).append(tr.canonical_name(name))
-    return [names for names in by_id.values() if len(names) > 1]
 
 
 def _broken_ties(ties: list[list[str]], rows: list[dict[str, Any]], ranks: list[int]) -> list[Finding]:

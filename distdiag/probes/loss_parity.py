@@ -20,6 +20,7 @@ import torch
 
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
+from distdiag.probes._shared import STEP_SEED, parallel_run
 from distdiag.probes.base import ConsolidationView
 from distdiag.report import ProbeResult
 
@@ -164,13 +165,15 @@ class LossParityProbe(tr.NumericsProbe):
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: LossParityConfig = self.options(ctx)
-        hooks = tr.resolve_hooks(ctx, opts.workload)
+        run = parallel_run(ctx, opts.workload)  # the parallel model, built once for the numerics probes
+        hooks = run.hooks
         rank, world = ctx.rank, ctx.world_size
         base = {"source": hooks.source, "defaults": hooks.defaults, "optimizer": hooks.optimizer_desc}
-        mesh = tr.make_mesh(ctx)
+        if run.failed:
+            return {**base, "setup_error": run.error}
         error = None
         try:
-            par = hooks.wrap(hooks.model(ctx.seed), mesh)
+            par = run.model
             size = tr.model_bytes(par)
             limit = _limit_bytes(opts, ctx)
             if size > limit:
@@ -180,7 +183,8 @@ class LossParityProbe(tr.NumericsProbe):
                     "the free memory per local rank); run the probe on a smaller configuration of the model"
                 )
             ref = hooks.model(ctx.seed)
-            par_opt, ref_opt = hooks.optimizer(par), hooks.optimizer(ref)
+            ref_opt = hooks.optimizer(ref)
+            run.ensure_optimizer()
             batches = [hooks.batch(step) for step in range(1, opts.steps + 1)]
             ref_shards = [hooks.shard(b, 0, 1) for b in batches]
             par_shards = [hooks.shard(b, rank, world) for b in batches]
@@ -191,6 +195,7 @@ class LossParityProbe(tr.NumericsProbe):
             error = f"building the model ran out of memory on rank {rank}: {exc}"
         if tr.agree(ctx, error is not None):
             return {**base, "setup_error": error}
+        run.rewind()  # the reference trains in lockstep from setup (a probe before may have trained on)
         started = time.perf_counter()
         steps, accum = [], None
         floor = _rms(ref)  # the initial weights' RMS: the scale parameter errors are judged at
@@ -200,7 +205,7 @@ class LossParityProbe(tr.NumericsProbe):
                 plain = None
                 if hooks.train_step is not None and step == 1:
                     plain = self._plain_grads(ctx, hooks, ref, ref_opt, ref_shards[i])
-                ctx.seed(1000 + step)
+                ctx.seed(STEP_SEED + step)
                 ref_res = tr.run_step(hooks, ref, ref_opt, ref_shards[i])
                 if not ref_res.grads:
                     raise tr.HookError(
@@ -210,8 +215,7 @@ class LossParityProbe(tr.NumericsProbe):
                 if plain is not None:
                     accum = _accumulation_check(ref_res.grads, plain, opts.tolerance_scale)
                     del plain
-                ctx.seed(1000 + step)
-                par_res = tr.run_step(hooks, par, par_opt, par_shards[i])
+                par_res = run.step(ctx, step, par_shards[i])  # seeded as the reference step was
                 grads = compare_tensors(
                     ref_res.grads, par_res.grads, opts.tolerance_scale,
                     absent="no gradient reached the optimizer on the parallel model (left unreduced: "
@@ -255,7 +259,7 @@ class LossParityProbe(tr.NumericsProbe):
     def _plain_grads(ctx: Any, hooks: tr.Hooks, ref: torch.nn.Module, opt: torch.optim.Optimizer, shard: Any) -> dict[str, torch.Tensor]:
         """One loss_fn backward on the global batch; the grads are moved out, not copied."""
         opt.zero_grad(set_to_none=True)
-        ctx.seed(1000 + 1)
+        ctx.seed(STEP_SEED + 1)
         loss = tr.call_hook("loss_fn", hooks.loss_fn, ref, shard)
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
             raise tr.HookError("hook loss_fn must return a scalar tensor that requires grad")

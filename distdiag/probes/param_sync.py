@@ -19,11 +19,12 @@ from torch import nn
 from distdiag.errors import ConfigError
 from distdiag.probes import _training as tr
 from distdiag.probes._parity_report import setup_failure
+from distdiag.probes._shared import parallel_run
 from distdiag.probes.base import ConsolidationView, group_ranks, minority_ranks
 from distdiag.render import format_ranks
 from distdiag.report import Finding, ProbeResult
 
-__all__ = ["ParamSyncProbe", "ParamSyncConfig", "bit_checksum", "replica_tensors"]
+__all__ = ["ParamSyncProbe", "ParamSyncConfig", "bit_checksum", "replica_tensors", "snapshot"]
 
 _INT_VIEW = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
@@ -98,7 +99,8 @@ def _rng_states() -> dict[str, str]:
     return states
 
 
-def _snapshot(model: nn.Module, world: int) -> dict[str, Any]:
+def snapshot(model: nn.Module, world: int) -> dict[str, Any]:
+    """Checksums of what must be equal across ranks, and the RNG states (one entry of `snaps`)."""
     tensors = replica_tensors(model, world)
     return {
         "sums": {k: [kind, bit_checksum(t), float(t.detach().double().sum())] for k, (kind, t) in tensors.items()},
@@ -113,25 +115,23 @@ class ParamSyncProbe(tr.NumericsProbe):
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: ParamSyncConfig = self.options(ctx)
-        hooks = tr.resolve_hooks(ctx, opts.workload)
-        mesh = tr.make_mesh(ctx)
+        run = parallel_run(ctx, opts.workload)  # built, checksummed after setup, and trained once for all probes
+        source = run.hooks.source
+        if run.failed:
+            return {"setup_error": run.error, "source": source}
         error = None
         try:
-            model = hooks.wrap(hooks.model(ctx.seed), mesh)
-            opt = hooks.optimizer(model)
-            shards = [hooks.shard(hooks.batch(s), ctx.rank, ctx.world_size) for s in range(1, opts.steps + 1)]
+            run.ensure_optimizer()
+            shards = {s: run.shard(ctx, s) for s in range(len(run.steps) + 1, opts.steps + 1)}
         except tr.HookError as exc:
             error = str(exc)
         if tr.agree(ctx, error is not None):
-            return {"setup_error": error, "source": hooks.source}
-        snaps = [_snapshot(model, ctx.world_size)]
+            return {"setup_error": error, "source": source}
         try:
-            for shard in shards:
-                tr.run_step(hooks, model, opt, shard)
-                snaps.append(_snapshot(model, ctx.world_size))
+            run.advance(ctx, opts.steps, shards)
         except tr.HookError as exc:
-            return {"setup_error": f"step {len(snaps)}: {exc}", "source": hooks.source}
-        return {"source": hooks.source, "snaps": snaps}
+            return {"setup_error": f"step {run.failed_step}: {exc}", "source": source}
+        return {"source": source, "snaps": run.snaps[: opts.steps + 1]}
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
         if (failed := setup_failure(self.name, payloads, "snaps")) is not None:

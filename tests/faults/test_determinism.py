@@ -16,11 +16,11 @@ pytestmark = pytest.mark.timeout(150)
 TARGETS = Path(__file__).resolve().parent / "targets"
 
 
-def _run(workdir, target: str, *, healthy: bool = False, world: int = 2, env: dict | None = None):
+def _run(workdir, target: str, *, healthy: bool = False, world: int = 2, env: dict | None = None, probes: str = "determinism"):
     env = dict(env or {})
     if healthy:
         env["DISTDIAG_TWIN"] = "healthy"
-    args = ["--probes", "determinism", "--target", str(TARGETS / f"{target}.py")]
+    args = ["--probes", probes, "--target", str(TARGETS / f"{target}.py")]
     return run_check(world, args, workdir, timeout=120, env=env)
 
 
@@ -48,3 +48,15 @@ def test_healthy_twins_are_bitwise_reproducible(workdir, target):
     result = _run(workdir, target, healthy=True, world=3 if target == "sdc_rank" else 2, env={"DISTDIAG_SDC_RANK": "2"})
     assert result.codes == [0] * len(result.codes), result.stdout + result.stderr
     assert result.report().findings("warning") == []
+
+
+def test_the_repeat_of_a_step_another_probe_ran_is_still_compared(workdir):
+    """With loss_parity first, the parallel model and its step 1 are shared: determinism repeats only that step,
+    and the injected nondeterminism is still named (the twin still passes)."""
+    result = _run(workdir, "nondeterministic", probes="loss_parity,determinism")
+    assert result.codes == [1, 1], result.stderr
+    issues = [f.issue for f in result.report().probe("determinism").findings if f.severity == "error"]
+    assert any(i.startswith("the parallel step is not reproducible") for i in issues), issues
+    twin = _run(workdir / "twin", "nondeterministic", healthy=True, probes="fsdp_plan,loss_parity,param_sync,determinism")
+    assert twin.codes == [0, 0], twin.stdout + twin.stderr
+    assert twin.report().findings("warning") == []

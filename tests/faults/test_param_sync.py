@@ -84,3 +84,13 @@ def test_rng_out_of_step_is_a_warning_and_its_twin_is_quiet(workdir):
     assert warn.ranks == [1] and "CPU RNG state differs across ranks right after setup" in warn.issue
     twin = _run(workdir / "twin", "rng_drift", "param_sync", world=3, healthy=True)
     assert twin.codes == [0, 0, 0] and twin.report().findings("warning") == []
+
+
+def test_rng_out_of_step_is_named_the_same_when_the_numerics_probes_share_the_model(workdir):
+    """All four numerics probes on one shared model: param_sync's setup checksums are still taken right after
+    setup (before loss_parity builds its reference), so rank 1's extra draws are named as alone."""
+    result = _run(workdir, "rng_drift", "fsdp_plan,loss_parity,param_sync,determinism", world=3)
+    assert result.codes == [0, 0, 0], result.stderr
+    (warn,) = [f for f in result.report().probe("param_sync").findings if f.severity == "warning"]
+    assert warn.ranks == [1] and "CPU RNG state differs across ranks right after setup" in warn.issue
+    assert result.report().probe("param_sync").metrics["steps"] == 2
