@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 from distdiag.report import read_report
@@ -59,3 +61,25 @@ def nan_findings(per_rank: list[dict], module: str, rank: int, step: int) -> Non
     trace = [i for i in issues if "first non-finite value" in i]
     assert len(trace) == 1 and f"on rank {rank} appeared in its forward: module {module!r}" in trace[0], issues
     assert [f["issue"] for f in per_rank[1]["findings"]] == issues
+
+
+def worker_main(argv: list[str], words: dict[str, str], train: Callable[..., dict]) -> int:
+    """A rank of a trainer worker: WORKDIR then key=value words over `words`; trains (twice
+    with twin=1: without distdiag first), writes result{rank}.json in WORKDIR."""
+    import torch
+    import torch.distributed as dist
+
+    w = dict(words)
+    w.update(word.split("=", 1) for word in argv[1:])
+    workdir = argv[0]
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+    result: dict = {}
+    if w["twin"] == "1":
+        result["plain_losses"] = train(w, workdir, with_distdiag=False)["losses"]
+    result.update(train(w, workdir, with_distdiag=True))
+    with open(os.path.join(workdir, f"result{rank}.json"), "w") as fh:
+        json.dump(result, fh)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0

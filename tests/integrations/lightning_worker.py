@@ -11,7 +11,6 @@ Each rank writes WORKDIR/result{rank}.json: losses, findings.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from datetime import timedelta
@@ -110,19 +109,6 @@ def train(w: dict, workdir: str, *, with_distdiag: bool) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    w = dict(WORDS)
-    w.update(word.split("=", 1) for word in argv[1:])
-    workdir = argv[0]
-    torch.set_num_threads(1)
-    rank = int(os.environ.get("RANK", "0"))
-    result: dict = {}
-    if w["twin"] == "1":
-        result["plain_losses"] = train(w, workdir, with_distdiag=False)["losses"]
-    result.update(train(w, workdir, with_distdiag=True))
-    with open(os.path.join(workdir, f"result{rank}.json"), "w") as fh:
-        json.dump(result, fh)
-    import torch.distributed as dist
+    from tests.integrations.common import worker_main
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
+    return worker_main(argv, WORDS, train)
