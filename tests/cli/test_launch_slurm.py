@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SLURM = ROOT / "launch" / "slurm"
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(400)]
+# One local cluster (the module fixture) for both tests: they stay on one xdist worker.
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(400), pytest.mark.xdist_group("slurm")]
 
 TRAIN = """import os
 import torch.distributed as dist
