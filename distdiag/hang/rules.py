@@ -261,7 +261,13 @@ def _behind_text(a: Analysis, rank: int, group: str, seq: int) -> tuple[str, str
     same = v.wait_on(group)
     if same is not None and same["seq"] < seq:
         since = f" for {float(same['for_s']):.1f}s" if same.get("for_s") else ""
-        return f"it waits in {_wait_text(same)}{since}", stack_text(snap)
+        text = f"it waits in {_wait_text(same)}{since}"
+        if same.get("source") == "engine" and not snap.get("in_collective") and snap.get("stack"):
+            # The recorder marks a collective completed on torch's own thread, after the caller
+            # may have returned (gloo), and on NCCL the CPU leaves at once: where the main
+            # thread is says whether the rank is still in the collective or stuck after it.
+            text += f" by torch's recorder; its main thread is at {where(snap['stack'])}{_step_text(snap)}"
+        return text, stack_text(snap)
     if other is not None:
         return (f"it waits in {_wait_text(other)} on another group (called at {other.get('call_site', '?')}): "
                 "the groups wait on each other", stack_text(snap))

@@ -74,6 +74,18 @@ def test_a_rank_that_never_enqueued_the_collective_is_named_behind():
     assert f.ranks == [1] and "never entered all_reduce #12 on world that ranks 0,2 wait in" in f.issue
 
 
+def test_a_rank_the_recorder_still_shows_in_an_earlier_collective_is_placed_by_its_stack():
+    """gloo marks a collective completed on its own thread, after the caller returned: a rank
+    stuck after #11 may still read 'in #11' - its main thread says where it really is."""
+    dumps = {r: nccl_dump(12, 12, 11, history(12, "started")) for r in (0, 2)}
+    dumps[1] = nccl_dump(11, 11, 10, history(11, "started"))
+    snaps = snaps_of(dumps)
+    snaps[1]["stack"] = ['File "train.py", line 40, in main\n    lock.acquire()']
+    f = analyze_hang(snaps, {}, {}, 3, what="the job", timeout_s=30)[0]
+    assert f.ranks == [1] and "never entered all_reduce #12" in f.issue
+    assert "it waits in all_reduce #11" in f.issue and "main thread is at" in f.issue and "train.py" in f.issue
+
+
 def test_without_start_events_the_stall_says_what_is_unknown():
     """NCCL without TORCH_NCCL_ENABLE_TIMING (started -1), or a dump that predates the field."""
     for started in (-1, None):
