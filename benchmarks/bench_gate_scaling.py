@@ -19,14 +19,14 @@ import time
 
 import torch.distributed as dist
 
-from distdiag.consolidate import build_report
-from distdiag.exchange import Exchange
-from distdiag.junit import junit_xml
-from distdiag.probes.bandwidth import OPS, BandwidthConfig, BandwidthProbe
+from distdiag.check.consolidate import build_report
 from distdiag.probes.base import ConsolidationView
-from distdiag.probes.collectives import CollectivesProbe
-from distdiag.probes.gpu import GpuConfig, GpuProbe
-from distdiag.report import RankInfo, group_by_node
+from distdiag.probes.cluster.bandwidth import OPS, BandwidthConfig, BandwidthProbe
+from distdiag.probes.cluster.collectives import CollectivesProbe
+from distdiag.probes.cluster.gpu import GpuConfig, GpuProbe
+from distdiag.report.junit import junit_xml
+from distdiag.report.model import RankInfo, group_by_node
+from distdiag.runtime.exchange import Exchange
 
 SIZES = (4096, 262144, 4194304)
 

@@ -42,7 +42,7 @@ build_model, make_batch, loss_fn, shard_batch = _w.build_model, _w.make_batch, _
 
 def rank_entry(argv: list[str]) -> int:
     """Run the check in this rank, then leave its peak RSS (KiB) beside the report."""
-    from distdiag.check import run_check
+    from distdiag.check.run import run_check
 
     code = run_check(argv)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

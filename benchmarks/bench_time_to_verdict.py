@@ -96,7 +96,7 @@ def as_rank(argv: list[str]) -> None:
     import torch  # noqa: F401 - timed: torch's own import
 
     after_torch = time.process_time()
-    import distdiag.check as check
+    import distdiag.check.run as check
     from distdiag.probes import PROBES
 
     rank = os.environ.get("RANK", "0")

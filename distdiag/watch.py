@@ -123,8 +123,8 @@ def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def run(argv: list[str]) -> int:
-    from distdiag.engine import enable_recorder
     from distdiag.errors import ConfigError
+    from distdiag.hang.recorder import enable_recorder
     from distdiag.watchdog.config import MAX_TIMEOUT_S, WATCHDOG_FLIGHT_RECORDER, WatchdogConfig
 
     parser = build_parser()

@@ -32,7 +32,7 @@ def _context() -> Any:
         # Only torch itself: preloading torch.distributed.fsdp and torch._dynamo here too made
         # forked ranks hang now and then (tests/dist/test_monitor_dist.py, 3 runs in 5 stuck
         # with one rank never returning; 5 runs in 5 clean without them).
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "distdiag.check", "tests.harness"])
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "distdiag.check.run", "tests.harness"])
     return _CTX
 
 
@@ -67,7 +67,7 @@ class RunResult:
         return "".join(o.stderr for o in self.outcomes)
 
     def report(self, name: str = "distdiag-report.json") -> Any:
-        from distdiag.report import read_report
+        from distdiag.report.model import read_report
 
         return read_report(self.workdir / name)
 
@@ -110,7 +110,7 @@ def run_ranks(
     argv: list[str],
     workdir: str | Path,
     *,
-    entry: str = "distdiag.check:main",
+    entry: str = "distdiag.check.run:main",
     env: dict[str, str] | None = None,
     rank_env: dict[int, dict[str, str]] | None = None,
     timeout: float = 60.0,

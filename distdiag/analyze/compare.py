@@ -7,7 +7,7 @@ import math
 
 from distdiag.analyze.detectors import Detection
 from distdiag.analyze.series import Series, is_finite, mad_scale, rolling_median
-from distdiag.report import Finding
+from distdiag.report.model import Finding
 
 __all__ = ["first_parting"]
 

@@ -26,7 +26,7 @@ from distdiag.analyze.detectors import (
 from distdiag.analyze.masking import detect_masked
 from distdiag.analyze.series import Run, Series
 from distdiag.errors import ConfigError
-from distdiag.report import Finding, ProbeResult, Report, exit_code_for, verdict_for
+from distdiag.report.model import Finding, ProbeResult, Report, exit_code_for, verdict_for
 
 __all__ = ["AnalyzeConfig", "analyze", "pick_metric", "DETECTORS"]
 

@@ -20,7 +20,7 @@ from distdiag.analyze.series import (
     smoothing_window,
     spike_score,
 )
-from distdiag.report import Finding
+from distdiag.report.model import Finding
 
 __all__ = [
     "Detection",

@@ -20,8 +20,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from distdiag.analyze.readers import LogFormatError, _number, decode, monitor_finding, parse_json
 from distdiag.analyze.series import Run
+from distdiag.analyze.values import LogFormatError, decode, monitor_finding, parse_json
+from distdiag.analyze.values import number as _number
 
 __all__ = ["is_trainer_state", "read_trainer_state", "read_trainer_state_file", "latest_checkpoint_state", "FINDING_KEY"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from distdiag.analyze.detectors import Detection
 from distdiag.analyze.series import Series, is_finite, median
-from distdiag.report import Finding
+from distdiag.report.model import Finding
 
 __all__ = ["Masking", "detect_masked"]
 

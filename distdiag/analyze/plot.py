@@ -7,7 +7,7 @@ from pathlib import Path
 from distdiag.analyze.core import AnalyzeConfig, pick_metric
 from distdiag.analyze.series import Run
 from distdiag.errors import DistDiagError
-from distdiag.report import Report
+from distdiag.report.model import Report
 
 __all__ = ["plot_report", "PlotUnavailable"]
 

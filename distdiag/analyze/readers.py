@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from distdiag.analyze.series import Run
-from distdiag.errors import DistDiagError
+from distdiag.analyze.values import LogFormatError, decode, monitor_finding, parse_json
+from distdiag.analyze.values import number as _number
+from distdiag.analyze.values import short as _short
 
 __all__ = ["LogFormatError", "load_run", "read_jsonl", "read_csv", "parse_json", "monitor_finding", "STEP_KEYS", "FORMATS"]
 
@@ -39,22 +41,6 @@ FORMATS = "JSON lines, a Hugging Face trainer_state.json, CSV (Lightning's metri
 MAX_DEPTH = 64
 """JSON nested deeper than this is not a metric log (and would exhaust Python's recursion)."""
 _WANDB_COLUMN = re.compile(r"^(?P<run>.+?) - (?P<metric>.+)$")
-
-
-class LogFormatError(DistDiagError, ValueError):
-    """A metric log that cannot be read: missing, empty, malformed or of an unknown format."""
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return float(value) if abs(value) < 1 << 1023 else math.copysign(math.inf, value)
-    if isinstance(value, float):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"):
-        return float(value.strip().lower().replace("infinity", "inf"))
-    return None
 
 
 def _flatten(prefix: str, obj: Any, out: dict[str, float], depth: int = 0) -> None:
@@ -77,53 +63,6 @@ def _step_of(record: dict[str, Any], keys: tuple[str, ...]) -> int | None:
                 raise ValueError(f"step {key!r} is {_short(record[key])}, not a number")
             return int(value)
     return None
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def decode(path: Path, blob: bytes, expected: str) -> str:
-    """UTF-8 text (a BOM is dropped); anything else is one line naming the first bad byte."""
-    try:
-        return blob.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise LogFormatError(
-            f"{path}: not a text file: byte 0x{blob[exc.start]:02x} at offset {exc.start} is not UTF-8 (expected {expected})"
-        ) from None
-
-
-def parse_json(text: str, where: str) -> Any:
-    """json.loads whose failures are one line; deep nesting is an error, not a RecursionError."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise LogFormatError(f"{where}: JSON nested too deeply to be a metric log") from None
-
-
-def monitor_finding(raw: Any, step: Any, where: str) -> dict[str, Any]:
-    """A finding a TrainingMonitor (or a trainer callback) wrote into a log, checked field by field."""
-    from distdiag.report import SEVERITIES
-
-    if not isinstance(raw, dict):
-        raise LogFormatError(f"{where}: the finding is a JSON {type(raw).__name__}, expected an object")
-    checks = {
-        "severity": lambda v: v in SEVERITIES,
-        "issue": lambda v: isinstance(v, str),
-        "evidence": lambda v: isinstance(v, str),
-        "fix": lambda v: isinstance(v, str),
-        "ranks": lambda v: isinstance(v, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in v),
-        "confidence": lambda v: _number(v) is not None,
-    }
-    expected = {"severity": f"one of {', '.join(SEVERITIES)}", "issue": "a string", "evidence": "a string", "fix": "a string",
-                "ranks": "a list of rank numbers", "confidence": "a number"}
-    for key, ok in checks.items():
-        if (key in raw or key in ("severity", "issue")) and not ok(raw.get(key)):
-            raise LogFormatError(f"{where}: finding field {key!r} is {_short(raw.get(key))}, expected {expected[key]}")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-        raise LogFormatError(f"{where}: the finding's step is {_short(step)}, expected an integer")
-    return {"step": step, **{k: raw[k] for k in ("severity", "issue", "evidence", "ranks", "fix", "confidence") if k in raw}}
 
 
 def add_record(run: Run, record: dict[str, Any], default_step: int, where: str) -> None:

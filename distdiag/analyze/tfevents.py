@@ -16,8 +16,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from distdiag.analyze.readers import LogFormatError
 from distdiag.analyze.series import Run
+from distdiag.analyze.values import LogFormatError
 
 __all__ = ["read_tfevents", "iter_records", "crc32c", "masked_crc"]
 

@@ -34,7 +34,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from distdiag.check_options import version_line
+        from distdiag.check.options import version_line
 
         typer.echo(version_line())
         raise typer.Exit(0)

@@ -35,7 +35,7 @@ def analyze(
     from distdiag.analyze import AnalyzeConfig, LogFormatError, load_run
     from distdiag.analyze import analyze as run_analysis
     from distdiag.errors import ConfigError
-    from distdiag.render import render_report
+    from distdiag.report.render import render_report
 
     check_format(format)
     check_severity(min_severity)

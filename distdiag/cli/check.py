@@ -1,7 +1,7 @@
 """`distdiag check [--nproc-per-node N] [options]`: launch the probe suite locally through torchrun.
 
 The options are not declared here: typer only routes the command line to the parser every
-rank uses (distdiag.check_options, with the launcher's own options added), so that
+rank uses (distdiag.check.options, with the launcher's own options added), so that
 `distdiag check -h` and `python -m distdiag.check -h` list the same options with the same
 meaning and cannot drift apart again.
 """
@@ -17,10 +17,10 @@ __all__ = ["register"]
 
 def check(ctx: typer.Context) -> None:
     """Run the probe suite on N local ranks through torchrun; exit with the verdict's code (see: distdiag check -h)."""
-    from distdiag.check_options import build_parser, to_check_argv
+    from distdiag.check.launcher import run_torchrun_check
+    from distdiag.check.options import build_parser, to_check_argv
+    from distdiag.check.plan import config_from_args, make_plan
     from distdiag.errors import ConfigError
-    from distdiag.launcher import run_torchrun_check
-    from distdiag.plan import config_from_args, make_plan
 
     try:  # the same validation every rank does, before paying for N torch imports
         args = build_parser(launcher=True).parse_args(ctx.args)

@@ -24,7 +24,7 @@ def _raw_args(ctx: typer.Context) -> list[str]:
 
 def gate(ctx: typer.Context) -> None:
     """Run the check on this node (torchrun options before --), then the training command if it passed (see: distdiag gate -h)."""
-    from distdiag.launcher import run_gate
+    from distdiag.check.launcher import run_gate
 
     raise typer.Exit(run_gate(_raw_args(ctx)))
 

@@ -31,7 +31,7 @@ def dump_problem(dump: Any) -> str | None:
     Only what is read is checked: `entries` a list of objects, each with an integer (or null)
     sequence id, a list `process_group`, a string `profiling_name`, a boolean `is_p2p`.
     """
-    from distdiag.report_schema import MAX_DEPTH, json_depth
+    from distdiag.report.schema import MAX_DEPTH, json_depth
 
     if not isinstance(dump, dict):
         return f"the dump is a {type(dump).__name__}, not an object"
@@ -62,16 +62,16 @@ def dump_problem(dump: Any) -> str | None:
 def report_from_dumps(dumps: dict[int, dict[str, Any]]) -> Any:
     """A Report (probe 'flight_recorder') from per-rank recorder dumps.
 
-    Each dump becomes that rank's engine view (distdiag.engine.positions_from_dump: what it
+    Each dump becomes that rank's engine view (distdiag.hang.recorder.positions_from_dump: what it
     enqueued, started and completed per group, and its entries), and the hang rules that
     read live snapshots read these: who never entered the collective the others are in, a
     desync in the entries, a stall (NCCL: started everywhere, completed nowhere).
     Raises ValueError for a file that is not a dump.
     """
-    from distdiag.engine import positions_from_dump
     from distdiag.hang import analyze_hang, snapshot_details
-    from distdiag.render import format_ranks
-    from distdiag.report import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
+    from distdiag.hang.recorder import positions_from_dump
+    from distdiag.report.model import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
+    from distdiag.report.render import format_ranks
 
     world = max(dumps) + 1 if dumps else 0
     snaps = {
@@ -107,7 +107,7 @@ def hang_report(
 ) -> None:
     """Render a hang report the watchdog wrote, or one built from flight-recorder dumps."""
     from distdiag.errors import ReportError
-    from distdiag.report import non_regular_kind, read_report
+    from distdiag.report.model import non_regular_kind, read_report
     from distdiag.watchdog.flight import load_dump
     from distdiag.watchdog.writer import REPORT_NAME, render_hang_report
 

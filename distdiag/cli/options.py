@@ -22,7 +22,7 @@ def check_format(value: str) -> None:
 
 def check_severity(value: str) -> None:
     """--min-severity must name a severity (one line and exit 2 otherwise)."""
-    from distdiag.report import SEVERITIES
+    from distdiag.report.model import SEVERITIES
 
     if value not in SEVERITIES:
         raise fail(f"--min-severity must be one of {', '.join(SEVERITIES)}, got {value!r}")

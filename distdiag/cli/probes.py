@@ -13,7 +13,7 @@ __all__ = ["register"]
 
 def probes(format: FormatOpt = "text") -> None:
     """List the probes of `distdiag.check`, with what each one catches and which are opt-in."""
-    from distdiag.config import load_profile, profile_names
+    from distdiag.check.config import load_profile, profile_names
     from distdiag.probes import PROBES
 
     check_format(format)

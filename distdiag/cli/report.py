@@ -41,8 +41,8 @@ def show(
 ) -> None:
     """Render a saved report the way rank 0 printed it (--verbose, --full: more of it)."""
     from distdiag.errors import ReportError
-    from distdiag.render import render_report
-    from distdiag.report import read_report
+    from distdiag.report.model import read_report
+    from distdiag.report.render import render_report
 
     if min_severity is not None:
         check_severity(min_severity)

@@ -1,12 +1,14 @@
 """Why a run stopped making progress: hang analysis shared by the check and the watchdog.
 
-    views.py   each rank's snapshot read into where it waits (torch's flight recorder first,
-               our wrappers for call sites), the per-rank table, the details
-    rules.py   the ordered rules (raised, lost, behind, desync..., stall, nobody waiting)
-    desync.py  desyncs from fingerprint histories and from the recorder's entries
-    fixes.py   what to do about exceptions distributed jobs raise often
+    views.py     each rank's snapshot read into where it waits (torch's flight recorder
+                 first, our wrappers for call sites), the per-rank table, the details
+    rules.py     the ordered rules (raised, lost, behind, desync..., stall, nobody waiting)
+    desync.py    desyncs from fingerprint histories and from the recorder's entries
+    fixes.py     what to do about exceptions distributed jobs raise often
+    recorder.py  torch's flight recorder read live (per-group enqueued/started/completed) or
+                 from dumps: the positions the rules read first
 
-Imports: distdiag.engine, distdiag.render, distdiag.report only (no torch).
+May import distdiag.report and distdiag.errors only; recorder.py imports torch when it reads.
 """
 
 from __future__ import annotations

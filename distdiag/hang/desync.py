@@ -5,7 +5,7 @@
   majority - a different op or shape (`mismatch`), or a call-site shift by one (`skipped`,
   `extra`: a collective the backend paired silently with the next one).
 - `first_divergence`: the coarser per-record comparison of the recent collectives.
-- `record_divergence`: from torch's flight-recorder entries (distdiag.engine): the same
+- `record_divergence`: from torch's flight-recorder entries (distdiag.hang.recorder): the same
   sequence number on a group with a different op or sizes - it sees the collectives no
   wrapper saw (compiled graphs, C++ callers).
 """
@@ -16,8 +16,8 @@ from collections import defaultdict
 from typing import Any
 
 from distdiag.hang.views import coll_label
-from distdiag.render import format_ranks
-from distdiag.report import Finding
+from distdiag.report.model import Finding
+from distdiag.report.render import format_ranks
 
 __all__ = [
     "SHAPE_FREE_OPS", "find_desync", "desync_finding", "desync_lines", "first_divergence", "has_history",
@@ -198,7 +198,7 @@ def desync_finding(d: dict[str, Any]) -> Finding:
     )
 
 
-# -- desync from torch's flight-recorder entries (distdiag.engine) ---------------------------
+# -- desync from torch's flight-recorder entries (distdiag.hang.recorder) ---------------------------
 
 
 def _record_key(e: dict[str, Any]) -> tuple[Any, ...]:

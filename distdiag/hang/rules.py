@@ -42,8 +42,8 @@ from distdiag.hang.desync import (
 )
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
 from distdiag.hang.views import RankView, build_views, coll_label, group_members, stack_text, where
-from distdiag.render import format_ranks
-from distdiag.report import Finding
+from distdiag.report.model import Finding
+from distdiag.report.render import format_ranks
 
 __all__ = ["Analysis", "RULES", "analyze_hang", "ensure_critical"]
 

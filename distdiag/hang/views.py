@@ -1,13 +1,13 @@
 """Each rank's last snapshot, read into one shape the rules can compare: where it waits.
 
-A snapshot comes from the check's sentinel (distdiag.tracker) or the watchdog
+A snapshot comes from the check's sentinel (distdiag.runtime.tracker) or the watchdog
 (distdiag.watchdog.progress). Two sources say which collective a rank is inside:
 
-- the engine (torch's flight recorder, distdiag.engine): per process group, the last
+- the engine (torch's flight recorder, distdiag.hang.recorder): per process group, the last
   collective enqueued and completed - whoever issued it (DDP's reducer, FSDP, a compiled
   graph, DCP, NCCL kernels queued ahead). Its sequence numbers count every collective, so
   they compare across ranks;
-- the Python wrapper (distdiag.comm / watchdog.intercept): the call site and the user's
+- the Python wrapper (distdiag.runtime.comm / watchdog.intercept): the call site and the user's
   step, for the calls it wraps.
 
 When a rank's engine view is usable it decides what the rank waits in, and the wrapper adds
@@ -20,15 +20,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from distdiag.engine import pending_groups
-from distdiag.render import format_ranks
+from distdiag.hang.recorder import pending_groups
+from distdiag.report.render import format_ranks
 
 __all__ = [
     "RankView", "build_views", "rank_state", "coll_label", "where", "stack_text", "state_rows",
     "snapshot_details", "group_members",
 ]
 
-_DISTDIAG_FRAMES = ("/distdiag/check.py", "/distdiag/sentinel.py", "/distdiag/tracker.py", "/distdiag/watch.py", "/runpy.py")
+_DISTDIAG_FRAMES = ("/distdiag/check/run.py", "/distdiag/runtime/sentinel.py", "/distdiag/runtime/tracker.py", "/distdiag/watch.py", "/runpy.py")
 _DISTDIAG_DIRS = ("/distdiag/watchdog/",)
 _TORCH = re.compile(r"/(site|dist)-packages/torch/|/torch/(distributed|nn|autograd|_dynamo|_functorch|_inductor|utils|optim|_tensor\.py|_ops\.py)")
 _C10D = "/torch/distributed/distributed_c10d.py"

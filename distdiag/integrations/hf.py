@@ -32,10 +32,10 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
         f"distdiag.integrations.hf needs Hugging Face transformers ({exc}); install it with: pip install transformers"
     ) from None
 
-from distdiag.config import dataclass_from_dict
+from distdiag.check.config import dataclass_from_dict
 from distdiag.integrations.config import DiagnosticsConfig
 from distdiag.integrations.session import TrainerDiagnostics
-from distdiag.report import Finding
+from distdiag.report.model import Finding
 
 __all__ = ["DistdiagCallback", "FINDING_KEY"]
 

@@ -37,10 +37,10 @@ except ImportError:
             f"distdiag.integrations.lightning needs Lightning ({exc}); install it with: pip install lightning"
         ) from None
 
-from distdiag.config import dataclass_from_dict
+from distdiag.check.config import dataclass_from_dict
 from distdiag.integrations.config import DiagnosticsConfig
 from distdiag.integrations.session import TrainerDiagnostics
-from distdiag.report import Finding
+from distdiag.report.model import Finding
 
 __all__ = ["DistdiagCallback"]
 

@@ -23,7 +23,7 @@ import os
 from typing import Any
 
 from distdiag.integrations.config import DiagnosticsConfig
-from distdiag.report import Finding
+from distdiag.report.model import Finding
 
 __all__ = ["TrainerDiagnostics"]
 
@@ -198,7 +198,7 @@ class TrainerDiagnostics:
 
     def new_findings(self, min_severity: str = "warning") -> list[Finding]:
         """Findings at or above min_severity not returned before (for the trainer's own log)."""
-        from distdiag.report import SEVERITIES
+        from distdiag.report.model import SEVERITIES
 
         floor = SEVERITIES.index(min_severity)
         fresh = []

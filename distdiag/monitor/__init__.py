@@ -1,4 +1,14 @@
-"""Training-health monitor for the training loop (distdiag.TrainingMonitor)."""
+"""Training health inside the user's loop: `TrainingMonitor` (docs/monitor.md).
+
+    monitor.py  TrainingMonitor: the hooks a loop calls (after_backward), findings, the log
+    checks.py   the checks: vanishing/exploding gradients, loss spikes, ranks that disagree
+    stats.py    per-module gradient and parameter statistics
+    trace.py    the module that produced the first NaN/Inf, traced by forward hooks
+    config.py   MonitorConfig and its validation
+
+May import distdiag.report, distdiag.errors and distdiag.check.config (dataclass_from_dict);
+imports torch only when a monitor is built.
+"""
 
 from __future__ import annotations
 

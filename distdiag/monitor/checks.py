@@ -12,7 +12,7 @@ from collections import Counter
 
 from distdiag.analyze.series import median
 from distdiag.monitor.config import MonitorConfig
-from distdiag.report import Finding
+from distdiag.report.model import Finding
 
 __all__ = ["agreement", "grad_checks", "component_checks", "code_checks", "entropy_checks", "update_checks"]
 

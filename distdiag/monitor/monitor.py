@@ -34,7 +34,7 @@ from distdiag.monitor import checks
 from distdiag.monitor.config import MonitorConfig
 from distdiag.monitor.stats import ParamGroups, code_stats, entropy_sum, param_counts
 from distdiag.monitor.trace import PHASES, NonFiniteTracer
-from distdiag.report import Finding, ProbeResult
+from distdiag.report.model import Finding, ProbeResult
 
 __all__ = ["TrainingMonitor"]
 
@@ -67,7 +67,7 @@ class TrainingMonitor:
     ) -> None:
         import torch.distributed as dist
 
-        from distdiag.config import dataclass_from_dict
+        from distdiag.check.config import dataclass_from_dict
 
         base = config or MonitorConfig()
         if every is not None:

@@ -1,19 +1,32 @@
-"""The probe registry: a literal dict, in the default order of the suite."""
+"""The probes and their registry: a literal dict, in the default order of the suite.
+
+    base.py             Probe (the contract every probe follows), ConsolidationView, helpers
+    training.py         building, sharding and stepping a model: shared by every probe that trains
+    cluster/            env, collectives, bandwidth, gpu: is the cluster fit for the job?
+    numerics/           fsdp_plan, loss_parity, param_sync, determinism: are the numbers right?
+    sequence_parallel/  does the user's sequence split lose or shift tokens?
+    moe/                is the MoE router deterministic and its dispatch consistent?
+    checkpoint/         does a DCP round trip give back every key, shape and value?
+
+One probe, one family folder with its helpers beside it. Probes may import distdiag.report,
+distdiag.errors, distdiag.workloads and each other's family helpers through
+distdiag.probes.training only; never the check, the runtime's internals or the CLI.
+"""
 
 from __future__ import annotations
 
-from distdiag.probes.bandwidth import BandwidthProbe
 from distdiag.probes.base import ConsolidationView, Probe
-from distdiag.probes.checkpoint import CheckpointProbe
-from distdiag.probes.collectives import CollectivesProbe
-from distdiag.probes.determinism import DeterminismProbe
-from distdiag.probes.env import EnvProbe
-from distdiag.probes.fsdp_plan import FsdpPlanProbe
-from distdiag.probes.gpu import GpuProbe
-from distdiag.probes.loss_parity import LossParityProbe
-from distdiag.probes.moe_routing import MoeRoutingProbe
-from distdiag.probes.param_sync import ParamSyncProbe
-from distdiag.probes.sequence_parallel import SequenceParallelProbe
+from distdiag.probes.checkpoint.probe import CheckpointProbe
+from distdiag.probes.cluster.bandwidth import BandwidthProbe
+from distdiag.probes.cluster.collectives import CollectivesProbe
+from distdiag.probes.cluster.env import EnvProbe
+from distdiag.probes.cluster.gpu import GpuProbe
+from distdiag.probes.moe.probe import MoeRoutingProbe
+from distdiag.probes.numerics.determinism import DeterminismProbe
+from distdiag.probes.numerics.fsdp_plan import FsdpPlanProbe
+from distdiag.probes.numerics.loss_parity import LossParityProbe
+from distdiag.probes.numerics.param_sync import ParamSyncProbe
+from distdiag.probes.sequence_parallel.probe import SequenceParallelProbe
 
 __all__ = ["PROBES", "Probe", "ConsolidationView", "get_probe"]
 

@@ -6,7 +6,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from distdiag.report import Finding, ProbeResult, RankInfo
+from distdiag.report.model import Finding, ProbeResult, RankInfo
 
 __all__ = ["Probe", "ConsolidationView", "merge_local_findings", "local_finding", "group_ranks", "minority_ranks"]
 

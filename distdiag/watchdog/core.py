@@ -13,7 +13,7 @@ step (steps without marks) and, unless `wrap=False`, wraps torch.distributed's P
 collectives for the arming thread; leaving the block - normally, by an exception, or at
 interpreter exit - puts everything back. Nothing here touches signal handlers.
 
-Where each rank is comes from torch's flight recorder (distdiag.engine): it must be on when
+Where each rank is comes from torch's flight recorder (distdiag.hang.recorder): it must be on when
 the process group is created - torch 2.13's default is on (2000 entries); elsewhere set
 TORCH_FR_BUFFER_SIZE=2000 before init_process_group (`python -m distdiag.watch` does). Without
 it the watchdog sees only the collectives its wrappers see: a rank waiting in DDP's gradient
@@ -33,7 +33,7 @@ from typing import Any
 
 from distdiag.errors import ConfigError, HangDetected, error_summary, mentions_broken_connection
 from distdiag.watchdog.config import WatchdogConfig
-from distdiag.watchdog.monitor import VERDICT_WAIT_S
+from distdiag.watchdog.watcher import VERDICT_WAIT_S
 
 __all__ = ["HangWatchdog"]
 
@@ -71,22 +71,22 @@ class HangWatchdog:
         self.config = config
         self._progress: Any = None
         self._interceptor: Any = None
-        self._monitor: Any = None
+        self._watcher: Any = None
         self._step_hook: Any = None
         self._auto_step = 0
 
     # -- arming ---------------------------------------------------------------------------
     @property
     def armed(self) -> bool:
-        return self._monitor is not None
+        return self._watcher is not None
 
     def start(self) -> HangWatchdog:
         import torch.distributed as dist
 
-        from distdiag.runtime import LaunchInfo
+        from distdiag.runtime.context import LaunchInfo
         from distdiag.watchdog.intercept import Interceptor
-        from distdiag.watchdog.monitor import Monitor
         from distdiag.watchdog.progress import Progress
+        from distdiag.watchdog.watcher import Watcher
 
         if self.armed:
             return self
@@ -110,12 +110,12 @@ class HangWatchdog:
             "timeout_s": self.config.timeout_s, "action": self.config.action, "dump_dir": self.config.dump_dir,
             "run_id": info.run_id, "restart_count": info.restart_count,
         }
-        self._monitor = Monitor(
+        self._watcher = Watcher(
             progress=self._progress, config=self.config, info=info,
             store_factory=lambda: _store(info, index, self.config.timeout_s), extra_config=extra,
         )
-        self._monitor.start()
-        self._monitor.ready.wait(30)
+        self._watcher.start()
+        self._watcher.ready.wait(30)
         atexit.register(self.close)
         return self
 
@@ -123,7 +123,7 @@ class HangWatchdog:
         """Disarm: restore torch.distributed, stop the thread (bounded), post the final state."""
         if not self.armed:
             return
-        monitor, self._monitor = self._monitor, None
+        watcher, self._watcher = self._watcher, None
         self._interceptor.restore()
         if self._step_hook is not None:
             self._step_hook.remove()
@@ -131,18 +131,18 @@ class HangWatchdog:
         summary = None
         if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit | HangDetected):
             summary = error_summary(error)
-        if summary is not None and monitor.is_alive() and monitor.world > 1:
+        if summary is not None and watcher.is_alive() and watcher.world > 1:
             if _is_comm_error(error):
                 # A peer died or broke its connection: the others learn it as an exception in
                 # their collective. Report it (naming the lost rank) before the script goes on.
                 summary["comm"] = True
-                monitor.request("peer_error", summary)
+                watcher.request("peer_error", summary)
             else:
                 # This rank's exception may leave the others waiting in a collective it will
                 # never enter: say so now, while they can still answer, then let it go on.
-                monitor.request("raised", summary)
-            monitor.acted.wait(self.config.snapshot_grace.total_seconds() + VERDICT_WAIT_S)
-        monitor.finish(summary)
+                watcher.request("raised", summary)
+            watcher.acted.wait(self.config.snapshot_grace.total_seconds() + VERDICT_WAIT_S)
+        watcher.finish(summary)
         try:
             atexit.unregister(self.close)
         except Exception:  # noqa: BLE001 - interpreter shutting down
@@ -204,7 +204,7 @@ def _hook_optimizer_steps(progress: Any) -> Any:
 
 
 def _warn_if_recorder_off(rank: int) -> None:
-    from distdiag.engine import EngineReader, recorder_enabled
+    from distdiag.hang.recorder import EngineReader, recorder_enabled
 
     reader = EngineReader()
     if rank != 0:
@@ -247,7 +247,7 @@ def _store(info: Any, index: int, timeout_s: float) -> Any:
     """A store client for the watchdog thread, under the run's prefix and this arming's."""
     import torch.distributed as dist
 
-    from distdiag.runtime import connect_store
+    from distdiag.runtime.context import connect_store
 
     prefix = f"wd{index}/"
     if info.agent_store and info.distributed:

@@ -1,6 +1,6 @@
 """Flight-recorder dump files (one per rank) as `distdiag hang-report DIR` reads them.
 
-Live reads of the recorder are distdiag.engine's. Dumps are read as JSON; pickle dumps
+Live reads of the recorder are distdiag.hang.recorder's. Dumps are read as JSON; pickle dumps
 (NCCL's default, the only form with stacks) only when the caller trusts them, because
 unpickling runs code.
 """

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from distdiag.engine import group_label
+from distdiag.hang.recorder import group_label
 from distdiag.watchdog.progress import P2P_GROUP, Progress
 
 __all__ = ["Interceptor", "C10D_OPS", "FUNCOL_OPS"]

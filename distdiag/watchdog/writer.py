@@ -15,7 +15,6 @@ import sys
 import time
 from typing import Any
 
-from distdiag.exchange import Exchange
 from distdiag.hang import (
     analyze_hang,
     desync_finding,
@@ -25,8 +24,9 @@ from distdiag.hang import (
     stack_text,
     state_rows,
 )
-from distdiag.render import render_report
-from distdiag.report import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, verdict_for, write_report
+from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, verdict_for, write_report
+from distdiag.report.render import render_report
+from distdiag.runtime.exchange import Exchange
 
 __all__ = ["gather_and_write", "render_hang_report", "REPORT_NAME"]
 
@@ -132,8 +132,8 @@ def gather_and_write(
     started: float,
 ) -> tuple[Report, dict[int, str]]:
     """Wait (bounded) for snapshots, analyse, write the report and publish it; (report, lost)."""
-    from distdiag.consolidate import now_iso  # imports torch: only on the writing path
-    from distdiag.sentinel import silent_rank_reasons
+    from distdiag.check.consolidate import now_iso  # imports torch: only on the writing path
+    from distdiag.runtime.sentinel import silent_rank_reasons
 
     infos = {r: RankInfo.from_dict(v) for r, v in ex.collect("info").items()}
     key = f"snap/{epoch}"

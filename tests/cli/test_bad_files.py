@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from distdiag.report import Finding, ProbeResult, Report
+from distdiag.report.model import Finding, ProbeResult, Report
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from distdiag.render import render_report
-from distdiag.report import Finding, ProbeResult, Report, write_report
+from distdiag.report.model import Finding, ProbeResult, Report, write_report
+from distdiag.report.render import render_report
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from distdiag import __version__
-from distdiag.check_options import CHECK_OPTIONS, LAUNCHER_OPTIONS, build_parser, to_check_argv
+from distdiag.check.options import CHECK_OPTIONS, LAUNCHER_OPTIONS, build_parser, to_check_argv
 
 pytestmark = pytest.mark.timeout(180)
 

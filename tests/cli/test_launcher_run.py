@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distdiag.launcher import exit_code_after_run
-from distdiag.report import Report, write_report
+from distdiag.check.launcher import exit_code_after_run
+from distdiag.report.model import Report, write_report
 
 HERE = Path(__file__).resolve().parent
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from distdiag.report import read_report
+from distdiag.report.model import read_report
 from tests.harness import run_check
 
 pytestmark = pytest.mark.timeout(120)

@@ -49,7 +49,7 @@ def test_healthy_twin_has_no_finding_above_info(workdir):
 
 def test_bandwidth_is_not_in_the_default_suite(workdir):
     """Without a profile or --probes naming it, the default plan leaves bandwidth out."""
-    from distdiag.plan import make_plan, parse_config
+    from distdiag.check.plan import make_plan, parse_config
 
     assert "bandwidth" not in make_plan(parse_config([]), 4).names
     assert "bandwidth" in make_plan(parse_config(["--probes", "env,bandwidth"]), 4).names

@@ -23,7 +23,7 @@ def saved(tmp_path_factory) -> str:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from distdiag.probes.checkpoint import _manual_adam_state
+    from distdiag.probes.checkpoint.probe import _manual_adam_state
 
     sys.path.insert(0, str(TARGETS))
     import ckpt_healthy
@@ -60,7 +60,7 @@ def _save_healthy(path: Path, poison_step: str | None = None) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from distdiag.probes.checkpoint import _manual_adam_state
+    from distdiag.probes.checkpoint.probe import _manual_adam_state
 
     sys.path.insert(0, str(TARGETS))
     import ckpt_healthy

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from distdiag.report import read_report
+from distdiag.report.model import read_report
 from tests.harness import run_ranks
 
 ENTRY = "tests.faults.engine_workers:train"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distdiag.report import read_report
+from distdiag.report.model import read_report
 from tests.harness import RunResult, run_ranks
 
 ENTRY = "tests.faults.watchdog_workers:train"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from distdiag.report import read_report
+from distdiag.report.model import read_report
 
 SCRIPT = Path(__file__).parent / "watchdog_script.py"
 

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from distdiag.report import read_report
+from distdiag.report.model import read_report
 from tests.harness import RunResult, run_ranks
 
 HARD_TIMEOUT = 150.0

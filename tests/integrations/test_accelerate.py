@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distdiag.report import read_report
+from distdiag.report.model import read_report
 
 pytest.importorskip("accelerate")
 

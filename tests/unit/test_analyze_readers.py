@@ -175,7 +175,7 @@ def test_bad_options_and_unknown_metric(tmp_path):
 
 def test_json_output_is_a_report_and_exit_code(tmp_path):
     """--format json is a distdiag report that parses back; --exit-code gives 1 on an error."""
-    from distdiag.report import Report
+    from distdiag.report.model import Report
 
     loss = [v if i < 80 else math.nan for i, v in enumerate(clean_curve(100))]
     p = write_jsonl(tmp_path / "nan.jsonl", loss=loss)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from distdiag.errors import ConfigError
-from distdiag.probes.bandwidth import (
+from distdiag.probes.base import ConsolidationView
+from distdiag.probes.cluster.bandwidth import (
     BandwidthConfig,
     BandwidthProbe,
     bus_factor,
@@ -14,8 +15,7 @@ from distdiag.probes.bandwidth import (
     slow_links,
     straggler_scores,
 )
-from distdiag.probes.base import ConsolidationView
-from distdiag.report import RankInfo
+from distdiag.report.model import RankInfo
 
 
 def _view(n: int, hosts: list[str] | None = None, opts: BandwidthConfig | None = None) -> ConsolidationView:

@@ -49,7 +49,7 @@ def test_at_abort_cleanups_run_when_the_process_is_ended(tmp_path):
     """flush_and_exit runs the registered cleanups (a probe's temp dir), not the cancelled ones."""
     code = f"""
 import os
-from distdiag.sentinel import at_abort, cancel_at_abort, flush_and_exit
+from distdiag.runtime.sentinel import at_abort, cancel_at_abort, flush_and_exit
 os.makedirs({str(tmp_path / 'kept')!r}); os.makedirs({str(tmp_path / 'removed')!r})
 at_abort(lambda: os.rmdir({str(tmp_path / 'removed')!r}))
 token = at_abort(lambda: os.rmdir({str(tmp_path / 'kept')!r}))

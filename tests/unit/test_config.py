@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from distdiag.config import CheckConfig, load_profile, load_toml, merge_config, profile_names
+from distdiag.check.config import CheckConfig, load_profile, load_toml, merge_config, profile_names
+from distdiag.check.plan import make_plan, parse_config
 from distdiag.errors import ConfigError
-from distdiag.plan import make_plan, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,7 +150,7 @@ def test_bad_value_overridden_by_a_later_layer_is_still_an_error():
     """Every layer is validated as merged, not only the result."""
     with pytest.raises(ConfigError, match="^low: check.deadline_s"):
         merge_config([("low", {"check": {"deadline_s": 0}}), ("high", {"check": {"deadline_s": 5}})], {})
-    from distdiag.plan import validate_names_and_options
+    from distdiag.check.plan import validate_names_and_options
 
     with pytest.raises(ConfigError, match="^low: check.probes: unknown probe 'nope'"):
         merge_config([("low", {"check": {"probes": ["nope"]}})], {"probes": "env"}, validate=validate_names_and_options)

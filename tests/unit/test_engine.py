@@ -13,8 +13,8 @@ import json
 from typer.testing import CliRunner
 
 from distdiag.cli import app
-from distdiag.engine import EngineReader, positions_from_dump
 from distdiag.hang import analyze_hang
+from distdiag.hang.recorder import EngineReader, positions_from_dump
 
 
 def nccl_entry(seq, state="started", op="all_reduce", sizes=((1024,),), pg=("0", "default_pg")):

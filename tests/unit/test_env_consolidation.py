@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from distdiag.probes.base import ConsolidationView
-from distdiag.probes.env import EnvConfig, EnvProbe
+from distdiag.probes.cluster.env import EnvConfig, EnvProbe
 
 
 def payload(rank, host="h0", **over):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distdiag.errors import ConfigError
-from distdiag.faults import FaultPlan
+from distdiag.runtime.faults import FaultPlan
 
 
 def test_parse_selects_this_rank():

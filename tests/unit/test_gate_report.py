@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from distdiag.junit import junit_xml
-from distdiag.report import Finding, ProbeResult, RankInfo, Report, group_by_node
+from distdiag.report.junit import junit_xml
+from distdiag.report.model import Finding, ProbeResult, RankInfo, Report, group_by_node
 
 
 def _report() -> Report:

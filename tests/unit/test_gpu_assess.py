@@ -9,8 +9,8 @@ import pytest
 
 from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView
-from distdiag.probes.gpu import GpuConfig, GpuProbe, assess_device, read_device, throttle_names
-from distdiag.report import RankInfo, exit_code_for
+from distdiag.probes.cluster.gpu import GpuConfig, GpuProbe, assess_device, read_device, throttle_names
+from distdiag.report.model import RankInfo, exit_code_for
 
 NOT_SUPPORTED = object()
 """A field this device does not support: the fake raises NVML_ERROR_NOT_SUPPORTED for it."""

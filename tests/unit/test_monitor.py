@@ -165,7 +165,7 @@ def test_unknown_keyword_override_is_a_config_error_naming_the_key():
 
 
 def test_repeated_finding_keeps_every_field():
-    from distdiag.report import Finding
+    from distdiag.report.model import Finding
 
     mon = TrainingMonitor(torch.nn.Linear(2, 2))
     f = Finding("warning", "x", "ev", [1], fix="f", confidence=0.5, drain={"host": "h"})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distdiag.plan import make_plan, parse_config
+from distdiag.check.plan import make_plan, parse_config
 from distdiag.probes import PROBES
 
 

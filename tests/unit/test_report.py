@@ -9,8 +9,7 @@ import re
 import pytest
 
 from distdiag.errors import ReportError
-from distdiag.render import format_ranks, render_report
-from distdiag.report import (
+from distdiag.report.model import (
     SCHEMA,
     Finding,
     ProbeResult,
@@ -20,6 +19,7 @@ from distdiag.report import (
     read_report,
     write_report,
 )
+from distdiag.report.render import format_ranks, render_report
 
 
 def _report() -> Report:
@@ -140,7 +140,7 @@ def test_writer_claim_is_exclusive_within_a_rank_too():
     """A rank's main thread and its sentinel cannot both win the writer role."""
     import torch.distributed as dist
 
-    from distdiag.exchange import Exchange
+    from distdiag.runtime.exchange import Exchange
 
     ex = Exchange(dist.HashStore(), rank=0, world_size=2)
     assert ex.claim("writer", "main") is True
@@ -299,8 +299,8 @@ def test_terse_still_shows_trouble_with_its_tables():
 
 def test_progress_line_is_silent_off_a_terminal(capsys):
     """Under pytest (captured, not a TTY) the check's progress line draws nothing."""
-    from distdiag.config import CheckConfig
-    from distdiag.render import ProgressLine
+    from distdiag.check.config import CheckConfig
+    from distdiag.report.render import ProgressLine
 
     line = ProgressLine.for_check(CheckConfig(), 0)
     line.show(0, 3, "env")
@@ -311,7 +311,7 @@ def test_progress_line_is_silent_off_a_terminal(capsys):
 def test_progress_line_rewrites_one_line_and_clears_it():
     import io
 
-    from distdiag.render import ProgressLine
+    from distdiag.report.render import ProgressLine
 
     stream = io.StringIO()
     line = ProgressLine(stream)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distdiag.probes.ckpt_keys import compare_keys, normalize_key
-from distdiag.probes.moe_checks import load_findings
-from distdiag.probes.moe_dispatch import pair_mismatches
-from distdiag.probes.sp_checks import analyze_split, loss_problem, output_shape_problem
+from distdiag.probes.checkpoint.keys import compare_keys, normalize_key
+from distdiag.probes.moe.checks import load_findings
+from distdiag.probes.moe.dispatch import pair_mismatches
+from distdiag.probes.sequence_parallel.checks import analyze_split, loss_problem, output_shape_problem
 from distdiag.workloads import sequence as seqw
 from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE, keep_mask
 
@@ -105,7 +105,7 @@ def _floor_split(b, rank, world):
 
 
 def _split_payloads(seq: int, world: int, split=_floor_split) -> dict:
-    from distdiag.probes.sequence_parallel import _local_lists, _one_longer
+    from distdiag.probes.sequence_parallel.probe import _local_lists, _one_longer
 
     batch = seqw.make_lm_batch(2, seq, 50, pad=2)
     payloads = {r: {"splits": []} for r in range(world)}
@@ -122,7 +122,7 @@ def _split_payloads(seq: int, world: int, split=_floor_split) -> dict:
 
 def test_tokens_lost_only_on_the_made_up_length_are_a_warning_naming_the_invariant():
     """A floor split is right on 32 at world 4 and loses position 32 of the probe's 33: a warning, not an error."""
-    from distdiag.probes.sequence_parallel import _split_findings
+    from distdiag.probes.sequence_parallel.probe import _split_findings
 
     (f,) = _split_findings(_split_payloads(32, 4), 4)
     assert f.severity == "warning" and "a length distdiag made up" in f.issue and "2 of 66 tokens are on no rank" in f.issue
@@ -131,7 +131,7 @@ def test_tokens_lost_only_on_the_made_up_length_are_a_warning_naming_the_invaria
 
 def test_tokens_lost_on_the_targets_own_length_stay_an_error():
     """The same split on make_batch's own length 34 (world 4): an error, and the made-up length is not looked at."""
-    from distdiag.probes.sequence_parallel import _split_findings
+    from distdiag.probes.sequence_parallel.probe import _split_findings
 
     findings = _split_findings(_split_payloads(34, 4), 4)
     assert [(f.severity, f.issue) for f in findings] == [("error", "split split_sequence: 4 of 68 tokens are on no rank")]
@@ -140,7 +140,7 @@ def test_tokens_lost_on_the_targets_own_length_stay_an_error():
 
 @pytest.mark.parametrize("seq_len,world,expected", [(32, 2, 32), (32, 3, 36), (32, 32, 64), (5, 2, 8)])
 def test_the_built_in_batch_length_divides_by_twice_the_world(seq_len, world, expected):
-    from distdiag.probes.sequence_parallel import nominal_length
+    from distdiag.probes.sequence_parallel.probe import nominal_length
 
     assert nominal_length(seq_len, world) == expected
 
@@ -165,7 +165,7 @@ def dcp_dir(tmp_path_factory):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from distdiag.probes.checkpoint import _adamw
+    from distdiag.probes.checkpoint.probe import _adamw
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
     msd, osd = get_state_dict(model, _adamw(model))
@@ -180,7 +180,7 @@ def test_restricted_unpickler_reads_what_dcp_writes_like_pickle_does(dcp_dir):
     """A real checkpoint's .metadata: every class it references is admitted; same keys and shapes as plain pickle."""
     import pickle
 
-    from distdiag.probes.ckpt_safe import load_metadata
+    from distdiag.probes.checkpoint.safe_load import load_metadata
 
     with open(dcp_dir / ".metadata", "rb") as f:
         safe = load_metadata(f, ".metadata")
@@ -194,7 +194,7 @@ def test_a_crafted_metadata_is_refused_before_it_runs(tmp_path):
     """A .metadata whose object reduces to os.mkdir: refused by name, and the directory is never made."""
     import pickle
 
-    from distdiag.probes.ckpt_safe import RefusedPickle, SafeFileSystemReader
+    from distdiag.probes.checkpoint.safe_load import RefusedPickle, SafeFileSystemReader
 
     marker = tmp_path / "pwned"
     (tmp_path / "ckpt").mkdir()
@@ -210,7 +210,7 @@ def test_something_that_is_not_dcp_metadata_is_refused(tmp_path):
     import io
     import pickle
 
-    from distdiag.probes.ckpt_safe import RefusedPickle, load_metadata
+    from distdiag.probes.checkpoint.safe_load import RefusedPickle, load_metadata
 
     with pytest.raises(RefusedPickle, match="a dict where DCP's Metadata belongs"):
         load_metadata(io.BytesIO(pickle.dumps({"a": torch.Size([2])})), "x")
@@ -223,7 +223,7 @@ def test_byte_entries_must_pass_torch_weights_only_first(tmp_path):
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
-    from distdiag.probes.ckpt_safe import RefusedPickle, SafeLoadPlanner
+    from distdiag.probes.checkpoint.safe_load import RefusedPickle, SafeLoadPlanner
 
     marker = tmp_path / "pwned"
     state = {"epoch": 0, "evil": 0}

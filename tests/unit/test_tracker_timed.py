@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from distdiag import sentinel
-from distdiag.tracker import Tracker
+from distdiag.runtime import sentinel
+from distdiag.runtime.tracker import Tracker
 
 
 def test_timed_sets_the_flag_and_clears_it_even_on_error():

@@ -8,7 +8,7 @@ import pickle
 from typer.testing import CliRunner
 
 from distdiag.cli import app
-from distdiag.report import Finding, ProbeResult, Report, write_report
+from distdiag.report.model import Finding, ProbeResult, Report, write_report
 
 
 def entry(seq, op="all_reduce", sizes=((16,),), pg="default_pg"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distdiag.probes import _training as tr
-from distdiag.probes.param_sync import bit_checksum
+from distdiag.probes import training as tr
+from distdiag.probes.numerics.replicas import bit_checksum
 from distdiag.workloads import TinyMLP, TinyTransformer, get_workload, split_batch
 
 

@@ -1,0 +1,29 @@
+"""The check: `torchrun -m distdiag.check`, from the command line to the verdict's exit code.
+
+    __main__.py     `python -m distdiag.check` (calls run.main)
+    options.py      every option, defined once for both front ends (argparse and typer)
+    config.py       CheckConfig and its layers: defaults < profile < --config < flags
+    plan.py         the command line parsed, validated, and turned into the probes to run
+    target.py       loading the user's target module or file and its hooks
+    run.py          CheckRun: the phases of one check on one rank (set up, probes under
+                    deadlines, exchange, consolidate, write, leave)
+    consolidate.py  what every rank posted -> one Report and its verdict (on the writing rank)
+    launcher.py     `distdiag check` / `distdiag gate`: torchrun run for the user, exact codes
+
+May import distdiag.runtime, distdiag.probes, distdiag.hang, distdiag.report and
+distdiag.errors. Importing this package imports nothing (options.py and config.py stay free
+of torch so the CLI's --help is fast); `main` and `run_check`, the entry points callers had
+as `distdiag.check.main` before the check became a package, load run.py on first use.
+"""
+
+from typing import Any
+
+__all__ = ["config", "consolidate", "launcher", "options", "plan", "run", "target", "main", "run_check"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("main", "run_check"):
+        from distdiag.check import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'distdiag.check' has no attribute {name!r}")

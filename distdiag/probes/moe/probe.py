@@ -1,0 +1,261 @@
+"""`moe_routing`: routers that are not deterministic, dispatch that loses tokens, lopsided load.
+
+1. The router (the target's `route(tokens)`, else the built-in top-k router) on the same
+   tokens twice and on every rank: identical expert indices, near-ties reported as a risk,
+   load per expert.
+2. The built-in expert-parallel layer (distdiag.workloads.moe) over all_to_all: rows sent
+   equal rows received pairwise, no token lost or duplicated, one capacity everywhere,
+   dropped assignments counted, output equal to the single-process dense layer, router
+   parameters identical on every rank after a few steps.
+3. With a target that has `route` and build_model/make_batch/loss_fn: one training step of
+   the user's model while distdiag.probes.moe.dispatch records the split sizes of every
+   all_to_all_single it issues, and the `capacity` attributes of its modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distdiag.errors import ConfigError, exc_line
+from distdiag.probes import training as tr
+from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_local_findings
+from distdiag.probes.moe.checks import consolidate_moe
+from distdiag.probes.moe.dispatch import SplitMismatch, SplitRecorder
+from distdiag.report.model import ProbeResult
+from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE
+
+__all__ = ["MoeRoutingProbe", "MoeRoutingConfig"]
+
+
+@dataclass
+class MoeRoutingConfig:
+    """Options of the moe_routing probe, the `[probes.moe_routing]` table."""
+
+    num_tokens: int = 64
+    """Tokens routed per rank."""
+    hidden_dim: int = 16
+    """Width of the tokens passed to route(tokens) and of the built-in layer."""
+    num_experts: int = 0
+    """Experts of the built-in layer; 0 means 2 x world size (must divide by the world size)."""
+    top_k: int = 2
+    """Experts per token of the built-in layer."""
+    tie_eps: float = 1e-4
+    """A token whose k-th and (k+1)-th router scores differ by less than this in log space
+    (the logit gap of softmax scores) is a near-tie."""
+    tie_warn_share: float = 0.1
+    """Warn when more than this share of tokens are near-ties."""
+    imbalance_warn: float = 3.0
+    """Warn when the busiest expert gets more than this many times the mean load."""
+    steps: int = 3
+    """Training steps before comparing router parameters across ranks."""
+
+    def __post_init__(self) -> None:
+        def integer(key: str, low: int, high: int) -> None:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                raise ConfigError(f"probes.moe_routing.{key} must be an integer in [{low}, {high}], got {v!r}")
+
+        def number(key: str, low: float, high: float) -> None:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not low < v < high:
+                raise ConfigError(f"probes.moe_routing.{key} must be a number in ({low}, {high}), got {v!r}")
+
+        integer("num_tokens", 1, 1 << 20)
+        integer("hidden_dim", 1, 1 << 16)
+        integer("num_experts", 0, 4096)
+        integer("top_k", 1, 64)
+        integer("steps", 0, 100)
+        number("tie_eps", 0.0, 1.0)
+        number("tie_warn_share", 0.0, 1.0)
+        number("imbalance_warn", 1.0, 1e6)
+
+
+def _parse_route(out: Any, num_tokens: int) -> tuple[torch.Tensor | None, torch.Tensor | None, str | None]:
+    """(indices [N, k], scores [N, E] or None, problem)."""
+    idx, scores = (out, None) if isinstance(out, torch.Tensor) else (None, None)
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+        idx = out[0]
+        for extra in out[1:]:
+            if isinstance(extra, torch.Tensor) and extra.dim() == 2 and extra.is_floating_point() and extra.shape[0] == num_tokens and extra.shape[1] > idx.shape[-1]:
+                scores = extra
+    if idx is None:
+        return None, None, f"route must return expert indices [num_tokens, k] (or a tuple starting with them), got {type(out).__name__}"
+    if idx.dim() == 1:
+        idx = idx[:, None]
+    if idx.dim() != 2 or idx.shape[0] != num_tokens or idx.is_floating_point():
+        return None, None, f"route(tokens [{num_tokens}, d]) must return integer indices [{num_tokens}, k], got {idx.dtype} {list(idx.shape)}"
+    if bool((idx < 0).any()):
+        return None, None, f"route returned negative expert indices (min {int(idx.min())})"
+    return idx.detach().cpu().long(), (scores.detach().cpu().float() if scores is not None else None), None
+
+
+def _router_checks(ctx: Any, opts: MoeRoutingConfig, route: Any, who: str) -> dict[str, Any]:
+    tokens = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(11)).to(ctx.device)
+    ctx.seed()
+    try:
+        first = _parse_route(route(tokens), opts.num_tokens)
+        second = _parse_route(route(tokens), opts.num_tokens)
+    except Exception as exc:  # noqa: BLE001 - the user's router raising is a finding
+        ctx.caught(exc, f"{who} on made-up tokens")  # a router may issue collectives; the dispatch check follows
+        return {"who": who, "raised": True, "problem": f"{who}(tokens float32 [{opts.num_tokens}, {opts.hidden_dim}]) raised "
+                f"{exc_line(exc)} (set probes.moe_routing.hidden_dim "
+                "to your router's input width)"}
+    if first[2] or second[2]:
+        return {"who": who, "problem": first[2] or second[2]}
+    idx, scores = first[0], first[1]
+    differ = (idx != second[0]).any(dim=1).nonzero().flatten().tolist() if idx.shape == second[0].shape else list(range(opts.num_tokens))
+    res: dict[str, Any] = {"who": who, "indices": idx.tolist(), "twice_differ": differ[:16], "twice_differ_count": len(differ),
+                           "second_first": second[0][differ[0]].tolist() if differ and idx.shape == second[0].shape else None}
+    if scores is not None:
+        k = idx.shape[1]
+        top = scores.topk(min(k + 1, scores.shape[1]), dim=-1).values
+        if top.shape[1] > k:
+            # In log space (= the logit gap for softmax scores): two tiny probabilities
+            # 1e-5 apart are not a near-tie when one is three times the other.
+            logs = top.clamp_min(torch.finfo(top.dtype).tiny).log()
+            gap = logs[:, k - 1] - logs[:, k]
+            res["near_ties"] = int((gap < opts.tie_eps).sum())
+            res["min_gap"] = float(gap.min())
+        res["num_experts"] = int(scores.shape[1])
+    return res
+
+
+class MoeRoutingProbe(Probe):
+    name = "moe_routing"
+    summary = "MoE routers that differ between calls or ranks, all_to_all dispatch that loses tokens, lopsided expert load"
+    min_world_size = 2
+    Config = MoeRoutingConfig
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        opts: MoeRoutingConfig = self.options(ctx)
+        world = ctx.world_size
+        findings: list[dict[str, Any]] = []
+        experts = opts.num_experts or 2 * world
+        if experts % world:
+            raise ConfigError(f"probes.moe_routing.num_experts ({experts}) must divide by the world size {world}")
+        if opts.top_k > experts:
+            raise ConfigError(f"probes.moe_routing.top_k ({opts.top_k}) must be <= num_experts ({experts})")
+        ctx.seed()
+        dense = DenseMoE(opts.hidden_dim, 2 * opts.hidden_dim, experts, opts.top_k).to(ctx.device)
+        target = ctx.target
+        payload: dict[str, Any] = {"findings": findings}
+        if target is not None and target.has("route"):
+            payload["router"] = _router_checks(ctx, opts, target.route, "route")
+        else:
+            payload["router"] = _router_checks(ctx, opts, dense.router, "built-in router")
+        payload["builtin"] = self._builtin(ctx, opts, dense)
+        if target is not None and target.has("route"):
+            payload["user"] = self._user_model(ctx, opts, findings)
+        return payload
+
+    def _builtin(self, ctx: Any, opts: MoeRoutingConfig, dense: DenseMoE) -> dict[str, Any]:
+        rank, world = ctx.rank, ctx.world_size
+        x = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(100 + rank)).to(ctx.device)
+        ep = ExpertParallelMoE.from_dense(dense, rank, world, a2a=ctx.comm.all_to_all_single)
+        res: dict[str, Any] = {}
+        with SplitRecorder() as rec:
+            try:
+                with torch.no_grad():
+                    out = ep(x)
+                    ref = dense(x)
+                res["stats"] = ep.stats
+                res["max_err"] = float((out - ref).abs().max())
+                res["scale"] = float(ref.abs().max())
+            except SplitMismatch as exc:
+                res["mismatch"] = str(exc)
+            res["calls"] = rec.calls
+        if "mismatch" in res:
+            return res
+        # Plain SGD by hand: the first torch.optim step imports torch._dynamo (seconds here).
+        for step in range(opts.steps):
+            xs = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(1000 * step + rank)).to(ctx.device)
+            ep.router.zero_grad()
+            ep(xs).pow(2).mean().backward()
+            # One all_reduce per step over all router grads, not one per parameter.
+            params = list(ep.router.parameters())
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            ctx.comm.all_reduce(flat)
+            with torch.no_grad():
+                offset = 0
+                for p in params:
+                    grad = flat[offset:offset + p.numel()].view_as(p)
+                    offset += p.numel()
+                    p.sub_(0.5 * grad / world)
+        res["router_sums"] = {n: _sums(p) for n, p in ep.router.named_parameters()}
+        return res
+
+    def _user_model(self, ctx: Any, opts: MoeRoutingConfig, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+        target = ctx.target
+        needed = [h for h in ("build_model", "make_batch", "loss_fn") if not target.has(h)]
+        if needed:
+            findings.append(local_finding("info", f"dispatch of the target's own model not checked: no {', '.join(needed)}()",
+                                          fix="define build_model, make_batch and loss_fn to check the all_to_all of your MoE forward"))
+            return None
+
+        res: dict[str, Any] = {"calls": [], "capacity": {}}
+        # Built inside the recorder too, so a model that keeps a reference to
+        # all_to_all_single from construction time still calls the recording one.
+        model = None
+        with SplitRecorder() as rec:
+            try:
+                ctx.seed()
+                model = target.build_model().to(ctx.device)
+                if target.has("parallelize"):
+                    model = target.parallelize(model, tr.make_mesh(ctx, "ep"))
+                opt = target.build_optimizer(model.parameters()) if target.has("build_optimizer") else None
+                for step in range(max(1, opts.steps if opt is not None else 1)):
+                    batch = target.make_batch(step + 1)
+                    if target.has("shard_batch"):
+                        batch = target.shard_batch(batch, ctx.rank, ctx.world_size)
+                    loss = target.loss_fn(model, batch)
+                    loss.backward()
+                    if opt is not None:
+                        opt.step()
+                        opt.zero_grad()
+            except SplitMismatch as exc:
+                res["mismatch"] = str(exc)
+            finally:
+                res["calls"] = rec.calls
+        for name, module in (model.named_modules() if model is not None else []):
+            for attr in ("capacity", "expert_capacity"):
+                value = getattr(module, attr, None)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    res["capacity"][f"{name or '(model)'}.{attr}"] = value
+        if "mismatch" in res or model is None:
+            return res
+        res["router_sums"] = {n: _sums(p) for n, p in model.named_parameters()
+                              if ("router" in n or "gate" in n) and not hasattr(p, "full_tensor")}
+        return res
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        opts = self.options(view)
+        findings = merge_local_findings(payloads) + consolidate_moe(payloads, opts, view.world_size)
+        metrics = {}
+        b0 = payloads.get(0, {}).get("builtin", {})
+        if b0.get("stats"):
+            metrics["builtin_capacity"] = b0["stats"]["capacity"]
+            metrics["builtin_dropped"] = sum(p["builtin"].get("stats", {}).get("dropped", 0) for p in payloads.values())
+            metrics["builtin_max_err"] = max(p["builtin"].get("max_err", 0.0) for p in payloads.values())
+        r0 = payloads.get(0, {}).get("router", {})
+        if "near_ties" in r0:
+            metrics["near_tie_share"] = r0["near_ties"] / max(1, len(r0.get("indices", [])))
+        return ProbeResult.from_findings(self.name, findings, metrics=metrics, details=_tables(payloads))
+
+
+def _sums(p: torch.Tensor) -> list[float]:
+    """Two float64 checksums of a parameter (order-sensitive), comparable across ranks."""
+    t = p.detach().double().reshape(-1)
+    return [float(t.sum()), float((t * torch.arange(t.numel(), dtype=torch.float64, device=t.device)).sum())]
+
+
+def _tables(payloads: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    rows = []
+    for r, p in sorted(payloads.items()):
+        st = p.get("builtin", {}).get("stats")
+        if st:
+            rows.append({"rank": r, "capacity": st["capacity"], "sent": st["sent_valid"], "received": st["recv_valid"],
+                         "dropped": st["dropped"], "tokens_per_expert": st["tokens_per_expert"]})
+    return {"table:moe_dispatch": rows} if rows else {}

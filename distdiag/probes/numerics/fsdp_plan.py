@@ -1,0 +1,255 @@
+"""`fsdp_plan`: an audit of how `parallelize` sharded every parameter, and what it left out.
+
+Each rank builds the model, applies parallelize, and describes every parameter: its FSDP
+group (the module fully_shard was applied to), mesh, placements, local shard size, dtype,
+the group's mixed-precision policy and reshard setting, and which parameters are tied.
+Consolidation puts the table into the report (`details["table:fsdp plan"]`) and raises
+findings for what silently breaks training: trainable parameters no group manages (their
+gradients are never reduced), a parameter managed twice, ties broken by sharding, memory
+unbalanced across ranks, and gradients reduced in a lower precision than the parameters.
+No collectives are issued besides the setup agreement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from distdiag.errors import ConfigError
+from distdiag.probes import training as tr
+from distdiag.probes.base import ConsolidationView
+from distdiag.probes.numerics.parity_report import setup_failure
+from distdiag.probes.numerics.shared import parallel_run
+from distdiag.report.model import Finding, ProbeResult
+from distdiag.report.render import format_ranks
+
+__all__ = ["FsdpPlanProbe", "FsdpPlanConfig", "describe_plan"]
+
+
+@dataclass
+class FsdpPlanConfig:
+    """Options of the fsdp_plan probe, the `[probes.fsdp_plan]` table."""
+
+    workload: str = "transformer"
+    """Built-in workload used without a target: mlp or transformer."""
+    imbalance_warn: float = 1.25
+    """Warn when the largest rank's parameter bytes exceed the smallest's by this factor."""
+
+    def __post_init__(self) -> None:
+        tr.check_workload("probes.fsdp_plan.workload", self.workload)
+        if not isinstance(self.imbalance_warn, (int, float)) or not self.imbalance_warn >= 1.0:
+            raise ConfigError(f"probes.fsdp_plan.imbalance_warn must be a number >= 1.0, got {self.imbalance_warn!r}")
+
+
+def _dtype(d: Any) -> str | None:
+    return str(d).replace("torch.", "") if d is not None else None
+
+
+def _groups(model: nn.Module) -> dict[int, list[dict[str, Any]]]:
+    """id(parameter) -> the FSDP groups managing it (FSDP2 internals, read defensively)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    fqn = {id(m): n or "(root)" for n, m in model.named_modules()}
+    out: dict[int, list[dict[str, Any]]] = {}
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        state = fully_shard.state(module)  # type: ignore[attr-defined]
+        for group in getattr(state, "_fsdp_param_groups", []) or []:
+            mp = group.mp_policy
+            post = group.post_forward_mesh_info
+            if post is None:
+                reshard: Any = False
+            elif post.mesh is group.mesh_info.mesh or post.mesh == group.mesh_info.mesh:
+                reshard = True
+            else:
+                reshard = f"to {post.mesh.size()} ranks"
+            info = {
+                "group": fqn.get(id(module), type(module).__name__),
+                "param_dtype": _dtype(mp.param_dtype),
+                "reduce_dtype": _dtype(mp.reduce_dtype),
+                "reshard": reshard,
+            }
+            for fp in group.fsdp_params:
+                out.setdefault(id(fp.sharded_param), []).append(info)
+    return out
+
+
+def describe_plan(model: nn.Module, world: int) -> list[dict[str, Any]]:
+    """One row per parameter name (tied names each get a row), on this rank."""
+    from torch.distributed.tensor import DTensor
+
+    groups = _groups(model)
+    is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(tr.canonical_name(name))
+    rows = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        cname = tr.canonical_name(name)
+        managing = groups.get(id(p), [])
+        row: dict[str, Any] = {
+            "fqn": cname,
+            "shape": list(p.shape),
+            "dtype": _dtype(p.dtype),
+            "requires_grad": bool(p.requires_grad),
+            "groups": [g["group"] for g in managing],
+            "tied": [n for n in names_of[id(p)] if n != cname],
+            "ddp": is_ddp,
+        }
+        if isinstance(p, DTensor):
+            local = p.to_local()
+            row.update(
+                mesh=f"{tuple(p.device_mesh.shape)}" + (f" {p.device_mesh.mesh_dim_names}" if p.device_mesh.mesh_dim_names else ""),
+                placements=", ".join(str(x) for x in p.placements),
+                local_numel=int(local.numel()),
+                mesh_size=int(p.device_mesh.size()),
+                replicate=any(type(x).__name__ == "Replicate" for x in p.placements),
+                local_bytes=int(local.numel() * local.element_size()),
+            )
+        else:
+            row.update(mesh="-", placements="(plain tensor)", local_numel=int(p.numel()), local_bytes=int(p.numel() * p.element_size()))
+        if managing:
+            row.update(param_dtype=managing[0]["param_dtype"], reduce_dtype=managing[0]["reduce_dtype"], reshard=managing[0]["reshard"])
+        rows.append(row)
+    return rows
+
+
+class FsdpPlanProbe(tr.NumericsProbe):
+    name = "fsdp_plan"
+    summary = "parameters FSDP does not manage (never reduced), managed twice, ties broken, memory unbalanced, low-precision reduction"
+    Config = FsdpPlanConfig
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        opts: FsdpPlanConfig = self.options(ctx)
+        run = parallel_run(ctx, opts.workload)  # the model the other numerics probes train (built once)
+        if run.failed:
+            return {"setup_error": run.error, "source": run.hooks.source}
+        return {"source": run.hooks.source, "rows": describe_plan(run.model, ctx.world_size), "ties": run.ties}
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        if (failed := setup_failure(self.name, payloads, "rows")) is not None:
+            return failed
+        ranks = sorted(payloads)
+        opts: FsdpPlanConfig = self.options(view)
+        base = payloads[ranks[0]]["rows"]
+        table, findings = [], []
+        unmanaged, twice, low_precision, partial = [], [], [], []
+        for i, row in enumerate(base):
+            sizes = [payloads[r]["rows"][i]["local_numel"] for r in ranks if i < len(payloads[r]["rows"])]
+            uneven = len(set(sizes)) > 1
+            shown = f"{sizes[0]} each" if not uneven else ",".join(map(str, sizes))
+            table.append({
+                "fqn": row["fqn"], "group": ",".join(row["groups"]) or ("DDP" if row["ddp"] else "-"),
+                "mesh": row["mesh"], "placements": row["placements"], "shape": "x".join(map(str, row["shape"])) or "scalar",
+                "local numel/rank": shown, "uneven": "yes" if uneven else "", "dtype": row["dtype"],
+                "param/reduce dtype": f"{row.get('param_dtype') or '-'}/{row.get('reduce_dtype') or '-'}",
+                "reshard": str(row.get("reshard", "-")), "tied with": ",".join(row["tied"]),
+            })
+            if row["requires_grad"] and not row["groups"] and not row["ddp"] and view.world_size > 1:
+                unmanaged.append(row["fqn"])
+            if row.get("mesh_size", view.world_size) < view.world_size and not row.get("replicate") and row["requires_grad"]:
+                partial.append(row["fqn"])
+            if len(row["groups"]) > 1:
+                twice.append(f"{row['fqn']} (groups {', '.join(row['groups'])})")
+            low = _lower_precision(row)
+            if low:
+                low_precision.append(f"{row['fqn']}: {low}")
+        if unmanaged:
+            modules = _outermost(unmanaged, [r["fqn"] for r in base])
+            findings.append(Finding(
+                severity="error",
+                issue=f"{len(unmanaged)} trainable parameter(s) are not managed by any FSDP group, in module(s) {', '.join(modules[:6])}: their gradients are never reduced and replicas drift",
+                evidence="unmanaged: " + ", ".join(unmanaged[:12]) + (f" (+{len(unmanaged) - 12} more)" if len(unmanaged) > 12 else ""),
+                ranks=ranks,
+                fix="apply fully_shard to the module left out, or to the root module so that it takes every remaining parameter",
+            ))
+        if partial:
+            size = next(r["mesh_size"] for r in base if r["fqn"] == partial[0])
+            # A warning, not an error: pipeline stages legitimately own the other ranks.
+            findings.append(Finding(
+                severity="warning",
+                issue=(
+                    f"{len(partial)} parameter(s) are sharded on a mesh of {size} of the {view.world_size} ranks with no "
+                    f"replicate dim: nothing reduces their gradients across the {view.world_size // max(size, 1)} copies"
+                ),
+                evidence="e.g. " + ", ".join(partial[:8]),
+                ranks=ranks,
+                fix=(
+                    "for HSDP pass the 2-D (replicate, shard) mesh to fully_shard, not its shard sub-mesh; "
+                    "fine if the other ranks are other pipeline stages (param_sync tells whether copies drift)"
+                ),
+            ))
+        if twice:
+            findings.append(Finding(severity="error", issue=f"{len(twice)} parameter(s) are managed by more than one FSDP group",
+                                    evidence="; ".join(twice[:8]), ranks=ranks,
+                                    fix="apply fully_shard once per parameter: to disjoint modules, parents after children"))
+        findings.extend(_broken_ties(payloads[ranks[0]]["ties"], base, ranks))
+        if low_precision:
+            findings.append(Finding(
+                severity="warning",
+                issue=f"{len(low_precision)} parameter(s) have gradients reduced in a lower precision than the parameters",
+                evidence="; ".join(low_precision[:6]),
+                ranks=ranks,
+                fix="set MixedPrecisionPolicy(reduce_dtype=torch.float32) unless the lower-precision reduction is intended",
+                confidence=0.7,
+            ))
+        per_rank = {r: sum(x["local_bytes"] for x in payloads[r]["rows"]) for r in ranks}
+        low_b, high_b = min(per_rank.values()), max(per_rank.values())
+        if low_b > 0 and high_b / low_b > opts.imbalance_warn:
+            heavy = [r for r, b in per_rank.items() if b == high_b]
+            findings.append(Finding(
+                severity="warning",
+                issue=f"parameter memory is unbalanced across ranks: {high_b} bytes on {format_ranks(heavy)} vs {low_b} at least ({high_b / low_b:.2f}x)",
+                evidence=", ".join(f"rank {r}: {b} B" for r, b in per_rank.items()),
+                ranks=heavy,
+                fix="shard the large parameters (dim 0 divisible by the world size), or put large unsharded ones under fully_shard",
+            ))
+        findings.append(Finding(severity="info", issue=f"audited {len(base)} parameter(s) of {payloads[ranks[0]]['source']}",
+                                evidence=", ".join(f"rank {r}: {b} B of local parameters" for r, b in per_rank.items())))
+        metrics = {"params": len(base), "unmanaged": len(unmanaged), "local_param_bytes": {str(r): b for r, b in per_rank.items()}}
+        return ProbeResult.from_findings(self.name, findings, metrics=metrics, details={"table:fsdp plan": table})
+
+
+def _outermost(names: list[str], every: list[str]) -> list[str]:
+    """The outermost modules whose parameters are all in `names` (the block left out, not its leaves)."""
+    chosen = set(names)
+    out: set[str] = set()
+    for name in names:
+        parts = name.split(".")
+        best = ".".join(parts[:-1]) or "(root)"
+        for depth in range(len(parts) - 1, 0, -1):
+            prefix = ".".join(parts[:depth])
+            if all(n in chosen for n in every if n.startswith(prefix + ".")):
+                best = prefix
+        out.add(best)
+    return sorted(out)
+
+
+_BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16}
+
+
+def _lower_precision(row: dict[str, Any]) -> str | None:
+    reduce = row.get("reduce_dtype") or row.get("param_dtype")
+    if not row["requires_grad"] or not reduce or reduce not in _BITS or row["dtype"] not in _BITS:
+        return None
+    if _BITS[reduce] < _BITS[row["dtype"]]:
+        return f"reduced in {reduce}, stored in {row['dtype']}"
+    return None
+
+
+def _broken_ties(ties: list[list[str]], rows: list[dict[str, Any]], ranks: list[int]) -> list[Finding]:
+    tied_after = {r["fqn"]: set(r["tied"]) for r in rows}
+    broken = [names for names in ties if any(set(names) - {n} - tied_after.get(n, set()) for n in names)]
+    if not broken:
+        return []
+    return [Finding(
+        severity="error",
+        issue=f"{len(broken)} tied parameter group(s) are no longer shared after parallelize: " + "; ".join(" = ".join(b) for b in broken[:4]),
+        evidence="the names share one Parameter in build_model's model, but are different tensors in the parallel model",
+        ranks=ranks,
+        fix="apply fully_shard to a module that contains every user of the tied weight (or the root), not to each user separately",
+    )]
+

@@ -1,0 +1,300 @@
+"""`loss_parity`: does the N-rank setup compute what one process computes on the global batch?
+
+Every rank runs the reference (the unsharded model from build_model, the whole global
+batch, shard_batch(batch, 0, 1), no collectives) next to its part of the parallel run
+(parallelize + shard_batch(batch, rank, world)), step by step. After each step it compares
+the gradients the optimizer stepped with, and the parameters after the step, shard by
+shard: a rank's local shard against the same slice of the reference tensor, so nothing is
+gathered and the reference is the only extra copy of the model a rank holds. The losses
+shown for the parallel run are the mean of the ranks' losses.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distdiag.errors import ConfigError
+from distdiag.probes import training as tr
+from distdiag.probes.base import ConsolidationView
+from distdiag.probes.numerics.shared import STEP_SEED, parallel_run
+from distdiag.report.model import ProbeResult
+
+__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors"]
+
+_TOP = 8
+_HUGE = 1e300
+"""Stands for an infinite error (a non-finite value, a missing tensor) and stays valid JSON."""
+PARAM_TOLERANCE_FACTOR = 10.0
+"""Parameters after a step are compared 10x more loosely than gradients (see run)."""
+
+
+@dataclass
+class LossParityConfig:
+    """Options of the loss_parity probe, the `[probes.loss_parity]` table."""
+
+    steps: int = 3
+    """Training steps compared (make_batch(1) ... make_batch(steps))."""
+    workload: str = "transformer"
+    """Built-in workload used without a target: mlp or transformer."""
+    tolerance_scale: float = 1.0
+    """Multiplies the dtype-aware relative tolerances (fp32 1e-4, bf16 5e-2, fp16 1e-2)."""
+    reference_limit_mib: float = 0.0
+    """Largest model (MiB of parameters and buffers) the reference may build on a rank;
+    0 = a third of the memory available per local rank (params, grads and optimizer state)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 1 <= self.steps <= 100:
+            raise ConfigError(f"probes.loss_parity.steps must be an integer in [1, 100], got {self.steps!r}")
+        tr.check_workload("probes.loss_parity.workload", self.workload)
+        if not isinstance(self.tolerance_scale, (int, float)) or not 0 < self.tolerance_scale <= 1e6:
+            raise ConfigError(f"probes.loss_parity.tolerance_scale must be in (0, 1e6], got {self.tolerance_scale!r}")
+        if not isinstance(self.reference_limit_mib, (int, float)) or self.reference_limit_mib < 0:
+            raise ConfigError(f"probes.loss_parity.reference_limit_mib must be >= 0, got {self.reference_limit_mib!r}")
+
+
+def _local_slice(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The part of a full reference tensor that this rank's (possibly DTensor) tensor holds."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(like, DTensor):
+        return full
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(full.shape, like.device_mesh, like.placements)
+    index = tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=False))
+    return full[index]
+
+
+
+
+def compare_tensors(
+    ref: dict[str, torch.Tensor], par: dict[str, torch.Tensor], scale: float, floor_rms: float = 0.0, absent: str = "absent on the parallel model"
+) -> dict[str, Any]:
+    """Compare each parallel tensor's local part with the same slice of the reference.
+
+    Relative error is ||a - b|| / ||b|| over the slice (with the slice's share of the full
+    norm as the floor, so an all-zero slice does not inflate it; `floor_rms` adds a floor of
+    that RMS per element, for parameters that start at zero). Returns the maxima and the
+    tensors over tolerance, in model order.
+    """
+    bad, max_abs, max_rel, missing = [], 0.0, 0.0, []
+    for name, full in ref.items():
+        if name not in par:
+            missing.append(name)
+            bad.append({"name": name, "abs": _HUGE, "rel": _HUGE, "tol": 0.0, "detail": absent})
+            continue
+        mine = par[name]
+        # float32 arithmetic at least (no copy for float32 tensors: the comparison must not
+        # cost more than the step); the errors sought are far above float32 rounding.
+        work = torch.float64 if full.dtype == torch.float64 else torch.float32
+        want = _local_slice(full.detach(), mine).to(work)
+        got = tr.local_tensor(mine.detach()).to(work)
+        if got.shape != want.shape:
+            bad.append({"name": name, "abs": _HUGE, "rel": _HUGE, "tol": 0.0,
+                        "detail": f"local shape {list(got.shape)} vs reference slice {list(want.shape)}"})
+            continue
+        if want.numel() == 0:
+            continue
+        diff = got - want
+        abs_err = float(diff.abs().max())
+        want_norm = float(want.norm())
+        denom = max(want_norm, floor_rms * math.sqrt(want.numel()), 1e-12)
+        if want.numel() < full.numel():
+            share = float(full.detach().to(work).norm()) * math.sqrt(want.numel() / full.numel())
+            denom = max(denom, share)
+        rel = float(diff.norm()) / denom if math.isfinite(abs_err) else _HUGE
+        abs_err = abs_err if math.isfinite(abs_err) else _HUGE
+        tol = tr.rtol_for(full.dtype, scale)
+        max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel)
+        if not rel <= tol:
+            from torch.distributed.tensor import DTensor
+
+            bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor)})
+    return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing}
+
+
+def _sq_share(grads: dict[str, torch.Tensor], world: int) -> float:
+    """This rank's share of the parallel grad norm squared (summed over ranks: the norm squared)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    total = 0.0
+    for g in grads.values():
+        if isinstance(g, DTensor):
+            replicas = 1
+            for dim, p in enumerate(g.placements):
+                if isinstance(p, Replicate):
+                    replicas *= g.device_mesh.size(dim)
+            total += float(g.to_local().float().norm()) ** 2 / replicas
+        else:
+            total += float(g.float().norm()) ** 2 / world
+    return total
+
+
+def _norm(grads: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float(g.detach().float().norm()) ** 2 for g in grads.values()))
+
+
+def _accumulation_check(stepped: dict[str, torch.Tensor], plain: dict[str, torch.Tensor], scale: float) -> dict[str, Any]:
+    """train_step's gradients against one loss_fn backward on the same global batch."""
+    cmp = compare_tensors(plain, stepped, scale)
+    dot = sum(float(torch.vdot(stepped[n].float().reshape(-1), plain[n].float().reshape(-1))) for n in plain if n in stepped)
+    pp = sum(float(plain[n].float().norm()) ** 2 for n in plain)
+    factor = dot / pp if pp > 0 else 1.0
+    resid = math.sqrt(sum(float((stepped[n].float() - factor * plain[n].float()).norm()) ** 2 for n in plain if n in stepped))
+    return {
+        "equal": not cmp["bad"],
+        "max_rel": cmp["max_rel"],
+        "bad": cmp["bad"][:_TOP],
+        "factor": factor,
+        "scaled_resid": resid / max(math.sqrt(pp) * abs(factor), 1e-12),
+        "plain_norm": math.sqrt(pp),
+        "stepped_norm": _norm(stepped),
+    }
+
+
+class LossParityProbe(tr.NumericsProbe):
+    name = "loss_parity"
+    private_apis = ("torch.distributed.tensor._utils:compute_local_shape_and_global_offset",)
+    summary = "an N-rank setup whose loss, gradients or parameters differ from a 1-process reference on the same global batch"
+    Config = LossParityConfig
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        opts: LossParityConfig = self.options(ctx)
+        run = parallel_run(ctx, opts.workload)  # the parallel model, built once for the numerics probes
+        hooks = run.hooks
+        rank, world = ctx.rank, ctx.world_size
+        base = {"source": hooks.source, "defaults": hooks.defaults, "optimizer": hooks.optimizer_desc}
+        if run.failed:
+            return {**base, "setup_error": run.error}
+        error = None
+        try:
+            par = run.model
+            size = tr.model_bytes(par)
+            limit = _limit_bytes(opts, ctx)
+            if size > limit:
+                raise tr.HookError(
+                    f"the model ({size / 2**20:.1f} MiB of parameters and buffers) does not fit the reference: "
+                    f"the limit is {limit / 2**20:.1f} MiB (probes.loss_parity.reference_limit_mib, default a third of "
+                    "the free memory per local rank); run the probe on a smaller configuration of the model"
+                )
+            ref = hooks.model(ctx.seed)
+            ref_opt = hooks.optimizer(ref)
+            run.ensure_optimizer()
+            batches = [hooks.batch(step) for step in range(1, opts.steps + 1)]
+            ref_shards = [hooks.shard(b, 0, 1) for b in batches]
+            par_shards = [hooks.shard(b, rank, world) for b in batches]
+        except tr.HookError as exc:
+            error = str(exc)
+        except MemoryError as exc:
+            ctx.caught(exc, "building the model")  # before agree: parallelize may have left peers in a collective
+            error = f"building the model ran out of memory on rank {rank}: {exc}"
+        if tr.agree(ctx, error is not None):
+            return {**base, "setup_error": error}
+        run.rewind()  # the reference trains in lockstep from setup (a probe before may have trained on)
+        started = time.perf_counter()
+        steps, accum = [], None
+        floor = _rms(ref)  # the initial weights' RMS: the scale parameter errors are judged at
+        try:
+            for i in range(opts.steps):
+                step = i + 1
+                plain = None
+                if hooks.train_step is not None and step == 1:
+                    plain = self._plain_grads(ctx, hooks, ref, ref_opt, ref_shards[i])
+                ctx.seed(STEP_SEED + step)
+                ref_res = tr.run_step(hooks, ref, ref_opt, ref_shards[i])
+                if not ref_res.grads:
+                    raise tr.HookError(
+                        "no gradient reached the optimizer in the reference step "
+                        "(train_step must call optimizer.step() after backward)"
+                    )
+                if plain is not None:
+                    accum = _accumulation_check(ref_res.grads, plain, opts.tolerance_scale)
+                    del plain
+                par_res = run.step(ctx, step, par_shards[i])  # seeded as the reference step was
+                grads = compare_tensors(
+                    ref_res.grads, par_res.grads, opts.tolerance_scale,
+                    absent="no gradient reached the optimizer on the parallel model (left unreduced: "
+                    "set_requires_gradient_sync(False) or set_requires_all_reduce(False) still in force?)",
+                )
+                # Parameters get 10x the gradient tolerance and the model's RMS as a floor: an
+                # adaptive optimizer (Adam) turns rounding-level gradient differences of
+                # near-zero entries into update-sized ones; a real bug shows in the gradients.
+                params = compare_tensors(
+                    {tr.canonical_name(n): p for n, p in ref.named_parameters()},
+                    {tr.canonical_name(n): p for n, p in par.named_parameters()},
+                    opts.tolerance_scale * PARAM_TOLERANCE_FACTOR,
+                    floor_rms=floor,
+                )
+                steps.append({
+                    "step": step,
+                    "loss": par_res.loss,
+                    "ref_loss": ref_res.loss,
+                    "ref_grad_norm": _norm(ref_res.grads),
+                    "grad_sq_share": _sq_share(par_res.grads, world),
+                    "grad": _trim(grads),
+                    "param": _trim(params),
+                    "order": [tr.canonical_name(n) for n, _ in par.named_parameters()] if step == 1 else None,
+                    "dtype": str(next(iter(ref.parameters())).dtype).replace("torch.", ""),
+                })
+                # Drop this step's gradients before the next step allocates new ones: held
+                # across the step they would be one more copy of the model.
+                del ref_res, par_res
+        except tr.HookError as exc:
+            # Raised the same way on every rank (the hooks are deterministic), so no rank waits.
+            return {**base, "setup_error": f"step {step}: {exc}"}
+        return {
+            **base,
+            "steps": steps,
+            "accumulation": accum,
+            "model_bytes": tr.model_bytes(ref),
+            "time_s": round(time.perf_counter() - started, 4),
+        }
+
+    @staticmethod
+    def _plain_grads(ctx: Any, hooks: tr.Hooks, ref: torch.nn.Module, opt: torch.optim.Optimizer, shard: Any) -> dict[str, torch.Tensor]:
+        """One loss_fn backward on the global batch; the grads are moved out, not copied."""
+        opt.zero_grad(set_to_none=True)
+        ctx.seed(STEP_SEED + 1)
+        loss = tr.call_hook("loss_fn", hooks.loss_fn, ref, shard)
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            raise tr.HookError("hook loss_fn must return a scalar tensor that requires grad")
+        loss.backward()
+        out = {}
+        for n, p in ref.named_parameters():
+            if p.grad is not None:
+                out[tr.canonical_name(n)] = p.grad
+                p.grad = None
+        return out
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        from distdiag.probes.numerics.parity_report import consolidate_parity
+
+        return consolidate_parity(self.name, payloads, view)
+
+
+def _rms(model: torch.nn.Module) -> float:
+    total, count = 0.0, 0
+    for p in model.parameters():
+        total += float(p.detach().float().norm()) ** 2
+        count += p.numel()
+    return math.sqrt(total / max(count, 1))
+
+
+def _trim(cmp: dict[str, Any]) -> dict[str, Any]:
+    """Every failing name, but details only for the worst few (payloads stay small)."""
+    worst = sorted(cmp["bad"], key=lambda b: -b["rel"])[:_TOP]
+    return {**cmp, "bad": worst, "bad_names": [b["name"] for b in cmp["bad"]]}
+
+
+def _limit_bytes(opts: LossParityConfig, ctx: Any) -> float:
+    if opts.reference_limit_mib > 0:
+        return opts.reference_limit_mib * 2**20
+    import psutil
+
+    local = max(1, getattr(ctx.info, "local_world_size", 1))
+    return psutil.virtual_memory().available / local / 3

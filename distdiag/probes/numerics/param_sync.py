@@ -1,0 +1,152 @@
+"""`param_sync`: what must be identical on every rank, checksummed after setup and after each step.
+
+Comparing the full tensors of a sharded parameter proves nothing (gathering makes them agree
+by construction), so the probe checksums only what each rank holds as a replica: buffers,
+parameters FSDP does not manage (plain tensors), and DTensor parameters with Replicate
+placements, grouped by their coordinates on the sharded mesh dims (the replicas of one
+shard under HSDP). The CPU (and CUDA) RNG states are checksummed too. Checksums are exact
+(over the bits), so "equal" means bitwise equal, as replicas of one update must be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from distdiag.errors import ConfigError
+from distdiag.probes import training as tr
+from distdiag.probes.base import ConsolidationView, group_ranks, minority_ranks
+from distdiag.probes.numerics.parity_report import setup_failure
+from distdiag.probes.numerics.shared import parallel_run
+from distdiag.report.model import Finding, ProbeResult
+from distdiag.report.render import format_ranks
+
+__all__ = ["ParamSyncProbe", "ParamSyncConfig"]
+
+
+@dataclass
+class ParamSyncConfig:
+    """Options of the param_sync probe, the `[probes.param_sync]` table."""
+
+    steps: int = 2
+    """Training steps after setup; replicas are compared after setup and after each step."""
+    workload: str = "transformer"
+    """Built-in workload used without a target: mlp or transformer."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or not 0 <= self.steps <= 100:
+            raise ConfigError(f"probes.param_sync.steps must be an integer in [0, 100], got {self.steps!r}")
+        tr.check_workload("probes.param_sync.workload", self.workload)
+
+
+class ParamSyncProbe(tr.NumericsProbe):
+    name = "param_sync"
+    summary = "buffers, unmanaged or replicated parameters and RNG states that differ across ranks (replicas drifting)"
+    Config = ParamSyncConfig
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        opts: ParamSyncConfig = self.options(ctx)
+        run = parallel_run(ctx, opts.workload)  # built, checksummed after setup, and trained once for all probes
+        source = run.hooks.source
+        if run.failed:
+            return {"setup_error": run.error, "source": source}
+        error = None
+        try:
+            run.ensure_optimizer()
+            shards = {s: run.shard(ctx, s) for s in range(len(run.steps) + 1, opts.steps + 1)}
+        except tr.HookError as exc:
+            error = str(exc)
+        if tr.agree(ctx, error is not None):
+            return {"setup_error": error, "source": source}
+        try:
+            run.advance(ctx, opts.steps, shards)
+        except tr.HookError as exc:
+            return {"setup_error": f"step {run.failed_step}: {exc}", "source": source}
+        return {"source": source, "snaps": run.snaps[: opts.steps + 1]}
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        if (failed := setup_failure(self.name, payloads, "snaps")) is not None:
+            return failed
+        ranks = sorted(payloads)
+        nsnaps = min(len(p["snaps"]) for p in payloads.values())
+        findings: list[Finding] = []
+        keys = sorted({k for p in payloads.values() for k in p["snaps"][0]["sums"]})
+        compared = 0
+        drifts: dict[tuple[str, int, tuple[int, ...]], list[tuple[str, dict[str, list[int]]]]] = {}
+        for key in keys:
+            holders = [r for r in ranks if key in payloads[r]["snaps"][0]["sums"]]
+            if len(holders) < 2:
+                continue
+            compared += 1
+            for i in range(nsnaps):
+                groups = group_ranks(holders, lambda r, i=i, key=key: payloads[r]["snaps"][i]["sums"][key][1])
+                if len(groups) > 1:
+                    kind = payloads[holders[0]]["snaps"][0]["sums"][key][0]
+                    drifts.setdefault((kind, i, tuple(minority_ranks(groups))), []).append((key, groups))
+                    break
+        # One finding per kind, first step and set of ranks: a module left out drifts as a whole.
+        for (kind, i, _), items in drifts.items():
+            findings.append(_drift_finding(kind, i, items, payloads))
+        for which in ("cpu", "cuda"):
+            for i in range(nsnaps):
+                holders = [r for r in ranks if which in payloads[r]["snaps"][i]["rng"]]
+                groups = group_ranks(holders, lambda r, i=i, which=which: payloads[r]["snaps"][i]["rng"][which])
+                if len(groups) > 1:
+                    odd = minority_ranks(groups)
+                    findings.append(Finding(
+                        severity="warning",
+                        issue=f"the {which.upper()} RNG state differs across ranks {_when(i)}: {format_ranks(odd)} out of step with the others",
+                        evidence="; ".join(f"{format_ranks(g)}: state {h[:16]}" for h, g in groups.items()),
+                        ranks=odd,
+                        fix=(
+                            "a rank drew a different amount of random numbers (rank-dependent code in build_model, "
+                            "parallelize or the step); anything that needs equal randomness across ranks (tensor-parallel "
+                            "dropout, weight init) then differs: seed after rank-dependent code, or use a dedicated generator"
+                        ),
+                        confidence=0.8,
+                    ))
+                    break
+        findings.append(Finding(
+            severity="info",
+            issue=f"checked {compared} replicated tensor(s) of {payloads[ranks[0]]['source']} after setup and {nsnaps - 1} step(s)",
+            evidence="buffers, parameters FSDP does not manage, Replicate DTensor parameters and HSDP shard replicas; bitwise",
+        ))
+        metrics = {"replicated_tensors": compared, "steps": nsnaps - 1, "drifting": sum(1 for f in findings if f.severity == "error")}
+        return ProbeResult.from_findings(self.name, findings, metrics=metrics)
+
+
+def _when(i: int) -> str:
+    return "right after setup" if i == 0 else f"after step {i}"
+
+
+def _drift_finding(kind: str, i: int, items: list[tuple[str, dict[str, list[int]]]], payloads: dict[int, dict[str, Any]]) -> Finding:
+    key, groups = items[0]
+    odd = minority_ranks(groups)
+    names = [k.split(" ", 1)[1] for k, _ in items]
+    lines = []
+    for k, grp in items[:6]:
+        sums = ", ".join(
+            f"{format_ranks(members)}: sum {payloads[members[0]]['snaps'][i]['sums'][k][2]:.9g}"
+            for _, members in sorted(grp.items(), key=lambda kv: -len(kv[1]))
+        )
+        lines.append(f"{k.split(' ', 1)[1]}: {sums}")
+    if kind == "buffer":
+        fix = "the buffer is computed differently per rank (rank-dependent init or an update not synchronised); initialise it identically, or broadcast it from rank 0 after build"
+    elif kind == "unmanaged param":
+        fix = "no FSDP group manages these parameters, so their gradients are never reduced and each rank steps with its own: include them in fully_shard (not in ignored_params), or all-reduce their gradients"
+    else:
+        fix = (
+            "replicas of one shard diverged: gradients are not reduced across the replicas (for HSDP pass the "
+            "2-D mesh to fully_shard, not its shard sub-mesh; do not leave set_requires_all_reduce(False) on)"
+        )
+    first = "already at setup" if i == 0 else f"first after step {i}"
+    shown = ", ".join(names[:6]) + (f" (+{len(names) - 6} more)" if len(names) > 6 else "")
+    plural = "s" if len(names) > 1 else ""
+    return Finding(
+        severity="error",
+        issue=f"{kind}{plural} {shown} differ{'' if plural else 's'} across ranks ({first}): {format_ranks(odd)} disagree",
+        evidence="\n".join(lines),
+        ranks=odd,
+        fix=fix,
+        confidence=0.95,
+    )

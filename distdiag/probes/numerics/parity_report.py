@@ -1,0 +1,204 @@
+"""loss_parity's consolidation: from every rank's comparisons to findings and a step table."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from distdiag.probes.base import ConsolidationView
+from distdiag.report.model import Finding, ProbeResult
+from distdiag.report.render import format_ranks
+
+__all__ = ["consolidate_parity", "setup_failure"]
+
+
+def _setup_findings(name: str, payloads: dict[int, dict[str, Any]]) -> list[Finding]:
+    errors: dict[str, list[int]] = {}
+    for rank, p in sorted(payloads.items()):
+        if p.get("setup_error"):
+            errors.setdefault(p["setup_error"], []).append(rank)
+    if not errors:
+        return [Finding(
+            severity="error",
+            issue=f"probe '{name}' could not set up on some rank, but no rank said why",
+            ranks=sorted(payloads),
+        )]
+    return [
+        Finding(
+            severity="error",
+            issue=f"{name}: {msg}" + ("" if len(ranks) == len(payloads) else f" (on {format_ranks(ranks)})"),
+            evidence=f"hooks from {payloads[ranks[0]].get('source', '?')}; the comparison did not run",
+            ranks=ranks,
+            fix="fix the hook named above (docs/targets.md gives each hook's signature and what it must return)",
+        )
+        for msg, ranks in errors.items()
+    ]
+
+
+def setup_failure(name: str, payloads: dict[int, dict[str, Any]], key: str) -> ProbeResult | None:
+    """The result when some rank's payload lacks ``key`` (its setup failed), else None."""
+    if any(key not in p for p in payloads.values()):
+        return ProbeResult.from_findings(name, _setup_findings(name, payloads))
+    return None
+
+
+def _merge_bad(payloads: dict[int, dict[str, Any]], i: int, kind: str) -> dict[str, dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {}
+    for rank, p in sorted(payloads.items()):
+        cmp = p["steps"][i][kind]
+        detailed = {b["name"] for b in cmp["bad"]}
+        for item in cmp["bad"] + [{"name": n, "rel": 0.0, "abs": 0.0, "tol": 0.0} for n in cmp.get("bad_names", []) if n not in detailed]:
+            entry = merged.setdefault(item["name"], {**item, "ranks": []})
+            entry["ranks"].append(rank)
+            if item["rel"] > entry["rel"]:
+                entry.update(rel=item["rel"], abs=item["abs"])
+    return merged
+
+
+def _module_of(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else "(root)"
+
+
+def _fix_for(bad: dict[str, dict[str, Any]], loss_off: bool, order: list[str], accum_bad: bool) -> str:
+    unsharded = [n for n, b in bad.items() if b.get("sharded") is False]
+    if unsharded:
+        return (
+            f"{', '.join(unsharded[:4])} are plain (not FSDP-managed) parameters on the parallel model, so their "
+            "gradients are never reduced across ranks: include them in fully_shard (shard the root module, or the block "
+            "left out), or reduce them yourself; see the fsdp_plan probe"
+        )
+    if accum_bad:
+        return (
+            "gradient accumulation in train_step is not equivalent to one step on the global batch: sum the per-token "
+            "losses of every micro-batch and divide once by the global token count, instead of averaging micro-batch means"
+        )
+    if loss_off and len(bad) >= max(1, len(order) // 2):
+        return (
+            "every parameter diverges and the loss differs: the loss is probably normalised per rank (dividing by this "
+            "rank's token/sample count) while ranks hold different counts; divide by the global count (pass it through "
+            "shard_batch) so that FSDP's average over ranks gives the global mean"
+        )
+    return "compare the named parameters' modules between the reference and the parallel setup (sharding, hooks, reduction)"
+
+
+def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+    if (failed := setup_failure(name, payloads, "steps")) is not None:
+        return failed
+    ranks = sorted(payloads)
+    first = payloads[ranks[0]]
+    world = view.world_size
+    order = next((s["order"] for s in first["steps"] if s.get("order")), []) or []
+    position = {n: i for i, n in enumerate(order)}
+    findings: list[Finding] = []
+    rows, divergent = [], None
+    max_grad_rel = max_param_rel = max_loss_rel = 0.0
+    for i, s0 in enumerate(first["steps"]):
+        losses = [payloads[r]["steps"][i]["loss"] for r in ranks]
+        mean_loss = sum(losses) / len(losses)
+        ref_loss = s0["ref_loss"]
+        loss_rel = abs(mean_loss - ref_loss) / max(abs(ref_loss), 1e-12)
+        loss_tol = _loss_tol(s0)
+        par_norm = math.sqrt(max(sum(payloads[r]["steps"][i]["grad_sq_share"] for r in ranks), 0.0))
+        grad_rel = max(payloads[r]["steps"][i]["grad"]["max_rel"] for r in ranks)
+        param_rel = max(payloads[r]["steps"][i]["param"]["max_rel"] for r in ranks)
+        grad_abs = max(payloads[r]["steps"][i]["grad"]["max_abs"] for r in ranks)
+        max_grad_rel, max_param_rel, max_loss_rel = max(max_grad_rel, grad_rel), max(max_param_rel, param_rel), max(max_loss_rel, loss_rel)
+        gbad, pbad = _merge_bad(payloads, i, "grad"), _merge_bad(payloads, i, "param")
+        off = bool(gbad or pbad or loss_rel > loss_tol)
+        rows.append({
+            "step": s0["step"], "ref loss": f"{ref_loss:.6g}", f"loss (mean of {world})": f"{mean_loss:.6g}",
+            "loss rel err": f"{loss_rel:.2e}", "ref grad norm": f"{s0['ref_grad_norm']:.5g}",
+            "grad norm": f"{par_norm:.5g}", "grad rel err": f"{grad_rel:.2e}", "grad abs err": f"{grad_abs:.2e}",
+            "param rel err": f"{param_rel:.2e}", "tolerance": f"{loss_tol:.0e}", "ok": "no" if off else "yes",
+        })
+        if off and divergent is None:
+            divergent = (s0["step"], gbad, pbad, loss_rel, loss_tol, mean_loss, ref_loss, losses)
+    accum = first.get("accumulation")
+    accum_bad = bool(accum and not accum["equal"] and accum["scaled_resid"] > 1e-3)
+    if divergent:
+        step, gbad, pbad, loss_rel, loss_tol, mean_loss, ref_loss, losses = divergent
+        bad = gbad or pbad
+        names = sorted(bad, key=lambda n: position.get(n, 1 << 30))
+        top = sorted(bad.values(), key=lambda b: -b["rel"])[:5]
+        module = _module_of(names[0]) if names else "?"
+        what = "gradients" if gbad else "parameters" if pbad else "loss"
+        lines = [
+            f"step {step}: loss {mean_loss:.6g} (mean of ranks' losses {', '.join(f'{x:.6g}' for x in losses)}) "
+            f"vs reference {ref_loss:.6g}: rel err {loss_rel:.2e} (tolerance {loss_tol:.0e})",
+        ]
+        if bad:
+            lines.append(f"{len(bad)} parameter(s) over tolerance; first in model order: {names[0]} (module {module})")
+            for b in top:
+                if b.get("detail"):
+                    lines.append(f"  {b['name']}: {b['detail']} on {format_ranks(b['ranks'])}")
+                    continue
+                lines.append(
+                    f"  {b['name']}: {'grad' if gbad else 'param'} rel err {b['rel']:.3g}, max abs err {b['abs']:.3g} "
+                    f"(tolerance {b['tol']:.0e}) on {format_ranks(b['ranks'])}"
+                )
+        ranks_bad = sorted({r for b in bad.values() for r in b["ranks"]}) or ranks
+        findings.append(Finding(
+            severity="error",
+            issue=(
+                f"the {world}-rank run diverges from the 1-process reference at step {step}: {what} differ"
+                + (f", first in module {module}" if bad else "")
+            ),
+            evidence="\n".join(lines),
+            ranks=ranks_bad,
+            fix=_fix_for(bad, loss_rel > loss_tol, order, accum_bad),
+            confidence=0.9,
+        ))
+    if accum is not None:
+        findings.extend(_accumulation_findings(accum, accum_bad))
+    findings.append(Finding(
+        severity="info",
+        issue=f"compared {len(rows)} step(s) of {first['source']} on {world} rank(s) against a 1-process reference",
+        evidence=(
+            f"defaults used: {', '.join(first['defaults']) or 'none'}; optimizer: {first['optimizer']}; "
+            f"max rel err: loss {max_loss_rel:.2e}, grads {max_grad_rel:.2e}, params {max_param_rel:.2e}"
+        ),
+    ))
+    metrics = {
+        "steps": len(rows), "first_divergent_step": divergent[0] if divergent else None,
+        "max_loss_rel_err": max_loss_rel, "max_grad_rel_err": max_grad_rel, "max_param_rel_err": max_param_rel,
+        "reference_model_bytes": first.get("model_bytes"),
+        "slowest_rank_time_s": max(p.get("time_s", 0.0) for p in payloads.values()),
+    }
+    return ProbeResult.from_findings(name, findings, metrics=metrics, details={"table:loss parity": rows})
+
+
+def _loss_tol(step: dict[str, Any]) -> float:
+    import torch
+
+    from distdiag.probes.training import rtol_for
+
+    dtype = getattr(torch, step.get("dtype", "float32"), torch.float32)
+    return rtol_for(dtype)
+
+
+def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
+    if accum["equal"]:
+        return []
+    if not bad:
+        return [Finding(
+            severity="info",
+            issue=(
+                f"train_step clips gradients: it steps with the global-batch gradients scaled by {accum['factor']:.4g} "
+                f"(total norm {accum['plain_norm']:.5g} -> {accum['stepped_norm']:.5g})"
+            ),
+            evidence="the clipped gradients are compared with the reference's at every step",
+        )]
+    top = "; ".join(f"{b['name']} rel err {b['rel']:.3g}" for b in accum["bad"][:4])
+    return [Finding(
+        severity="warning",
+        issue=(
+            "gradient accumulation in train_step is not equivalent to one step on the same global batch: "
+            f"its gradients differ from loss_fn's (max rel err {accum['max_rel']:.3g}, not a uniform clipping factor)"
+        ),
+        evidence=f"reference process, step 1: {top}",
+        fix=(
+            "sum per-token (or per-sample) losses over the micro-batches and divide once by the global count; "
+            "averaging micro-batch means weights tokens unequally when micro-batches hold different counts"
+        ),
+        confidence=0.8,
+    )]

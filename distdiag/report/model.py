@@ -1,0 +1,464 @@
+"""The report model: Finding, ProbeResult, Report; exit codes; JSON that round-trips.
+
+The JSON layout is a contract (docs/report-schema.md). `Report.to_dict()` and
+`Report.from_dict()` are inverse; `write_report` is atomic (temp file + rename), so a reader
+never sees half a report even when the writer is killed mid-write.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from distdiag.errors import ReportError
+from distdiag.report.schema import MAX_DEPTH, json_depth, report_type_problem
+
+__all__ = [
+    "SCHEMA",
+    "SEVERITIES",
+    "STATUSES",
+    "EXIT_PASS",
+    "EXIT_FAIL",
+    "EXIT_BAD_INPUT",
+    "EXIT_HANG",
+    "EXIT_DRAIN",
+    "Finding",
+    "ProbeResult",
+    "RankInfo",
+    "Report",
+    "exit_code_for",
+    "write_report",
+    "write_json_atomic",
+    "read_report",
+    "non_regular_kind",
+    "group_by_node",
+]
+
+SCHEMA = "distdiag.report/1"
+
+SEVERITIES = ("info", "warning", "error", "critical")
+"""Ordered from least to most severe. `error` fails a probe; `critical` means the run itself
+broke (a rank hung, died or never reported)."""
+
+STATUSES = ("pass", "warn", "fail", "skip", "error")
+
+EXIT_PASS = 0
+"""Every probe passed (warnings allowed)."""
+EXIT_FAIL = 1
+"""At least one probe failed or raised."""
+EXIT_BAD_INPUT = 2
+"""Bad input: nothing ran."""
+EXIT_HANG = 3
+"""A rank hung, died or never reported."""
+EXIT_DRAIN = 4
+"""A finding says: take this node out (cluster gate)."""
+
+
+def _severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity)
+
+
+@dataclass
+class Finding:
+    """One thing a probe found, with what a user needs to act on it."""
+
+    severity: str
+    """info | warning | error | critical."""
+    issue: str
+    """What is wrong, in one sentence that names ranks, sizes and values."""
+    evidence: str = ""
+    """What was measured or seen that shows it."""
+    ranks: list[int] = field(default_factory=list)
+    """The global ranks concerned (empty: the whole job)."""
+    fix: str = ""
+    """What to do about it."""
+    confidence: float = 1.0
+    """How sure the probe is, from 0 to 1."""
+    drain: dict[str, Any] | None = None
+    """Set when the finding means "take this node out": {"host": ..., "device": ...}."""
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"finding severity must be one of {SEVERITIES}, got {self.severity!r}")
+        if not 0.0 <= float(self.confidence) <= 1.0:
+            raise ValueError(f"finding confidence must be within [0, 1], got {self.confidence}")
+        self.ranks = sorted({int(r) for r in self.ranks})
+        self.confidence = float(self.confidence)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.drain is None:
+            del data["drain"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        return cls(
+            severity=data["severity"],
+            issue=data["issue"],
+            evidence=data.get("evidence", ""),
+            ranks=list(data.get("ranks", [])),
+            fix=data.get("fix", ""),
+            confidence=data.get("confidence", 1.0),
+            drain=data.get("drain"),
+        )
+
+
+@dataclass
+class ProbeResult:
+    """What one probe concluded over all ranks."""
+
+    name: str
+    status: str = "pass"
+    findings: list[Finding] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+    """Structured tables a probe adds beside its findings ({"table_name": [row, ...]})."""
+    reason: str = ""
+    """Why the probe was skipped or errored, in one line."""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"probe status must be one of {STATUSES}, got {self.status!r}")
+
+    @classmethod
+    def from_findings(cls, name: str, findings: list[Finding], **kwargs: Any) -> ProbeResult:
+        """Derive the status from the worst finding: error/critical fail, warning warns."""
+        worst = max((_severity_rank(f.severity) for f in findings), default=0)
+        status = "fail" if worst >= _severity_rank("error") else "warn" if worst == 1 else "pass"
+        return cls(name=name, status=status, findings=findings, **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "findings": [f.to_dict() for f in self.findings],
+            "metrics": self.metrics,
+            "duration_s": round(float(self.duration_s), 4),
+            "details": self.details,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
+        return cls(
+            name=data["name"],
+            status=data["status"],
+            findings=[Finding.from_dict(f) for f in data.get("findings", [])],
+            metrics=dict(data.get("metrics", {})),
+            duration_s=float(data.get("duration_s", 0.0)),
+            details=dict(data.get("details", {})),
+            reason=data.get("reason", ""),
+        )
+
+
+@dataclass
+class RankInfo:
+    """One row of the rank table: where a global rank ran."""
+
+    rank: int
+    host: str
+    node: int
+    """torchrun's GROUP_RANK: the index of the node (agent) this rank ran on."""
+    local_rank: int
+    device: str
+    pid: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankInfo:
+        return cls(**{k: data[k] for k in ("rank", "host", "node", "local_rank", "device", "pid")})
+
+
+def group_by_node(report: Report) -> dict[str, Any]:
+    """Findings grouped per node (torchrun's GROUP_RANK, with its host), for operators.
+
+    Each node lists the findings that name one of its ranks (restricted to those ranks) or
+    that drain its host; findings naming no rank and draining nothing are job-wide. Derived
+    from `probes` and `ranks`, so it is written but never read back. One pass over the
+    findings (linear in ranks named), so it stays cheap on thousands of ranks.
+    """
+    node_of: dict[int, tuple[int, str]] = {}
+    nodes: dict[tuple[int, str], list[int]] = {}
+    by_host: dict[str, list[tuple[int, str]]] = {}
+    for info in report.ranks:
+        key = (info.node, info.host)
+        node_of[info.rank] = key
+        if key not in nodes:
+            by_host.setdefault(info.host, []).append(key)
+        nodes.setdefault(key, []).append(info.rank)
+    items: dict[tuple[int, str], list[dict[str, Any]]] = {key: [] for key in nodes}
+    job = []
+    for probe, f in report.findings():
+        touched: dict[tuple[int, str], list[int]] = {}
+        for r in f.ranks:
+            if r in node_of:
+                touched.setdefault(node_of[r], []).append(r)
+        if f.drain and not f.ranks:
+            for key in by_host.get(f.drain.get("host"), []):
+                touched.setdefault(key, [])
+        if not f.ranks and not f.drain:
+            job.append({"probe": probe, "severity": f.severity, "issue": f.issue})
+        for key, ranks in touched.items():
+            item = {"probe": probe, "severity": f.severity, "issue": f.issue, "ranks": ranks}
+            if f.drain and f.drain.get("host") == key[1]:
+                item["drain"] = f.drain
+            items[key].append(item)
+    out: dict[str, Any] = {"nodes": [], "job": job}
+    for key in sorted(nodes):
+        worst = max((_severity_rank(i["severity"]) for i in items[key]), default=-1)
+        out["nodes"].append({
+            "node": key[0], "host": key[1], "ranks": sorted(nodes[key]),
+            "worst": SEVERITIES[worst] if worst >= 0 else "none",
+            "drain": any("drain" in i for i in items[key]), "findings": items[key],
+        })
+    return out
+
+
+def exit_code_for(probes: list[ProbeResult], *, hung: bool = False, bad_input: bool = False) -> int:
+    """The contract: 2 stands alone (nothing ran), else 3 over 4 over 1 over 0."""
+    if bad_input:
+        return EXIT_BAD_INPUT
+    if hung:
+        return EXIT_HANG
+    findings = [f for p in probes for f in p.findings]
+    if any(f.severity == "critical" for f in findings):
+        return EXIT_HANG
+    if any(f.drain for f in findings):
+        return EXIT_DRAIN
+    if any(p.status in ("fail", "error") for p in probes):
+        return EXIT_FAIL
+    return EXIT_PASS
+
+
+def verdict_for(exit_code: int, probes: list[ProbeResult]) -> str:
+    """pass | warn | fail | error (error: bad input, nothing ran)."""
+    if exit_code == EXIT_BAD_INPUT:
+        return "error"
+    if exit_code != EXIT_PASS:
+        return "fail"
+    if any(p.status == "warn" for p in probes):
+        return "warn"
+    return "pass"
+
+
+@dataclass
+class Report:
+    """The whole check, as written to distdiag-report.json."""
+
+    world_size: int
+    probes: list[ProbeResult] = field(default_factory=list)
+    ranks: list[RankInfo] = field(default_factory=list)
+    exit_code: int = EXIT_PASS
+    verdict: str = "pass"
+    outcome: str = "completed"
+    """completed | hang | lost_rank | stranded | deadline | terminated | bad_input."""
+    summary: str = ""
+    """The one-line verdict rank 0 prints."""
+    not_run: list[str] = field(default_factory=list)
+    """Probes of the plan that never ran because the run ended early."""
+    restart_count: int = 0
+    run_id: str = ""
+    created: str = ""
+    duration_s: float = 0.0
+    config: dict[str, Any] = field(default_factory=dict)
+    written_by: int = 0
+    """The global rank whose process wrote this report (not always rank 0)."""
+    schema: str = SCHEMA
+
+    def findings(self, min_severity: str = "info") -> list[tuple[str, Finding]]:
+        floor = _severity_rank(min_severity)
+        return [
+            (p.name, f)
+            for p in self.probes
+            for f in p.findings
+            if _severity_rank(f.severity) >= floor
+        ]
+
+    def probe(self, name: str) -> ProbeResult | None:
+        return next((p for p in self.probes if p.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "outcome": self.outcome,
+            "summary": self.summary,
+            "world_size": self.world_size,
+            "restart_count": self.restart_count,
+            "run_id": self.run_id,
+            "created": self.created,
+            "duration_s": round(float(self.duration_s), 3),
+            "written_by": self.written_by,
+            "ranks": [r.to_dict() for r in self.ranks],
+            "probes": [p.to_dict() for p in self.probes],
+            "not_run": list(self.not_run),
+            "by_node": group_by_node(self),
+            "config": self.config,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        schema = data.get("schema", "")
+        if not isinstance(schema, str) or not schema.startswith("distdiag.report/"):
+            raise ReportError(f"not a distdiag report (schema {schema!r}, expected {SCHEMA!r})")
+        if schema.split("/", 1)[1] != SCHEMA.split("/", 1)[1]:
+            raise ReportError(f"report schema {schema!r} is not supported (this is {SCHEMA!r})")
+        return cls(
+            world_size=int(data["world_size"]),
+            probes=[ProbeResult.from_dict(p) for p in data.get("probes", [])],
+            ranks=[RankInfo.from_dict(r) for r in data.get("ranks", [])],
+            exit_code=int(data.get("exit_code", 0)),
+            verdict=data.get("verdict", "pass"),
+            outcome=data.get("outcome", "completed"),
+            summary=data.get("summary", ""),
+            not_run=list(data.get("not_run", [])),
+            restart_count=int(data.get("restart_count", 0)),
+            run_id=data.get("run_id", ""),
+            created=data.get("created", ""),
+            duration_s=float(data.get("duration_s", 0.0)),
+            config=dict(data.get("config", {})),
+            written_by=int(data.get("written_by", 0)),
+            schema=schema,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    # Tensors' scalars, numpy numbers and paths sneak into metrics; make them plain.
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def non_regular_kind(path: str | os.PathLike[str]) -> str | None:
+    """What stands at `path` (symlinks followed) when it is not a regular file: 'a FIFO
+    (named pipe)', 'a directory', ...; None when it is a regular file or nothing."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask sets it, racing other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc (not Linux): the classic read-and-restore
+    os.umask(mask)
+    return mask
+
+
+def write_json_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` to `path` so that readers see the old file or the new one, never half.
+
+    A symlink is followed: its target is replaced atomically and the link stays. A FIFO,
+    device, directory or socket at the path is refused with OSError (a rename would replace a
+    pipe someone reads, or a device node, with a file). The file is created 0644 minus the
+    umask, like any file the user writes (mkstemp alone would leave it 0600).
+    """
+    given = Path(path)
+    kind = non_regular_kind(given)
+    if kind is not None:
+        code = errno.EISDIR if kind == "a directory" else errno.EINVAL
+        raise OSError(code, f"{given} is {kind}, not a regular file; refusing to replace it (pick a file path)")
+    target = Path(os.path.realpath(given))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        os.fchmod(fd, 0o644 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return given
+
+
+def write_report(report: Report, path: str | os.PathLike[str]) -> Path:
+    """Write the report atomically as JSON."""
+    return write_json_atomic(path, report.to_json())
+
+
+def read_report(path: str | os.PathLike[str]) -> Report:
+    """Read a report back; a missing, truncated, foreign or mistyped file raises ReportError
+    with one line (every field is type-checked first, so rendering never meets a surprise)."""
+    target = Path(path)
+    kind = non_regular_kind(target)
+    if kind is not None:
+        raise ReportError(f"{target} is {kind}, not a report file")
+    try:
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ReportError(f"no report at {target}") from None
+    except UnicodeDecodeError as exc:
+        raise ReportError(
+            f"{target} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}): not a distdiag report"
+        ) from None
+    except OSError as exc:
+        raise ReportError(f"cannot read report {target}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportError(
+            f"{target} is not valid JSON (line {exc.lineno}, column {exc.colno}): "
+            "truncated or not a distdiag report"
+        ) from None
+    except RecursionError:
+        raise ReportError(f"{target} nests JSON too deeply to read: not a distdiag report") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{target} holds a JSON {type(data).__name__}, not a distdiag report")
+    schema = data.get("schema", "")
+    if not isinstance(schema, str) or not schema.startswith("distdiag.report/"):
+        raise ReportError(f"{target} is not a distdiag report (schema {schema!r}, expected {SCHEMA!r})")
+    if schema.split("/", 1)[1] != SCHEMA.split("/", 1)[1]:
+        raise ReportError(f"{target}: report schema {schema!r} is not supported (this is {SCHEMA!r})")
+    if json_depth(data) > MAX_DEPTH:
+        raise ReportError(f"{target} nests JSON deeper than {MAX_DEPTH} levels: not a distdiag report")
+    problem = report_type_problem(data)
+    if problem:
+        raise ReportError(f"{target} is not a valid distdiag report: {problem}")
+    try:
+        return Report.from_dict(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportError(f"{target} is not a valid distdiag report: {exc}") from None

@@ -1,0 +1,17 @@
+"""The rank runtime: what every rank of a check runs on, and how ranks talk out of band.
+
+    context.py   who this process is (LaunchInfo), the store, the process groups, RankContext
+    exchange.py  post/collect/publish through the c10d store, with deadlines (works while
+                 collectives are broken)
+    sentinel.py  one daemon thread per rank that ends a broken run with a report
+    tracker.py   where the main thread is: phase, probe, the collective it is inside
+    comm.py      the tracked collectives probes issue (ctx.comm), open to injected faults
+    faults.py    the fault-injection vocabulary (DISTDIAG_INJECT) that proves each diagnosis
+
+Used by the check (distdiag.check) and, for the exchange, by the watchdog. May import
+distdiag.errors, distdiag.hang and distdiag.report; never the check, the probes or the CLI.
+Importing this package imports nothing: each module is loaded where it is used (context.py
+imports torch).
+"""
+
+__all__ = ["comm", "context", "exchange", "faults", "sentinel", "tracker"]

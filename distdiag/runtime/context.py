@@ -1,0 +1,192 @@
+"""The rank runtime: who this process is, the store, the process groups, teardown.
+
+Out-of-band first: under torchrun the agent hosts the c10d TCPStore, so the store outlives
+any worker; distdiag keeps its own keys under a prefix per run and restart, and talks through
+the store whenever the main process group may be broken.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distdiag.runtime.comm import Comm
+from distdiag.runtime.faults import FaultPlan
+from distdiag.runtime.tracker import Tracker
+
+__all__ = ["LaunchInfo", "RankContext", "connect_store", "init_process_groups", "pick_device"]
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        from distdiag.errors import ConfigError
+
+        raise ConfigError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+@dataclass
+class LaunchInfo:
+    """What the launcher (torchrun, Slurm, our test harness) told this process."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node: int
+    host: str
+    pid: int
+    restart_count: int
+    run_id: str
+    master_addr: str | None
+    master_port: int | None
+    agent_store: bool
+    """True when the launcher's agent hosts the store (torchrun), so it outlives rank 0."""
+
+    @classmethod
+    def from_env(cls) -> LaunchInfo:
+        world = _env_int("WORLD_SIZE", 1)
+        addr = os.environ.get("MASTER_ADDR") or None
+        port = _env_int("MASTER_PORT", 0) or None
+        return cls(
+            rank=_env_int("RANK", 0),
+            world_size=world,
+            local_rank=_env_int("LOCAL_RANK", 0),
+            local_world_size=_env_int("LOCAL_WORLD_SIZE", world),
+            node=_env_int("GROUP_RANK", 0),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            restart_count=_env_int("TORCHELASTIC_RESTART_COUNT", 0),
+            run_id=os.environ.get("TORCHELASTIC_RUN_ID", "none"),
+            master_addr=addr,
+            master_port=port,
+            agent_store=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        )
+
+    @property
+    def distributed(self) -> bool:
+        return self.master_addr is not None and self.master_port is not None
+
+    @property
+    def key_prefix(self) -> str:
+        return f"distdiag/{self.run_id}/{self.restart_count}/"
+
+
+_LOCAL_STORE: Any = None
+
+
+def connect_store(info: LaunchInfo, timeout: timedelta, *, prefix: str = "") -> Any:
+    """A new client of the job's store (one per thread that talks to it), under our prefix.
+
+    Without a launcher (a world of 1 run as plain `python -m distdiag.check`) every call
+    returns the same in-process HashStore.
+    """
+    global _LOCAL_STORE
+    if not info.distributed:
+        if _LOCAL_STORE is None:
+            _LOCAL_STORE = dist.HashStore()
+        base = _LOCAL_STORE
+    else:
+        is_master = (not info.agent_store) and info.rank == 0 and not _server_started.get("up")
+        base = dist.TCPStore(
+            info.master_addr,
+            info.master_port,
+            info.world_size,
+            is_master=is_master,
+            timeout=timeout,
+            wait_for_workers=False,
+            multi_tenant=True,
+        )
+        if is_master:
+            _server_started["up"] = base
+    return dist.PrefixStore(info.key_prefix + prefix, base)
+
+
+_server_started: dict[str, Any] = {}
+
+
+def pick_device(info: LaunchInfo) -> tuple[torch.device, str]:
+    """(device, main backend): NCCL on LOCAL_RANK's GPU when CUDA is present, else gloo on CPU."""
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        index = info.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def init_process_groups(info: LaunchInfo, store: Any, backend: str, device: torch.device, timeout: timedelta) -> Any:
+    """The default group on the main backend, and a gloo side group for CPU tensors.
+
+    Returns the side group (the default group itself when the main backend is gloo).
+    """
+    kwargs: dict[str, Any] = {}
+    if backend == "nccl":
+        kwargs["device_id"] = device
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore("pg/", store),
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timeout,
+        **kwargs,
+    )
+    if backend == "gloo":
+        return dist.group.WORLD
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
+@dataclass
+class RankContext:
+    """Everything a probe gets: who it is, where it runs, how to talk, its options."""
+
+    info: LaunchInfo
+    device: torch.device
+    backend: str
+    tracker: Tracker
+    comm: Comm
+    store: Any
+    side_group: Any = None
+    options: Any = None
+    """This probe's validated config dataclass (None when it has none)."""
+    target: Any = None
+    """The user's loaded target (distdiag.check.target.Target) or None."""
+    faults: FaultPlan = field(default_factory=FaultPlan)
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    def caught(self, exc: BaseException, where: str = "") -> None:
+        """Publish, before any further collective, an exception this probe caught and goes on
+        from (distdiag.errors.publish_caught): if it stranded other ranks in a collective,
+        the hang report leads with it."""
+        from distdiag.errors import publish_caught
+
+        publish_caught(exc, where)
+
+    @property
+    def world_size(self) -> int:
+        return self.info.world_size
+
+    def seed(self, seed: int = 1234) -> None:
+        """Seed every RNG identically on every rank (before calling a user hook)."""
+        import random
+
+        random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            import numpy
+
+            numpy.random.seed(seed)
+        except ImportError:
+            pass

@@ -1,0 +1,344 @@
+"""The sentinel: one daemon thread per rank that ends a broken run with a report.
+
+The main thread runs probes and may block forever in a collective (a hung gloo collective
+cannot be aborted from another thread, FACTS.md). The sentinel keeps a heartbeat in the
+store, watches the probe deadline, the whole-check deadline, SIGTERM from the launcher and
+the job-wide `abort` flag. When any of them fires on any rank, every sentinel posts a
+snapshot of its main thread (phase, collective, stack); one sentinel claims the writer role,
+consolidates what the store holds into a report naming the culprits, writes it and publishes
+the verdict; then every rank leaves with `os._exit(code)` - after the report is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from distdiag.runtime.exchange import Exchange
+
+__all__ = [
+    "Sentinel", "install_sigterm_wakeup", "flush_and_exit", "process_state", "silent_rank_reasons",
+    "kill_pid", "kill_stopped_local", "at_abort", "cancel_at_abort",
+]
+
+log = logging.getLogger("distdiag.runtime.sentinel")
+
+TICK_S = 0.1
+TIMING_TICK_S = 1.0
+"""The tick while the main thread times a collective (Tracker.timed): each tick costs a store
+round trip, which on a loaded CPU host showed in the bandwidth probe's small-message times."""
+TIMING_QUIET_MAX_S = 5.0
+"""A timed stretch longer than this is probably stuck: the sentinel goes back to TICK_S so a
+peer's abort is seen as fast as anywhere else."""
+
+HEARTBEAT_EVERY_S = 0.5
+SNAPSHOT_GRACE_S = 2.0
+"""How long the writer waits for every live rank's snapshot once a run is aborted."""
+VERDICT_WAIT_S = 20.0
+"""How long a non-writer waits for the verdict before leaving with exit code 3 on its own."""
+WRITER_DEFER_S = 1.0
+"""How long a rank that is not waiting on anyone (a possible culprit) defers the writer role."""
+
+
+def tick_s(tracker: Any, now: float) -> float:
+    """How long the sentinel sleeps between looks (SIGTERM wakes it at once regardless)."""
+    if tracker.timing and now - tracker.timing_since < TIMING_QUIET_MAX_S:
+        return TIMING_TICK_S
+    return TICK_S
+
+
+_wakeup_read_fd: int | None = None
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What ends a run from outside: torchrun's SIGTERM (another worker failed, or the job was
+cancelled), and SIGINT (Ctrl-C; torchrun passes the signal it got on to its workers)."""
+
+
+def install_sigterm_wakeup() -> None:
+    """Route SIGTERM and SIGINT to the sentinel, whatever thread the kernel delivers them to.
+
+    torch starts a thread at import, so blocking SIGTERM in the main thread alone would let
+    the default action kill the process. Instead a no-op Python handler keeps the process
+    alive and the C-level handler writes the signal number to a wakeup pipe the sentinel
+    reads. SIGINT gets the same treatment: a KeyboardInterrupt in the main thread would end
+    a rank mid-probe without a report, and cannot reach a rank blocked in a collective anyway.
+    Call from the main thread.
+    """
+    global _wakeup_read_fd
+    if _wakeup_read_fd is not None:
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: None)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    _wakeup_read_fd = read_fd
+
+
+def _sigterm_pending(timeout: float) -> str | None:
+    """The name of a stop signal that arrived within `timeout` (SIGTERM, SIGINT), else None."""
+    if _wakeup_read_fd is None:
+        time.sleep(timeout)
+        return None
+    ready, _, _ = select.select([_wakeup_read_fd], [], [], timeout)
+    if not ready:
+        return None
+    try:
+        data = os.read(_wakeup_read_fd, 512)
+    except BlockingIOError:
+        return None
+    for sig in _STOP_SIGNALS:
+        if int(sig) in data:
+            return sig.name
+    return None
+
+
+_AT_ABORT: dict[int, Callable[[], None]] = {}
+_at_abort_next = [0]
+
+
+def at_abort(cleanup: Callable[[], None]) -> int:
+    """Run `cleanup` if the process is ended by `flush_and_exit` (a hang, a lost rank, a
+    verdict reached while this thread is stuck): the main thread's `finally` blocks never run
+    then. Returns a token for `cancel_at_abort` (call it once the normal path cleaned up)."""
+    _at_abort_next[0] += 1
+    _AT_ABORT[_at_abort_next[0]] = cleanup
+    return _at_abort_next[0]
+
+
+def cancel_at_abort(token: int) -> None:
+    _AT_ABORT.pop(token, None)
+
+
+def _run_at_abort() -> None:
+    for token in list(_AT_ABORT):
+        cleanup = _AT_ABORT.pop(token, None)
+        if cleanup is None:
+            continue
+        try:
+            cleanup()
+        except Exception as exc:  # noqa: BLE001 - leaving anyway; say what was left behind
+            print(f"distdiag: cleanup at exit failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def flush_and_exit(code: int) -> None:
+    """Run the `at_abort` cleanups, flush what was printed and logged, then end the process at
+    once (any thread may call it)."""
+    _run_at_abort()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+    logging.shutdown()
+    os._exit(code)
+
+
+def silent_rank_reasons(missing: list[int], infos: dict[int, Any], host: str, who: str = "sentinel") -> dict[int, str]:
+    """Why each rank that posted nothing is silent, as far as this host can tell.
+
+    `infos` maps rank -> an object with `host` and `pid` (RankInfo); same-host ranks are
+    looked at by pid, the others can only be "no answer".
+    """
+    lost: dict[int, str] = {}
+    for r in missing:
+        info = infos.get(r)
+        if info is not None and info.host == host and info.pid > 0:
+            state = process_state(info.pid)
+            lost[r] = {
+                "gone": f"its process (pid {info.pid}) is gone: killed or exited",
+                "stopped": f"its process (pid {info.pid}) is stopped (SIGSTOP or a debugger)",
+                "alive": f"its process (pid {info.pid}) is alive but its {who} did not answer (holding the GIL?)",
+            }.get(state, f"its process (pid {info.pid}) is in state {state}")
+        elif info is None:
+            lost[r] = (
+                "it never checked in (no rank table entry): it was still starting - importing torch or the "
+                "target - or it died before connecting"
+            )
+        else:
+            lost[r] = f"no answer from host {info.host} (dead, stopped or unreachable)"
+    return lost
+
+
+def kill_pid(pid: int) -> None:
+    """SIGKILL, ignoring a process that is already gone."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def kill_stopped_local(lost: dict[int, str], infos: dict[int, Any], host: str) -> None:
+    """A stopped process ignores SIGTERM: end the same-host ranks `lost` calls stopped, by pid."""
+    for r, why in lost.items():
+        info = infos.get(r)
+        if info is not None and "stopped" in why and info.host == host and 0 < info.pid != os.getpid():
+            kill_pid(info.pid)
+
+
+def process_state(pid: int) -> str:
+    """How a same-host process looks from outside: gone, stopped, zombie or alive."""
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return "gone"
+    except psutil.Error:
+        return "unknown"
+    if status in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop")):
+        return "stopped"
+    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+        return "gone"
+    return "alive"
+
+
+class Sentinel(threading.Thread):
+    """Per-rank watcher. `write_abort_report` is the check's callback that builds the report."""
+
+    def __init__(
+        self,
+        *,
+        store_factory: Callable[[], Any],
+        rank: int,
+        world_size: int,
+        host: str,
+        tracker: Any,
+        timeout_s: float,
+        setup_timeout_s: float,
+        deadline_at: float,
+        write_abort_report: Callable[[Exchange, dict[str, Any]], int],
+        mirror: Callable[[Exchange, dict[str, Any]], None] | None = None,
+    ) -> None:
+        super().__init__(name="distdiag-sentinel", daemon=True)
+        self.store_factory = store_factory
+        self.rank = rank
+        self.world_size = world_size
+        self.host = host
+        self.tracker = tracker
+        self.timeout_s = timeout_s
+        self.setup_timeout_s = setup_timeout_s
+        self.deadline_at = deadline_at
+        self.write_abort_report = write_abort_report
+        self.mirror = mirror
+        """On a node other than the writer's, writes the report there (no shared FS assumed)."""
+        self.aborting = threading.Event()
+        self.finishing_code: int | None = None
+        """Set by the main thread once the verdict is known: SIGTERM then just exits with it."""
+        self.on_late_sigterm: Callable[[], int] | None = None
+        """On the rank that wrote the verdict: called (bounded) by a SIGTERM that comes after
+        it, which means a peer failed after the verdict; returns the code to leave with."""
+        self._trigger: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self.exchange: Exchange | None = None
+        self.started_ok = threading.Event()
+
+    # -- called from the main thread ---------------------------------------------------
+    def trigger(self, kind: str, detail: str) -> None:
+        """Ask the sentinel to end the run (it acts within one tick)."""
+        with self._lock:
+            if self._trigger is None:
+                self._trigger = {"kind": kind, "detail": detail, "rank": self.rank}
+
+    # -- the thread ----------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self.exchange = Exchange(self.store_factory(), self.rank, self.world_size)
+        except Exception as exc:  # noqa: BLE001 - without a store nothing can be reported
+            print(f"distdiag[rank {self.rank}]: cannot reach the job's store: {exc}", file=sys.stderr)
+            flush_and_exit(3)
+        self.started_ok.set()
+        last_beat = 0.0
+        try:
+            while True:
+                sig = _sigterm_pending(tick_s(self.tracker, time.monotonic()))
+                if sig is not None:
+                    if self.finishing_code is not None:
+                        code = self.finishing_code
+                        if self.on_late_sigterm is not None:
+                            try:
+                                code = self.on_late_sigterm()
+                            except Exception as exc:  # noqa: BLE001 - leave with the verdict's code
+                                log.warning("could not look at the ranks after the verdict: %s", exc)
+                        flush_and_exit(code)
+                    what = "SIGINT (Ctrl-C)" if sig == "SIGINT" else "SIGTERM"
+                    self.trigger("terminated", f"rank {self.rank} received {what} from the launcher (another worker failed or the job was cancelled)")
+                now = time.monotonic()
+                if now - last_beat >= HEARTBEAT_EVERY_S:
+                    self.exchange.bump(f"hb/{self.rank}")
+                    last_beat = now
+                if self.finishing_code is not None:
+                    continue
+                reason = self._check(now)
+                if reason is not None:
+                    self._emergency(reason)
+        except Exception as exc:  # noqa: BLE001 - the store went away (agent gone): leave
+            if self.finishing_code is not None:
+                flush_and_exit(self.finishing_code)
+            print(f"distdiag[rank {self.rank}]: lost the job's store ({type(exc).__name__}: {exc}); exiting 3", file=sys.stderr)
+            flush_and_exit(3)
+
+    def _check(self, now: float) -> dict[str, Any] | None:
+        with self._lock:
+            if self._trigger is not None:
+                return self._trigger
+        assert self.exchange is not None
+        if self.exchange.count("abort_reason") > 0:
+            return {"kind": "peer", "detail": "another rank aborted the run", "rank": self.rank}
+        phase, since = self.tracker.phase, self.tracker.phase_since
+        # Only the wait for every rank to check in (ranks still importing torch) gets the long
+        # limit; setup proper (the target, the process groups) is bounded like a probe.
+        limit = self.setup_timeout_s if phase == "checkin" else self.timeout_s
+        if phase in ("checkin", "setup", "probe", "barrier", "final") and now - since > limit:
+            where = f"probe '{self.tracker.probe_name}'" if phase in ("probe", "barrier") else f"the {phase} phase"
+            return {"kind": "timeout", "detail": f"{where} exceeded its deadline of {limit:g}s on rank {self.rank}", "rank": self.rank}
+        if now > self.deadline_at:
+            return {"kind": "deadline", "detail": "the whole check exceeded --deadline-s", "rank": self.rank}
+        return None
+
+    def _emergency(self, reason: dict[str, Any]) -> None:
+        assert self.exchange is not None
+        ex = self.exchange
+        self.aborting.set()
+        if reason["kind"] != "peer":
+            ex.post("abort_reason", reason)
+        snap = self.tracker.snapshot()
+        snap.update({"rank": self.rank, "host": self.host, "pid": os.getpid(), "reason": reason})
+        ex.post("snap", snap)
+        grace_end = time.monotonic() + SNAPSHOT_GRACE_S + 0.002 * self.world_size
+        ex.wait_count("snap", self.world_size, grace_end, poll_s=0.05)
+        code = 3
+        from distdiag.hang import rank_state
+
+        if rank_state(snap) != "collective" and snap.get("phase") in ("checkin", "setup", "probe"):
+            # This rank may be the culprit (it is not waiting on anyone): let a rank that is
+            # only waiting write the report, so a stuck rank 0 is reported by another rank.
+            time.sleep(WRITER_DEFER_S)
+        if ex.claim("writer", "sentinel"):
+            try:
+                code = self.write_abort_report(ex, reason)
+            except Exception as exc:  # noqa: BLE001 - say so, still leave with 3
+                import traceback
+
+                print(f"distdiag[rank {self.rank}]: failed to write the report: {exc}", file=sys.stderr)
+                traceback.print_exc()
+                ex.publish("verdict", {"exit_code": 3, "writer": self.rank})
+        else:
+            verdict = ex.wait_read("verdict", time.monotonic() + VERDICT_WAIT_S, poll_s=0.05)
+            if verdict is not None:
+                code = int(verdict.get("exit_code", 3))
+                if self.mirror is not None:
+                    try:
+                        self.mirror(ex, verdict)
+                    except Exception as exc:  # noqa: BLE001 - the writer's copy exists
+                        log.warning("could not mirror the report on this node: %s", exc)
+        flush_and_exit(code)

@@ -1,0 +1,468 @@
+"""The watchdog thread of one rank: notice a hang or a desync, agree on it, report, act.
+
+Every tick (a fraction of the timeout) the thread
+  - reads torch's flight recorder (distdiag.hang.recorder, ~0.1 ms): a completed collective on any
+    group is progress, an enqueued one not completed means this rank waits in a collective -
+    whoever issued it (DDP's reducer, FSDP, a compiled graph, NCCL);
+  - publishes this rank's declared phase (so peers waiting on it are not called hung);
+  - compares this rank's collective digests at step marks with the group's lowest rank
+    (through the store: the lowest rank posts its last marks, the others read them);
+  - looks for a job-wide event (`event/N`) another rank declared;
+  - declares one itself when this rank made no progress for the timeout (or its phase's
+    budget) while it waits in a collective (or while it marks steps itself), unless a peer
+    is inside a declared phase that still has budget. Long compute with no collective
+    waiting is never a hang by itself (optimizer steps alone do not make it one).
+A rank whose training code raises declares a `raised` event at once (the exception leads
+the report when it stranded the others), then its exception goes on.
+On an event every rank posts a snapshot; one claims the writer role and writes the report
+(distdiag.watchdog.writer); then each rank acts: abort (os._exit after flushing; the writer
+also ends same-host ranks that are stopped or silent, by pid), raise (HangDetected in the
+training thread when it runs Python code; a rank blocked in a collective cannot be
+interrupted on gloo and is aborted), or report (carry on; re-arm after new progress).
+The thread never takes a signal handler and never blocks the training thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from distdiag.errors import HangDetected
+from distdiag.report.model import RankInfo
+from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.sentinel import flush_and_exit
+from distdiag.watchdog.config import EXIT_WATCHDOG, WatchdogConfig
+from distdiag.watchdog.progress import Progress
+from distdiag.watchdog.writer import REPORT_NAME, gather_and_write
+
+__all__ = ["Watcher", "RaisedHang"]
+
+log = logging.getLogger("distdiag.watchdog")
+
+VERDICT_WAIT_S = 20.0
+"""How long a non-writer waits for the report before acting on its own."""
+PEERS_EXIT_WAIT_S = 3.0
+"""After the report, how long the writer lets same-host peers leave before SIGKILLing them."""
+MARK_WINDOW = 32
+"""Step marks the group's lowest rank keeps in the store for the others to compare with."""
+
+_raise_message = ["hang detected by distdiag's watchdog"]
+
+
+class RaisedHang(HangDetected):
+    """What the training thread sees in action='raise' (the message names the report)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or (_raise_message[0],)))
+
+
+
+
+def _group_ranks(label: str, world: int) -> list[int] | None:
+    if label == "world":
+        return list(range(world))
+    if label.startswith("ranks[") and label.endswith("]"):
+        try:
+            return [int(x) for x in label[6:-1].split(",") if x]
+        except ValueError:
+            return None
+    return None
+
+
+class Watcher(threading.Thread):
+    def __init__(
+        self,
+        *,
+        progress: Progress,
+        config: WatchdogConfig,
+        info: Any,
+        store_factory: Callable[[], Any],
+        extra_config: dict[str, Any],
+    ) -> None:
+        super().__init__(name="distdiag-watchdog", daemon=True)
+        self.progress = progress
+        self.config = config
+        self.info = info
+        self.rank = info.rank
+        self.world = info.world_size
+        self.store_factory = store_factory
+        self.extra_config = extra_config
+        self.stopping = threading.Event()
+        self.ready = threading.Event()
+        self.error: dict[str, Any] | None = None
+        self.handled = 0
+        self.reported_at = 0.0
+        self.excused = 0.0
+        self.desync_reported = False
+        self.started = time.monotonic()
+        self.ex: Exchange | None = None
+        self._phase_published: tuple[Any, ...] = ()
+        self._mark_next = 0
+        self._my_marks: dict[int, tuple[Any, dict[str, list[int]]]] = {}
+        self._posted: dict[str, dict[str, list[int]]] = {}
+        self._labels: dict[str, list[int] | None] = {}
+        self._request: tuple[str, Any] | None = None
+        self.acted = threading.Event()
+        self.engine: Any = None
+        self.engine_progress = 0.0
+        """When a collective last completed on any group, per the recorder (monotonic)."""
+        self.engine_pending = False
+        self._engine_total = -1
+        self._engine_warned = False
+        self._compile_hooked = False
+
+    def request(self, kind: str, detail: Any) -> None:
+        """From the training thread: declare an event at the next tick (e.g. a peer died)."""
+        self._request = (kind, detail)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def finish(self, error: dict[str, Any] | None, timeout: float = 3.0) -> None:
+        """From the training thread: stop, post the final state; never wait longer than timeout."""
+        self.error = error
+        self.stopping.set()
+        self.join(timeout)
+        if self.is_alive():
+            log.warning("the watchdog thread did not stop within %.0fs (store unreachable?); leaving it behind", timeout)
+
+    def run(self) -> None:
+        try:
+            self.ex = Exchange(self.store_factory(), self.rank, self.world)
+            info = self.info
+            self.ex.post("info", RankInfo(self.rank, info.host, info.node, info.local_rank, "cpu", os.getpid()).to_dict())
+            self.ex.store.set(f"phase/{self.rank}", "{}")
+        except Exception as exc:  # noqa: BLE001 - without a store the watchdog cannot report: say so, stay out of the way
+            log.warning("rank %d: the watchdog cannot reach the job's store (%s); it is off", self.rank, exc)
+            self.ready.set()
+            return
+        from distdiag.hang.recorder import EngineReader
+
+        self.engine = EngineReader()
+        self.engine_progress = time.monotonic()
+        self.ready.set()
+        failures = 0
+        poll = self.config.poll_s
+        while not self.stopping.wait(poll):
+            try:
+                self._tick()
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - a store hiccup must not end the job
+                failures += 1
+                log.debug("watchdog tick failed: %s", exc)
+                if failures >= 20:
+                    log.warning("rank %d: the watchdog lost the job's store (%s); it is off", self.rank, exc)
+                    return
+        self._post_final()
+
+    def _post_final(self) -> None:
+        assert self.ex is not None
+        try:
+            snap = self.progress.snapshot(self.config.history, finished=True)
+            snap.update({"rank": self.rank, "host": self.info.host, "pid": os.getpid()})
+            if self.engine is not None:
+                # How far this rank got on each group: a rank that left while the others went
+                # on (uneven data) is told apart by these counts after the fact.
+                snap["engine"] = self.engine.read(details=False)
+            if self.error:
+                self.ex.post("error", self.error)
+            self.ex.post("final", snap)
+            if self._phase_published:
+                self.ex.store.add("phase_n", -1)
+        except Exception as exc:  # noqa: BLE001 - leaving anyway
+            log.debug("could not post the final state: %s", exc)
+
+    # -- one tick ------------------------------------------------------------------------
+    def _tick(self) -> None:
+        assert self.ex is not None
+        self._read_engine()
+        self._hook_compile()
+        self._publish_phase()
+        if self.config.compare_steps and not self.desync_reported:
+            self._compare_marks()
+        if self.ex.store.check([f"event/{self.handled + 1}"]):
+            self._handle(self.handled + 1)
+            return
+        if self._request is not None:
+            kind, detail = self._request
+            self._request = None
+            self._declare(kind, detail)
+            return
+        self._check_local()
+
+    def _read_engine(self) -> None:
+        """Progress and waiting from torch's own records (no Python wrapper involved)."""
+        if self.engine is None or not self.engine.available:
+            return
+        view = self.engine.read(details=False)
+        if view["state"] != "ok":
+            self.engine_pending = False
+            if not self._engine_warned and self.progress.total > 0 and self.rank == 0:
+                self._engine_warned = True
+                log.warning("distdiag watchdog: %s", view.get("reason"))
+            return
+        total = self.engine.completed_total
+        if total != self._engine_total:
+            self._engine_total = total
+            self.engine_progress = time.monotonic()
+        self.engine_pending = any(g["enqueued"] > g["completed"] for g in view["groups"])
+
+    def _hook_compile(self) -> None:
+        """torch.compile's compilation is a phase with its own budget: ranks that wait for a
+        peer that (re)compiles are not hung. Hooked once dynamo is imported (never imported here)."""
+        if self._compile_hooked or "torch._dynamo" not in sys.modules:
+            return
+        self._compile_hooked = True
+        try:
+            from torch._dynamo.callback import callback_handler
+
+            budget = self.config.compile_timeout.total_seconds()
+            progress = self.progress
+            callback_handler.register_start_callback(lambda *_a: progress.enter_phase("compile", budget))
+            callback_handler.register_end_callback(lambda *_a: progress.exit_phase("compile"))
+            self._compile_callbacks = callback_handler
+        except Exception as exc:  # noqa: BLE001 - an older torch: compiles count against the timeout
+            log.debug("cannot hook torch.compile's callbacks: %s", exc)
+
+    def _publish_phase(self) -> None:
+        phases = list(self.progress.phases)
+        current = tuple(phases[-1]) if phases else ()
+        if current == self._phase_published:
+            return
+        assert self.ex is not None
+        if current:
+            name, budget, since = current
+            until = time.time() + budget - (time.monotonic() - since)
+            self.ex.store.set(f"phase/{self.rank}", json.dumps({"name": name, "until": until}))
+            if not self._phase_published:
+                self.ex.store.add("phase_n", 1)
+        else:
+            self.ex.store.set(f"phase/{self.rank}", "{}")
+            self.ex.store.add("phase_n", -1)
+        self._phase_published = current
+
+    def _peer_in_phase(self) -> str | None:
+        assert self.ex is not None
+        if int(self.ex.store.add("phase_n", 0)) <= 0:
+            return None
+        values = self.ex.store.multi_get([f"phase/{r}" for r in range(self.world)])
+        now = time.time()
+        for r, raw in enumerate(values):
+            ph = json.loads(raw) if raw else {}
+            if r != self.rank and ph.get("until", 0) > now:
+                return f"rank {r} in phase '{ph['name']}'"
+        return None
+
+    def _check_local(self) -> None:
+        prog = self.progress
+        now = time.monotonic()
+        if self.reported_at and prog.last_progress <= self.reported_at:
+            return  # report-only: wait for new progress before watching again
+        phases = list(prog.phases)
+        if phases:
+            name, limit, since = phases[-1]
+            base = max(prog.last_progress, since, self.excused)
+            what = f"in phase '{name}' (budget {limit:g}s)"
+        else:
+            limit, base = self.config.timeout_s, max(prog.last_progress, self.excused)
+            what = f"(timeout {limit:g}s)"
+        base = max(base, self.engine_progress)
+        idle = now - base
+        if idle <= limit:
+            return
+        waiting = prog.current is not None or bool(prog.pending_async) or self.engine_pending
+        if not phases and not prog.explicit and not waiting:
+            # Not waiting in any collective (torch's recorder and our wrappers agree) and no
+            # step marks of the user's: long compute looks the same as a hang from inside the
+            # rank. Ranks waiting for this one declare it, and the report names this rank.
+            return
+        if not phases:
+            peer = self._peer_in_phase()
+            if peer is not None:
+                self.excused = now  # waiting on a declared phase: not hung until its budget runs out
+                return
+        self._declare("timeout", f"rank {self.rank} made no progress for {idle:.1f}s {what}")
+
+    # -- digests at step marks -------------------------------------------------------------
+    def _ranks_of(self, label: str) -> list[int] | None:
+        if label not in self._labels:
+            self._labels[label] = _group_ranks(label, self.world)
+        return self._labels[label]
+
+    def _compare_marks(self) -> None:
+        assert self.ex is not None
+        marks = [m for m in list(self.progress.marks) if m[0] >= self._mark_next]
+        if not marks and not self._my_marks:
+            return
+        lead = False
+        for index, step, digest in marks:
+            self._my_marks[index] = (step, digest)
+            self._mark_next = index + 1
+            for label in digest:
+                ranks = self._ranks_of(label)
+                if ranks and ranks[0] == self.rank:
+                    lead = True
+        if lead:  # only set inside the loop over marks, so marks is non-empty
+            for index, _step, digest in marks:
+                self._posted[str(index)] = digest
+            for old in sorted(self._posted, key=int)[:-MARK_WINDOW]:
+                del self._posted[old]
+            self.ex.store.set(f"marks/{self.rank}", json.dumps(self._posted))
+        refs: dict[int, dict[str, Any] | None] = {}
+        for index in sorted(self._my_marks):
+            step, digest = self._my_marks[index]
+            done = True
+            for label, mine in digest.items():
+                ranks = self._ranks_of(label)
+                if not ranks or ranks[0] == self.rank:
+                    continue
+                ref = ranks[0]
+                if ref not in refs:
+                    refs[ref] = self.ex.read(f"marks/{ref}")
+                window = refs[ref]
+                if not window:  # not posted yet (None) or empty
+                    done = False
+                    continue
+                theirs_all = window.get(str(index))
+                if theirs_all is None:
+                    if index > max(int(k) for k in window):
+                        done = False  # the reference rank has not reached this mark yet
+                    continue
+                theirs = theirs_all.get(label, [0, 0])
+                if list(theirs) != list(mine):
+                    self.desync_reported = True
+                    self._declare(
+                        "desync",
+                        {"group": label, "step": step, "mark": index, "rank": self.rank, "ref": ref,
+                         "mine": mine[0], "theirs": theirs[0]},
+                    )
+                    return
+            if done or len(self._my_marks) > 4 * MARK_WINDOW:
+                del self._my_marks[index]
+
+    # -- events ------------------------------------------------------------------------------
+    def _declare(self, kind: str, detail: Any) -> None:
+        assert self.ex is not None
+        if kind in ("raised", "peer_error") and isinstance(detail, dict):
+            # The exception first, so the writer has it whoever claims the role.
+            self.ex.post("error", detail)
+            detail = f"rank {self.rank} raised {detail.get('type')}: {detail.get('message')}"
+        epoch = self.handled + 1
+        reason = {"kind": kind, "detail": detail, "rank": self.rank}
+        self.ex.store.compare_set(f"event/{epoch}", "", json.dumps(reason))
+        self._handle(epoch)
+
+    def _snapshot(self, event: dict[str, Any]) -> dict[str, Any]:
+        snap = self.progress.snapshot(self.config.history)
+        snap.update({"rank": self.rank, "host": self.info.host, "pid": os.getpid(), "event": event})
+        if self.engine is not None:
+            snap["engine"] = self.engine.read(details=True, tail=16)
+        return snap
+
+    def _handle(self, epoch: int) -> None:
+        assert self.ex is not None
+        ex = self.ex
+        event = json.loads(ex.store.get(f"event/{epoch}"))
+        if event.get("kind") == "desync":
+            self.desync_reported = True
+        ex.post(f"snap/{epoch}", self._snapshot(event))
+        lost: dict[int, str] = {}
+        writer = ex.claim(f"writer/{epoch}")
+        if writer:
+            try:
+                _report, lost = gather_and_write(
+                    ex, epoch=epoch, event=event, world=self.world, host=self.info.host, rank=self.rank,
+                    timeout_s=self.config.timeout_s, grace_s=self.config.snapshot_grace.total_seconds(),
+                    dump_dir=self.config.dump_dir, config=self.extra_config, started=self.started,
+                )
+            except Exception as exc:  # noqa: BLE001 - still act on the hang
+                print(f"distdiag[rank {self.rank}]: failed to write the hang report: {exc}", file=sys.stderr)
+                traceback.print_exc()
+            ex.publish(f"verdict/{epoch}", {"writer": self.rank, "host": self.info.host})
+        else:
+            verdict = ex.wait_read(f"verdict/{epoch}", time.monotonic() + VERDICT_WAIT_S, poll_s=0.05)
+            if verdict is not None:
+                self._mirror(epoch, verdict)
+        self.handled = epoch
+        self.acted.set()
+        self._act(event, writer, lost)
+
+    def _mirror(self, epoch: int, verdict: dict[str, Any]) -> None:
+        """Local rank 0 of every other host keeps a copy of the report (no shared FS assumed)."""
+        if self.info.local_rank != 0 or verdict.get("host") == self.info.host or self.ex is None:
+            return
+        shared = self.ex.read(f"report/{epoch}")
+        if shared:
+            from distdiag.report.model import write_json_atomic
+
+            try:
+                write_json_atomic(os.path.join(self.config.dump_dir, REPORT_NAME), shared["json"].rstrip("\n"))
+            except OSError as exc:
+                log.warning("could not keep a copy of the hang report here: %s", exc)
+
+    # -- acting ----------------------------------------------------------------------------
+    def _act(self, event: dict[str, Any], writer: bool, lost: dict[int, str]) -> None:
+        action = self.config.action
+        path = os.path.join(self.config.dump_dir, REPORT_NAME)
+        if event.get("kind") == "raised" and event.get("rank") == self.rank:
+            return  # this rank's own exception goes on (the training thread re-raises it)
+        if action == "report":
+            self.reported_at = time.monotonic()
+            return
+        if action == "raise":
+            if self.progress.current is not None:
+                print(
+                    f"distdiag[rank {self.rank}]: blocked inside {self.progress.current.op} #{self.progress.current.seq}; "
+                    "a rank waiting in a gloo collective cannot be interrupted, so the watchdog ends the process",
+                    file=sys.stderr,
+                )
+            elif self._raise_in_training_thread(event, path):
+                return
+        if writer:
+            self._end_local_peers(lost)
+        print(f"distdiag[rank {self.rank}]: watchdog ending the process (exit {EXIT_WATCHDOG}); report: {path}", file=sys.stderr)
+        flush_and_exit(EXIT_WATCHDOG)
+
+    def _raise_in_training_thread(self, event: dict[str, Any], path: str) -> bool:
+        """True once HangDetected was delivered and the training thread moved on."""
+        kind = "desync" if event.get("kind") == "desync" else "hang"
+        _raise_message[0] = f"{kind} detected by distdiag's watchdog on rank {event.get('rank')}; report: {path}"
+        before = self.progress.last_progress
+        done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(self.progress.thread_ident), ctypes.py_object(RaisedHang)
+        )
+        if done != 1:
+            return False
+        end = time.monotonic() + max(5.0, self.config.timeout_s)
+        while time.monotonic() < end:
+            if self.stopping.is_set() or self.progress.last_progress != before:
+                self.reported_at = time.monotonic()
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _end_local_peers(self, lost: dict[int, str]) -> None:
+        """Same-host ranks that cannot leave by themselves (stopped, silent) are killed by pid."""
+        assert self.ex is not None
+        try:
+            infos = {r: RankInfo.from_dict(v) for r, v in self.ex.collect("info").items()}
+        except Exception:  # noqa: BLE001 - nothing to end then
+            return
+        from distdiag.runtime.sentinel import kill_pid, kill_stopped_local, process_state
+
+        kill_stopped_local(lost, infos, self.info.host)
+        local = {r: i.pid for r, i in infos.items() if i.host == self.info.host and i.pid != os.getpid() and i.pid > 0}
+        if self.config.action != "abort":
+            return  # with action "raise", peers may be saving a checkpoint after HangDetected
+        end = time.monotonic() + PEERS_EXIT_WAIT_S
+        while time.monotonic() < end and any(process_state(p) not in ("gone",) for p in local.values()):
+            time.sleep(0.05)
+        for pid in local.values():
+            if process_state(pid) != "gone":
+                kill_pid(pid)
