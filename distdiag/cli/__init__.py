@@ -1,7 +1,10 @@
 """The `distdiag` command (typer): one module per command group, registered here.
 
 Results go to stdout, hints and errors to stderr; a user mistake is one line and exit 2;
-a traceback only with DISTDIAG_DEBUG=1.
+a traceback only with DISTDIAG_DEBUG=1. Modules: check, gate, probes, report, analyze,
+hang_report (one per command group) and options (the option types they share). The top of
+the house: it may import any distdiag package, but only inside the command that needs it,
+so `distdiag --help` does not import torch.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@
 Both callbacks translate their trainer's events into one framework-free TrainerDiagnostics.
 Importing this package imports neither transformers, lightning nor torch; each callback
 module needs its framework and says which package to install when it is missing.
+Modules: hf, lightning (the callbacks), session (TrainerDiagnostics), config
+(DiagnosticsConfig), wrapper (the zero-code wrapper seen from the script). May import
+distdiag.watchdog, distdiag.watch, distdiag.monitor, distdiag.report, distdiag.errors and
+distdiag.check.config (for parsing its options).
 """
 
 from __future__ import annotations

@@ -26,6 +26,10 @@ Losses are normalised by the GLOBAL number of items (samples or valid tokens): t
 carries `global_count` and `world_size` (set by `shard_batch`), and the loss is
 `sum(per-item loss) * world_size / global_count`, so the average over ranks that FSDP
 applies to gradients gives exactly the gradient of the global-batch mean.
+
+Modules: base (the Workload record, the default split), mlp, transformer, moe (a top-k
+mixture-of-experts layer), sequence (sequence-parallel splitters and a tiny causal LM).
+Imports torch and nothing else of distdiag.
 """
 
 from __future__ import annotations
