@@ -21,7 +21,7 @@ import torch
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView
-from distdiag.probes.numerics.shared import STEP_SEED, parallel_run
+from distdiag.probes.numerics.shared import STEP_SEED, ParallelRun, parallel_run
 from distdiag.report.model import ProbeResult
 
 __all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors"]
@@ -157,6 +157,16 @@ def _accumulation_check(stepped: dict[str, torch.Tensor], plain: dict[str, torch
     }
 
 
+@dataclass
+class _Reference:
+    """The 1-process reference: its model and optimizer, and the global batch of each step for it and for this rank."""
+
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    shards: list[Any]
+    par_shards: list[Any]
+
+
 class LossParityProbe(tr.NumericsProbe):
     name = "loss_parity"
     private_apis = ("torch.distributed.tensor._utils:compute_local_shape_and_global_offset",)
@@ -167,83 +177,24 @@ class LossParityProbe(tr.NumericsProbe):
         opts: LossParityConfig = self.options(ctx)
         run = parallel_run(ctx, opts.workload)  # the parallel model, built once for the numerics probes
         hooks = run.hooks
-        rank, world = ctx.rank, ctx.world_size
         base = {"source": hooks.source, "defaults": hooks.defaults, "optimizer": hooks.optimizer_desc}
         if run.failed:
             return {**base, "setup_error": run.error}
-        error = None
-        try:
-            par = run.model
-            size = tr.model_bytes(par)
-            limit = _limit_bytes(opts, ctx)
-            if size > limit:
-                raise tr.HookError(
-                    f"the model ({size / 2**20:.1f} MiB of parameters and buffers) does not fit the reference: "
-                    f"the limit is {limit / 2**20:.1f} MiB (probes.loss_parity.reference_limit_mib, default a third of "
-                    "the free memory per local rank); run the probe on a smaller configuration of the model"
-                )
-            ref = hooks.model(ctx.seed)
-            ref_opt = hooks.optimizer(ref)
-            run.ensure_optimizer()
-            batches = [hooks.batch(step) for step in range(1, opts.steps + 1)]
-            ref_shards = [hooks.shard(b, 0, 1) for b in batches]
-            par_shards = [hooks.shard(b, rank, world) for b in batches]
-        except tr.HookError as exc:
-            error = str(exc)
-        except MemoryError as exc:
-            ctx.caught(exc, "building the model")  # before agree: parallelize may have left peers in a collective
-            error = f"building the model ran out of memory on rank {rank}: {exc}"
+        error, ref = self._build_reference(ctx, opts, run)
         if tr.agree(ctx, error is not None):
             return {**base, "setup_error": error}
+        assert ref is not None
         run.rewind()  # the reference trains in lockstep from setup (a probe before may have trained on)
         started = time.perf_counter()
         steps, accum = [], None
-        floor = _rms(ref)  # the initial weights' RMS: the scale parameter errors are judged at
+        floor = _rms(ref.model)  # the initial weights' RMS: the scale parameter errors are judged at
         try:
             for i in range(opts.steps):
                 step = i + 1
-                plain = None
-                if hooks.train_step is not None and step == 1:
-                    plain = self._plain_grads(ctx, hooks, ref, ref_opt, ref_shards[i])
-                ctx.seed(STEP_SEED + step)
-                ref_res = tr.run_step(hooks, ref, ref_opt, ref_shards[i])
-                if not ref_res.grads:
-                    raise tr.HookError(
-                        "no gradient reached the optimizer in the reference step "
-                        "(train_step must call optimizer.step() after backward)"
-                    )
-                if plain is not None:
-                    accum = _accumulation_check(ref_res.grads, plain, opts.tolerance_scale)
-                    del plain
-                par_res = run.step(ctx, step, par_shards[i])  # seeded as the reference step was
-                grads = compare_tensors(
-                    ref_res.grads, par_res.grads, opts.tolerance_scale,
-                    absent="no gradient reached the optimizer on the parallel model (left unreduced: "
-                    "set_requires_gradient_sync(False) or set_requires_all_reduce(False) still in force?)",
-                )
-                # Parameters get 10x the gradient tolerance and the model's RMS as a floor: an
-                # adaptive optimizer (Adam) turns rounding-level gradient differences of
-                # near-zero entries into update-sized ones; a real bug shows in the gradients.
-                params = compare_tensors(
-                    {tr.canonical_name(n): p for n, p in ref.named_parameters()},
-                    {tr.canonical_name(n): p for n, p in par.named_parameters()},
-                    opts.tolerance_scale * PARAM_TOLERANCE_FACTOR,
-                    floor_rms=floor,
-                )
-                steps.append({
-                    "step": step,
-                    "loss": par_res.loss,
-                    "ref_loss": ref_res.loss,
-                    "ref_grad_norm": _norm(ref_res.grads),
-                    "grad_sq_share": _sq_share(par_res.grads, world),
-                    "grad": _trim(grads),
-                    "param": _trim(params),
-                    "order": [tr.canonical_name(n) for n, _ in par.named_parameters()] if step == 1 else None,
-                    "dtype": str(next(iter(ref.parameters())).dtype).replace("torch.", ""),
-                })
-                # Drop this step's gradients before the next step allocates new ones: held
-                # across the step they would be one more copy of the model.
-                del ref_res, par_res
+                record, checked = self._compare_step(ctx, opts, run, ref, step, floor)
+                if checked is not None:
+                    accum = checked
+                steps.append(record)
         except tr.HookError as exc:
             # Raised the same way on every rank (the hooks are deterministic), so no rank waits.
             return {**base, "setup_error": f"step {step}: {exc}"}
@@ -251,9 +202,85 @@ class LossParityProbe(tr.NumericsProbe):
             **base,
             "steps": steps,
             "accumulation": accum,
-            "model_bytes": tr.model_bytes(ref),
+            "model_bytes": tr.model_bytes(ref.model),
             "time_s": round(time.perf_counter() - started, 4),
         }
+
+    @staticmethod
+    def _build_reference(ctx: Any, opts: LossParityConfig, run: ParallelRun) -> tuple[str | None, _Reference | None]:
+        """The reference model, its optimizer and both runs' batches; or why they could not be built."""
+        hooks = run.hooks
+        try:
+            size = tr.model_bytes(run.model)
+            limit = _limit_bytes(opts, ctx)
+            if size > limit:
+                raise tr.HookError(
+                    f"the model ({size / 2**20:.1f} MiB of parameters and buffers) does not fit the reference: "
+                    f"the limit is {limit / 2**20:.1f} MiB (probes.loss_parity.reference_limit_mib, default a third of "
+                    "the free memory per local rank); run the probe on a smaller configuration of the model"
+                )
+            model = hooks.model(ctx.seed)
+            opt = hooks.optimizer(model)
+            run.ensure_optimizer()
+            batches = [hooks.batch(step) for step in range(1, opts.steps + 1)]
+            ref_shards = [hooks.shard(b, 0, 1) for b in batches]
+            par_shards = [hooks.shard(b, ctx.rank, ctx.world_size) for b in batches]
+        except tr.HookError as exc:
+            return str(exc), None
+        except MemoryError as exc:
+            ctx.caught(exc, "building the model")  # before agree: parallelize may have left peers in a collective
+            return f"building the model ran out of memory on rank {ctx.rank}: {exc}", None
+        return None, _Reference(model, opt, ref_shards, par_shards)
+
+    def _compare_step(self, ctx: Any, opts: LossParityConfig, run: ParallelRun, ref: _Reference, step: int,
+                      floor: float) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Step both runs once and compare them: the step's record, and the accumulation check on step 1."""
+        ref_res, accum = self._reference_step(ctx, opts, run.hooks, ref, step)
+        par = run.model
+        par_res = run.step(ctx, step, ref.par_shards[step - 1])  # seeded as the reference step was
+        grads = compare_tensors(
+            ref_res.grads, par_res.grads, opts.tolerance_scale,
+            absent="no gradient reached the optimizer on the parallel model (left unreduced: "
+            "set_requires_gradient_sync(False) or set_requires_all_reduce(False) still in force?)",
+        )
+        # Parameters get 10x the gradient tolerance and the model's RMS as a floor: an
+        # adaptive optimizer (Adam) turns rounding-level gradient differences of
+        # near-zero entries into update-sized ones; a real bug shows in the gradients.
+        params = compare_tensors(
+            {tr.canonical_name(n): p for n, p in ref.model.named_parameters()},
+            {tr.canonical_name(n): p for n, p in par.named_parameters()},
+            opts.tolerance_scale * PARAM_TOLERANCE_FACTOR,
+            floor_rms=floor,
+        )
+        # This step's gradients go with this frame, before the next step allocates new ones:
+        # held across the step they would be one more copy of the model.
+        return {
+            "step": step,
+            "loss": par_res.loss,
+            "ref_loss": ref_res.loss,
+            "ref_grad_norm": _norm(ref_res.grads),
+            "grad_sq_share": _sq_share(par_res.grads, ctx.world_size),
+            "grad": _trim(grads),
+            "param": _trim(params),
+            "order": [tr.canonical_name(n) for n, _ in par.named_parameters()] if step == 1 else None,
+            "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
+        }, accum
+
+    def _reference_step(self, ctx: Any, opts: LossParityConfig, hooks: tr.Hooks, ref: _Reference,
+                        step: int) -> tuple[Any, dict[str, Any] | None]:
+        """The reference's step (and, on step 1 with a train_step, its accumulation check)."""
+        plain = None
+        if hooks.train_step is not None and step == 1:
+            plain = self._plain_grads(ctx, hooks, ref.model, ref.opt, ref.shards[step - 1])
+        ctx.seed(STEP_SEED + step)
+        ref_res = tr.run_step(hooks, ref.model, ref.opt, ref.shards[step - 1])
+        if not ref_res.grads:
+            raise tr.HookError(
+                "no gradient reached the optimizer in the reference step "
+                "(train_step must call optimizer.step() after backward)"
+            )
+        accum = _accumulation_check(ref_res.grads, plain, opts.tolerance_scale) if plain is not None else None
+        return ref_res, accum  # plain's gradients go with this frame, before the parallel step
 
     @staticmethod
     def _plain_grads(ctx: Any, hooks: tr.Hooks, ref: torch.nn.Module, opt: torch.optim.Optimizer, shard: Any) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from distdiag.probes.base import ConsolidationView
@@ -88,11 +89,58 @@ def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: Con
     first = payloads[ranks[0]]
     world = view.world_size
     order = next((s["order"] for s in first["steps"] if s.get("order")), []) or []
-    position = {n: i for i, n in enumerate(order)}
     findings: list[Finding] = []
-    rows, divergent = [], None
-    max_grad_rel = max_param_rel = max_loss_rel = 0.0
-    for i, s0 in enumerate(first["steps"]):
+    table = _StepTable(payloads, ranks, world)
+    divergent = table.divergent
+    accum = first.get("accumulation")
+    accum_bad = bool(accum and not accum["equal"] and accum["scaled_resid"] > 1e-3)
+    if divergent:
+        findings.append(_divergence_finding(divergent, world, order, ranks, accum_bad))
+    if accum is not None:
+        findings.extend(_accumulation_findings(accum, accum_bad))
+    findings.append(Finding(
+        severity="info",
+        issue=f"compared {len(table.rows)} step(s) of {first['source']} on {world} rank(s) against a 1-process reference",
+        evidence=(
+            f"defaults used: {', '.join(first['defaults']) or 'none'}; optimizer: {first['optimizer']}; "
+            f"max rel err: loss {table.max_loss_rel:.2e}, grads {table.max_grad_rel:.2e}, params {table.max_param_rel:.2e}"
+        ),
+    ))
+    metrics = {
+        "steps": len(table.rows), "first_divergent_step": divergent.step if divergent else None,
+        "max_loss_rel_err": table.max_loss_rel, "max_grad_rel_err": table.max_grad_rel, "max_param_rel_err": table.max_param_rel,
+        "reference_model_bytes": first.get("model_bytes"),
+        "slowest_rank_time_s": max(p.get("time_s", 0.0) for p in payloads.values()),
+    }
+    return ProbeResult.from_findings(name, findings, metrics=metrics, details={"table:loss parity": table.rows})
+
+
+@dataclass
+class _Divergence:
+    """The first step where the parallel run is off: what is over tolerance, and the losses."""
+
+    step: int
+    gbad: dict[str, dict[str, Any]]
+    pbad: dict[str, dict[str, Any]]
+    loss_rel: float
+    loss_tol: float
+    mean_loss: float
+    ref_loss: float
+    losses: list[float]
+
+
+class _StepTable:
+    """The step table over all ranks, the largest relative errors, and the first step that diverges."""
+
+    def __init__(self, payloads: dict[int, dict[str, Any]], ranks: list[int], world: int) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.divergent: _Divergence | None = None
+        self.max_grad_rel = self.max_param_rel = self.max_loss_rel = 0.0
+        for i, s0 in enumerate(payloads[ranks[0]]["steps"]):
+            self._step(payloads, ranks, world, i, s0)
+
+    def _step(self, payloads: dict[int, dict[str, Any]], ranks: list[int], world: int, i: int, s0: dict[str, Any]) -> None:
+        """Step i's row (`s0` is the first rank's record of it)."""
         losses = [payloads[r]["steps"][i]["loss"] for r in ranks]
         mean_loss = sum(losses) / len(losses)
         ref_loss = s0["ref_loss"]
@@ -102,69 +150,62 @@ def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: Con
         grad_rel = max(payloads[r]["steps"][i]["grad"]["max_rel"] for r in ranks)
         param_rel = max(payloads[r]["steps"][i]["param"]["max_rel"] for r in ranks)
         grad_abs = max(payloads[r]["steps"][i]["grad"]["max_abs"] for r in ranks)
-        max_grad_rel, max_param_rel, max_loss_rel = max(max_grad_rel, grad_rel), max(max_param_rel, param_rel), max(max_loss_rel, loss_rel)
+        self.max_grad_rel = max(self.max_grad_rel, grad_rel)
+        self.max_param_rel = max(self.max_param_rel, param_rel)
+        self.max_loss_rel = max(self.max_loss_rel, loss_rel)
         gbad, pbad = _merge_bad(payloads, i, "grad"), _merge_bad(payloads, i, "param")
         off = bool(gbad or pbad or loss_rel > loss_tol)
-        rows.append({
+        self.rows.append({
             "step": s0["step"], "ref loss": f"{ref_loss:.6g}", f"loss (mean of {world})": f"{mean_loss:.6g}",
             "loss rel err": f"{loss_rel:.2e}", "ref grad norm": f"{s0['ref_grad_norm']:.5g}",
             "grad norm": f"{par_norm:.5g}", "grad rel err": f"{grad_rel:.2e}", "grad abs err": f"{grad_abs:.2e}",
             "param rel err": f"{param_rel:.2e}", "tolerance": f"{loss_tol:.0e}", "ok": "no" if off else "yes",
         })
-        if off and divergent is None:
-            divergent = (s0["step"], gbad, pbad, loss_rel, loss_tol, mean_loss, ref_loss, losses)
-    accum = first.get("accumulation")
-    accum_bad = bool(accum and not accum["equal"] and accum["scaled_resid"] > 1e-3)
-    if divergent:
-        step, gbad, pbad, loss_rel, loss_tol, mean_loss, ref_loss, losses = divergent
-        bad = gbad or pbad
-        names = sorted(bad, key=lambda n: position.get(n, 1 << 30))
-        top = sorted(bad.values(), key=lambda b: -b["rel"])[:5]
-        module = _module_of(names[0]) if names else "?"
-        what = "gradients" if gbad else "parameters" if pbad else "loss"
-        lines = [
-            f"step {step}: loss {mean_loss:.6g} (mean of ranks' losses {', '.join(f'{x:.6g}' for x in losses)}) "
-            f"vs reference {ref_loss:.6g}: rel err {loss_rel:.2e} (tolerance {loss_tol:.0e})",
-        ]
-        if bad:
-            lines.append(f"{len(bad)} parameter(s) over tolerance; first in model order: {names[0]} (module {module})")
-            for b in top:
-                if b.get("detail"):
-                    lines.append(f"  {b['name']}: {b['detail']} on {format_ranks(b['ranks'])}")
-                    continue
-                lines.append(
-                    f"  {b['name']}: {'grad' if gbad else 'param'} rel err {b['rel']:.3g}, max abs err {b['abs']:.3g} "
-                    f"(tolerance {b['tol']:.0e}) on {format_ranks(b['ranks'])}"
-                )
-        ranks_bad = sorted({r for b in bad.values() for r in b["ranks"]}) or ranks
-        findings.append(Finding(
-            severity="error",
-            issue=(
-                f"the {world}-rank run diverges from the 1-process reference at step {step}: {what} differ"
-                + (f", first in module {module}" if bad else "")
-            ),
-            evidence="\n".join(lines),
-            ranks=ranks_bad,
-            fix=_fix_for(bad, loss_rel > loss_tol, order, accum_bad),
-            confidence=0.9,
-        ))
-    if accum is not None:
-        findings.extend(_accumulation_findings(accum, accum_bad))
-    findings.append(Finding(
-        severity="info",
-        issue=f"compared {len(rows)} step(s) of {first['source']} on {world} rank(s) against a 1-process reference",
-        evidence=(
-            f"defaults used: {', '.join(first['defaults']) or 'none'}; optimizer: {first['optimizer']}; "
-            f"max rel err: loss {max_loss_rel:.2e}, grads {max_grad_rel:.2e}, params {max_param_rel:.2e}"
+        if off and self.divergent is None:
+            self.divergent = _Divergence(s0["step"], gbad, pbad, loss_rel, loss_tol, mean_loss, ref_loss, losses)
+
+
+def _divergence_finding(d: _Divergence, world: int, order: list[str], ranks: list[int], accum_bad: bool) -> Finding:
+    """The error for the first divergent step, naming the parameters over tolerance, first in model order."""
+    position = {n: i for i, n in enumerate(order)}
+    bad = d.gbad or d.pbad
+    names = sorted(bad, key=lambda n: position.get(n, 1 << 30))
+    top = sorted(bad.values(), key=lambda b: -b["rel"])[:5]
+    module = _module_of(names[0]) if names else "?"
+    what = "gradients" if d.gbad else "parameters" if d.pbad else "loss"
+    lines = [
+        f"step {d.step}: loss {d.mean_loss:.6g} (mean of ranks' losses {', '.join(f'{x:.6g}' for x in d.losses)}) "
+        f"vs reference {d.ref_loss:.6g}: rel err {d.loss_rel:.2e} (tolerance {d.loss_tol:.0e})",
+    ]
+    if bad:
+        lines.append(f"{len(bad)} parameter(s) over tolerance; first in model order: {names[0]} (module {module})")
+        lines += _worst_lines(top, "grad" if d.gbad else "param")
+    ranks_bad = sorted({r for b in bad.values() for r in b["ranks"]}) or ranks
+    return Finding(
+        severity="error",
+        issue=(
+            f"the {world}-rank run diverges from the 1-process reference at step {d.step}: {what} differ"
+            + (f", first in module {module}" if bad else "")
         ),
-    ))
-    metrics = {
-        "steps": len(rows), "first_divergent_step": divergent[0] if divergent else None,
-        "max_loss_rel_err": max_loss_rel, "max_grad_rel_err": max_grad_rel, "max_param_rel_err": max_param_rel,
-        "reference_model_bytes": first.get("model_bytes"),
-        "slowest_rank_time_s": max(p.get("time_s", 0.0) for p in payloads.values()),
-    }
-    return ProbeResult.from_findings(name, findings, metrics=metrics, details={"table:loss parity": rows})
+        evidence="\n".join(lines),
+        ranks=ranks_bad,
+        fix=_fix_for(bad, d.loss_rel > d.loss_tol, order, accum_bad),
+        confidence=0.9,
+    )
+
+
+def _worst_lines(top: list[dict[str, Any]], kind: str) -> list[str]:
+    """One evidence line for each of the tensors furthest over tolerance."""
+    lines = []
+    for b in top:
+        if b.get("detail"):
+            lines.append(f"  {b['name']}: {b['detail']} on {format_ranks(b['ranks'])}")
+            continue
+        lines.append(
+            f"  {b['name']}: {kind} rel err {b['rel']:.3g}, max abs err {b['abs']:.3g} "
+            f"(tolerance {b['tol']:.0e}) on {format_ranks(b['ranks'])}"
+        )
+    return lines
 
 
 def _loss_tol(step: dict[str, Any]) -> float:

@@ -31,95 +31,147 @@ def _finding(severity: str, issue: str, evidence: str, ranks: list[int], fix: st
 
 def analyze_split(label: str, full: dict[str, Any], local: dict[int, dict[str, Any]], world: int) -> list[Finding]:
     """Findings about one split: `full` and each rank's `local` hold nested lists [B][S]."""
-    ids, labels = full["input_ids"], full["labels"]
-    batch, seq = len(ids), len(ids[0])
-    mask = full.get("attention_mask")
-    full_pos = full.get("position_ids") or [list(range(seq)) for _ in range(batch)]
-    where_pos = {b: {p: i for i, p in enumerate(full_pos[b])} for b in range(batch)}
+    walk = _SplitWalk(full, local)
+    split_name = f"split {label}"
+    if walk.restart:
+        # Every later check would only restate this (tokens, targets and mask at the wrong positions).
+        return [_restarted_positions(split_name, local, walk.restart, world)]
     findings: list[Finding] = []
-    owners: dict[tuple[int, int], list[int]] = {}
-    token_bad: dict[int, list[str]] = {}
-    target_bad: dict[int, list[str]] = {}
-    boundary_lost: dict[int, list[int]] = {}
-    mask_bad: dict[int, list[int]] = {}
-    restart = []
-    no_shift = [r for r in sorted(local) if local[r].get("shift_labels") is None]
-    no_pos = [r for r in sorted(local) if local[r].get("position_ids") is None]
-    offset = 0
-    for r in sorted(local):
-        loc = local[r]
+    findings += _labels_not_shifted(split_name, walk, world)
+    findings += _boundary_targets_lost(split_name, walk, world)
+    findings += _tokens_and_targets_wrong(split_name, walk, world)
+    findings += _mask_not_split(split_name, walk, world)
+    findings += _tokens_lost(split_name, walk)
+    findings += _tokens_duplicated(split_name, walk, world)
+    if walk.no_pos and not findings:
+        findings.append(_finding(
+            "info", f"{split_name} returns no position_ids; checked as contiguous shards in rank order",
+            "", walk.no_pos, "return position_ids from the split so the model sees global positions",
+        ))
+    return findings
+
+
+class _SplitWalk:
+    """Every rank's (global position, input token, target) triples set against the unsplit batch.
+
+    Collects, per rank, what disagrees (tokens, targets, lost boundary targets, mask), which
+    rank holds each (sample, position), and the ranks whose position ids restart at 0.
+    """
+
+    def __init__(self, full: dict[str, Any], local: dict[int, dict[str, Any]]) -> None:
+        self.ids, self.labels = full["input_ids"], full["labels"]
+        self.batch, self.seq = len(self.ids), len(self.ids[0])
+        self.mask = full.get("attention_mask")
+        full_pos = full.get("position_ids") or [list(range(self.seq)) for _ in range(self.batch)]
+        self.where_pos = {b: {p: i for i, p in enumerate(full_pos[b])} for b in range(self.batch)}
+        self.owners: dict[tuple[int, int], list[int]] = {}
+        self.token_bad: dict[int, list[str]] = {}
+        self.target_bad: dict[int, list[str]] = {}
+        self.boundary_lost: dict[int, list[int]] = {}
+        self.mask_bad: dict[int, list[int]] = {}
+        self.restart: list[int] = []
+        self.no_shift = [r for r in sorted(local) if local[r].get("shift_labels") is None]
+        self.no_pos = [r for r in sorted(local) if local[r].get("position_ids") is None]
+        offset = 0
+        for r in sorted(local):
+            offset = self._rank(r, local[r], offset)
+
+    def _rank(self, r: int, loc: dict[str, Any], offset: int) -> int:
+        """Walk rank r's shard, which starts at `offset` in rank order; returns where the next one starts."""
         lids = loc["input_ids"]
         width = len(lids[0]) if lids else 0
-        pos = loc.get("position_ids") or [list(range(offset, offset + width)) for _ in range(batch)]
-        offset += width
+        pos = loc.get("position_ids") or [list(range(offset, offset + width)) for _ in range(self.batch)]
         if r > 0 and loc.get("position_ids") is not None and width and all(row and row[0] == 0 for row in pos):
-            restart.append(r)
-        if loc.get("shift_labels") is not None:
-            tgts = loc["shift_labels"]
-        else:  # what a model that shifts its own labels would train on
-            lab = loc.get("labels") or [[IGNORE] * width for _ in range(batch)]
-            tgts = [row[1:] + [IGNORE] for row in lab]
-        for b in range(batch):
+            self.restart.append(r)
+        tgts = self._targets(loc, width)
+        for b in range(self.batch):
             for i in range(width):
-                p = pos[b][i]
-                j = where_pos[b].get(p)
-                if j is None:
-                    token_bad.setdefault(r, []).append(f"sample {b} index {i}: position {p} is outside 0..{seq - 1}")
-                    continue
-                owners.setdefault((b, j), []).append(r)
-                if lids[b][i] != ids[b][j]:
-                    token_bad.setdefault(r, []).append(f"position {p} (sample {b}): token {lids[b][i]}, expected {ids[b][j]}")
-                want = labels[b][j + 1] if j + 1 < seq else IGNORE
-                got = tgts[b][i]
-                if got != want:
-                    if got == IGNORE and i == width - 1:
-                        boundary_lost.setdefault(r, []).append(p)
-                    else:
-                        target_bad.setdefault(r, []).append(f"position {p} (sample {b}): target {got}, expected {want}")
-                if mask is not None:
-                    lmask = loc.get("attention_mask")
-                    if lmask is None or lmask[b][i] != mask[b][j]:
-                        mask_bad.setdefault(r, []).append(p)
-    split_name = f"split {label}"
-    if restart:
-        starts, at = {}, 0
-        for r in sorted(local):
-            starts[r] = at
-            at += len(local[r]["input_ids"][0]) if local[r]["input_ids"] else 0
-        # Every later check would only restate this (tokens, targets and mask at the wrong positions).
-        return [_finding(
-            "error",
-            f"{split_name}: position ids restart at 0 on {format_ranks(restart, world)} instead of carrying global positions",
-            "\n".join(f"rank {r}: {len(local[r]['input_ids'][0])} tokens labelled positions {local[r]['position_ids'][0][0]}.."
-                      f"{local[r]['position_ids'][0][-1]}; in rank order they start at global position {starts[r]}" for r in restart),
-            restart,
-            "give each shard the global position of its tokens (position_ids[:, index] of the full batch) before "
-            "the split; rotary/learned positions of a shard that restart at 0 encode the wrong place",
-        )]
-    if no_shift:
-        findings.append(_finding(
-            "error" if boundary_lost or target_bad else "warning",
-            f"{split_name} hands {format_ranks(no_shift, world)} `labels`, not `shift_labels`: the model will shift them "
-            "after the split and lose the target of each shard's last token",
-            "a split must shift labels over the whole sequence first (shift_labels = labels[:, 1:], -100 at the end)",
-            no_shift,
-            "shift once before splitting and pass shift_labels to the loss (as transformers' sequence-parallel loss does)",
-        ))
-    if boundary_lost:
-        ranks = sorted(boundary_lost)
-        findings.append(_finding(
-            "error",
-            f"{split_name}: labels were shifted after the split: the target of the last token of each shard is lost "
-            f"on {format_ranks(ranks, world)}",
-            "\n".join(f"rank {r}: positions {positions_text(sorted(set(ps)))} have target -100, expected the next shard's first token"
-                      for r, ps in sorted(boundary_lost.items())),
-            ranks,
-            "shift labels over the whole sequence before the split (shift_labels), never per shard",
-        ))
+                self._token(r, loc, b, i, pos[b][i], tgts, width)
+        return offset + width
+
+    def _targets(self, loc: dict[str, Any], width: int) -> list[list[int]]:
+        """The shard's targets: its shift_labels, else what a model that shifts its own labels would train on."""
+        if loc.get("shift_labels") is not None:
+            return loc["shift_labels"]
+        lab = loc.get("labels") or [[IGNORE] * width for _ in range(self.batch)]
+        return [row[1:] + [IGNORE] for row in lab]
+
+    def _token(self, r: int, loc: dict[str, Any], b: int, i: int, p: int, tgts: list[list[int]], width: int) -> None:
+        """Check the token at local index i of sample b (global position p) of rank r."""
+        j = self.where_pos[b].get(p)
+        if j is None:
+            self.token_bad.setdefault(r, []).append(f"sample {b} index {i}: position {p} is outside 0..{self.seq - 1}")
+            return
+        self.owners.setdefault((b, j), []).append(r)
+        if loc["input_ids"][b][i] != self.ids[b][j]:
+            self.token_bad.setdefault(r, []).append(f"position {p} (sample {b}): token {loc['input_ids'][b][i]}, expected {self.ids[b][j]}")
+        want = self.labels[b][j + 1] if j + 1 < self.seq else IGNORE
+        got = tgts[b][i]
+        if got != want:
+            if got == IGNORE and i == width - 1:
+                self.boundary_lost.setdefault(r, []).append(p)
+            else:
+                self.target_bad.setdefault(r, []).append(f"position {p} (sample {b}): target {got}, expected {want}")
+        if self.mask is not None:
+            lmask = loc.get("attention_mask")
+            if lmask is None or lmask[b][i] != self.mask[b][j]:
+                self.mask_bad.setdefault(r, []).append(p)
+
+
+def _restarted_positions(split_name: str, local: dict[int, dict[str, Any]], restart: list[int], world: int) -> Finding:
+    """Position ids that restart at 0 on later ranks instead of carrying global positions."""
+    starts, at = {}, 0
+    for r in sorted(local):
+        starts[r] = at
+        at += len(local[r]["input_ids"][0]) if local[r]["input_ids"] else 0
+    return _finding(
+        "error",
+        f"{split_name}: position ids restart at 0 on {format_ranks(restart, world)} instead of carrying global positions",
+        "\n".join(f"rank {r}: {len(local[r]['input_ids'][0])} tokens labelled positions {local[r]['position_ids'][0][0]}.."
+                  f"{local[r]['position_ids'][0][-1]}; in rank order they start at global position {starts[r]}" for r in restart),
+        restart,
+        "give each shard the global position of its tokens (position_ids[:, index] of the full batch) before "
+        "the split; rotary/learned positions of a shard that restart at 0 encode the wrong place",
+    )
+
+
+def _labels_not_shifted(split_name: str, walk: _SplitWalk, world: int) -> list[Finding]:
+    """Ranks handed `labels` rather than `shift_labels` (an error once a target was lost or wrong)."""
+    if not walk.no_shift:
+        return []
+    return [_finding(
+        "error" if walk.boundary_lost or walk.target_bad else "warning",
+        f"{split_name} hands {format_ranks(walk.no_shift, world)} `labels`, not `shift_labels`: the model will shift them "
+        "after the split and lose the target of each shard's last token",
+        "a split must shift labels over the whole sequence first (shift_labels = labels[:, 1:], -100 at the end)",
+        walk.no_shift,
+        "shift once before splitting and pass shift_labels to the loss (as transformers' sequence-parallel loss does)",
+    )]
+
+
+def _boundary_targets_lost(split_name: str, walk: _SplitWalk, world: int) -> list[Finding]:
+    """Labels shifted per shard: each shard's last token lost its target (the next shard's first token)."""
+    if not walk.boundary_lost:
+        return []
+    ranks = sorted(walk.boundary_lost)
+    return [_finding(
+        "error",
+        f"{split_name}: labels were shifted after the split: the target of the last token of each shard is lost "
+        f"on {format_ranks(ranks, world)}",
+        "\n".join(f"rank {r}: positions {positions_text(sorted(set(ps)))} have target -100, expected the next shard's first token"
+                  for r, ps in sorted(walk.boundary_lost.items())),
+        ranks,
+        "shift labels over the whole sequence before the split (shift_labels), never per shard",
+    )]
+
+
+def _tokens_and_targets_wrong(split_name: str, walk: _SplitWalk, world: int) -> list[Finding]:
+    """Tokens, then targets, that differ from the unsplit batch's at their global position."""
+    findings = []
     for title, bad, fix in (
-        ("tokens do not match the unsplit batch at their position ids", token_bad,
+        ("tokens do not match the unsplit batch at their position ids", walk.token_bad,
          "each rank's input_ids[:, i] must be the full batch's token at position_ids[:, i]"),
-        ("targets do not match the unsplit batch", target_bad,
+        ("targets do not match the unsplit batch", walk.target_bad,
          "shift_labels[:, i] must be labels[:, position + 1] of the full batch (-100 after the last token)"),
     ):
         if bad:
@@ -128,35 +180,45 @@ def analyze_split(label: str, full: dict[str, Any], local: dict[int, dict[str, A
                 "error", f"{split_name}: {title} on {format_ranks(ranks, world)}",
                 "\n".join(f"rank {r}: {positions_text(v)}" for r, v in sorted(bad.items())), ranks, fix,
             ))
-    if mask_bad:
-        ranks = sorted(mask_bad)
-        findings.append(_finding(
-            "error", f"{split_name}: the attention mask is not split like the tokens on {format_ranks(ranks, world)}",
-            "\n".join(f"rank {r}: mask differs at positions {positions_text(sorted(set(v)))}" for r, v in sorted(mask_bad.items())),
-            ranks, "split attention_mask with the same index as input_ids",
-        ))
-    missing = [(b, j) for b in range(batch) for j in range(seq) if (b, j) not in owners]
-    dup = {k: v for k, v in owners.items() if len(v) > 1}
-    if missing:
-        findings.append(_finding(
-            "error", f"{split_name}: {len(missing)} of {batch * seq} tokens are on no rank",
-            f"missing (sample, position): {positions_text(missing)}", [],
-            "the shards must cover every position once: check the shard bounds for a sequence length that does not divide",
-        ))
-    if dup:
-        ranks = sorted({r for v in dup.values() for r in v})
-        shown = [f"{k}: ranks {v}" for k, v in sorted(dup.items())]
-        findings.append(_finding(
-            "error", f"{split_name}: {len(dup)} tokens are on more than one rank ({format_ranks(ranks, world)})",
-            f"(sample, position): {positions_text(shown)}", ranks,
-            "shards must not overlap: every (position, token, target) on exactly one rank",
-        ))
-    if no_pos and not findings:
-        findings.append(_finding(
-            "info", f"{split_name} returns no position_ids; checked as contiguous shards in rank order",
-            "", no_pos, "return position_ids from the split so the model sees global positions",
-        ))
     return findings
+
+
+def _mask_not_split(split_name: str, walk: _SplitWalk, world: int) -> list[Finding]:
+    """An attention mask that does not follow the tokens."""
+    if not walk.mask_bad:
+        return []
+    ranks = sorted(walk.mask_bad)
+    return [_finding(
+        "error", f"{split_name}: the attention mask is not split like the tokens on {format_ranks(ranks, world)}",
+        "\n".join(f"rank {r}: mask differs at positions {positions_text(sorted(set(v)))}" for r, v in sorted(walk.mask_bad.items())),
+        ranks, "split attention_mask with the same index as input_ids",
+    )]
+
+
+def _tokens_lost(split_name: str, walk: _SplitWalk) -> list[Finding]:
+    """(sample, position) pairs no rank holds."""
+    missing = [(b, j) for b in range(walk.batch) for j in range(walk.seq) if (b, j) not in walk.owners]
+    if not missing:
+        return []
+    return [_finding(
+        "error", f"{split_name}: {len(missing)} of {walk.batch * walk.seq} tokens are on no rank",
+        f"missing (sample, position): {positions_text(missing)}", [],
+        "the shards must cover every position once: check the shard bounds for a sequence length that does not divide",
+    )]
+
+
+def _tokens_duplicated(split_name: str, walk: _SplitWalk, world: int) -> list[Finding]:
+    """(sample, position) pairs more than one rank holds."""
+    dup = {k: v for k, v in walk.owners.items() if len(v) > 1}
+    if not dup:
+        return []
+    ranks = sorted({r for v in dup.values() for r in v})
+    shown = [f"{k}: ranks {v}" for k, v in sorted(dup.items())]
+    return [_finding(
+        "error", f"{split_name}: {len(dup)} tokens are on more than one rank ({format_ranks(ranks, world)})",
+        f"(sample, position): {positions_text(shown)}", ranks,
+        "shards must not overlap: every (position, token, target) on exactly one rank",
+    )]
 
 
 def output_shape_problem(got: list[int], local_expected: list[int], full: list[int], world: int) -> str | None:

@@ -307,71 +307,103 @@ def _by_text(per_rank: dict[int, str]) -> str:
 
 def _e2e_findings(payloads: dict[int, dict[str, Any]], world: int, rtol: float) -> list[Finding]:
     """One finding per kind of problem, its evidence listing every batch variant it showed on."""
-    kinds: dict[str, dict[str, Any]] = {}
+    kinds = _ByKind()
+    first = payloads.get(0, {}).get("e2e", [])
+    for i, v0 in enumerate(first):
+        per = {r: p["e2e"][i] for r, p in payloads.items()}
+        _variant_problems(kinds, v0, per, world, rtol)
+    return kinds.findings()
 
-    def add(kind: str, issue: str, variant: str, evidence: str, ranks: list[int], fix: str, conf: float = 0.9,
+
+class _ByKind:
+    """End-to-end problems grouped by kind (in the order first seen), with the batch variants each showed on."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, dict[str, Any]] = {}
+
+    def add(self, kind: str, issue: str, variant: str, evidence: str, ranks: list[int], fix: str, conf: float = 0.9,
             severity: str = "error") -> None:
-        entry = kinds.setdefault(kind, {"issue": issue, "variants": [], "evidence": [], "ranks": set(), "fix": fix, "conf": conf,
-                                        "severity": severity})
+        entry = self.kinds.setdefault(kind, {"issue": issue, "variants": [], "evidence": [], "ranks": set(), "fix": fix,
+                                             "conf": conf, "severity": severity})
         entry["variants"].append(variant)
         entry["evidence"].append(f"[{variant} batch] {evidence}")
         entry["ranks"].update(ranks)
 
-    first = payloads.get(0, {}).get("e2e", [])
-    for i, v0 in enumerate(first):
-        per = {r: p["e2e"][i] for r, p in payloads.items()}
-        variant = v0["variant"]
-        shapes = {r: v["output_problem"] for r, v in per.items() if v.get("output_problem")}
-        if shapes:
-            add("shape", f"the SP model's output has the wrong shape on ranks {sorted(shapes)}", variant,
-                _by_text(shapes), sorted(shapes),
-                "gather sequence shards along the sequence dim (dim 1 of [batch, seq, ...]) in rank order", 0.95)
-        errors = {r: v["error"] for r, v in per.items() if v.get("error")}
-        if errors:
-            add("error", f"the SP step failed on ranks {sorted(errors)}", variant,
-                _by_text(errors), sorted(errors),
-                "parallelize_sp(model, mesh) and loss_fn(model, local_batch) must run on the split batch")
-            continue
-        if any(v.get("skipped") for v in per.values()):
-            continue
-        ref_ok = math.isfinite(v0["ref_loss"])
-        if not ref_ok:
-            # The probe made this batch by ignoring targets: the user's own (unsplit) loss is not
-            # finite on it, so there is nothing to hold the SP loss and gradients against.
-            sp = [per[r].get("sp_loss") for r in sorted(per)]
-            add("ref-nan", f"loss_fn returns {v0['ref_loss']} on the unsplit batch when "
-                f"{VARIANT_TEXT.get(variant, variant)} (a batch distdiag made from the target's)", variant,
-                f"reference loss {v0['ref_loss']}; SP losses per rank {sp}; SP loss and gradients not compared on it",
-                [], "if a batch or micro-batch can have no valid target in training (all padding, fully masked prompts), its "
-                "step turns the weights to NaN: divide the summed token loss by max(valid targets, 1)", 0.7, "warning")
-        valid = {r: v["valid"] for r, v in per.items()}
-        sums = {r: v["ref_shard_sum"] for r, v in per.items()} if all(v.get("ref_shard_sum") is not None for v in per.values()) else None
-        problem = loss_problem(v0["ref_loss"], {r: v["sp_loss"] for r, v in per.items()}, valid, sums, rtol) if ref_ok else None
-        if problem:
-            add("loss-nan" if "not finite" in problem[0] else "loss", problem[0], variant, problem[1], sorted(per),
-                "weight per-rank losses by valid targets: sum the token losses and divide by the group's valid-target "
-                "count (an all_reduce), with a floor of 1 for empty groups")
-        mism = {r: v["output_mismatch"] for r, v in per.items() if v.get("output_mismatch")}
-        if mism:
-            add("output", f"the SP model's output differs from the reference at some token positions on ranks {sorted(mism)}",
-                variant, "\n".join(f"rank {r}: {m}" for r, m in sorted(mism.items())), sorted(mism),
-                "the SP model must see the whole causal prefix by global position (gather K/V along the sequence, "
-                "global position ids)", 0.85)
-        if not ref_ok:
-            continue
-        g = per[0].get("grad") or {}
-        if not g.get("finite", True):
-            add("grad", "SP gradients are not finite", variant, g.get("worst", ""), sorted(per),
-                "a shard or group without valid targets must contribute 0, not 0/0")
-        elif g.get("rel_err", 0.0) > rtol * 10 and not problem:
-            add("grad", f"SP gradients (averaged over {world} ranks) differ from the unsplit batch's", variant,
-                f"worst parameter {g['worst']}: relative error {g['rel_err']:.3g}", sorted(per),
-                "the loss each rank backpropagates must be its token-loss sum x world / the group's valid targets", 0.85)
-    return [
-        Finding(k["severity"], f"{k['issue']} ({', '.join(k['variants'])} batch{'es' if len(k['variants']) > 1 else ''})",
-                "\n".join(k["evidence"]), sorted(k["ranks"]), k["fix"], k["conf"])
-        for k in kinds.values()
-    ]
+    def findings(self) -> list[Finding]:
+        return [
+            Finding(k["severity"], f"{k['issue']} ({', '.join(k['variants'])} batch{'es' if len(k['variants']) > 1 else ''})",
+                    "\n".join(k["evidence"]), sorted(k["ranks"]), k["fix"], k["conf"])
+            for k in self.kinds.values()
+        ]
+
+
+def _variant_problems(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[str, Any]], world: int, rtol: float) -> None:
+    """Add what one batch variant's results (`per` rank; `v0` is rank 0's) show to `kinds`."""
+    variant = v0["variant"]
+    shapes = {r: v["output_problem"] for r, v in per.items() if v.get("output_problem")}
+    if shapes:
+        kinds.add("shape", f"the SP model's output has the wrong shape on ranks {sorted(shapes)}", variant,
+                  _by_text(shapes), sorted(shapes),
+                  "gather sequence shards along the sequence dim (dim 1 of [batch, seq, ...]) in rank order", 0.95)
+    errors = {r: v["error"] for r, v in per.items() if v.get("error")}
+    if errors:
+        kinds.add("error", f"the SP step failed on ranks {sorted(errors)}", variant,
+                  _by_text(errors), sorted(errors),
+                  "parallelize_sp(model, mesh) and loss_fn(model, local_batch) must run on the split batch")
+        return
+    if any(v.get("skipped") for v in per.values()):
+        return
+    ref_ok = math.isfinite(v0["ref_loss"])
+    if not ref_ok:
+        _reference_not_finite(kinds, v0, per)
+    problem = _loss_differs(kinds, v0, per, ref_ok, rtol)
+    mism = {r: v["output_mismatch"] for r, v in per.items() if v.get("output_mismatch")}
+    if mism:
+        kinds.add("output", f"the SP model's output differs from the reference at some token positions on ranks {sorted(mism)}",
+                  variant, "\n".join(f"rank {r}: {m}" for r, m in sorted(mism.items())), sorted(mism),
+                  "the SP model must see the whole causal prefix by global position (gather K/V along the sequence, "
+                  "global position ids)", 0.85)
+    if ref_ok:
+        _grads_differ(kinds, variant, per, world, rtol, problem)
+
+
+def _reference_not_finite(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[str, Any]]) -> None:
+    """A warning that loss_fn is not finite on a batch variant the probe made."""
+    # The probe made this batch by ignoring targets: the user's own (unsplit) loss is not
+    # finite on it, so there is nothing to hold the SP loss and gradients against.
+    variant = v0["variant"]
+    sp = [per[r].get("sp_loss") for r in sorted(per)]
+    kinds.add("ref-nan", f"loss_fn returns {v0['ref_loss']} on the unsplit batch when "
+              f"{VARIANT_TEXT.get(variant, variant)} (a batch distdiag made from the target's)", variant,
+              f"reference loss {v0['ref_loss']}; SP losses per rank {sp}; SP loss and gradients not compared on it",
+              [], "if a batch or micro-batch can have no valid target in training (all padding, fully masked prompts), its "
+              "step turns the weights to NaN: divide the summed token loss by max(valid targets, 1)", 0.7, "warning")
+
+
+def _loss_differs(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[str, Any]], ref_ok: bool,
+                  rtol: float) -> tuple[str, str] | None:
+    """Add the SP loss's difference from the reference (when the reference is finite); returns loss_problem's answer."""
+    valid = {r: v["valid"] for r, v in per.items()}
+    sums = {r: v["ref_shard_sum"] for r, v in per.items()} if all(v.get("ref_shard_sum") is not None for v in per.values()) else None
+    problem = loss_problem(v0["ref_loss"], {r: v["sp_loss"] for r, v in per.items()}, valid, sums, rtol) if ref_ok else None
+    if problem:
+        kinds.add("loss-nan" if "not finite" in problem[0] else "loss", problem[0], v0["variant"], problem[1], sorted(per),
+                  "weight per-rank losses by valid targets: sum the token losses and divide by the group's valid-target "
+                  "count (an all_reduce), with a floor of 1 for empty groups")
+    return problem
+
+
+def _grads_differ(kinds: _ByKind, variant: str, per: dict[int, dict[str, Any]], world: int, rtol: float,
+                  loss_problem_found: tuple[str, str] | None) -> None:
+    """Rank 0's SP gradients: not finite, or off (only said when the loss was not already off)."""
+    g = per[0].get("grad") or {}
+    if not g.get("finite", True):
+        kinds.add("grad", "SP gradients are not finite", variant, g.get("worst", ""), sorted(per),
+                  "a shard or group without valid targets must contribute 0, not 0/0")
+    elif g.get("rel_err", 0.0) > rtol * 10 and not loss_problem_found:
+        kinds.add("grad", f"SP gradients (averaged over {world} ranks) differ from the unsplit batch's", variant,
+                  f"worst parameter {g['worst']}: relative error {g['rel_err']:.3g}", sorted(per),
+                  "the loss each rank backpropagates must be its token-loss sum x world / the group's valid targets", 0.85)
 
 
 def _ulysses(ctx: Any, opts: SequenceParallelConfig) -> dict[str, Any]:
