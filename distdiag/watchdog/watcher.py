@@ -4,14 +4,17 @@ Every tick (a fraction of the timeout) the thread
   - reads torch's flight recorder (distdiag.hang.recorder, ~0.1 ms): a completed collective on any
     group is progress, an enqueued one not completed means this rank waits in a collective -
     whoever issued it (DDP's reducer, FSDP, a compiled graph, NCCL);
-  - publishes this rank's declared phase (so peers waiting on it are not called hung);
+  - publishes this rank's declared phase (so peers waiting on it are not called hung;
+    distdiag.watchdog.phases);
   - compares this rank's collective digests at step marks with the group's lowest rank
-    (through the store: the lowest rank posts its last marks, the others read them);
+    (through the store: the lowest rank posts its last marks, the others read them;
+    distdiag.watchdog.marks);
   - looks for a job-wide event (`event/N`) another rank declared;
   - declares one itself when this rank made no progress for the timeout (or its phase's
     budget) while it waits in a collective (or while it marks steps itself), unless a peer
     is inside a declared phase that still has budget. Long compute with no collective
-    waiting is never a hang by itself (optimizer steps alone do not make it one).
+    waiting is never a hang by itself (optimizer steps alone do not make it one;
+    distdiag.watchdog.stall).
 A rank whose training code raises declares a `raised` event at once (the exception leads
 the report when it stranded the others), then its exception goes on.
 On an event every rank posts a snapshot; one claims the writer role and writes the report
@@ -40,7 +43,10 @@ from distdiag.report.model import RankInfo
 from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.sentinel import flush_and_exit
 from distdiag.watchdog.config import EXIT_WATCHDOG, WatchdogConfig
+from distdiag.watchdog.marks import MarkComparer
+from distdiag.watchdog.phases import PhaseBoard
 from distdiag.watchdog.progress import Progress
+from distdiag.watchdog.stall import StallCheck
 from distdiag.watchdog.writer import REPORT_NAME, gather_and_write
 
 __all__ = ["Watcher", "RaisedHang"]
@@ -51,8 +57,6 @@ VERDICT_WAIT_S = 20.0
 """How long a non-writer waits for the report before acting on its own."""
 PEERS_EXIT_WAIT_S = 3.0
 """After the report, how long the writer lets same-host peers leave before SIGKILLing them."""
-MARK_WINDOW = 32
-"""Step marks the group's lowest rank keeps in the store for the others to compare with."""
 
 _raise_message = ["hang detected by distdiag's watchdog"]
 
@@ -62,19 +66,6 @@ class RaisedHang(HangDetected):
 
     def __init__(self, *args: object) -> None:
         super().__init__(*(args or (_raise_message[0],)))
-
-
-
-
-def _group_ranks(label: str, world: int) -> list[int] | None:
-    if label == "world":
-        return list(range(world))
-    if label.startswith("ranks[") and label.endswith("]"):
-        try:
-            return [int(x) for x in label[6:-1].split(",") if x]
-        except ValueError:
-            return None
-    return None
 
 
 class Watcher(threading.Thread):
@@ -100,24 +91,15 @@ class Watcher(threading.Thread):
         self.error: dict[str, Any] | None = None
         self.handled = 0
         self.reported_at = 0.0
-        self.excused = 0.0
         self.desync_reported = False
         self.started = time.monotonic()
         self.ex: Exchange | None = None
-        self._phase_published: tuple[Any, ...] = ()
-        self._mark_next = 0
-        self._my_marks: dict[int, tuple[Any, dict[str, list[int]]]] = {}
-        self._posted: dict[str, dict[str, list[int]]] = {}
-        self._labels: dict[str, list[int] | None] = {}
+        self.phase_board = PhaseBoard(self.rank, self.world, progress)
+        self.mark_comparer = MarkComparer(self.rank, self.world)
+        self.stall = StallCheck(self.rank, progress, config, self.phase_board)
         self._request: tuple[str, Any] | None = None
         self.acted = threading.Event()
         self.engine: Any = None
-        self.engine_progress = 0.0
-        """When a collective last completed on any group, per the recorder (monotonic)."""
-        self.engine_pending = False
-        self._engine_total = -1
-        self._engine_warned = False
-        self._compile_hooked = False
 
     def request(self, kind: str, detail: Any) -> None:
         """From the training thread: declare an event at the next tick (e.g. a peer died)."""
@@ -137,7 +119,7 @@ class Watcher(threading.Thread):
             self.ex = Exchange(self.store_factory(), self.rank, self.world)
             info = self.info
             self.ex.post("info", RankInfo(self.rank, info.host, info.node, info.local_rank, "cpu", os.getpid()).to_dict())
-            self.ex.store.set(f"phase/{self.rank}", "{}")
+            self.phase_board.start(self.ex)
         except Exception as exc:  # noqa: BLE001 - without a store the watchdog cannot report: say so, stay out of the way
             log.warning("rank %d: the watchdog cannot reach the job's store (%s); it is off", self.rank, exc)
             self.ready.set()
@@ -145,7 +127,7 @@ class Watcher(threading.Thread):
         from distdiag.hang.recorder import EngineReader
 
         self.engine = EngineReader()
-        self.engine_progress = time.monotonic()
+        self.stall.start(self.engine)
         self.ready.set()
         failures = 0
         poll = self.config.poll_s
@@ -173,17 +155,16 @@ class Watcher(threading.Thread):
             if self.error:
                 self.ex.post("error", self.error)
             self.ex.post("final", snap)
-            if self._phase_published:
-                self.ex.store.add("phase_n", -1)
+            self.phase_board.leave(self.ex)
         except Exception as exc:  # noqa: BLE001 - leaving anyway
             log.debug("could not post the final state: %s", exc)
 
     # -- one tick ------------------------------------------------------------------------
     def _tick(self) -> None:
         assert self.ex is not None
-        self._read_engine()
-        self._hook_compile()
-        self._publish_phase()
+        self.stall.read_engine()
+        self.phase_board.hook_compile(self.config.compile_timeout)
+        self.phase_board.publish(self.ex)
         if self.config.compare_steps and not self.desync_reported:
             self._compare_marks()
         if self.ex.store.check([f"event/{self.handled + 1}"]):
@@ -196,155 +177,19 @@ class Watcher(threading.Thread):
             return
         self._check_local()
 
-    def _read_engine(self) -> None:
-        """Progress and waiting from torch's own records (no Python wrapper involved)."""
-        if self.engine is None or not self.engine.available:
-            return
-        view = self.engine.read(details=False)
-        if view["state"] != "ok":
-            self.engine_pending = False
-            if not self._engine_warned and self.progress.total > 0 and self.rank == 0:
-                self._engine_warned = True
-                log.warning("distdiag watchdog: %s", view.get("reason"))
-            return
-        total = self.engine.completed_total
-        if total != self._engine_total:
-            self._engine_total = total
-            self.engine_progress = time.monotonic()
-        self.engine_pending = any(g["enqueued"] > g["completed"] for g in view["groups"])
-
-    def _hook_compile(self) -> None:
-        """torch.compile's compilation is a phase with its own budget: ranks that wait for a
-        peer that (re)compiles are not hung. Hooked once dynamo is imported (never imported here)."""
-        if self._compile_hooked or "torch._dynamo" not in sys.modules:
-            return
-        self._compile_hooked = True
-        try:
-            from torch._dynamo.callback import callback_handler
-
-            budget = self.config.compile_timeout.total_seconds()
-            progress = self.progress
-            callback_handler.register_start_callback(lambda *_a: progress.enter_phase("compile", budget))
-            callback_handler.register_end_callback(lambda *_a: progress.exit_phase("compile"))
-            self._compile_callbacks = callback_handler
-        except Exception as exc:  # noqa: BLE001 - an older torch: compiles count against the timeout
-            log.debug("cannot hook torch.compile's callbacks: %s", exc)
-
-    def _publish_phase(self) -> None:
-        phases = list(self.progress.phases)
-        current = tuple(phases[-1]) if phases else ()
-        if current == self._phase_published:
-            return
-        assert self.ex is not None
-        if current:
-            name, budget, since = current
-            until = time.time() + budget - (time.monotonic() - since)
-            self.ex.store.set(f"phase/{self.rank}", json.dumps({"name": name, "until": until}))
-            if not self._phase_published:
-                self.ex.store.add("phase_n", 1)
-        else:
-            self.ex.store.set(f"phase/{self.rank}", "{}")
-            self.ex.store.add("phase_n", -1)
-        self._phase_published = current
-
-    def _peer_in_phase(self) -> str | None:
-        assert self.ex is not None
-        if int(self.ex.store.add("phase_n", 0)) <= 0:
-            return None
-        values = self.ex.store.multi_get([f"phase/{r}" for r in range(self.world)])
-        now = time.time()
-        for r, raw in enumerate(values):
-            ph = json.loads(raw) if raw else {}
-            if r != self.rank and ph.get("until", 0) > now:
-                return f"rank {r} in phase '{ph['name']}'"
-        return None
-
     def _check_local(self) -> None:
-        prog = self.progress
-        now = time.monotonic()
-        if self.reported_at and prog.last_progress <= self.reported_at:
-            return  # report-only: wait for new progress before watching again
-        phases = list(prog.phases)
-        if phases:
-            name, limit, since = phases[-1]
-            base = max(prog.last_progress, since, self.excused)
-            what = f"in phase '{name}' (budget {limit:g}s)"
-        else:
-            limit, base = self.config.timeout_s, max(prog.last_progress, self.excused)
-            what = f"(timeout {limit:g}s)"
-        base = max(base, self.engine_progress)
-        idle = now - base
-        if idle <= limit:
-            return
-        waiting = prog.current is not None or bool(prog.pending_async) or self.engine_pending
-        if not phases and not prog.explicit and not waiting:
-            # Not waiting in any collective (torch's recorder and our wrappers agree) and no
-            # step marks of the user's: long compute looks the same as a hang from inside the
-            # rank. Ranks waiting for this one declare it, and the report names this rank.
-            return
-        if not phases:
-            peer = self._peer_in_phase()
-            if peer is not None:
-                self.excused = now  # waiting on a declared phase: not hung until its budget runs out
-                return
-        self._declare("timeout", f"rank {self.rank} made no progress for {idle:.1f}s {what}")
+        assert self.ex is not None
+        detail = self.stall.overdue(self.ex, self.reported_at)
+        if detail is not None:
+            self._declare("timeout", detail)
 
     # -- digests at step marks -------------------------------------------------------------
-    def _ranks_of(self, label: str) -> list[int] | None:
-        if label not in self._labels:
-            self._labels[label] = _group_ranks(label, self.world)
-        return self._labels[label]
-
     def _compare_marks(self) -> None:
         assert self.ex is not None
-        marks = [m for m in list(self.progress.marks) if m[0] >= self._mark_next]
-        if not marks and not self._my_marks:
-            return
-        lead = False
-        for index, step, digest in marks:
-            self._my_marks[index] = (step, digest)
-            self._mark_next = index + 1
-            for label in digest:
-                ranks = self._ranks_of(label)
-                if ranks and ranks[0] == self.rank:
-                    lead = True
-        if lead:  # only set inside the loop over marks, so marks is non-empty
-            for index, _step, digest in marks:
-                self._posted[str(index)] = digest
-            for old in sorted(self._posted, key=int)[:-MARK_WINDOW]:
-                del self._posted[old]
-            self.ex.store.set(f"marks/{self.rank}", json.dumps(self._posted))
-        refs: dict[int, dict[str, Any] | None] = {}
-        for index in sorted(self._my_marks):
-            step, digest = self._my_marks[index]
-            done = True
-            for label, mine in digest.items():
-                ranks = self._ranks_of(label)
-                if not ranks or ranks[0] == self.rank:
-                    continue
-                ref = ranks[0]
-                if ref not in refs:
-                    refs[ref] = self.ex.read(f"marks/{ref}")
-                window = refs[ref]
-                if not window:  # not posted yet (None) or empty
-                    done = False
-                    continue
-                theirs_all = window.get(str(index))
-                if theirs_all is None:
-                    if index > max(int(k) for k in window):
-                        done = False  # the reference rank has not reached this mark yet
-                    continue
-                theirs = theirs_all.get(label, [0, 0])
-                if list(theirs) != list(mine):
-                    self.desync_reported = True
-                    self._declare(
-                        "desync",
-                        {"group": label, "step": step, "mark": index, "rank": self.rank, "ref": ref,
-                         "mine": mine[0], "theirs": theirs[0]},
-                    )
-                    return
-            if done or len(self._my_marks) > 4 * MARK_WINDOW:
-                del self._my_marks[index]
+        desync = self.mark_comparer.compare(self.ex, self.progress)
+        if desync is not None:
+            self.desync_reported = True
+            self._declare("desync", desync)
 
     # -- events ------------------------------------------------------------------------------
     def _declare(self, kind: str, detail: Any) -> None:

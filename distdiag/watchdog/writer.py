@@ -117,6 +117,99 @@ def render_hang_report(report: Report) -> str:
     return "\n".join(lines)
 
 
+def _wait_for_snapshots(
+    ex: Exchange, key: str, infos: dict[int, RankInfo], *, world: int, host: str, grace_s: float
+) -> None:
+    """Until every rank posted a snapshot (live or final), for at most grace_s."""
+    from distdiag.runtime.sentinel import silent_rank_reasons
+
+    end = time.monotonic() + grace_s
+    while True:
+        have = set(ex.present(key))
+        finals = set(ex.present("final"))
+        missing = [r for r in range(world) if r not in have and r not in finals]
+        if not missing or time.monotonic() >= end:
+            break
+        # A rank on this host that is gone or stopped will never answer: do not wait for it.
+        # (the host test first: it is free, the process lookups are not)
+        if all(infos.get(r) is not None and infos[r].host == host for r in missing) and all(
+            "alive" not in why for why in silent_rank_reasons(missing, infos, host, who="watchdog").values() if why
+        ):
+            break
+        time.sleep(0.05)
+
+
+def _gather(
+    ex: Exchange, key: str, infos: dict[int, RankInfo], *, world: int, host: str, grace_s: float
+) -> tuple[dict[int, dict[str, Any]], dict[int, str], dict[int, dict[str, Any]]]:
+    """(merged, lost, errors): every rank's last snapshot (final ones overlaid by live ones),
+    why each rank that posted none is silent, and the exceptions ranks raised."""
+    from distdiag.runtime.sentinel import silent_rank_reasons
+
+    _wait_for_snapshots(ex, key, infos, world=world, host=host, grace_s=grace_s)
+    snaps = {int(r): s for r, s in ex.collect(key).items()}
+    final_snaps = {int(r): s for r, s in ex.collect("final").items() if int(r) not in snaps}
+    errors = {int(r): e for r, e in ex.collect("error").items()}
+    missing = [r for r in range(world) if r not in snaps and r not in final_snaps]
+    lost = silent_rank_reasons(missing, infos, host, who="watchdog")
+    merged = dict(final_snaps)
+    merged.update(snaps)
+    return merged, lost, errors
+
+
+def _details(
+    event: dict[str, Any],
+    merged: dict[int, dict[str, Any]],
+    lost: dict[int, str],
+    errors: dict[int, dict[str, Any]],
+    world: int,
+) -> dict[str, Any]:
+    """The watchdog probe's details: the ranks' table, the event, the snapshots, steps, errors."""
+    rows = state_rows(merged, lost, world)
+    for row in rows:
+        s = merged.get(row["rank"])
+        row["step"] = "-" if s is None or s.get("step") is None else s.get("step")
+        row["steps"] = "-" if s is None or s.get("steps") is None else s.get("steps")
+    return {
+        "table:ranks at the end": rows,
+        "event": event,
+        **snapshot_details(merged),
+        "flight_recorder": {
+            str(r): (s.get("engine") or {}).get("entries") for r, s in sorted(merged.items()) if (s.get("engine") or {}).get("entries")
+        },
+        "steps": _step_summary(merged),
+        "errors": {str(r): e for r, e in errors.items()},
+    }
+
+
+def _outcome(event: dict[str, Any], lost: dict[int, str]) -> str:
+    kind = event.get("kind")
+    return "desync" if kind == "desync" else ("lost_rank" if lost else ("raised" if kind == "raised" else "hang"))
+
+
+def _summary(findings: list[Finding]) -> str:
+    """The first critical finding's issue, with how many more critical or error findings there are."""
+    top = next((f for f in findings if f.severity == "critical"), findings[0])
+    more = len([f for f in findings if f.severity in ("critical", "error")]) - 1
+    return top.issue + (f" (+{more} more finding(s))" if more > 0 else "")
+
+
+def _write_and_publish(ex: Exchange, report: Report, *, epoch: int, dump_dir: str, host: str) -> None:
+    """Write the report (atomically), print it, and share it through the store for other hosts."""
+    path = os.path.join(dump_dir, REPORT_NAME)
+    try:
+        write_report(report, path)
+        where = os.path.abspath(path)
+    except OSError as exc:
+        where = f"(not written: {exc.strerror})"
+    text = render_hang_report(report)
+    print(f"{text}\nhang report: {where}", file=sys.stderr, flush=True)
+    try:
+        ex.publish(f"report/{epoch}", {"json": report.to_json(), "host": host})
+    except Exception:  # noqa: BLE001 - the local copy exists
+        pass
+
+
 def gather_and_write(
     ex: Exchange,
     *,
@@ -133,74 +226,23 @@ def gather_and_write(
 ) -> tuple[Report, dict[int, str]]:
     """Wait (bounded) for snapshots, analyse, write the report and publish it; (report, lost)."""
     from distdiag.check.consolidate import now_iso  # imports torch: only on the writing path
-    from distdiag.runtime.sentinel import silent_rank_reasons
 
     infos = {r: RankInfo.from_dict(v) for r, v in ex.collect("info").items()}
-    key = f"snap/{epoch}"
-    end = time.monotonic() + grace_s
-    while True:
-        have = set(ex.present(key))
-        finals = set(ex.present("final"))
-        missing = [r for r in range(world) if r not in have and r not in finals]
-        if not missing or time.monotonic() >= end:
-            break
-        # A rank on this host that is gone or stopped will never answer: do not wait for it.
-        # (the host test first: it is free, the process lookups are not)
-        if all(infos.get(r) is not None and infos[r].host == host for r in missing) and all(
-            "alive" not in why for why in silent_rank_reasons(missing, infos, host, who="watchdog").values() if why
-        ):
-            break
-        time.sleep(0.05)
-    snaps = {int(r): s for r, s in ex.collect(key).items()}
-    final_snaps = {int(r): s for r, s in ex.collect("final").items() if int(r) not in snaps}
-    errors = {int(r): e for r, e in ex.collect("error").items()}
-    missing = [r for r in range(world) if r not in snaps and r not in final_snaps]
-    lost = silent_rank_reasons(missing, infos, host, who="watchdog")
-    merged = dict(final_snaps)
-    merged.update(snaps)
+    merged, lost, errors = _gather(ex, f"snap/{epoch}", infos, world=world, host=host, grace_s=grace_s)
     findings = analyse(event, merged, lost, errors, world, timeout_s)
-    rows = state_rows(merged, lost, world)
-    for row in rows:
-        s = merged.get(row["rank"])
-        row["step"] = "-" if s is None or s.get("step") is None else s.get("step")
-        row["steps"] = "-" if s is None or s.get("steps") is None else s.get("steps")
-    details = {
-        "table:ranks at the end": rows,
-        "event": event,
-        **snapshot_details(merged),
-        "flight_recorder": {
-            str(r): (s.get("engine") or {}).get("entries") for r, s in sorted(merged.items()) if (s.get("engine") or {}).get("entries")
-        },
-        "steps": _step_summary(merged),
-        "errors": {str(r): e for r, e in errors.items()},
-    }
+    details = _details(event, merged, lost, errors, world)
     ensure_critical(
         findings, f"no progress for {timeout_s:g}s: {event.get('detail', '')}",
         "ranks' states are in the table below", "see the per-rank stacks",
     )
     result = ProbeResult.from_findings("watchdog", findings, details=details, duration_s=time.monotonic() - started)
-    kind = event.get("kind")
-    outcome = "desync" if kind == "desync" else ("lost_rank" if lost else ("raised" if kind == "raised" else "hang"))
     ranks = [infos.get(r, RankInfo(r, "?", -1, -1, "?", -1)) for r in range(world)]
-    top = next((f for f in findings if f.severity == "critical"), findings[0])
-    more = len([f for f in findings if f.severity in ("critical", "error")]) - 1
     report = Report(
         world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG, verdict=verdict_for(EXIT_HANG, [result]),
-        outcome=outcome, summary=top.issue + (f" (+{more} more finding(s))" if more > 0 else ""),
+        outcome=_outcome(event, lost), summary=_summary(findings),
         restart_count=int(config.get("restart_count", 0)), run_id=str(config.get("run_id", "")),
         created=now_iso(),
         duration_s=time.monotonic() - started, config=config, written_by=rank,
     )
-    path = os.path.join(dump_dir, REPORT_NAME)
-    try:
-        write_report(report, path)
-        where = os.path.abspath(path)
-    except OSError as exc:
-        where = f"(not written: {exc.strerror})"
-    text = render_hang_report(report)
-    print(f"{text}\nhang report: {where}", file=sys.stderr, flush=True)
-    try:
-        ex.publish(f"report/{epoch}", {"json": report.to_json(), "host": host})
-    except Exception:  # noqa: BLE001 - the local copy exists
-        pass
+    _write_and_publish(ex, report, epoch=epoch, dump_dir=dump_dir, host=host)
     return report, lost

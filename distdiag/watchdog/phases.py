@@ -1,0 +1,89 @@
+"""Declared phases shared between ranks, so that a rank waiting on a peer in one is not hung.
+
+Each rank publishes its innermost phase (distdiag.watchdog.progress) under `phase/RANK` with
+the wall-clock time its budget runs out, and keeps `phase_n`, the number of ranks in a phase,
+so the common case (none) costs one store read. torch.compile's compilation becomes a phase
+of its own through dynamo's callbacks, hooked once dynamo is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from distdiag.runtime.exchange import Exchange
+from distdiag.watchdog.progress import Progress
+
+__all__ = ["PhaseBoard"]
+
+log = logging.getLogger("distdiag.watchdog")
+
+
+class PhaseBoard:
+    """This rank's side of the phases in the store: what it published, and the peers' read back."""
+
+    def __init__(self, rank: int, world: int, progress: Progress) -> None:
+        self.rank = rank
+        self.world = world
+        self.progress = progress
+        self.published: tuple[Any, ...] = ()
+        self._compile_hooked = False
+
+    def start(self, ex: Exchange) -> None:
+        """No phase yet: peers read an empty one."""
+        ex.store.set(f"phase/{self.rank}", "{}")
+
+    def publish(self, ex: Exchange) -> None:
+        """Post this rank's innermost phase when it changed (and count it in `phase_n`)."""
+        phases = list(self.progress.phases)
+        current = tuple(phases[-1]) if phases else ()
+        if current == self.published:
+            return
+        if current:
+            name, budget, since = current
+            until = time.time() + budget - (time.monotonic() - since)
+            ex.store.set(f"phase/{self.rank}", json.dumps({"name": name, "until": until}))
+            if not self.published:
+                ex.store.add("phase_n", 1)
+        else:
+            ex.store.set(f"phase/{self.rank}", "{}")
+            ex.store.add("phase_n", -1)
+        self.published = current
+
+    def leave(self, ex: Exchange) -> None:
+        """This rank is done: it no longer counts among the ranks in a phase."""
+        if self.published:
+            ex.store.add("phase_n", -1)
+
+    def peer_in_phase(self, ex: Exchange) -> str | None:
+        """Which other rank is inside a declared phase that still has budget, if any."""
+        if int(ex.store.add("phase_n", 0)) <= 0:
+            return None
+        values = ex.store.multi_get([f"phase/{r}" for r in range(self.world)])
+        now = time.time()
+        for r, raw in enumerate(values):
+            ph = json.loads(raw) if raw else {}
+            if r != self.rank and ph.get("until", 0) > now:
+                return f"rank {r} in phase '{ph['name']}'"
+        return None
+
+    def hook_compile(self, compile_timeout: timedelta) -> None:
+        """torch.compile's compilation is a phase with its own budget: ranks that wait for a
+        peer that (re)compiles are not hung. Hooked once dynamo is imported (never imported here)."""
+        if self._compile_hooked or "torch._dynamo" not in sys.modules:
+            return
+        self._compile_hooked = True
+        try:
+            from torch._dynamo.callback import callback_handler
+
+            budget = compile_timeout.total_seconds()
+            progress = self.progress
+            callback_handler.register_start_callback(lambda *_a: progress.enter_phase("compile", budget))
+            callback_handler.register_end_callback(lambda *_a: progress.exit_phase("compile"))
+            self._compile_callbacks = callback_handler
+        except Exception as exc:  # noqa: BLE001 - an older torch: compiles count against the timeout
+            log.debug("cannot hook torch.compile's callbacks: %s", exc)
