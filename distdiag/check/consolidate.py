@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import traceback
 from typing import Any
 
@@ -15,6 +14,7 @@ from distdiag.report.model import (
     RankInfo,
     Report,
     exit_code_for,
+    now_iso,
     verdict_for,
 )
 from distdiag.report.render import format_ranks
@@ -22,10 +22,6 @@ from distdiag.report.render import format_ranks
 __all__ = [
     "consolidate_probe", "build_report", "summary_line", "now_iso", "hang_result", "cancel_result", "after_verdict_result",
 ]
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _error_findings(name: str, errors: dict[int, dict[str, Any]]) -> list[Finding]:

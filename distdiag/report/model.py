@@ -7,6 +7,7 @@ never sees half a report even when the writer is killed mid-write.
 
 from __future__ import annotations
 
+import datetime as _dt
 import errno
 import json
 import os
@@ -20,6 +21,7 @@ from distdiag.errors import ReportError
 from distdiag.report.schema import MAX_DEPTH, json_depth, report_type_problem
 
 __all__ = [
+    "now_iso",
     "SCHEMA",
     "SEVERITIES",
     "STATUSES",
@@ -222,6 +224,11 @@ def group_by_node(report: Report) -> dict[str, Any]:
             "drain": any("drain" in i for i in items[key]), "findings": items[key],
         })
     return out
+
+
+def now_iso() -> str:
+    """A report's `created`: UTC, to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def exit_code_for(probes: list[ProbeResult], *, hung: bool = False, bad_input: bool = False) -> int:

@@ -3,6 +3,20 @@
 `HangWatchdog` is the in-code API, `python -m distdiag.watch` the zero-code wrapper and
 `distdiag hang-report DIR` renders what it wrote. Importing this package does not import
 torch; arming does.
+
+    core.py       HangWatchdog: arming, step(), phase(), leaving
+    config.py     WatchdogConfig and the DISTDIAG_WATCHDOG_* variables
+    progress.py   what the training thread records: steps, phases, wrapped collectives
+    intercept.py  the optional wrappers around torch.distributed's Python collectives
+    watcher.py    Watcher, the daemon thread: tick, event, action
+    stall.py      when this rank declares a hang (the recorder's counters, steps, phases)
+    marks.py      step marks compared across ranks (a desync between steps)
+    phases.py     the phase board: a rank in a declared phase excuses the others' waiting
+    writer.py     gather the snapshots, run distdiag.hang's rules, write hang-report.json
+    flight.py     flight-recorder dump files, as `distdiag hang-report DIR` reads them
+
+May import distdiag.hang, distdiag.runtime (the exchange, the stack of a thread),
+distdiag.report and distdiag.errors; never the check or the probes.
 """
 
 from __future__ import annotations

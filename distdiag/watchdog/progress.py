@@ -7,7 +7,7 @@ watchdog thread reads under the GIL and turns it into a snapshot. Steps come fro
 its own budget. When the wrappers are on (distdiag.watchdog.intercept), every collective they
 see gets a fingerprint - op, group, shape, dtype, call site - and a sequence number per
 group; a running CRC per group over those fingerprints lets ranks compare whole histories at
-a step mark by exchanging two numbers per group (distdiag.watchdog.watcher). Where each rank
+a step mark by exchanging two numbers per group (distdiag.watchdog.marks). Where each rank
 is in the collectives torch issues itself comes from the engine (distdiag.hang.recorder), read by
 the watchdog thread, not from here.
 """

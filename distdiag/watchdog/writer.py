@@ -24,7 +24,7 @@ from distdiag.hang import (
     stack_text,
     state_rows,
 )
-from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, verdict_for, write_report
+from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import render_report
 from distdiag.runtime.exchange import Exchange
 
@@ -225,7 +225,6 @@ def gather_and_write(
     started: float,
 ) -> tuple[Report, dict[int, str]]:
     """Wait (bounded) for snapshots, analyse, write the report and publish it; (report, lost)."""
-    from distdiag.check.consolidate import now_iso  # imports torch: only on the writing path
 
     infos = {r: RankInfo.from_dict(v) for r, v in ex.collect("info").items()}
     merged, lost, errors = _gather(ex, f"snap/{epoch}", infos, world=world, host=host, grace_s=grace_s)
