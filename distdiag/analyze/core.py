@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
@@ -120,52 +121,82 @@ def analyze(runs: list[Run], config: AnalyzeConfig | None = None) -> Report:
     metrics: dict[str, dict] = {name: {} for name in DETECTORS}
     losses: list[tuple[str, Series]] = []
     for run in runs:
-        loss = pick_metric(run, "loss", cfg.metric)
-        val = pick_metric(run, "val", cfg.val_metric)
-        grad = pick_metric(run, "grad", cfg.grad_metric)
-        grads = _grad_series(run, grad)
-
         def add(probe: str, detections: list[Detection], label: str = run.label) -> None:
             per[probe] += [(label, _tag(d, label, several)) for d in detections]
 
-        others = [s for s in run.series.values() if s is not loss and s not in grads]
-        masking = detect_masked(loss, grads, others, run.format)
-        add("masked", masking.detections)
-        if loss is not None and masking.steps:
-            # see through the mask: every other detector reads those points as the NaN they were
-            loss = Series(loss.name, list(loss.steps), [math.nan if st in masking.steps else v for st, v in zip(loss.steps, loss.values, strict=True)])
-        watched = [s for s in (loss, val, grad) if s is not None] + [s for s in grads if s is not grad]
-        nonfinite = detect_nonfinite(watched or list(run.series.values()))
-        for d in nonfinite:
-            if loss is not None and masking.steps and d.metric == loss.name:
-                d.finding.evidence += f"; the log shows finite values at {len(masking.steps)} of these steps (see 'masked')"
-        add("nonfinite", nonfinite)
-        if loss is None:
-            missing = Finding("warning", f"no training-loss metric in {run.source}", f"metrics: {', '.join(sorted(run.series)[:12])}", fix="Name it with --metric.")
-            add("divergence", [Detection(missing, None, "")])
-        else:
+        loss = _detect_run(run, cfg, add)
+        if loss is not None:
             losses.append((run.label, loss))
-            div = detect_divergence(loss)
-            add("divergence", div)
-            until = div[0].step if div else None
-            add("spikes", detect_spikes(loss, grad, factor=cfg.spike_factor, window=cfg.spike_window, until_step=until))
-            add("plateau", detect_plateau(loss, tol=cfg.plateau_tol))
-            if val is not None:
-                add("overfit", detect_overfit(loss, val))
-        for g in _grad_series(run, grad):
-            add("grad_trend", detect_grad_trend(g, loss))
-        for f in run.monitor_findings:
-            try:
-                finding = Finding.from_dict(f)
-            except (KeyError, TypeError, ValueError):
-                continue
-            step = f.get("step")
-            add("monitor", [Detection(finding, step if isinstance(step, int) else None, "monitor")])
         metrics["nonfinite"][run.label] = {"points": {n: len(s) for n, s in sorted(run.series.items())[:50]}}
     if len(losses) > 1:
         ref_label, ref = losses[0]
         for label, other in losses[1:]:
             per["compare"].append((label, first_parting(ref_label, ref, label, other, tolerance=cfg.tolerance)))
+    probes = _probes(per, metrics)
+    code = exit_code_for(probes)
+    return Report(
+        world_size=1,
+        probes=probes,
+        exit_code=code,
+        verdict=verdict_for(code, probes),
+        summary=f"{len(runs)} run(s) analysed: " + (_severity_counts(probes) or "nothing found"),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        duration_s=time.monotonic() - started,
+        config={"analyze": asdict(cfg), "runs": [{"label": r.label, "source": r.source} for r in runs]},
+    )
+
+
+def _detect_run(run: Run, cfg: AnalyzeConfig, add: Callable[[str, list[Detection]], None]) -> Series | None:
+    """Every detector over one run, each adding its detections; returns the training loss read
+    (with masked points back to NaN), or None when the run has none."""
+    loss = pick_metric(run, "loss", cfg.metric)
+    val = pick_metric(run, "val", cfg.val_metric)
+    grad = pick_metric(run, "grad", cfg.grad_metric)
+    grads = _grad_series(run, grad)
+    others = [s for s in run.series.values() if s is not loss and s not in grads]
+    masking = detect_masked(loss, grads, others, run.format)
+    add("masked", masking.detections)
+    if loss is not None and masking.steps:
+        # see through the mask: every other detector reads those points as the NaN they were
+        loss = Series(loss.name, list(loss.steps), [math.nan if st in masking.steps else v for st, v in zip(loss.steps, loss.values, strict=True)])
+    watched = [s for s in (loss, val, grad) if s is not None] + [s for s in grads if s is not grad]
+    nonfinite = detect_nonfinite(watched or list(run.series.values()))
+    for d in nonfinite:
+        if loss is not None and masking.steps and d.metric == loss.name:
+            d.finding.evidence += f"; the log shows finite values at {len(masking.steps)} of these steps (see 'masked')"
+    add("nonfinite", nonfinite)
+    if loss is None:
+        missing = Finding("warning", f"no training-loss metric in {run.source}", f"metrics: {', '.join(sorted(run.series)[:12])}", fix="Name it with --metric.")
+        add("divergence", [Detection(missing, None, "")])
+    else:
+        div = detect_divergence(loss)
+        add("divergence", div)
+        until = div[0].step if div else None
+        add("spikes", detect_spikes(loss, grad, factor=cfg.spike_factor, window=cfg.spike_window, until_step=until))
+        add("plateau", detect_plateau(loss, tol=cfg.plateau_tol))
+        if val is not None:
+            add("overfit", detect_overfit(loss, val))
+    for g in _grad_series(run, grad):
+        add("grad_trend", detect_grad_trend(g, loss))
+    add("monitor", _monitor_detections(run))
+    return loss
+
+
+def _monitor_detections(run: Run) -> list[Detection]:
+    """The findings a TrainingMonitor wrote into the log; malformed ones are skipped."""
+    out = []
+    for f in run.monitor_findings:
+        try:
+            finding = Finding.from_dict(f)
+        except (KeyError, TypeError, ValueError):
+            continue
+        step = f.get("step")
+        out.append(Detection(finding, step if isinstance(step, int) else None, "monitor"))
+    return out
+
+
+def _probes(per: dict[str, list[tuple[str, Detection]]], metrics: dict[str, dict]) -> list[ProbeResult]:
+    """One ProbeResult per detector, in DETECTORS order; compare and monitor only when they found something."""
     probes = []
     for name in DETECTORS:
         found = per[name]
@@ -178,20 +209,13 @@ def analyze(runs: list[Run], config: AnalyzeConfig | None = None) -> Report:
         probes.append(
             ProbeResult.from_findings(name, [d.finding for _, d in found], metrics=metrics[name], details={"events": events})
         )
-    code = exit_code_for(probes)
-    verdict = verdict_for(code, probes)
+    return probes
+
+
+def _severity_counts(probes: list[ProbeResult]) -> str:
+    """'1 error, 3 warning': the findings per severity, worst first ('' when none)."""
     counts: dict[str, int] = {}
     for p in probes:
         for f in p.findings:
             counts[f.severity] = counts.get(f.severity, 0) + 1
-    worst = ", ".join(f"{counts[s]} {s}" for s in ("critical", "error", "warning", "info") if s in counts)
-    return Report(
-        world_size=1,
-        probes=probes,
-        exit_code=code,
-        verdict=verdict,
-        summary=f"{len(runs)} run(s) analysed: " + (worst or "nothing found"),
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        duration_s=time.monotonic() - started,
-        config={"analyze": asdict(cfg), "runs": [{"label": r.label, "source": r.source} for r in runs]},
-    )
+    return ", ".join(f"{counts[s]} {s}" for s in ("critical", "error", "warning", "info") if s in counts)

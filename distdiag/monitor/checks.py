@@ -48,24 +48,34 @@ def _leave_one_out_medians(values: dict[int, float]) -> dict[int, float]:
 
 def agreement(rows: dict[int, dict], cfg: MonitorConfig, step: int) -> Keyed:
     """Cross-rank checks. rows: global rank -> {step, loss, grad_bad, grad_plain, param_plain, has_plain}."""
-    out: Keyed = []
     if len(rows) < 2:
-        return out
+        return []
+    return [*_step_agreement(rows), *_nonfinite_agreement(rows, step), *_replica_agreement(rows, cfg, step), *_loss_outliers(rows, cfg, step)]
+
+
+def _step_agreement(rows: dict[int, dict]) -> Keyed:
+    """Ranks that called the monitor at another step than the most common one."""
     steps = {r: row["step"] for r, row in rows.items()}
     # ties: the step of the lowest rank among the most common (was: set order, unspecified)
     mode = Counter(steps.values()).most_common(1)[0][0]
     odd = sorted(r for r, s in steps.items() if s != mode)
-    if odd:
-        out.append((
-            "agree:step",
-            Finding(
-                "error",
-                f"rank(s) {', '.join(map(str, odd))} called the monitor at another step than the others ({', '.join(f'rank {r}: {int(steps[r])}' for r in odd)}; others: {int(mode)})",
-                "the monitor's all_reduce pairs calls by order: the ranks' loops are out of step",
-                odd,
-                fix="Call monitor.after_backward on every rank at every step with the same step number.",
-            ),
-        ))
+    if not odd:
+        return []
+    return [(
+        "agree:step",
+        Finding(
+            "error",
+            f"rank(s) {', '.join(map(str, odd))} called the monitor at another step than the others ({', '.join(f'rank {r}: {int(steps[r])}' for r in odd)}; others: {int(mode)})",
+            "the monitor's all_reduce pairs calls by order: the ranks' loops are out of step",
+            odd,
+            fix="Call monitor.after_backward on every rank at every step with the same step number.",
+        ),
+    )]
+
+
+def _nonfinite_agreement(rows: dict[int, dict], step: int) -> Keyed:
+    """Some ranks, not all, with a non-finite loss or non-finite gradients."""
+    out: Keyed = []
     bad_loss = sorted(r for r, row in rows.items() if not math.isfinite(row["loss"]))
     if bad_loss and len(bad_loss) < len(rows):
         good = [r for r in rows if r not in bad_loss]
@@ -91,6 +101,12 @@ def agreement(rows: dict[int, dict], cfg: MonitorConfig, step: int) -> Keyed:
                 fix="Check that every parameter's gradient is reduced (DDP/FSDP wraps the whole model) on every rank.",
             ),
         ))
+    return out
+
+
+def _replica_agreement(rows: dict[int, dict], cfg: MonitorConfig, step: int) -> Keyed:
+    """Replicated (plain-tensor) gradient and parameter norms that differ across ranks."""
+    out: Keyed = []
     for key, label in (("grad_plain", "gradient norm"), ("param_plain", "parameter norm")):
         vals = {r: row[key] for r, row in rows.items() if row["has_plain"] and math.isfinite(row[key])}
         if len(vals) < 2:
@@ -112,23 +128,30 @@ def agreement(rows: dict[int, dict], cfg: MonitorConfig, step: int) -> Keyed:
                 confidence=0.9 if minority else 0.6,
             ),
         ))
+    return out
+
+
+def _loss_outliers(rows: dict[int, dict], cfg: MonitorConfig, step: int) -> Keyed:
+    """Each rank whose finite loss is far above the median of the other ranks' losses."""
+    out: Keyed = []
     losses = {r: row["loss"] for r, row in rows.items() if math.isfinite(row["loss"])}
-    if len(losses) >= 2:
-        loo = _leave_one_out_medians(losses)
-        for r, v in sorted(losses.items()):
-            others = loo[r]
-            if others > 0 and v > cfg.loss_outlier_factor * others:
-                out.append((
-                    f"agree:loss_outlier:{r}",
-                    Finding(
-                        "warning",
-                        f"rank {r}'s loss {_g(v)} at step {step} is {v / others:.0f}x the other ranks' median {_g(others)}",
-                        "; ".join(f"rank {q}: {_g(x)}" for q, x in sorted(losses.items())),
-                        [r],
-                        fix="Check that rank's data shard (a corrupt file, a wrong label mapping) and its inputs' preprocessing.",
-                        confidence=0.7,
-                    ),
-                ))
+    if len(losses) < 2:
+        return out
+    loo = _leave_one_out_medians(losses)
+    for r, v in sorted(losses.items()):
+        others = loo[r]
+        if others > 0 and v > cfg.loss_outlier_factor * others:
+            out.append((
+                f"agree:loss_outlier:{r}",
+                Finding(
+                    "warning",
+                    f"rank {r}'s loss {_g(v)} at step {step} is {v / others:.0f}x the other ranks' median {_g(others)}",
+                    "; ".join(f"rank {q}: {_g(x)}" for q, x in sorted(losses.items())),
+                    [r],
+                    fix="Check that rank's data shard (a corrupt file, a wrong label mapping) and its inputs' preprocessing.",
+                    confidence=0.7,
+                ),
+            ))
     return out
 
 

@@ -22,18 +22,15 @@ import dataclasses
 import json
 import logging
 import math
-import zlib
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from distdiag.analyze.series import spike_score
-from distdiag.monitor import checks
 from distdiag.monitor.config import MonitorConfig
-from distdiag.monitor.stats import ParamGroups, code_stats, entropy_sum, param_counts
-from distdiag.monitor.trace import PHASES, NonFiniteTracer
+from distdiag.monitor.exchange import LookReader, code_histogram, entropy_sums, pack_components
+from distdiag.monitor.stats import ParamGroups, param_counts
+from distdiag.monitor.trace import NonFiniteTracer
 from distdiag.report.model import Finding, ProbeResult
 
 __all__ = ["TrainingMonitor"]
@@ -41,7 +38,6 @@ __all__ = ["TrainingMonitor"]
 log = logging.getLogger("distdiag.monitor")
 
 METRICS_SCHEMA = "distdiag.metrics/1"
-_HEAD = 10  # per-rank scalars before the loss window (see _look)
 
 
 class TrainingMonitor:
@@ -65,31 +61,18 @@ class TrainingMonitor:
         config: MonitorConfig | None = None,
         **overrides: Any,
     ) -> None:
-        import torch.distributed as dist
-
-        from distdiag.check.config import dataclass_from_dict
-
-        base = config or MonitorConfig()
-        if every is not None:
-            overrides["every"] = every
-        # keywords override the config's fields only when given; unknown ones name monitor.KEY
-        self.config = dataclass_from_dict(MonitorConfig, {**dataclasses.asdict(base), **overrides}, "monitor") if overrides else base
+        self.config = _resolve_config(config, every, overrides)
         cfg = self.config
         self.model = model
         self.group = group
-        self.distributed = dist.is_available() and dist.is_initialized()
-        if self.distributed:
-            self.world = dist.get_world_size(group)
-            self.global_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(self.world))
-            self.rank = dist.get_rank(group)
-        else:
-            self.world, self.global_ranks, self.rank = 1, [0], 0
+        self.distributed, self.world, self.global_ranks, self.rank = _placement(group)
         # DDP's wrapper adds a "module." prefix to every name: report the user's names
         inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
         self.groups = ParamGroups(inner, cfg.depth, self.world)
         self.tracer = NonFiniteTracer(inner)
+        self._reader = LookReader(cfg, self.groups, self.tracer, self.global_ranks)
+        """Reads each look's all-reduced vector; keeps the loss history spikes are measured against."""
         self._pending: list[tuple[int, torch.Tensor]] = []
-        self._history: deque[float] = deque(maxlen=cfg.spike_window)
         self._found: dict[str, dict] = {}
         self._trace_until = -1
         self._trace_local: tuple[int, int, int] | None = None
@@ -100,25 +83,13 @@ class TrainingMonitor:
         self._update: tuple[int, torch.Tensor] | None = None
         self._components: list[str] | None = None
         self._hooks: list[Any] = []
-        self._last_grad_norm = math.nan
         self.last: dict[str, Any] = {}
         """The values of the last look (what rank 0 logged)."""
         if optimizer is not None:
             self._hooks.append(optimizer.register_step_pre_hook(self._opt_pre))
             self._hooks.append(optimizer.register_step_post_hook(self._opt_post))
-        self._log = None
-        self._tb = None
-        if self.rank == 0 and log is not None:
-            path = Path(log)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the monitor
-        if self.rank == 0 and tensorboard is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(tensorboard))
-            except ImportError:
-                log.warning("tensorboard is not installed: metrics go to the JSONL log only")
+        self._log = _open_log(log) if self.rank == 0 and log is not None else None
+        self._tb = _open_tensorboard(tensorboard) if self.rank == 0 and tensorboard is not None else None
         counts = param_counts(inner)
         self._write({"kind": "header", "schema": METRICS_SCHEMA, "every": cfg.every, "world_size": self.world, "params": counts})
         self._param_findings(counts)
@@ -238,6 +209,7 @@ class TrainingMonitor:
                 confidence=0.7), 0)
 
     def _look(self, step: int, components: dict | None, codes: torch.Tensor | None, logits: torch.Tensor | None) -> None:
+        """Pack this rank's slot and its share of the sums (layout: distdiag.monitor.exchange), all_reduce, decode."""
         import torch.distributed as dist
 
         cfg, groups, dev = self.config, self.groups, self.groups.device
@@ -246,12 +218,7 @@ class TrainingMonitor:
         G = len(groups.names)
         grad_sq, grad_plain, grad_bad = groups.grads()
         par_sq, par_plain, _ = groups.values()
-        comp_names = sorted(components)[: cfg.max_components] if components else []
-        comp_vals = torch.full((cfg.max_components,), math.nan, dtype=torch.float64, device=dev)
-        for i, k in enumerate(comp_names):
-            v = components[k]  # type: ignore[index]
-            comp_vals[i] = v.detach().double().reshape(-1)[0] if isinstance(v, torch.Tensor) else float(v)
-        comp_hash = float(zlib.crc32("|".join(comp_names).encode()) & 0xFFFFFF) if comp_names else 0.0
+        comp_names, comp_vals, comp_hash = pack_components(components, cfg.max_components, dev)
         losses = torch.full((cfg.every,), math.nan, dtype=torch.float64, device=dev)
         if window:
             losses[: len(window)] = torch.stack([v.to(dev) for _, v in window])
@@ -261,14 +228,8 @@ class TrainingMonitor:
         slot = torch.cat([head, losses, comp_vals])
         K = slot.numel()
         upd_step, upd_sq = self._update if self._update is not None else (-1, torch.zeros(G, dtype=torch.float64, device=dev))
-        hist = torch.zeros(cfg.num_codes, dtype=torch.float64, device=dev)
-        if codes is not None and cfg.num_codes > 0:
-            flat = codes.detach().reshape(-1).long()
-            hist = torch.bincount(flat.clamp(0, cfg.num_codes - 1), minlength=cfg.num_codes)[: cfg.num_codes].to(dev, torch.float64)
-        ent = torch.zeros(3, dtype=torch.float64, device=dev)
-        if logits is not None:
-            s, n, vocab = entropy_sum(logits)
-            ent[0], ent[1], ent[2] = s.to(dev), n, float(vocab) * n
+        hist = code_histogram(codes, cfg.num_codes, dev)
+        ent = entropy_sums(logits, dev)
         has_upd = torch.tensor([1.0 if self._update is not None else 0.0, float(upd_step)], dtype=torch.float64, device=dev) / self.world
         vec = torch.zeros(self.world * K, dtype=torch.float64, device=dev)
         vec[self.rank * K : (self.rank + 1) * K] = slot
@@ -283,116 +244,20 @@ class TrainingMonitor:
         self._snapshot_next, self._snapshot_step = True, step
 
     def _decode(self, step: int, values: list[float], K: int, G: int, window: list, comp_names: list[str]) -> None:
+        """Note what the ranks' sum says, plan the tracing from it, and record the look."""
         cfg = self.config
-        slots = [values[r * K : (r + 1) * K] for r in range(self.world)]
-        tail = values[self.world * K :]
-        grad_g, par_g, upd_g = tail[:G], tail[G : 2 * G], tail[2 * G : 3 * G]
-        has_upd, upd_step = tail[3 * G], tail[3 * G + 1]
-        hist = tail[3 * G + 2 : 3 * G + 2 + cfg.num_codes]
-        ent = tail[3 * G + 2 + cfg.num_codes :]
-        ranks = self.global_ranks
-        # the loss of each step of the window, averaged over ranks (NaN if any rank's is)
-        n = len(window)
-        per_step = []
-        for j in range(n):
-            vals = [s[_HEAD + j] for s in slots]
-            per_step.append(sum(vals) / len(vals))
-        bad_steps = [(window[j][0], r) for j in range(n) for r, s in enumerate(slots) if not math.isfinite(s[_HEAD + j])]
-        grad_total = math.sqrt(sum(grad_g)) if all(math.isfinite(x) for x in grad_g) else math.nan
-        grad_bad_ranks = [ranks[r] for r, s in enumerate(slots) if s[3] > 0]
-        if bad_steps:
-            first = min(s for s, _ in bad_steps)
-            who = sorted({ranks[r] for s, r in bad_steps if s == first})
-            self._note("nonfinite:loss", Finding("error", f"loss became non-finite at step {first} on rank(s) {', '.join(map(str, who))}",
-                                                 f"{len(bad_steps)} non-finite (rank, step) values in the steps {window[0][0]}..{window[-1][0]}", who,
-                                                 fix="See the trace finding for the module that produced it; skip updates with non-finite gradients "
-                                                 "(GradScaler does) so that the parameters stay finite.", confidence=1.0), step)
-        if grad_bad_ranks or not math.isfinite(grad_total):
-            self._note("nonfinite:grad", Finding("error", f"gradients are non-finite at step {step} on rank(s) {', '.join(map(str, grad_bad_ranks or ranks))}",
-                                                 "the squared gradient norms of the module groups include NaN/Inf", grad_bad_ranks,
-                                                 fix="See the trace finding for the module that produced it.", confidence=1.0), step)
-        if (bad_steps or grad_bad_ranks or not math.isfinite(grad_total)) and cfg.trace == "auto" and self._trace_local is None:
+        look = self._reader.read(step, values, K, G, window, comp_names)
+        for key, f in look.findings:
+            self._note(key, f, step)
+        if look.nonfinite and cfg.trace == "auto" and self._trace_local is None:
             self._trace_until = step + cfg.trace_steps
-        for r, s in enumerate(slots):
-            idx, phase, tstep = int(s[5]), int(s[6]), int(s[7])
-            if phase > 0:
-                self._trace_done, self._trace_until = True, -1
-                module = self.tracer.modules[idx][0] if 0 <= idx < len(self.tracer.modules) else f"#{idx}"
-                kind = type(self.tracer.modules[idx][1]).__name__ if 0 <= idx < len(self.tracer.modules) else "?"
-                where = {1: "in its forward", 2: "in its backward", 3: "from its own non-finite parameters", 4: "in the data entering it", 5: "in the loss computed from its output"}[phase]
-                self._note(f"trace:{ranks[r]}", Finding(
-                    "error",
-                    f"the first non-finite value on rank {ranks[r]} appeared {where}: module {module!r} ({kind}) at step {tstep}",
-                    f"forward/backward hooks armed after the non-finite was seen; phase {PHASES[phase]}", [ranks[r]],
-                    fix=("Inspect that module's inputs and weights at that step (log(0), division by a zero norm, fp16 overflow); "
-                         "guard it (eps, clamp, compute in float32)." if phase in (1, 2) else
-                         "Its parameters were corrupted by an earlier update: skip updates with non-finite gradients, resume from a "
-                         "checkpoint and use trace='always' to catch the first occurrence." if phase == 3 else
-                         "Check the batch and the code between modules at that step."),
-                    confidence=0.9 if phase in (1, 2) else 0.7), step)
-        rows = {ranks[r]: {"step": s[0], "loss": s[_HEAD + n - 1] if n else math.nan, "grad_bad": s[3] > 0,
-                           "grad_plain": math.sqrt(s[2]) if s[2] >= 0 else math.nan, "param_plain": math.sqrt(s[4]) if s[4] >= 0 else math.nan,
-                           "has_plain": self.groups.has_plain} for r, s in enumerate(slots)}
-        hashes = {ranks[r]: s[8] for r, s in enumerate(slots)}
-        if len(set(hashes.values())) > 1:
-            self._note("agree:components", Finding("error", f"ranks pass different loss components at step {step}", "; ".join(f"rank {r}: key hash {int(h)}" for r, h in hashes.items()),
-                                                   sorted(hashes), fix="Pass the same components= keys on every rank."), step)
-        for key, f in checks.agreement(rows, cfg, step):
-            self._note(key, f, step)
-        group_norms = {name: math.sqrt(v) for name, v in zip(self.groups.names, grad_g, strict=True) if math.isfinite(v)}
-        # frozen module groups (no gradient at all) are not vanishing
-        with_grad = {self.groups.names[i] for i, p in zip(self.groups.index, self.groups.params, strict=True) if p.grad is not None}
-        for key, f in checks.grad_checks(grad_total, {k: v for k, v in group_norms.items() if k in with_grad}, cfg, step):
-            self._note(key, f, step)
-        param_norm = math.sqrt(sum(par_g)) if all(math.isfinite(x) for x in par_g) else math.nan
-        update_ratio = math.nan
-        if has_upd > 0.5 and param_norm > 0:
-            update_ratio = math.sqrt(sum(upd_g)) / param_norm
-            for key, f in checks.update_checks(update_ratio, cfg, int(round(upd_step))):
-                self._note(key, f, step)
-        for j, (st, _) in enumerate(window):
-            x = per_step[j]
-            if math.isfinite(x) and len(self._history) >= min(10, cfg.spike_window):
-                spike, base, _ = spike_score(list(self._history), x, cfg.spike_factor)
-                if spike:
-                    gn = f"; gradient norm {grad_total:.4g} (last look {self._last_grad_norm:.4g})" if st == step else ""
-                    self._note(f"spike:{st}", Finding("warning", f"loss spiked at step {st} to {x:.4g} ({x / base:.1f}x the median {base:.4g} of the {len(self._history)} steps before)",
-                                                      f"loss averaged over {self.world} rank(s){gn}", fix="Check the batch at that step; clip gradients if the gradient norm jumped too.", confidence=0.8), step)
-            if math.isfinite(x):
-                self._history.append(x)
-        comps = {}
-        if comp_names:
-            for i, k in enumerate(comp_names):
-                comps[k] = sum(s[_HEAD + cfg.every + i] for s in slots) / len(slots)
-            for key, f in checks.component_checks(comps, cfg, step):
-                self._note(key, f, step)
-        code = code_stats(hist) if cfg.num_codes and sum(hist) > 0 else None
-        if code is not None:
-            for key, f in checks.code_checks(code, cfg.num_codes, cfg, step):
-                self._note(key, f, step)
-        entropy = vocab = None
-        if ent and ent[1] > 0:
-            entropy, vocab = ent[0] / ent[1], int(round(ent[2] / ent[1]))
-            for key, f in checks.entropy_checks(entropy, vocab, cfg, step):
-                self._note(key, f, step)
-        self._last_grad_norm = grad_total
+        if look.traced:
+            self._trace_done, self._trace_until = True, -1
         self._trace_local = None  # shipped in this look's vector
-        self._record(step, window, per_step, slots, grad_total, group_norms, param_norm, update_ratio, upd_step if has_upd > 0.5 else None, comps, code, entropy)
+        self._record(step, window, look.losses, look.record)
 
-    def _record(self, step, window, per_step, slots, grad_total, group_norms, param_norm, update_ratio, upd_step, comps, code, entropy) -> None:
-        rec: dict[str, Any] = {"step": step, "loss": per_step[-1] if per_step else math.nan, "grad_norm": grad_total, "param_norm": param_norm}
-        if self.world > 1 and window:
-            rec["loss_by_rank"] = {str(self.global_ranks[r]): s[_HEAD + len(window) - 1] for r, s in enumerate(slots)}
-        rec["grad_norm_by_module"] = group_norms
-        if upd_step is not None:
-            rec["update_ratio"] = update_ratio
-            rec["update_step"] = int(round(upd_step))
-        if comps:
-            rec["loss_components"] = comps
-        if code is not None:
-            rec["codes"] = code
-        if entropy is not None:
-            rec["entropy"] = entropy
+    def _record(self, step: int, window: list, per_step: list[float], rec: dict[str, Any]) -> None:
+        """Keep the look's values as `last`; rank 0 writes them to the log and TensorBoard."""
         self.last = rec
         if self.rank != 0:
             return
@@ -408,3 +273,42 @@ class TrainingMonitor:
             for k in ("grad_norm", "param_norm", "update_ratio", "entropy"):
                 if k in rec and math.isfinite(rec[k]):
                     self._tb.add_scalar(k, rec[k], step)
+
+
+def _resolve_config(config: MonitorConfig | None, every: int | None, overrides: dict[str, Any]) -> MonitorConfig:
+    """`config` (default MonitorConfig()) with the keywords given; unknown ones name monitor.KEY."""
+    from distdiag.check.config import dataclass_from_dict
+
+    base = config or MonitorConfig()
+    if every is not None:
+        overrides["every"] = every
+    return dataclass_from_dict(MonitorConfig, {**dataclasses.asdict(base), **overrides}, "monitor") if overrides else base
+
+
+def _placement(group: Any) -> tuple[bool, int, list[int], int]:
+    """(distributed, world size, global rank of each group rank, this rank) in `group` (default: the world)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size(group)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
+        return True, world, ranks, dist.get_rank(group)
+    return False, 1, [0], 0
+
+
+def _open_log(log: str | Path) -> Any:
+    """The JSONL metrics log, opened for appending (its folder made)."""
+    path = Path(log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the monitor
+
+
+def _open_tensorboard(logdir: str | Path) -> Any:
+    """A TensorBoard SummaryWriter, or None (with a warning) when tensorboard is not installed."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(logdir))
+    except ImportError:
+        log.warning("tensorboard is not installed: metrics go to the JSONL log only")
+        return None
