@@ -1,13 +1,14 @@
 """Training health inside the user's loop: `TrainingMonitor` (docs/monitor.md).
 
     monitor.py  TrainingMonitor: the hooks a loop calls (after_backward), findings, the log
-    exchange.py the vector a look all-reduces: its layout, and the findings and record read from it
+    look.py     the vector a look all-reduces: its layout, and the findings and record read from it
     checks.py   the checks: vanishing/exploding gradients, loss spikes, ranks that disagree
     stats.py    per-module gradient and parameter statistics
     trace.py    the module that produced the first NaN/Inf, traced by forward hooks
     config.py   MonitorConfig and its validation
 
-May import distdiag.report, distdiag.errors and distdiag.check.config (dataclass_from_dict);
+May import distdiag.report, distdiag.errors, distdiag.analyze (its spike score, so live
+and offline agree) and distdiag.check.config (dataclass_from_dict);
 imports torch only when a monitor is built.
 """
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from distdiag.monitor.config import MonitorConfig
-from distdiag.monitor.exchange import LookReader, code_histogram, entropy_sums, pack_components
+from distdiag.monitor.look import LookReader, code_histogram, entropy_sums, pack_components
 from distdiag.monitor.stats import ParamGroups, param_counts
 from distdiag.monitor.trace import NonFiniteTracer
 from distdiag.report.model import Finding, ProbeResult
@@ -209,7 +209,7 @@ class TrainingMonitor:
                 confidence=0.7), 0)
 
     def _look(self, step: int, components: dict | None, codes: torch.Tensor | None, logits: torch.Tensor | None) -> None:
-        """Pack this rank's slot and its share of the sums (layout: distdiag.monitor.exchange), all_reduce, decode."""
+        """Pack this rank's slot and its share of the sums (layout: distdiag.monitor.look), all_reduce, decode."""
         import torch.distributed as dist
 
         cfg, groups, dev = self.config, self.groups, self.groups.device
