@@ -122,9 +122,17 @@ def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def run(argv: list[str]) -> int:
+class _BadUsage(Exception):
+    """A bad option or script: the message is the one line `_fail` prints."""
+
+
+_NO_SCRIPT = "no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS..."
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, Any, int]:
+    """(the options with the script and its arguments, the watchdog's config, the flight
+    recorder's entries); raises _BadUsage on a bad one."""
     from distdiag.errors import ConfigError
-    from distdiag.hang.recorder import enable_recorder
     from distdiag.watchdog.config import MAX_TIMEOUT_S, WATCHDOG_FLIGHT_RECORDER, WatchdogConfig
 
     parser = build_parser()
@@ -135,14 +143,14 @@ def run(argv: list[str]) -> int:
     ns = parser.parse_args(ours)
     if ns.module is None:
         if not rest:
-            return _fail("no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS...")
+            raise _BadUsage(_NO_SCRIPT)
         ns.script, ns.args = rest[0], rest[1:]
     else:
         ns.args = rest
     if ns.module is None and not ns.script:
-        return _fail("no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS...")
+        raise _BadUsage(_NO_SCRIPT)
     if ns.timeout_s is not None and not 0 < ns.timeout_s <= MAX_TIMEOUT_S:
-        return _fail(f"--timeout-s must be within (0, {MAX_TIMEOUT_S:g}] seconds (a week), got {ns.timeout_s:g}")
+        raise _BadUsage(f"--timeout-s must be within (0, {MAX_TIMEOUT_S:g}] seconds (a week), got {ns.timeout_s:g}")
     try:
         config = WatchdogConfig.from_env(
             timeout=timedelta(seconds=ns.timeout_s) if ns.timeout_s is not None else None,
@@ -152,11 +160,39 @@ def run(argv: list[str]) -> int:
         if entries is None:
             entries = int(os.environ.get(WATCHDOG_FLIGHT_RECORDER, "2000") or 0)
     except (ConfigError, ValueError) as exc:
-        return _fail(str(exc))
+        raise _BadUsage(str(exc)) from exc
     if entries < 0:
-        return _fail(f"--flight-recorder must be >= 0 entries, got {entries}")
+        raise _BadUsage(f"--flight-recorder must be >= 0 entries, got {entries}")
     if ns.module is None and not os.path.isfile(ns.script):
-        return _fail(f"training script {ns.script!r} not found")
+        raise _BadUsage(f"training script {ns.script!r} not found")
+    return ns, config, entries
+
+
+def _run_script(ns: argparse.Namespace) -> None:
+    """Run the user's script or module as `__main__`, with its own argv."""
+    if ns.module is not None:
+        sys.argv = [ns.module, *ns.args]
+        runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [ns.script, *ns.args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
+        runpy.run_path(ns.script, run_name="__main__")
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The process's code for the script's sys.exit(...); a message is printed, as Python does."""
+    if not isinstance(exc.code, int) and exc.code is not None:
+        print(exc.code, file=sys.stderr)
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+
+def run(argv: list[str]) -> int:
+    from distdiag.hang.recorder import enable_recorder
+
+    try:
+        ns, config, entries = _parse(argv)
+    except _BadUsage as exc:
+        return _fail(str(exc))
     note = enable_recorder(entries)
     if note and os.environ.get("RANK", "0") == "0":
         print(f"distdiag.watch: {note}", file=sys.stderr)
@@ -164,17 +200,9 @@ def run(argv: list[str]) -> int:
     saved = _install_init_hook()
     code = 0
     try:
-        if ns.module is not None:
-            sys.argv = [ns.module, *ns.args]
-            runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = [ns.script, *ns.args]
-            sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
-            runpy.run_path(ns.script, run_name="__main__")
+        _run_script(ns)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, int) and exc.code is not None:
-            print(exc.code, file=sys.stderr)
+        code = _exit_code(exc)
     except BaseException as exc:
         wd = _STATE["wd"]
         if wd is not None:

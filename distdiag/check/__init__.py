@@ -6,7 +6,9 @@
     plan.py         the command line parsed, validated, and turned into the probes to run
     target.py       loading the user's target module or file and its hooks
     run.py          CheckRun: the phases of one check on one rank (set up, probes under
-                    deadlines, exchange, consolidate, write, leave)
+                    deadlines and their exchange through the store, the normal end)
+    finish.py       RunEnd: how a rank's check ends (consolidate, write and share the report,
+                    publish the verdict, leave together; the report of a broken run)
     consolidate.py  what every rank posted -> one Report and its verdict (on the writing rank)
     launcher.py     `distdiag check` / `distdiag gate`: torchrun run for the user, exact codes
 
@@ -18,7 +20,7 @@ as `distdiag.check.main` before the check became a package, load run.py on first
 
 from typing import Any
 
-__all__ = ["config", "consolidate", "launcher", "options", "plan", "run", "target", "main", "run_check"]
+__all__ = ["config", "consolidate", "finish", "launcher", "options", "plan", "run", "target", "main", "run_check"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from typing import Any, TextIO
 
-from distdiag.report.model import Finding, Report
+from distdiag.report.model import Finding, ProbeResult, Report
 
 __all__ = ["render_report", "format_ranks", "render_table", "ProgressLine", "PROGRESS_ENV"]
 
@@ -69,6 +69,36 @@ def _finding_lines(f: Finding, world_size: int, width: int) -> list[str]:
     return lines
 
 
+def _probe_row(probe: ProbeResult, name_w: int) -> str:
+    """A probe's row of the table: name, status, time, and its findings counted by severity."""
+    from distdiag.report.model import SEVERITIES
+
+    counts: dict[str, int] = {}
+    for f in probe.findings:
+        counts[f.severity] = counts.get(f.severity, 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: -SEVERITIES.index(kv[0])))
+    if probe.status == "skip":
+        summary = f"skipped: {probe.reason}"
+    elif probe.status == "error" and probe.reason and not summary:
+        summary = probe.reason
+    return f"{probe.name.ljust(name_w)}  {_MARK[probe.status]:<6}  {probe.duration_s:7.2f}s  {summary or '-'}"
+
+
+def _detail_tables(probe: ProbeResult, max_rows: int | None) -> list[str]:
+    """A probe's `table:` details, each cut at `max_rows` rows with a line saying how many more."""
+    out: list[str] = []
+    for name, table in probe.details.items():
+        if name.startswith("table:") and isinstance(table, list) and table and all(isinstance(r, dict) for r in table):
+            out.append(f"  {name[6:]}:")
+            shown = table if max_rows is None else table[:max_rows]
+            out += ["    " + ln for ln in render_table(shown).splitlines()]
+            if len(shown) < len(table):
+                out.append(
+                    f"    ... {len(table) - len(shown)} more row(s): `distdiag report show --full` or the JSON report"
+                )
+    return out
+
+
 def render_report(
     report: Report,
     *,
@@ -101,33 +131,13 @@ def render_report(
     out.append(f"{'probe'.ljust(name_w)}  status  time      findings")
     out.append(f"{'-' * name_w}  ------  --------  --------")
     for probe in report.probes:
-        counts: dict[str, int] = {}
-        for f in probe.findings:
-            counts[f.severity] = counts.get(f.severity, 0) + 1
-        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: -SEVERITIES.index(kv[0])))
-        if probe.status == "skip":
-            summary = f"skipped: {probe.reason}"
-        elif probe.status == "error" and probe.reason and not summary:
-            summary = probe.reason
-        out.append(
-            f"{probe.name.ljust(name_w)}  {_MARK[probe.status]:<6}  {probe.duration_s:7.2f}s  "
-            f"{summary or '-'}"
-        )
+        out.append(_probe_row(probe, name_w))
         for f in probe.findings:
             if SEVERITIES.index(f.severity) >= floor:
                 out += _finding_lines(f, report.world_size, width)
         troubled = probe.status in ("warn", "fail", "error") or any(f.severity != "info" for f in probe.findings)
-        if not (verbose or troubled):
-            continue
-        for name, table in probe.details.items():
-            if name.startswith("table:") and isinstance(table, list) and table and all(isinstance(r, dict) for r in table):
-                out.append(f"  {name[6:]}:")
-                shown = table if max_rows is None else table[:max_rows]
-                out += ["    " + ln for ln in render_table(shown).splitlines()]
-                if len(shown) < len(table):
-                    out.append(
-                        f"    ... {len(table) - len(shown)} more row(s): `distdiag report show --full` or the JSON report"
-                    )
+        if verbose or troubled:
+            out += _detail_tables(probe, max_rows)
     if report.not_run:
         out.append(f"not run: {', '.join(report.not_run)} (the run ended early)")
     out.append("")

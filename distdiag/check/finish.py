@@ -1,0 +1,268 @@
+"""How one rank's check ends: consolidate what every rank posted, write and share the report,
+publish the verdict, and leave together (distdiag.check.run drives the run up to here).
+
+Two ends: the normal one, where rank 0 consolidates after the last probe (CheckRun._finish
+calls `consolidate`, `emit`, `after_verdict`), and the broken one, where the sentinel of the
+rank that claims the writer builds the report from the ranks' snapshots
+(`write_abort_report`, on the sentinel's thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from distdiag.check.config import CheckConfig
+from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
+from distdiag.check.plan import Plan
+from distdiag.probes.base import ConsolidationView
+from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, write_report
+from distdiag.report.render import ProgressLine, render_report
+from distdiag.runtime.exchange import Exchange
+
+__all__ = ["RunEnd", "LEAVE_WAIT_S"]
+
+log = logging.getLogger("distdiag.check")
+
+LEAVE_WAIT_S = 2.0
+"""After the verdict, how long a rank waits for the others to say they are leaving before it
+looks at the silent ones (a SIGSTOPped rank would keep torchrun waiting forever)."""
+
+
+def _print_err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _outcome(kinds: set[Any], *, cancelled: bool, lost: Any) -> str:
+    """The report's outcome of a broken run, from the kinds of reasons the ranks gave."""
+    return (
+        "cancelled" if cancelled
+        else "lost_rank" if lost or "lost" in kinds
+        else "stranded" if "stranded" in kinds
+        else "deadline" if "deadline" in kinds
+        else "hang" if "timeout" in kinds
+        else "terminated"
+    )
+
+
+class RunEnd:
+    """One rank's end of the run: the report, the verdict, and leaving."""
+
+    def __init__(self, config: CheckConfig, plan: Plan, info: Any, started: float, progress: ProgressLine) -> None:
+        self.config = config
+        self.plan = plan
+        self.info = info
+        self.started = started
+        self.progress = progress
+        self.sentinel: Any = None  # set once the run has started it
+        self.rank_infos: list[RankInfo] = []
+        self.verdict_report: Report | None = None  # the report this rank wrote on the normal end
+        self._leaving = threading.Lock()
+        self._left_code: int | None = None
+
+    # -- consolidate ------------------------------------------------------------------------
+    def _view(self, options: Any) -> ConsolidationView:
+        return ConsolidationView(world_size=self.info.world_size, ranks=self.rank_infos, options=options)
+
+    def _load_rank_infos(self, ex: Exchange) -> None:
+        posted = ex.collect("info")
+        self.rank_infos = [
+            RankInfo.from_dict(posted[r]) if r in posted else RankInfo(r, "?", -1, -1, "?", -1)
+            for r in range(self.info.world_size)
+        ]
+
+    def _completed(self, ex: Exchange, count: int) -> list[ProbeResult]:
+        """The consolidated results of the plan's first `count` probes, from the store."""
+        return [
+            consolidate_probe(planned.probe, ex.collect(f"res/{index}"), self._view(planned.options))
+            for index, planned in enumerate(self.plan.probes[:count])
+        ]
+
+    def consolidate(self, ex: Exchange) -> Report:
+        """The report of a run whose every probe finished, written by this rank."""
+        self._load_rank_infos(ex)
+        results = self._completed(ex, len(self.plan.probes))
+        return self._report(results, [], outcome="completed", hung=False, writer=self.info.rank)
+
+    def _report(self, results: list[ProbeResult], not_run: list[str], *, outcome: str, hung: bool, writer: int) -> Report:
+        cfg = self.config.to_dict()
+        return build_report(
+            world_size=self.info.world_size,
+            ranks=self.rank_infos,
+            probes=results,
+            not_run=not_run,
+            outcome=outcome,
+            hung=hung,
+            restart_count=self.info.restart_count,
+            run_id=self.info.run_id,
+            duration_s=time.monotonic() - self.started,
+            config=cfg,
+            written_by=writer,
+        )
+
+    # -- write and publish ------------------------------------------------------------------
+    def emit(self, report: Report, ex: Exchange, *, show: bool = True) -> None:
+        """Write the report atomically, keep a copy in the store for other nodes, print it
+        (unless `show` is False), then publish the verdict the other ranks wait for."""
+        text = report.to_json()
+        try:
+            write_report(report, self.config.report)
+            where = self.config.report
+        except OSError as exc:
+            where = None
+            _print_err(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
+        self._write_junit(report)
+        try:
+            ex.publish("report", {"json": text, "host": self.info.host, "node": self.info.node})
+        except Exception as exc:  # noqa: BLE001 - the local copy is written already
+            log.warning("could not share the report through the store: %s", exc)
+        self.progress.clear()
+        if show:
+            self._print(report, text, where)
+        sys.stdout.flush()
+        info = self.info
+        ex.publish("verdict", {"exit_code": report.exit_code, "writer": info.rank, "host": info.host, "node": info.node})
+
+    def _print(self, report: Report, text: str, where: str | None) -> None:
+        """The report on stdout, in the format asked for (`where`: the file written, if any)."""
+        if self.config.format == "json":
+            sys.stdout.write(text + "\n")
+        elif self.config.quiet:
+            sys.stdout.write(f"verdict: {report.verdict.upper()} (exit {report.exit_code}) - {report.summary}\n")
+        else:
+            sys.stdout.write(render_report(report, verbose=self.config.verbose) + "\n")
+            if where:
+                sys.stdout.write(f"report: {os.path.abspath(where)}\n")
+
+    def mirror(self, ex: Exchange, verdict: dict[str, Any]) -> None:
+        """Local rank 0 of every other node writes the same report there."""
+        # By node, not host: two torchrun agents on one machine are two nodes sharing a hostname.
+        here = (self.info.host, self.info.node)
+        if self.info.local_rank != 0 or (verdict.get("host"), verdict.get("node")) == here:
+            return
+        shared = ex.read("report")
+        if shared and (shared.get("host"), shared.get("node")) != here:
+            import json
+
+            from distdiag.report.model import write_json_atomic
+
+            write_json_atomic(self.config.report, shared["json"].rstrip("\n"))
+            self._write_junit(Report.from_dict(json.loads(shared["json"])))
+
+    def _write_junit(self, report: Report) -> None:
+        if not self.config.junit:
+            return
+        from distdiag.report.junit import write_junit
+
+        try:
+            write_junit(report, self.config.junit)
+        except OSError as exc:
+            _print_err(f"distdiag: cannot write the JUnit XML to {self.config.junit}: {exc.strerror}")
+
+    # -- leave ------------------------------------------------------------------------------
+    def after_verdict(self, ex: Exchange, wait_s: float = LEAVE_WAIT_S) -> int:
+        """Every rank says it is leaving and waits (bounded) for the others to say so too. A
+        rank that does not - SIGSTOPped, or killed after the verdict - would keep torchrun
+        waiting forever or pass for healthy: same-host stopped ones are ended by pid, and the
+        rank that wrote the verdict adds them to the report (exit 3). Returns the exit code.
+        Runs once: on the main thread, or on the sentinel's when a SIGTERM comes first (`ex` is
+        then the sentinel's own store client)."""
+        with self._leaving:
+            if self._left_code is None:
+                self._left_code = self._leave(wait_s, ex)
+            return self._left_code
+
+    def _leave(self, wait_s: float, ex: Exchange) -> int:
+        from distdiag.runtime.sentinel import kill_stopped_local, silent_rank_reasons
+
+        report = self.verdict_report
+        code = report.exit_code if report is not None else int(self.sentinel.finishing_code or 0)
+        ex.post("left", 1)
+        world = self.info.world_size
+        if ex.wait_count("left", world, time.monotonic() + wait_s, poll_s=0.05):
+            return code
+        missing = sorted(set(range(world)) - set(ex.present("left")))
+        self._load_rank_infos(ex)
+        infos = dict(enumerate(self.rank_infos))
+        reasons = silent_rank_reasons(missing, infos, self.info.host)
+        kill_stopped_local(reasons, infos, self.info.host)
+        definite = {r: why for r, why in reasons.items() if "is gone" in why or "stopped" in why}
+        if report is None or not definite:
+            return code
+        return self._rewrite_lost_after_verdict(report, definite, ex)
+
+    def _rewrite_lost_after_verdict(self, report: Report, definite: dict[int, str], ex: Exchange) -> int:
+        """Ranks gone or stopped after the verdict: the written report now says so (exit 3)."""
+        from distdiag.check.consolidate import after_verdict_result
+
+        report.probes.append(after_verdict_result(definite))
+        report.exit_code = EXIT_HANG
+        report.verdict = "fail"
+        report.outcome = "lost_rank"
+        report.summary = report.probes[-1].findings[0].issue
+        self.emit(report, ex, show=False)
+        _print_err(f"distdiag: {report.summary}; the report now says exit {EXIT_HANG}: {os.path.abspath(self.config.report)}")
+        self.sentinel.finishing_code = EXIT_HANG
+        return EXIT_HANG
+
+    # -- the broken end (called on the sentinel thread of the rank that claims the writer) --
+    def write_abort_report(self, ex: Exchange, reason: dict[str, Any]) -> int:
+        from distdiag.runtime.sentinel import kill_stopped_local, silent_rank_reasons
+
+        world = self.info.world_size
+        self._load_rank_infos(ex)
+        snaps = {int(r): s for r, s in ex.collect("snap").items()}
+        reasons = {int(r): v for r, v in ex.collect("abort_reason").items()}
+        infos = {r: self.rank_infos[r] for r in range(world)}
+        lost = silent_rank_reasons([r for r in range(world) if r not in snaps], infos, self.info.host)
+        # Where did the run stop? The lowest step any live rank was still in.
+        indices = [s["probe_index"] for s in snaps.values() if s.get("phase") in ("probe", "barrier")]
+        final = all(s.get("phase") == "final" for s in snaps.values()) and snaps
+        cur = min(indices) if indices else (len(self.plan.probes) if final else -1)
+        results = self._completed(ex, max(cur, 0))
+        name, errors, comm_errors = self._errors_where_stopped(ex, cur, final)
+        first = reasons.get(min(reasons)) if reasons else reason
+        detail = first.get("detail", "") if first else ""
+        if comm_errors and not lost:
+            for r, err in comm_errors.items():
+                errors.setdefault(r, err)
+        kinds = {r.get("kind") for r in reasons.values()} or {reason.get("kind")}
+        # Every rank that said why it stopped was told to by a signal, and none is lost or
+        # raised: the run was cancelled (Ctrl-C, scancel, a preemption), nobody is at fault.
+        cancelled = kinds == {"terminated"} and not lost and not errors
+        duration = time.monotonic() - self.started
+        if cancelled:
+            result = cancel_result(name, snaps, world, reason=detail, duration_s=duration)
+        else:
+            result = hang_result(
+                name, snaps, lost, errors, world, timeout_s=self.config.timeout_s, reason=detail, duration_s=duration,
+            )
+        results.append(result)
+        not_run = [p.probe.name for p in self.plan.probes[cur + 1 :]] if cur >= 0 else self.plan.names
+        outcome = _outcome(kinds, cancelled=cancelled, lost=lost)
+        report = self._report(results, not_run, outcome=outcome, hung=True, writer=self.info.rank)
+        self.emit(report, ex)
+        kill_stopped_local(lost, dict(enumerate(self.rank_infos)), self.info.host)
+        return report.exit_code
+
+    def _errors_where_stopped(self, ex: Exchange, cur: int, final: Any) -> tuple[str, dict[int, Any], dict[int, Any]]:
+        """(the step the run stopped in, the errors ranks posted there, the broken connections
+        they posted there); `cur` is the probe's index, or -1 / past the last for setup / final."""
+        if 0 <= cur < len(self.plan.probes):
+            name = self.plan.probes[cur].probe.name
+            posted = ex.collect(f"res/{cur}")
+            errors = {r: p["error"] for r, p in posted.items() if p["status"] == "error" and not p.get("comm_error")}
+            comm_errors = {r: {**p["error"], "comm": True} for r, p in posted.items() if p.get("comm_error")}
+        else:
+            name = "final" if final else "setup"
+            errors = {int(r): e for r, e in ex.collect("setup_error").items()} if name == "setup" else {}
+            comm_errors = {}
+        # Exceptions a probe caught and went on from, posted the moment they were caught: when
+        # they stranded the others, they lead (the rank itself may be waiting somewhere else now).
+        for r, err in ex.collect(f"caught/{cur}").items():
+            errors.setdefault(int(r), {**err, "caught": True})
+        return name, errors, comm_errors
