@@ -453,6 +453,18 @@ def slow_links(
     # The 25th-percentile link: with one bad rank two of the ring's links are slow, so the
     # median itself would be slow on small rings.
     reference = ordered[len(ordered) // 4]
+    rows, slow = _link_rows(times, nbytes, reference, opts, view, gpu)
+    evidence = "; ".join(f"{row['link']} ({row['hosts']}): {row['GBps']} GB/s" for row in rows)
+    findings, named = _slow_rank_findings(slow, times, nbytes, reference, n, opts, view, evidence)
+    findings += _slow_pair_findings([p for p in slow if p not in named], times, nbytes, reference, opts, view, evidence)
+    return rows, findings
+
+
+def _link_rows(
+    times: dict[tuple[int, int], float], nbytes: int, reference: float, opts: BandwidthConfig,
+    view: ConsolidationView, gpu: bool,
+) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
+    """One row per ring link, and the links that are slow against the reference or the expected rate."""
     plan = opts.resolved(gpu)
     factor, floor = plan["slow_link_factor"], plan["slow_link_min_s"]
     rows = []
@@ -467,6 +479,14 @@ def slow_links(
         })
         if is_slow or below:
             slow.append((a, b))
+    return rows, slow
+
+
+def _slow_rank_findings(
+    slow: list[tuple[int, int]], times: dict[tuple[int, int], float], nbytes: int, reference: float, n: int,
+    opts: BandwidthConfig, view: ConsolidationView, evidence: str,
+) -> tuple[list[Finding], set[tuple[int, int]]]:
+    """A finding per rank whose two ring links are both slow, and the links those findings name."""
     findings = []
     count: dict[int, int] = {}
     for a, b in slow:
@@ -482,14 +502,21 @@ def slow_links(
             issue=(f"rank {r} (host {view.host_of(r)}): both its ring links are slow: "
                    + ", ".join(f"{a}<->{b} {times[(a, b)] * 1e6:.0f} us" for a, b in mine)
                    + f" vs {reference * 1e6:.0f} us for the reference link ({format_size(nbytes)} each way)"),
-            evidence="; ".join(f"{row['link']} ({row['hosts']}): {row['GBps']} GB/s" for row in rows),
+            evidence=evidence,
             ranks=[r],
             fix="the rank itself is slow (its NIC, its PCIe link, or a busy host): check that host and its device",
             confidence=0.8,
         ))
-    for a, b in slow:
-        if (a, b) in named:
-            continue
+    return findings, named
+
+
+def _slow_pair_findings(
+    pairs: list[tuple[int, int]], times: dict[tuple[int, int], float], nbytes: int, reference: float,
+    opts: BandwidthConfig, view: ConsolidationView, evidence: str,
+) -> list[Finding]:
+    """A finding per slow link not already blamed on one of its ranks."""
+    findings = []
+    for a, b in pairs:
         gbps = nbytes / times[(a, b)] / 1e9
         why = (f"{gbps:.3f} GB/s, below the expected {opts.expected_p2p_gbps} GB/s"
                if opts.expected_p2p_gbps and gbps < opts.expected_p2p_gbps
@@ -497,12 +524,12 @@ def slow_links(
         findings.append(Finding(
             severity="error" if opts.expected_p2p_gbps and gbps < opts.expected_p2p_gbps else "warning",
             issue=f"slow link between rank {a} (host {view.host_of(a)}) and rank {b} (host {view.host_of(b)}): {why}",
-            evidence="; ".join(f"{row['link']} ({row['hosts']}): {row['GBps']} GB/s" for row in rows),
+            evidence=evidence,
             ranks=[a, b],
             fix="test that pair's path (NIC, cable, switch port, NVLink) with a point-to-point benchmark and reseat or drain",
             confidence=0.7,
         ))
-    return rows, findings
+    return findings
 
 
 def _link_ranks(findings: list[Finding]) -> list[int]:

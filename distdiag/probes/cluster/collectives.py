@@ -112,6 +112,105 @@ def _idx(n: int) -> torch.Tensor:
     return torch.arange(n, dtype=torch.float64)
 
 
+@dataclass
+class _WorldOps:
+    """The world-group checks of one dtype, each group of ops as one method."""
+
+    comm: Any
+    rank: int
+    world: int
+    n: int
+    checker: _Checker
+    ops: set[str]
+    dname: str
+    dtype: torch.dtype
+    device: torch.device
+    i: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.i = _idx(self.n)
+
+    def make(self, values: torch.Tensor) -> torch.Tensor:
+        return values.to(self.dtype).to(self.device)
+
+    def expect(self, values: torch.Tensor) -> torch.Tensor:
+        """The expected value as this dtype can hold it (data movement is exact)."""
+        return values.to(self.dtype).to(torch.float64)
+
+    def reductions(self) -> None:
+        """all_reduce (sum, max, min) and broadcast."""
+        comm, checker, rank, world, i, dname, ops, make = (
+            self.comm, self.checker, self.rank, self.world, self.i, self.dname, self.ops, self.make)
+        if "all_reduce_sum" in ops:
+            x = make((rank + 1) + i % 3)
+            t = time.perf_counter()
+            comm.all_reduce(x, op=dist.ReduceOp.SUM)
+            checker.timed("all_reduce", t)
+            checker.check("all_reduce(sum)", dname, "world", x.cpu(), world * (world + 1) / 2 + world * (i % 3))
+        alt = torch.where(i % 2 == 0, torch.full_like(i, rank), torch.full_like(i, world - 1 - rank)) + i % 5
+        if "all_reduce_max" in ops:
+            x = make(alt)
+            comm.all_reduce(x, op=dist.ReduceOp.MAX)
+            checker.check("all_reduce(max)", dname, "world", x.cpu(), (world - 1) + i % 5)
+        if "all_reduce_min" in ops:
+            x = make(alt)
+            comm.all_reduce(x, op=dist.ReduceOp.MIN)
+            checker.check("all_reduce(min)", dname, "world", x.cpu(), i % 5)
+        if "broadcast" in ops:
+            for src in sorted({0, world - 1}):
+                x = make(7 + src + i % 11) if rank == src else make(torch.full_like(i, -1))
+                comm.broadcast(x, src=src)
+                checker.check(f"broadcast(src={src})", dname, "world", x.cpu(), self.expect(7 + src + i % 11))
+
+    def gathers(self) -> None:
+        """all_gather, all_gather_into_tensor and reduce_scatter_tensor."""
+        comm, checker, rank, world, n, i, dname, ops, make, expect = (
+            self.comm, self.checker, self.rank, self.world, self.n, self.i, self.dname, self.ops, self.make, self.expect)
+        mine = rank * 10 + i % 7
+        if "all_gather" in ops:
+            outs = [make(torch.full_like(i, -1)) for _ in range(world)]
+            t = time.perf_counter()
+            comm.all_gather(outs, make(mine))
+            checker.timed("all_gather", t)
+            for r, out in enumerate(outs):
+                checker.check(f"all_gather(from rank {r})", dname, "world", out.cpu(), expect(r * 10 + i % 7))
+        if "all_gather_into_tensor" in ops:
+            out = make(torch.full((world * n,), -1.0, dtype=torch.float64))
+            comm.all_gather_into_tensor(out, make(mine))
+            expected = torch.cat([expect(r * 10 + i % 7) for r in range(world)])
+            checker.check("all_gather_into_tensor", dname, "world", out.cpu(), expected)
+        if "reduce_scatter_tensor" in ops:
+            chunks = [(rank + 1) * (j + 1) + i % 3 for j in range(world)]
+            out = make(torch.full_like(i, -1))
+            t = time.perf_counter()
+            comm.reduce_scatter_tensor(out, make(torch.cat(chunks)))
+            checker.timed("reduce_scatter_tensor", t)
+            checker.check("reduce_scatter_tensor", dname, "world", out.cpu(), (rank + 1) * world * (world + 1) / 2 + world * (i % 3))
+
+    def exchanges(self, barrier: bool) -> None:
+        """all_to_all_single (uneven), the send/recv ring, and the timed barrier (first dtype only)."""
+        comm, checker, rank, world, n, i, dname, ops, make, expect = (
+            self.comm, self.checker, self.rank, self.world, self.n, self.i, self.dname, self.ops, self.make, self.expect)
+        if "all_to_all_single" in ops:
+            unit = max(1, n // (4 * world))
+            send_sizes = [unit * (1 + (rank + 2 * j) % 3) for j in range(world)]
+            recv_sizes = [unit * (1 + (j + 2 * rank) % 3) for j in range(world)]
+            send = torch.cat([torch.full((send_sizes[j],), float(rank * 16 + j)) for j in range(world)])
+            out = make(torch.full((sum(recv_sizes),), -1.0, dtype=torch.float64))
+            comm.all_to_all_single(out, make(send), recv_sizes, send_sizes)
+            expected = torch.cat([expect(torch.full((recv_sizes[j],), float(j * 16 + rank))) for j in range(world)])
+            checker.check("all_to_all_single(uneven)", dname, "world", out.cpu(), expected)
+        if "send_recv_ring" in ops:
+            dst, src = (rank + 1) % world, (rank - 1) % world
+            recv = make(torch.full_like(i, -1))
+            comm.send_recv(make(rank * 3 + 1 + i % 5), dst, recv, src)
+            checker.check(f"send_recv(ring {src}->{rank})", dname, "world", recv.cpu(), expect(src * 3 + 1 + i % 5))
+        if "barrier" in ops and barrier:
+            t = time.perf_counter()
+            comm.barrier()
+            checker.timed("barrier", t)
+
+
 class CollectivesProbe(Probe):
     name = "collectives"
     summary = "collectives that return wrong values (all_reduce, gathers, reduce_scatter, all_to_all, p2p) per rank, op and dtype"
@@ -135,75 +234,11 @@ class CollectivesProbe(Probe):
         }
 
     def _world_ops(self, ctx: Any, checker: _Checker, opts: CollectivesConfig, dname: str, dtype: torch.dtype, device: torch.device) -> None:
-        comm, rank, world, n = ctx.comm, ctx.rank, ctx.world_size, opts.numel
-        i = _idx(n)
-
-        def make(values: torch.Tensor) -> torch.Tensor:
-            return values.to(dtype).to(device)
-
-        def expect(values: torch.Tensor) -> torch.Tensor:
-            # The expected value as this dtype can hold it (data movement is exact).
-            return values.to(dtype).to(torch.float64)
-
-        ops = set(opts.ops)
-        if "all_reduce_sum" in ops:
-            x = make((rank + 1) + i % 3)
-            t = time.perf_counter()
-            comm.all_reduce(x, op=dist.ReduceOp.SUM)
-            checker.timed("all_reduce", t)
-            checker.check("all_reduce(sum)", dname, "world", x.cpu(), world * (world + 1) / 2 + world * (i % 3))
-        alt = torch.where(i % 2 == 0, torch.full_like(i, rank), torch.full_like(i, world - 1 - rank)) + i % 5
-        if "all_reduce_max" in ops:
-            x = make(alt)
-            comm.all_reduce(x, op=dist.ReduceOp.MAX)
-            checker.check("all_reduce(max)", dname, "world", x.cpu(), (world - 1) + i % 5)
-        if "all_reduce_min" in ops:
-            x = make(alt)
-            comm.all_reduce(x, op=dist.ReduceOp.MIN)
-            checker.check("all_reduce(min)", dname, "world", x.cpu(), i % 5)
-        if "broadcast" in ops:
-            for src in sorted({0, world - 1}):
-                x = make(7 + src + i % 11) if rank == src else make(torch.full_like(i, -1))
-                comm.broadcast(x, src=src)
-                checker.check(f"broadcast(src={src})", dname, "world", x.cpu(), expect(7 + src + i % 11))
-        mine = rank * 10 + i % 7
-        if "all_gather" in ops:
-            outs = [make(torch.full_like(i, -1)) for _ in range(world)]
-            t = time.perf_counter()
-            comm.all_gather(outs, make(mine))
-            checker.timed("all_gather", t)
-            for r, out in enumerate(outs):
-                checker.check(f"all_gather(from rank {r})", dname, "world", out.cpu(), expect(r * 10 + i % 7))
-        if "all_gather_into_tensor" in ops:
-            out = make(torch.full((world * n,), -1.0, dtype=torch.float64))
-            comm.all_gather_into_tensor(out, make(mine))
-            expected = torch.cat([expect(r * 10 + i % 7) for r in range(world)])
-            checker.check("all_gather_into_tensor", dname, "world", out.cpu(), expected)
-        if "reduce_scatter_tensor" in ops:
-            chunks = [(rank + 1) * (j + 1) + i % 3 for j in range(world)]
-            out = make(torch.full_like(i, -1))
-            t = time.perf_counter()
-            comm.reduce_scatter_tensor(out, make(torch.cat(chunks)))
-            checker.timed("reduce_scatter_tensor", t)
-            checker.check("reduce_scatter_tensor", dname, "world", out.cpu(), (rank + 1) * world * (world + 1) / 2 + world * (i % 3))
-        if "all_to_all_single" in ops:
-            unit = max(1, n // (4 * world))
-            send_sizes = [unit * (1 + (rank + 2 * j) % 3) for j in range(world)]
-            recv_sizes = [unit * (1 + (j + 2 * rank) % 3) for j in range(world)]
-            send = torch.cat([torch.full((send_sizes[j],), float(rank * 16 + j)) for j in range(world)])
-            out = make(torch.full((sum(recv_sizes),), -1.0, dtype=torch.float64))
-            comm.all_to_all_single(out, make(send), recv_sizes, send_sizes)
-            expected = torch.cat([expect(torch.full((recv_sizes[j],), float(j * 16 + rank))) for j in range(world)])
-            checker.check("all_to_all_single(uneven)", dname, "world", out.cpu(), expected)
-        if "send_recv_ring" in ops:
-            dst, src = (rank + 1) % world, (rank - 1) % world
-            recv = make(torch.full_like(i, -1))
-            comm.send_recv(make(rank * 3 + 1 + i % 5), dst, recv, src)
-            checker.check(f"send_recv(ring {src}->{rank})", dname, "world", recv.cpu(), expect(src * 3 + 1 + i % 5))
-        if "barrier" in ops and dname == opts.dtypes[0]:
-            t = time.perf_counter()
-            comm.barrier()
-            checker.timed("barrier", t)
+        # Every rank runs the same collectives in the same order (gloo pairs them by order).
+        world_ops = _WorldOps(ctx.comm, ctx.rank, ctx.world_size, opts.numel, checker, set(opts.ops), dname, dtype, device)
+        world_ops.reductions()
+        world_ops.gathers()
+        world_ops.exchanges(barrier=dname == opts.dtypes[0])
 
     def _subgroups(self, ctx: Any, checker: _Checker, opts: CollectivesConfig, device: torch.device) -> None:
         rank, world = ctx.rank, ctx.world_size

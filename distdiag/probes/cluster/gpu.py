@@ -141,12 +141,31 @@ def _f(severity: str, issue: str, evidence: str, fix: str, drain: bool = False) 
 
 def assess_device(r: dict[str, Any], opts: GpuConfig, where: str) -> list[dict[str, Any]]:
     """Findings about one GPU's reading. `where` names it ("host h GPU 3 (PCI 0000:...)")."""
+    reasons = throttle_names(r.get("throttle_mask"))
+    return (
+        _read_errors(r, where)
+        + _memory_errors(r, opts, where)
+        + _temperature(r, opts, where)
+        + _throttling(r, where, reasons)
+        + _pcie_link(r, where, reasons)
+        + _device_setup(r, opts, where)
+    )
+
+
+def _read_errors(r: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """NVML queries that failed on fields the device supports."""
     out = []
     for name, err in r["errors"].items():
         lost = "GpuIsLost" in err or "GPU_IS_LOST" in err
         out.append(_f("error", f"{where}: NVML could not read {name}: {err}",
                       "an NVML query failed on a field the device supports",
                       "run nvidia-smi -q on that host; a lost GPU needs a reset or a reboot", drain=lost))
+    return out
+
+
+def _memory_errors(r: dict[str, Any], opts: GpuConfig, where: str) -> list[dict[str, Any]]:
+    """ECC counters, pending retired pages and row remapping."""
+    out = []
     unc = r.get("ecc_uncorrected_volatile")
     if unc:
         out.append(_f("error", f"{where}: {unc} uncorrected ECC error(s) since the last driver load",
@@ -170,26 +189,42 @@ def assess_device(r: dict[str, Any], opts: GpuConfig, where: str) -> list[dict[s
     elif rows and rows["pending"]:
         out.append(_f("error", f"{where}: a memory row remapping is pending (takes effect after a GPU reset)",
                       f"remapped rows: {rows}", "drain the node and reset the GPU", drain=True))
+    return out
+
+
+def _temperature(r: dict[str, Any], opts: GpuConfig, where: str) -> list[dict[str, Any]]:
+    """Temperature against the slowdown threshold (or opts.max_temp_c when NVML gives none)."""
     temp, slow = r.get("temperature_c"), r.get("slowdown_temp_c")
-    if temp is not None:
-        if slow is not None and temp >= slow:
-            out.append(_f("error", f"{where}: temperature {temp} C at or above its slowdown threshold {slow} C",
-                          f"temperature {temp} C, slowdown threshold {slow} C", "check the node's cooling and airflow", drain=True))
-        elif slow is not None and temp >= slow - 5:
-            out.append(_f("warning", f"{where}: temperature {temp} C within 5 C of its slowdown threshold {slow} C",
-                          f"temperature {temp} C", "check the node's cooling"))
-        elif slow is None and temp >= opts.max_temp_c:
-            out.append(_f("warning", f"{where}: temperature {temp} C (threshold {opts.max_temp_c} C; NVML gives no slowdown threshold)",
-                          f"temperature {temp} C", "check the node's cooling"))
-    reasons = throttle_names(r.get("throttle_mask"))
+    if temp is None:
+        return []
+    if slow is not None and temp >= slow:
+        return [_f("error", f"{where}: temperature {temp} C at or above its slowdown threshold {slow} C",
+                   f"temperature {temp} C, slowdown threshold {slow} C", "check the node's cooling and airflow", drain=True)]
+    if slow is not None and temp >= slow - 5:
+        return [_f("warning", f"{where}: temperature {temp} C within 5 C of its slowdown threshold {slow} C",
+                   f"temperature {temp} C", "check the node's cooling")]
+    if slow is None and temp >= opts.max_temp_c:
+        return [_f("warning", f"{where}: temperature {temp} C (threshold {opts.max_temp_c} C; NVML gives no slowdown threshold)",
+                   f"temperature {temp} C", "check the node's cooling")]
+    return []
+
+
+def _throttling(r: dict[str, Any], where: str, reasons: list[str]) -> list[dict[str, Any]]:
+    """Clocks held down by hardware slowdown, or by the driver for temperature."""
     hw = [x for x in reasons if x in _HW_THROTTLE]
     if hw:
-        out.append(_f("error", f"{where}: clocks held down by {', '.join(hw)}",
-                      f"throttle reasons: {', '.join(reasons)}; power {_watts(r.get('power_mw'))} of {_watts(r.get('power_limit_mw'))}",
-                      "hardware slowdown means power or thermal trouble on that board: drain and inspect", drain=True))
-    elif "sw_thermal_slowdown" in reasons:
-        out.append(_f("warning", f"{where}: clocks reduced by the driver for temperature (sw_thermal_slowdown)",
-                      f"throttle reasons: {', '.join(reasons)}; temperature {temp} C", "check the node's cooling"))
+        return [_f("error", f"{where}: clocks held down by {', '.join(hw)}",
+                   f"throttle reasons: {', '.join(reasons)}; power {_watts(r.get('power_mw'))} of {_watts(r.get('power_limit_mw'))}",
+                   "hardware slowdown means power or thermal trouble on that board: drain and inspect", drain=True)]
+    if "sw_thermal_slowdown" in reasons:
+        return [_f("warning", f"{where}: clocks reduced by the driver for temperature (sw_thermal_slowdown)",
+                   f"throttle reasons: {', '.join(reasons)}; temperature {r.get('temperature_c')} C", "check the node's cooling")]
+    return []
+
+
+def _pcie_link(r: dict[str, Any], where: str, reasons: list[str]) -> list[dict[str, Any]]:
+    """A PCIe link narrower than its max, or at a lower generation while busy."""
+    out = []
     width, width_max = r.get("pcie_width"), r.get("pcie_width_max")
     gen, gen_max = r.get("pcie_gen"), r.get("pcie_gen_max")
     if width is not None and width_max is not None and width < width_max:
@@ -204,6 +239,12 @@ def assess_device(r: dict[str, Any], opts: GpuConfig, where: str) -> list[dict[s
         else:
             out.append(_f("warning", f"{where}: PCIe link at gen {gen} below its max gen {gen_max} while not idle",
                           f"PCIe gen {gen} of {gen_max}, width x{width} of x{width_max}", "check BIOS PCIe settings and the riser"))
+    return out
+
+
+def _device_setup(r: dict[str, Any], opts: GpuConfig, where: str) -> list[dict[str, Any]]:
+    """Memory already taken before the job, MIG mode, and persistence mode."""
+    out = []
     total, free = r.get("memory_total"), r.get("memory_free")
     if total and free is not None and free / total < opts.min_free_memory_fraction:
         out.append(_f("warning", f"{where}: only {free / 2**30:.1f} of {total / 2**30:.1f} GiB free before the job starts",

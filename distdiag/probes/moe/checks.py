@@ -50,64 +50,87 @@ def _router(payloads: dict[int, dict[str, Any]], opts: Any, world: int) -> list[
     info = {r: p.get("router") or {} for r, p in payloads.items()}
     who = info.get(0, {}).get("who", "route")
     problems = {r: v["problem"] for r, v in info.items() if v.get("problem")}
-    if problems and all(info[r].get("raised") for r in problems):
+    if problems:
+        return _router_problems(problems, info, who, world)
+    out = _router_twice(info, who, opts, world)
+    ref = info.get(0, {}).get("indices")
+    if ref is not None:
+        out += _router_ranks_differ(info, ref, who, world)
+        num = info[0].get("num_experts") or (max((e for row in ref for e in row), default=-1) + 1)
+        made_up = f"{len(ref)} random tokens N(0, 1) of width {opts.hidden_dim} that distdiag made up, not your data"
+        out += load_findings(who, ref, num, opts.imbalance_warn, made_up)
+    out += _router_ties(info, who, opts)
+    return out
+
+
+def _router_problems(
+    problems: dict[int, str], info: dict[int, dict[str, Any]], who: str, world: int
+) -> list[Finding]:
+    """The one finding when route() could not be called or checked on some ranks."""
+    ranks = sorted(problems)
+    if all(info[r].get("raised") for r in problems):
         # The tokens are made up (random, hidden_dim wide): a router that raises on them is
         # most likely one of another width, not a broken router; its checks did not run.
-        ranks = sorted(problems)
         return [_f("warning", f"{who} was not checked: it raised on the tokens distdiag made up on "
                               f"{format_ranks(ranks, world)}: {problems[ranks[0]]}",
                    "\n".join(f"rank {r}: {p}" for r, p in sorted(problems.items())), ranks,
                    "set probes.moe_routing.hidden_dim to the width of the hidden states your router takes, so route() can "
                    "be called on made-up tokens of that shape", 0.8)]
-    if problems:
-        ranks = sorted(problems)
-        return [_f("error", f"{who} cannot be checked on {format_ranks(ranks, world)}: {problems[ranks[0]]}",
-                   "\n".join(f"rank {r}: {p}" for r, p in sorted(problems.items())), ranks,
-                   "route(tokens) takes float tokens [num_tokens, hidden_dim] and returns expert indices [num_tokens, k] "
-                   "(optionally a tuple (indices, ..., scores [num_tokens, num_experts]))", 0.95)]
-    out = []
+    return [_f("error", f"{who} cannot be checked on {format_ranks(ranks, world)}: {problems[ranks[0]]}",
+               "\n".join(f"rank {r}: {p}" for r, p in sorted(problems.items())), ranks,
+               "route(tokens) takes float tokens [num_tokens, hidden_dim] and returns expert indices [num_tokens, k] "
+               "(optionally a tuple (indices, ..., scores [num_tokens, num_experts]))", 0.95)]
+
+
+def _router_twice(info: dict[int, dict[str, Any]], who: str, opts: Any, world: int) -> list[Finding]:
+    """Ranks where a second call on the same tokens routed some of them differently."""
     twice = {r: v for r, v in info.items() if v.get("twice_differ_count")}
-    if twice:
-        ranks = sorted(twice)
-        r0 = ranks[0]
-        first = twice[r0]["twice_differ"][0]
-        out.append(_f(
-            "error", f"{who} routes the same tokens differently on a second call on {format_ranks(ranks, world)}: "
-                     f"{twice[r0]['twice_differ_count']} of {opts.num_tokens} tokens change experts",
-            "\n".join(f"rank {r}: tokens {v['twice_differ']}" for r, v in sorted(twice.items()))
-            + f"\nrank {r0} token {first}: {info[r0]['indices'][first]} then {twice[r0]['second_first']}",
-            ranks, "the router draws random numbers per call (noise, jitter, dropout in train mode, unseeded sampling): "
-                   "seed it from the step, or disable it where recomputation must route identically", 0.95))
-    ref = info.get(0, {}).get("indices")
-    if ref is not None:
-        differ = {}
-        for r, v in sorted(info.items()):
-            if r and v.get("indices") is not None and v["indices"] != ref:
-                toks = [t for t in range(len(ref)) if t >= len(v["indices"]) or v["indices"][t] != ref[t]]
-                differ[r] = toks
-        if differ:
-            ranks = sorted(differ)
-            r1 = ranks[0]
-            t = differ[r1][0]
-            out.append(_f(
-                "error", f"{who} routes identical tokens to different experts on {format_ranks(ranks, world)} than on rank 0",
-                "\n".join(f"rank {r}: {len(ts)} of {len(ref)} tokens differ, first {ts[:8]}" for r, ts in sorted(differ.items()))
-                + f"\ntoken {t}: rank 0 {ref[t]}, rank {r1} {info[r1]['indices'][t] if t < len(info[r1]['indices']) else '-'}",
-                ranks, "the router depends on the rank (a per-rank seed or generator, unsynchronised router weights): "
-                       "seed identically and keep router parameters replicated", 0.95))
-        num = info[0].get("num_experts") or (max((e for row in ref for e in row), default=-1) + 1)
-        made_up = f"{len(ref)} random tokens N(0, 1) of width {opts.hidden_dim} that distdiag made up, not your data"
-        out += load_findings(who, ref, num, opts.imbalance_warn, made_up)
+    if not twice:
+        return []
+    ranks = sorted(twice)
+    r0 = ranks[0]
+    first = twice[r0]["twice_differ"][0]
+    return [_f(
+        "error", f"{who} routes the same tokens differently on a second call on {format_ranks(ranks, world)}: "
+                 f"{twice[r0]['twice_differ_count']} of {opts.num_tokens} tokens change experts",
+        "\n".join(f"rank {r}: tokens {v['twice_differ']}" for r, v in sorted(twice.items()))
+        + f"\nrank {r0} token {first}: {info[r0]['indices'][first]} then {twice[r0]['second_first']}",
+        ranks, "the router draws random numbers per call (noise, jitter, dropout in train mode, unseeded sampling): "
+               "seed it from the step, or disable it where recomputation must route identically", 0.95)]
+
+
+def _router_ranks_differ(info: dict[int, dict[str, Any]], ref: list[Any], who: str, world: int) -> list[Finding]:
+    """Ranks that route the same tokens to other experts than rank 0 does."""
+    differ = {}
+    for r, v in sorted(info.items()):
+        if r and v.get("indices") is not None and v["indices"] != ref:
+            toks = [t for t in range(len(ref)) if t >= len(v["indices"]) or v["indices"][t] != ref[t]]
+            differ[r] = toks
+    if not differ:
+        return []
+    ranks = sorted(differ)
+    r1 = ranks[0]
+    t = differ[r1][0]
+    return [_f(
+        "error", f"{who} routes identical tokens to different experts on {format_ranks(ranks, world)} than on rank 0",
+        "\n".join(f"rank {r}: {len(ts)} of {len(ref)} tokens differ, first {ts[:8]}" for r, ts in sorted(differ.items()))
+        + f"\ntoken {t}: rank 0 {ref[t]}, rank {r1} {info[r1]['indices'][t] if t < len(info[r1]['indices']) else '-'}",
+        ranks, "the router depends on the rank (a per-rank seed or generator, unsynchronised router weights): "
+               "seed identically and keep router parameters replicated", 0.95)]
+
+
+def _router_ties(info: dict[int, dict[str, Any]], who: str, opts: Any) -> list[Finding]:
+    """Rank 0's near-tie count among the top-k scores, as a warning over opts.tie_warn_share."""
     ties = info.get(0, {}).get("near_ties")
-    if ties:
-        share = ties / max(1, opts.num_tokens)
-        out.append(_f("warning" if share > opts.tie_warn_share else "info",
-                      f"{who}: {ties} of {opts.num_tokens} tokens ({share:.1%}) are near-ties (top-k log-score gap < {opts.tie_eps:g})",
-                      f"smallest gap {info[0].get('min_gap', 0):.3g}; routed: {opts.num_tokens} random tokens N(0, 1) that "
-                      "distdiag made up (real hidden states may tie more or less often)", [],
-                      "near-ties flip under recomputation or another reduction order (activation checkpointing, "
-                      "different parallelism): break ties deterministically or add a small fixed bias", 0.6))
-    return out
+    if not ties:
+        return []
+    share = ties / max(1, opts.num_tokens)
+    return [_f("warning" if share > opts.tie_warn_share else "info",
+               f"{who}: {ties} of {opts.num_tokens} tokens ({share:.1%}) are near-ties (top-k log-score gap < {opts.tie_eps:g})",
+               f"smallest gap {info[0].get('min_gap', 0):.3g}; routed: {opts.num_tokens} random tokens N(0, 1) that "
+               "distdiag made up (real hidden states may tie more or less often)", [],
+               "near-ties flip under recomputation or another reduction order (activation checkpointing, "
+               "different parallelism): break ties deterministically or add a small fixed bias", 0.6)]
 
 
 def _dispatch(where: str, res: dict[int, dict[str, Any]], world: int) -> list[Finding]:

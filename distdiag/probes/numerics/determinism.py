@@ -135,65 +135,16 @@ class DeterminismProbe(tr.NumericsProbe):
         if (failed := setup_failure(self.name, payloads, "ref")) is not None:
             return failed
         ranks = sorted(payloads)
-        findings: list[Finding] = []
         unstable = {r: p["ref_diff"] for r, p in payloads.items() if p["ref_diff"]}
         par_unstable = {r: p["par_diff"] for r, p in payloads.items() if p.get("par_diff")}
-        for label, bad in (("the reference forward/backward", unstable), ("the parallel step", par_unstable)):
-            if not bad:
-                continue
-            names = sorted({n for d in bad.values() for n in d})
-            lines = [f"rank {r}: differs in {', '.join(d[:6])}" + (f" (+{len(d) - 6})" if len(d) > 6 else "") for r, d in sorted(bad.items())]
-            if label == "the parallel step":
-                lines += [f"rank {r}: losses {payloads[r]['par_losses'][0]!r} then {payloads[r]['par_losses'][1]!r}" for r in sorted(bad)]
-            findings.append(Finding(
-                severity="error",
-                issue=f"{label} is not reproducible on {format_ranks(sorted(bad))}: run twice from the same state and RNG, {len(names)} of loss/gradients differ bitwise",
-                evidence="\n".join(lines),
-                ranks=sorted(bad),
-                fix=(
-                    "a nondeterministic op or an unseeded random source is in the step: run it under "
-                    "torch.use_deterministic_algorithms(True) to have torch name the op (atomic scatter/index_add on GPU, "
-                    "nondeterministic cuDNN/cuBLAS kernels), and draw randomness from torch's seeded generators; "
-                    "for the parallel step only, also check that train_step keeps no state of its own that the repeat "
-                    "cannot restore (a step counter or schedule outside the model and optimizer)"
-                ),
-                confidence=0.9,
-            ))
+        findings = _repeat_findings(payloads, unstable, par_unstable)
         inputs = group_ranks(ranks, lambda r: payloads[r].get("inputs", ""))
         if len(inputs) > 1:
-            odd = minority_ranks(inputs)
-            findings.append(Finding(
-                severity="error",
-                issue=f"build_model or make_batch gives different bits on {format_ranks(odd)}: the ranks do not start from the same model and batch",
-                evidence="; ".join(f"{format_ranks(g)}: inputs {h}" for h, g in inputs.items()),
-                ranks=odd,
-                fix="something in build_model/make_batch depends on the rank or on unseeded randomness; param_sync names the tensors",
-                confidence=0.9,
-            ))
+            findings.append(_inputs_finding(inputs))
         stable = [r for r in ranks if r not in unstable and len(inputs) == 1]
         groups = group_ranks(stable, lambda r: _ref_key(payloads[r]["ref"]))
         if len(groups) > 1:
-            odd = minority_ranks(groups)
-            tie = len(odd) == len(stable)
-            base = payloads[max(groups.values(), key=len)[0]]["ref"]
-            lines = []
-            for r in odd:
-                diff = _diff(base, payloads[r]["ref"])
-                lines.append(f"rank {r} (host {view.host_of(r)}): differs in {', '.join(diff[:6])}; loss {float.fromhex(payloads[r]['ref']['loss'])!r} vs {float.fromhex(base['loss'])!r}")
-            findings.append(Finding(
-                severity="error",
-                issue=(
-                    f"the same computation gives different bits on {format_ranks(odd)}: "
-                    + ("the ranks split evenly, so which side is wrong is unknown" if tie else "silent-data-corruption suspect")
-                ),
-                evidence="\n".join(lines),
-                ranks=odd,
-                fix=(
-                    "every rank ran the same model, batch and seed; if the hardware and software are the same (see the env "
-                    "probe), run the check again and, if the same rank differs, take its device out and run the vendor's diagnostics"
-                ),
-                confidence=0.5 if tie else 0.8,
-            ))
+            findings.append(_cross_rank_finding(payloads, view, stable, groups))
         elif unstable and not stable:
             findings.append(Finding(severity="info", issue="cross-rank bit comparison skipped: the reference step is not reproducible on any rank"))
         findings.append(Finding(
@@ -203,3 +154,72 @@ class DeterminismProbe(tr.NumericsProbe):
         ))
         metrics = {"nondeterministic_ranks": sorted(set(unstable) | set(par_unstable)), "bit_groups": len(groups)}
         return ProbeResult.from_findings(self.name, findings, metrics=metrics)
+
+
+def _repeat_findings(
+    payloads: dict[int, dict[str, Any]], unstable: dict[int, list[str]], par_unstable: dict[int, list[str]]
+) -> list[Finding]:
+    """An error for each step (reference, parallel) that some rank could not repeat bitwise."""
+    findings: list[Finding] = []
+    for label, bad in (("the reference forward/backward", unstable), ("the parallel step", par_unstable)):
+        if not bad:
+            continue
+        names = sorted({n for d in bad.values() for n in d})
+        lines = [f"rank {r}: differs in {', '.join(d[:6])}" + (f" (+{len(d) - 6})" if len(d) > 6 else "") for r, d in sorted(bad.items())]
+        if label == "the parallel step":
+            lines += [f"rank {r}: losses {payloads[r]['par_losses'][0]!r} then {payloads[r]['par_losses'][1]!r}" for r in sorted(bad)]
+        findings.append(Finding(
+            severity="error",
+            issue=f"{label} is not reproducible on {format_ranks(sorted(bad))}: run twice from the same state and RNG, {len(names)} of loss/gradients differ bitwise",
+            evidence="\n".join(lines),
+            ranks=sorted(bad),
+            fix=(
+                "a nondeterministic op or an unseeded random source is in the step: run it under "
+                "torch.use_deterministic_algorithms(True) to have torch name the op (atomic scatter/index_add on GPU, "
+                "nondeterministic cuDNN/cuBLAS kernels), and draw randomness from torch's seeded generators; "
+                "for the parallel step only, also check that train_step keeps no state of its own that the repeat "
+                "cannot restore (a step counter or schedule outside the model and optimizer)"
+            ),
+            confidence=0.9,
+        ))
+    return findings
+
+
+def _inputs_finding(inputs: dict[str, list[int]]) -> Finding:
+    """The ranks whose model and batch differ from the others' before any step."""
+    odd = minority_ranks(inputs)
+    return Finding(
+        severity="error",
+        issue=f"build_model or make_batch gives different bits on {format_ranks(odd)}: the ranks do not start from the same model and batch",
+        evidence="; ".join(f"{format_ranks(g)}: inputs {h}" for h, g in inputs.items()),
+        ranks=odd,
+        fix="something in build_model/make_batch depends on the rank or on unseeded randomness; param_sync names the tensors",
+        confidence=0.9,
+    )
+
+
+def _cross_rank_finding(
+    payloads: dict[int, dict[str, Any]], view: ConsolidationView, stable: list[int], groups: dict[str, list[int]]
+) -> Finding:
+    """The ranks whose reproducible reference step gives other bits than the majority's."""
+    odd = minority_ranks(groups)
+    tie = len(odd) == len(stable)
+    base = payloads[max(groups.values(), key=len)[0]]["ref"]
+    lines = []
+    for r in odd:
+        diff = _diff(base, payloads[r]["ref"])
+        lines.append(f"rank {r} (host {view.host_of(r)}): differs in {', '.join(diff[:6])}; loss {float.fromhex(payloads[r]['ref']['loss'])!r} vs {float.fromhex(base['loss'])!r}")
+    return Finding(
+        severity="error",
+        issue=(
+            f"the same computation gives different bits on {format_ranks(odd)}: "
+            + ("the ranks split evenly, so which side is wrong is unknown" if tie else "silent-data-corruption suspect")
+        ),
+        evidence="\n".join(lines),
+        ranks=odd,
+        fix=(
+            "every rank ran the same model, batch and seed; if the hardware and software are the same (see the env "
+            "probe), run the check again and, if the same rank differs, take its device out and run the vendor's diagnostics"
+        ),
+        confidence=0.5 if tie else 0.8,
+    )

@@ -135,28 +135,59 @@ class FsdpPlanProbe(tr.NumericsProbe):
         ranks = sorted(payloads)
         opts: FsdpPlanConfig = self.options(view)
         base = payloads[ranks[0]]["rows"]
-        table, findings = [], []
-        unmanaged, twice, low_precision, partial = [], [], [], []
-        for i, row in enumerate(base):
-            sizes = [payloads[r]["rows"][i]["local_numel"] for r in ranks if i < len(payloads[r]["rows"])]
-            uneven = len(set(sizes)) > 1
-            shown = f"{sizes[0]} each" if not uneven else ",".join(map(str, sizes))
-            table.append({
-                "fqn": row["fqn"], "group": ",".join(row["groups"]) or ("DDP" if row["ddp"] else "-"),
-                "mesh": row["mesh"], "placements": row["placements"], "shape": "x".join(map(str, row["shape"])) or "scalar",
-                "local numel/rank": shown, "uneven": "yes" if uneven else "", "dtype": row["dtype"],
-                "param/reduce dtype": f"{row.get('param_dtype') or '-'}/{row.get('reduce_dtype') or '-'}",
-                "reshard": str(row.get("reshard", "-")), "tied with": ",".join(row["tied"]),
-            })
-            if row["requires_grad"] and not row["groups"] and not row["ddp"] and view.world_size > 1:
-                unmanaged.append(row["fqn"])
-            if row.get("mesh_size", view.world_size) < view.world_size and not row.get("replicate") and row["requires_grad"]:
-                partial.append(row["fqn"])
+        table = [_table_row(row, [payloads[r]["rows"][i]["local_numel"] for r in ranks if i < len(payloads[r]["rows"])])
+                 for i, row in enumerate(base)]
+        problems = _RowProblems.scan(base, view.world_size)
+        findings = problems.findings(base, ranks, view.world_size, payloads[ranks[0]]["ties"])
+        per_rank = {r: sum(x["local_bytes"] for x in payloads[r]["rows"]) for r in ranks}
+        findings.extend(_imbalance(per_rank, opts.imbalance_warn))
+        findings.append(Finding(severity="info", issue=f"audited {len(base)} parameter(s) of {payloads[ranks[0]]['source']}",
+                                evidence=", ".join(f"rank {r}: {b} B of local parameters" for r, b in per_rank.items())))
+        metrics = {"params": len(base), "unmanaged": len(problems.unmanaged), "local_param_bytes": {str(r): b for r, b in per_rank.items()}}
+        return ProbeResult.from_findings(self.name, findings, metrics=metrics, details={"table:fsdp plan": table})
+
+
+def _table_row(row: dict[str, Any], sizes: list[int]) -> dict[str, str]:
+    """One parameter's row of the plan table; `sizes` are its local numels, rank by rank."""
+    uneven = len(set(sizes)) > 1
+    shown = f"{sizes[0]} each" if not uneven else ",".join(map(str, sizes))
+    return {
+        "fqn": row["fqn"], "group": ",".join(row["groups"]) or ("DDP" if row["ddp"] else "-"),
+        "mesh": row["mesh"], "placements": row["placements"], "shape": "x".join(map(str, row["shape"])) or "scalar",
+        "local numel/rank": shown, "uneven": "yes" if uneven else "", "dtype": row["dtype"],
+        "param/reduce dtype": f"{row.get('param_dtype') or '-'}/{row.get('reduce_dtype') or '-'}",
+        "reshard": str(row.get("reshard", "-")), "tied with": ",".join(row["tied"]),
+    }
+
+
+@dataclass
+class _RowProblems:
+    """The parameters of rank 0's plan that are left out, partly reduced, managed twice or reduced in low precision."""
+
+    unmanaged: list[str]
+    partial: list[str]
+    twice: list[str]
+    low_precision: list[str]
+
+    @classmethod
+    def scan(cls, base: list[dict[str, Any]], world: int) -> _RowProblems:
+        out = cls([], [], [], [])
+        for row in base:
+            if row["requires_grad"] and not row["groups"] and not row["ddp"] and world > 1:
+                out.unmanaged.append(row["fqn"])
+            if row.get("mesh_size", world) < world and not row.get("replicate") and row["requires_grad"]:
+                out.partial.append(row["fqn"])
             if len(row["groups"]) > 1:
-                twice.append(f"{row['fqn']} (groups {', '.join(row['groups'])})")
+                out.twice.append(f"{row['fqn']} (groups {', '.join(row['groups'])})")
             low = _lower_precision(row)
             if low:
-                low_precision.append(f"{row['fqn']}: {low}")
+                out.low_precision.append(f"{row['fqn']}: {low}")
+        return out
+
+    def findings(self, base: list[dict[str, Any]], ranks: list[int], world: int, ties: list[list[str]]) -> list[Finding]:
+        """A finding per kind of problem found, with the broken ties between managed-twice and low precision."""
+        unmanaged, partial, twice, low_precision = self.unmanaged, self.partial, self.twice, self.low_precision
+        findings = []
         if unmanaged:
             modules = _outermost(unmanaged, [r["fqn"] for r in base])
             findings.append(Finding(
@@ -172,8 +203,8 @@ class FsdpPlanProbe(tr.NumericsProbe):
             findings.append(Finding(
                 severity="warning",
                 issue=(
-                    f"{len(partial)} parameter(s) are sharded on a mesh of {size} of the {view.world_size} ranks with no "
-                    f"replicate dim: nothing reduces their gradients across the {view.world_size // max(size, 1)} copies"
+                    f"{len(partial)} parameter(s) are sharded on a mesh of {size} of the {world} ranks with no "
+                    f"replicate dim: nothing reduces their gradients across the {world // max(size, 1)} copies"
                 ),
                 evidence="e.g. " + ", ".join(partial[:8]),
                 ranks=ranks,
@@ -186,7 +217,7 @@ class FsdpPlanProbe(tr.NumericsProbe):
             findings.append(Finding(severity="error", issue=f"{len(twice)} parameter(s) are managed by more than one FSDP group",
                                     evidence="; ".join(twice[:8]), ranks=ranks,
                                     fix="apply fully_shard once per parameter: to disjoint modules, parents after children"))
-        findings.extend(_broken_ties(payloads[ranks[0]]["ties"], base, ranks))
+        findings.extend(_broken_ties(ties, base, ranks))
         if low_precision:
             findings.append(Finding(
                 severity="warning",
@@ -196,21 +227,22 @@ class FsdpPlanProbe(tr.NumericsProbe):
                 fix="set MixedPrecisionPolicy(reduce_dtype=torch.float32) unless the lower-precision reduction is intended",
                 confidence=0.7,
             ))
-        per_rank = {r: sum(x["local_bytes"] for x in payloads[r]["rows"]) for r in ranks}
-        low_b, high_b = min(per_rank.values()), max(per_rank.values())
-        if low_b > 0 and high_b / low_b > opts.imbalance_warn:
-            heavy = [r for r, b in per_rank.items() if b == high_b]
-            findings.append(Finding(
-                severity="warning",
-                issue=f"parameter memory is unbalanced across ranks: {high_b} bytes on {format_ranks(heavy)} vs {low_b} at least ({high_b / low_b:.2f}x)",
-                evidence=", ".join(f"rank {r}: {b} B" for r, b in per_rank.items()),
-                ranks=heavy,
-                fix="shard the large parameters (dim 0 divisible by the world size), or put large unsharded ones under fully_shard",
-            ))
-        findings.append(Finding(severity="info", issue=f"audited {len(base)} parameter(s) of {payloads[ranks[0]]['source']}",
-                                evidence=", ".join(f"rank {r}: {b} B of local parameters" for r, b in per_rank.items())))
-        metrics = {"params": len(base), "unmanaged": len(unmanaged), "local_param_bytes": {str(r): b for r, b in per_rank.items()}}
-        return ProbeResult.from_findings(self.name, findings, metrics=metrics, details={"table:fsdp plan": table})
+        return findings
+
+
+def _imbalance(per_rank: dict[int, int], imbalance_warn: float) -> list[Finding]:
+    """A warning when the heaviest rank holds over imbalance_warn times the lightest one's parameter bytes."""
+    low_b, high_b = min(per_rank.values()), max(per_rank.values())
+    if not (low_b > 0 and high_b / low_b > imbalance_warn):
+        return []
+    heavy = [r for r, b in per_rank.items() if b == high_b]
+    return [Finding(
+        severity="warning",
+        issue=f"parameter memory is unbalanced across ranks: {high_b} bytes on {format_ranks(heavy)} vs {low_b} at least ({high_b / low_b:.2f}x)",
+        evidence=", ".join(f"rank {r}: {b} B" for r, b in per_rank.items()),
+        ranks=heavy,
+        fix="shard the large parameters (dim 0 divisible by the world size), or put large unsharded ones under fully_shard",
+    )]
 
 
 def _outermost(names: list[str], every: list[str]) -> list[str]:
