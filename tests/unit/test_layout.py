@@ -162,7 +162,6 @@ def _long_units() -> list[str]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 3: the long units are split in the commits after the move")
 def test_no_unit_too_long_without_a_reason() -> None:
     """A function over 60 lines or a class over 300 carries `# long: why` just above it."""
     assert _long_units() == []
