@@ -11,6 +11,7 @@ never a hang by itself, and a peer inside a declared phase with budget left excu
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -38,16 +39,21 @@ class StallCheck:
         self.engine_progress = 0.0
         """When a collective last completed on any group, per the recorder (monotonic)."""
         self.engine_pending = False
+        self.pending_since = 0.0
+        """When this rank was first seen with a collective enqueued and not completed (monotonic)."""
         self._engine_total = -1
         self._engine_warned = False
+        self._pending: dict[str, int] = {}
+        """group -> the sequence number this rank's recorder shows enqueued and not completed."""
 
     def start(self, engine: Any) -> None:
         """Read torch's records through `engine` (an EngineReader) from now on."""
         self.engine = engine
         self.engine_progress = time.monotonic()
 
-    def read_engine(self) -> None:
-        """Progress and waiting from torch's own records (no Python wrapper involved)."""
+    def read_engine(self, ex: Exchange | None = None) -> None:
+        """Progress and waiting from torch's own records (no Python wrapper involved); with `ex`,
+        this rank's completed counts per group are published for its peers (`eng/RANK`)."""
         if self.engine is None or not self.engine.available:
             return
         view = self.engine.read(details=False)
@@ -61,7 +67,13 @@ class StallCheck:
         if total != self._engine_total:
             self._engine_total = total
             self.engine_progress = time.monotonic()
-        self.engine_pending = any(g["enqueued"] > g["completed"] for g in view["groups"])
+            if ex is not None:
+                ex.store.set(f"eng/{self.rank}", json.dumps({g["group"]: g["completed"] for g in view["groups"]}))
+        self._pending = {g["group"]: g["enqueued"] for g in view["groups"] if g["enqueued"] > g["completed"]}
+        pending = bool(self._pending)
+        if pending and not self.engine_pending:
+            self.pending_since = time.monotonic()
+        self.engine_pending = pending
 
     def overdue(self, ex: Exchange, reported_at: float) -> str | None:
         """What to declare as the timeout when this rank waited too long without progress, else None
@@ -78,11 +90,24 @@ class StallCheck:
         else:
             limit, base = self.config.timeout_s, max(prog.last_progress, self.excused)
             what = f"(timeout {limit:g}s)"
-        base = max(base, self.engine_progress)
+        base = base_before_wait = max(base, self.engine_progress)
+        waiting_since = self._waiting_since()
+        if waiting_since is not None:
+            # A wait counts from when it began: a rank that computed past the timeout and then
+            # enters a collective its peers have not reached yet is not hung (they may be a
+            # moment behind in the same compute); it is once it has waited the timeout.
+            base = max(base, waiting_since)
         idle = now - base
         if idle <= limit:
             return None
-        waiting = prog.current is not None or bool(prog.pending_async) or self.engine_pending
+        if waiting_since is not None and self._recorder_lags(ex):
+            # gloo marks a collective completed late (when its work is waited or freed): this
+            # rank's recorder still shows one open that its peers completed. It is not waiting.
+            waiting_since = None
+            idle = now - max(base_before_wait, self.engine_progress)
+            if idle <= limit:
+                return None
+        waiting = waiting_since is not None
         if not phases and not prog.explicit and not waiting:
             # Not waiting in any collective (torch's recorder and our wrappers agree) and no
             # step marks of the user's: long compute looks the same as a hang from inside the
@@ -94,3 +119,30 @@ class StallCheck:
                 self.excused = now  # waiting on a declared phase: not hung until its budget runs out
                 return None
         return f"rank {self.rank} made no progress for {idle:.1f}s {what}"
+
+    def _recorder_lags(self, ex: Exchange) -> bool:
+        """True when the only wait is the recorder's and, on every group it shows open, another
+        rank has already completed that collective (a collective one rank completed cannot be
+        waiting for this one). False when unsure: a peer that has not published, a wrapper's wait."""
+        prog = self.progress
+        if prog.current is not None or prog.pending_async or not self._pending:
+            return False
+        keys = [f"eng/{r}" for r in range(self.phase_board.world) if r != self.rank]
+        if not keys or not ex.store.check(keys):
+            return False
+        peers = [json.loads(v) for v in ex.store.multi_get(keys)]
+        return all(any(p.get(group, -1) >= seq for p in peers) for group, seq in self._pending.items())
+
+    def _waiting_since(self) -> float | None:
+        """When this rank began waiting in a collective (ours seen by a wrapper, or torch's per
+        the recorder), or None when it waits in none."""
+        prog = self.progress
+        starts = []
+        current = prog.current
+        if current is not None:
+            starts.append(current.t0)
+        if prog.pending_async:
+            starts.extend(r.t0 for r in list(prog.pending_async.values()))
+        if self.engine_pending:
+            starts.append(self.pending_since)
+        return min(starts) if starts else None

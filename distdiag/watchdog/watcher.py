@@ -162,7 +162,7 @@ class Watcher(threading.Thread):
     # -- one tick ------------------------------------------------------------------------
     def _tick(self) -> None:
         assert self.ex is not None
-        self.stall.read_engine()
+        self.stall.read_engine(self.ex)
         self.phase_board.hook_compile(self.config.compile_timeout)
         self.phase_board.publish(self.ex)
         if self.config.compare_steps and not self.desync_reported:

@@ -100,3 +100,81 @@ def test_importing_the_package_does_not_import_torch():
     code = "import sys, distdiag, distdiag.watchdog; distdiag.HangWatchdog; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+class _Recorder:
+    """What StallCheck reads of distdiag.hang.recorder.EngineReader: one group, its counts."""
+
+    available = True
+
+    def __init__(self) -> None:
+        self.enqueued = self.completed = 5
+
+    @property
+    def completed_total(self) -> int:
+        return self.completed
+
+    def read(self, details: bool = False) -> dict:
+        return {"state": "ok", "groups": [{"group": "world", "enqueued": self.enqueued, "completed": self.completed}]}
+
+
+def _stall(timeout_s: float = 3.0):
+    """A StallCheck of rank 0 of 2, and a real (in-process) store where no peer is in a phase."""
+    import torch.distributed as dist
+
+    from distdiag.runtime.exchange import Exchange
+    from distdiag.watchdog.phases import PhaseBoard
+    from distdiag.watchdog.stall import StallCheck
+
+    progress = Progress(history=16)
+    check = StallCheck(0, progress, WatchdogConfig(timeout=timedelta(seconds=timeout_s)), PhaseBoard(0, 2, progress))
+    store = dist.HashStore()
+    for rank in (0, 1):
+        store.set(f"phase/{rank}", "{}")
+    return progress, check, Exchange(store, 0, 2)
+
+
+def test_a_wait_counts_from_when_it_began_not_from_the_last_progress():
+    """Long compute past the timeout, then a collective a peer has not reached yet: not hung
+    until this rank has waited the timeout (the zero-code FSDP twin was once killed here)."""
+    progress, check, ex = _stall()
+    progress.last_progress -= 10.0  # 10 s of compute since the last progress
+    rec = progress.begin("all_reduce", "0", (4,), "float32", "train.py:1", False)
+    assert check.overdue(ex, 0.0) is None
+    rec.t0 -= 3.5
+    assert "made no progress for 3.5s (timeout 3s)" in check.overdue(ex, 0.0)
+
+
+def test_a_wait_the_recorder_sees_counts_from_the_first_tick_that_saw_it():
+    progress, check, ex = _stall()
+    recorder = _Recorder()
+    check.start(recorder)
+    check.read_engine()  # the first reading of the counts
+    progress.last_progress -= 10.0  # 10 s of compute since the last progress of any kind
+    check.engine_progress -= 10.0
+    recorder.enqueued += 1  # FSDP's all-gather of the next step, issued by torch
+    check.read_engine()
+    assert check.engine_pending and check.overdue(ex, 0.0) is None
+    check.pending_since -= 4.0
+    assert "made no progress for 4.0s" in check.overdue(ex, 0.0)
+    recorder.completed += 1  # it completed: progress, and no wait any more
+    check.read_engine()
+    assert not check.engine_pending and check.overdue(ex, 0.0) is None
+
+
+def test_a_collective_the_peers_completed_is_not_a_wait_when_the_recorder_lags():
+    """gloo marks completion late: rank 0's recorder shows FSDP's reduce-scatter (#6) open for
+    seconds while rank 1 completed it and both compute. Not a hang; while rank 1 has not, it is."""
+    progress, check, ex = _stall()
+    recorder = _Recorder()
+    check.start(recorder)
+    check.read_engine(ex)
+    progress.last_progress -= 10.0
+    check.engine_progress -= 10.0
+    recorder.enqueued += 1
+    check.read_engine(ex)
+    check.pending_since -= 4.0
+    ex.store.set("eng/1", '{"world": 5}')  # rank 1 has not completed #6: rank 0 waits on it
+    assert "made no progress for 4.0s" in check.overdue(ex, 0.0)
+    ex.store.set("eng/1", '{"world": 6}')  # rank 1 completed #6: rank 0's record lags
+    assert check.overdue(ex, 0.0) is None
