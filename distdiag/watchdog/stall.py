@@ -43,6 +43,8 @@ class StallCheck:
         """When this rank was first seen with a collective enqueued and not completed (monotonic)."""
         self._engine_total = -1
         self._engine_warned = False
+        self._published = (-1, 0.0)
+        """(completed total, monotonic time) of the counts last published under eng/RANK."""
         self._pending: dict[str, int] = {}
         """group -> the sequence number this rank's recorder shows enqueued and not completed."""
 
@@ -53,7 +55,9 @@ class StallCheck:
 
     def read_engine(self, ex: Exchange | None = None) -> None:
         """Progress and waiting from torch's own records (no Python wrapper involved); with `ex`,
-        this rank's completed counts per group are published for its peers (`eng/RANK`)."""
+        this rank's completed counts per group are published for its peers (`eng/RANK`) when
+        they changed, at most every timeout/4: peers read them only after a timeout, and a job
+        of thousands of ranks must not write to the store on every tick."""
         if self.engine is None or not self.engine.available:
             return
         view = self.engine.read(details=False)
@@ -64,11 +68,13 @@ class StallCheck:
                 log.warning("distdiag watchdog: %s", view.get("reason"))
             return
         total = self.engine.completed_total
+        now = time.monotonic()
         if total != self._engine_total:
             self._engine_total = total
-            self.engine_progress = time.monotonic()
-            if ex is not None:
-                ex.store.set(f"eng/{self.rank}", json.dumps({g["group"]: g["completed"] for g in view["groups"]}))
+            self.engine_progress = now
+        if ex is not None and total != self._published[0] and now - self._published[1] >= self.config.timeout_s / 4:
+            ex.store.set(f"eng/{self.rank}", json.dumps({g["group"]: g["completed"] for g in view["groups"]}))
+            self._published = (total, now)
         self._pending = {g["group"]: g["enqueued"] for g in view["groups"] if g["enqueued"] > g["completed"]}
         pending = bool(self._pending)
         if pending and not self.engine_pending:

@@ -178,3 +178,17 @@ def test_a_collective_the_peers_completed_is_not_a_wait_when_the_recorder_lags()
     assert "made no progress for 4.0s" in check.overdue(ex, 0.0)
     ex.store.set("eng/1", '{"world": 6}')  # rank 1 completed #6: rank 0's record lags
     assert check.overdue(ex, 0.0) is None
+
+
+def test_completed_counts_are_published_when_they_change_at_most_every_quarter_timeout():
+    progress, check, ex = _stall(timeout_s=4.0)
+    recorder = _Recorder()
+    check.start(recorder)
+    check.read_engine(ex)
+    assert ex.store.get("eng/0") == b'{"world": 5}'
+    recorder.enqueued = recorder.completed = 6
+    check.read_engine(ex)  # changed, but published a moment ago: not yet
+    assert ex.store.get("eng/0") == b'{"world": 5}'
+    check._published = (check._published[0], check._published[1] - 1.0)  # a quarter timeout later
+    check.read_engine(ex)
+    assert ex.store.get("eng/0") == b'{"world": 6}'
