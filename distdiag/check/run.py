@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from distdiag.check.config import CheckConfig
-from distdiag.check.finish import RunEnd
+from distdiag.check.finish import RunEnd, _print_err
 from distdiag.check.plan import Plan, make_plan, parse_config
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection
 from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo, Report, write_report
@@ -44,10 +44,6 @@ def _is_comm_error(exc: BaseException) -> bool:
     import torch.distributed as dist
 
     return isinstance(exc, getattr(dist, "DistError", ())) or mentions_broken_connection(exc)
-
-
-def _print_err(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 class CheckRun:

@@ -165,3 +165,19 @@ def _long_units() -> list[str]:
 def test_no_unit_too_long_without_a_reason() -> None:
     """A function over 60 lines or a class over 300 carries `# long: why` just above it."""
     assert _long_units() == []
+
+
+def test_the_check_package_is_light_and_keeps_its_old_entry_points() -> None:
+    """`import distdiag.check` loads neither run.py nor torch; `distdiag.check.main` and
+    `run_check` (public before the check became a package) still resolve, to run.py's."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, distdiag.check as c; "
+        "assert 'distdiag.check.run' not in sys.modules and 'torch' not in sys.modules; "
+        "from distdiag.check import run_check; import distdiag.check.run as r; "
+        "assert c.main is r.main and run_check is r.run_check; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PKG.parent)
+    assert out.stdout.strip() == "ok", out.stderr
