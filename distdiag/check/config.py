@@ -27,6 +27,8 @@ __all__ = [
     "load_profile",
     "profile_names",
     "merge_config",
+    "layered_config",
+    "check_output_paths",
     "dataclass_from_dict",
 ]
 
@@ -218,3 +220,46 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{prefix}: {exc}") from None
+
+
+def layered_config(args: Any, validate: Callable[[CheckConfig], None] | None = None) -> CheckConfig:
+    """Parsed options (of either front end, see distdiag.check.options) -> the config: the
+    profile, the --config file and --checkpoint layered under the flags, each layer checked.
+
+    `validate` adds the checks that need the probes (their names and option tables:
+    distdiag.check.plan passes them); without it nothing here imports torch, so `distdiag
+    check` learns where the report goes at once and leaves those checks to the process that
+    imports torch anyway (distdiag.check.forkrun)."""
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if args.profile:
+        layers.append((f"profile {args.profile!r}", load_profile(args.profile)))
+    if args.config:
+        layers.append((args.config, load_toml(args.config)))
+    if args.checkpoint:
+        layers.append(("--checkpoint", {"probes": {"checkpoint": {"load": args.checkpoint}}}))
+    overrides = {
+        "probes": args.probes,
+        "skip": args.skip,
+        "report": args.report,
+        "timeout_s": args.timeout_s,
+        "deadline_s": args.deadline_s,
+        "format": args.format,
+        "quiet": args.quiet,
+        "verbose": args.verbose,
+        "target": args.target,
+        "junit": args.junit,
+    }
+    config = merge_config(layers, overrides, validate=validate)
+    check_output_paths(config)
+    return config
+
+
+def check_output_paths(config: CheckConfig) -> None:
+    """The report and JUnit paths must be files to (re)write: a FIFO, device or directory there
+    is bad input before anything runs, not a report lost at the end."""
+    from distdiag.report.model import non_regular_kind
+
+    for key, flag, path in (("check.report", "--report", config.report), ("check.junit", "--junit", config.junit)):
+        kind = non_regular_kind(path) if path else None
+        if kind is not None:
+            raise ConfigError(f"{key}: {path} is {kind}, not a regular file; pass {flag} a file path")

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from distdiag.check.config import CheckConfig, dataclass_from_dict, load_profile, load_toml, merge_config
+from distdiag.check.config import CheckConfig, dataclass_from_dict, layered_config
 from distdiag.check.options import build_parser
 from distdiag.errors import ConfigError
 from distdiag.probes import PROBES, Probe
@@ -22,39 +22,7 @@ def parse_config(argv: list[str]) -> CheckConfig:
 
 def config_from_args(args: argparse.Namespace) -> CheckConfig:
     """Parsed options (of either front end, see distdiag.check.options) -> the validated config."""
-    layers: list[tuple[str, dict[str, Any]]] = []
-    if args.profile:
-        layers.append((f"profile {args.profile!r}", load_profile(args.profile)))
-    if args.config:
-        layers.append((args.config, load_toml(args.config)))
-    if args.checkpoint:
-        layers.append(("--checkpoint", {"probes": {"checkpoint": {"load": args.checkpoint}}}))
-    overrides = {
-        "probes": args.probes,
-        "skip": args.skip,
-        "report": args.report,
-        "timeout_s": args.timeout_s,
-        "deadline_s": args.deadline_s,
-        "format": args.format,
-        "quiet": args.quiet,
-        "verbose": args.verbose,
-        "target": args.target,
-        "junit": args.junit,
-    }
-    config = merge_config(layers, overrides, validate=validate_names_and_options)
-    check_output_paths(config)
-    return config
-
-
-def check_output_paths(config: CheckConfig) -> None:
-    """The report and JUnit paths must be files to (re)write: a FIFO, device or directory there
-    is bad input before anything runs, not a report lost at the end."""
-    from distdiag.report.model import non_regular_kind
-
-    for key, flag, path in (("check.report", "--report", config.report), ("check.junit", "--junit", config.junit)):
-        kind = non_regular_kind(path) if path else None
-        if kind is not None:
-            raise ConfigError(f"{key}: {path} is {kind}, not a regular file; pass {flag} a file path")
+    return layered_config(args, validate=validate_names_and_options)
 
 
 def validate_names_and_options(config: CheckConfig) -> None:

@@ -8,7 +8,14 @@ from typing import Any, ClassVar
 
 from distdiag.report.model import Finding, ProbeResult, RankInfo
 
-__all__ = ["Probe", "ConsolidationView", "merge_local_findings", "local_finding", "group_ranks", "minority_ranks"]
+__all__ = ["Probe", "ConsolidationView", "SHARDING_IMPORTS", "DCP_IMPORTS", "merge_local_findings", "local_finding", "group_ranks", "minority_ranks"]
+
+
+SHARDING_IMPORTS: tuple[str, ...] = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch._dynamo")
+"""What a probe that shards a model with FSDP2 imports: DTensor's op tables and sympy, and all
+of torch._dynamo (DTensor's constructor and its sharding propagation's FakeTensorMode load it)."""
+
+DCP_IMPORTS: tuple[str, ...] = ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict")
 
 
 @dataclass
@@ -55,6 +62,11 @@ class Probe(abc.ABC):
                 f"got {world_size}; relaunch with --nproc-per-node {self.min_world_size} or more"
             )
         return None
+
+    preload: ClassVar[tuple[str, ...]] = ()
+    """Modules `run` imports that cost seconds (FSDP2, DTensor, DCP): `distdiag check` imports
+    those of the planned probes once per node, before it forks the ranks
+    (distdiag.check.forkrun); a rank that was not forked imports them when it runs."""
 
     private_apis: ClassVar[tuple[str, ...]] = ()
     """Private torch APIs the probe relies on, as "module:attribute"; when one is missing in

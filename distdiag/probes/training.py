@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from distdiag.errors import exc_line, publish_caught
-from distdiag.probes.base import Probe
+from distdiag.probes.base import SHARDING_IMPORTS, Probe
 from distdiag.workloads import WORKLOADS, get_workload
 from distdiag.workloads.base import batch_size, split_batch
 
@@ -220,6 +220,8 @@ class NumericsProbe(Probe):
     `run` builds models and issues FSDP2's collectives (and one all_reduce through ctx.comm
     to agree on setup failures) in the same order on every rank.
     """
+
+    preload = SHARDING_IMPORTS
 
     def skip_reason(self, ctx: Any) -> str | None:
         return missing_hooks_reason(ctx, self.name)

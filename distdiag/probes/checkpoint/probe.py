@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from distdiag.errors import ConfigError, exc_line
-from distdiag.probes.base import ConsolidationView, Probe, local_finding
+from distdiag.probes.base import DCP_IMPORTS, SHARDING_IMPORTS, ConsolidationView, Probe, local_finding
 from distdiag.probes.checkpoint.findings import key_findings, merge
 from distdiag.probes.training import (
     HookError,
@@ -120,6 +120,7 @@ class CheckpointProbe(Probe):
     summary = "DCP checkpoints that do not round-trip, and checkpoints whose keys no longer match the model (renames, wrappers)"
     Config = CheckpointConfig
     private_apis = ("torch.distributed.checkpoint._nested_dict:flatten_state_dict",)
+    preload = SHARDING_IMPORTS + DCP_IMPORTS
 
     def skip_reason(self, ctx: Any) -> str | None:
         opts = self.options(ctx)
