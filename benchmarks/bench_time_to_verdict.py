@@ -14,6 +14,12 @@ file acting as the ranks' entry point), plus what each rank spent before the fir
 wall time is roughly total CPU / 2, so these add up to the wall-clock ratio.
 
     python benchmarks/bench_time_to_verdict.py --cpu --worlds 4 8 --repeats 3 --suites default
+
+`--launcher` also times each suite through `distdiag check --nproc-per-node N` (its default
+`--launch fork`: torch and the planned probes' modules imported once, the ranks forked by
+torchrun's own agent; distdiag.check.forkrun), the command docs/gate.md puts in front of jobs:
+
+    python benchmarks/bench_time_to_verdict.py --worlds 4 8 --repeats 3 --suites quick default --launcher
 """
 
 from __future__ import annotations
@@ -61,6 +67,10 @@ def precompile() -> None:
 
 def torchrun(nproc: int, *rest: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *rest]
+
+
+def distdiag_check(nproc: int, *rest: str) -> list[str]:
+    return [sys.executable, "-m", "distdiag", "check", f"--nproc-per-node={nproc}", *rest]
 
 
 AS_FLOOR = "--as-floor"
@@ -212,6 +222,8 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true", help="CPU seconds (tree and per probe per rank) instead of wall time")
     parser.add_argument("--floor", action="store_true",
                         help="also time bare + the imports of the FSDP2/DTensor/DCP probes (the default suite's floor)")
+    parser.add_argument("--launcher", action="store_true",
+                        help="also time each suite through `distdiag check --nproc-per-node N` (ranks forked)")
     args = parser.parse_args()
     precompile()
     if args.cpu:
@@ -222,6 +234,8 @@ def main() -> None:
         cases["floor"] = lambda n: torchrun(n, str(Path(__file__).resolve()), AS_FLOOR)
     for suite in args.suites:
         cases[suite] = lambda n, s=suite: torchrun(n, "-m", "distdiag.check", "--profile", s, "--quiet")
+        if args.launcher:
+            cases[f"{suite}/check"] = lambda n, s=suite: distdiag_check(n, "--profile", s, "--quiet")
     with tempfile.TemporaryDirectory() as cwd:
         timed(cases["bare"](2), cwd)  # warm the file cache once
         rows = []

@@ -11,6 +11,9 @@
                     publish the verdict, leave together; the report of a broken run)
     consolidate.py  what every rank posted -> one Report and its verdict (on the writing rank)
     launcher.py     `distdiag check` / `distdiag gate`: torchrun run for the user, exact codes
+    forkrun.py      what they run by default: torch and the planned probes' modules imported
+                    once, then torchrun's agent in-process forks the ranks (--run-path)
+    forked_rank.py  the file each forked rank starts in (made like a fresh rank, then run.main)
 
 May import distdiag.runtime, distdiag.probes, distdiag.hang, distdiag.report and
 distdiag.errors. Importing this package imports nothing (options.py and config.py stay free
@@ -20,7 +23,10 @@ as `distdiag.check.main` before the check became a package, load run.py on first
 
 from typing import Any
 
-__all__ = ["config", "consolidate", "finish", "launcher", "options", "plan", "run", "target", "main", "run_check"]
+__all__ = [
+    "config", "consolidate", "finish", "forked_rank", "forkrun", "launcher", "options", "plan", "run", "target",
+    "main", "run_check",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -20,6 +20,8 @@ from typing import IO, Any
 
 __all__ = [
     "run_torchrun_check",
+    "launch_mode",
+    "LAUNCHES",
     "run_forwarding_signals",
     "exit_code_after_run",
     "filter_torchrun_stderr",
@@ -31,11 +33,28 @@ __all__ = [
 _GLOG = re.compile(r"^([WEIF]\d{4} \d\d:\d\d:\d\d|\*+\s*$|Setting OMP_NUM_THREADS environment variable)")
 
 
-def torchrun_command(nproc: int, check_args: list[str], torchrun_args: list[str] | None = None) -> list[str]:
-    return [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-        *(torchrun_args or []), "-m", "distdiag.check", *check_args,
-    ]
+LAUNCHES = ("fork", "torchrun")
+LAUNCH_ENV = "DISTDIAG_LAUNCH"
+
+
+def launch_mode(flag: str | None) -> str:
+    """How the ranks start: the --launch flag, else DISTDIAG_LAUNCH, else fork (ConfigError
+    for a value that is neither fork nor torchrun)."""
+    from distdiag.errors import ConfigError
+
+    value = flag or os.environ.get(LAUNCH_ENV, "").strip() or "fork"
+    if value not in LAUNCHES:
+        source = "--launch" if flag else LAUNCH_ENV
+        raise ConfigError(f"{source}: {value!r} is not one of {', '.join(LAUNCHES)}")
+    return value
+
+
+def torchrun_command(check_args: list[str], torchrun_args: list[str], launch: str = "fork") -> list[str]:
+    """fork: torchrun's launcher in distdiag.check.forkrun (imports once, forks the ranks);
+    torchrun: `torchrun ... -m distdiag.check`, every rank a fresh interpreter."""
+    if launch == "fork":
+        return [sys.executable, "-m", "distdiag.check.forkrun", *torchrun_args, "--", *check_args]
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args, "-m", "distdiag.check", *check_args]
 
 
 def filter_torchrun_stderr(lines: list[str]) -> list[str]:
@@ -145,12 +164,12 @@ def run_forwarding_signals(
 
 
 def run_torchrun_check(
-    nproc: int, check_args: list[str], report_path: str, torchrun_args: list[str] | None = None
+    nproc: int, check_args: list[str], report_path: str, torchrun_args: list[str] | None = None, launch: str = "fork"
 ) -> int:
     """Launch, wait, and return the exit code recorded in the report (3 when none was written,
     or when torchrun failed although the report passed: a rank died after the verdict)."""
     debug = os.environ.get("DISTDIAG_DEBUG") == "1"
-    cmd = torchrun_command(nproc, check_args, torchrun_args)
+    cmd = torchrun_command(check_args, [f"--nproc-per-node={nproc}", *(torchrun_args or [])], launch)
     started = time.time()
     env = dict(os.environ)
     # torchrun sets OMP_NUM_THREADS=1 for nproc > 1 anyway, with a banner; say it quietly.
@@ -180,7 +199,8 @@ def run_torchrun_check(
 
 def exit_code_after_run(report_path: str, started: float, rc: int, stopped_by: str | None = None) -> int:
     """The check's exit code from the report it wrote (when written after `started`) and
-    torchrun's exit code `rc`; prints one line when they disagree or no report came."""
+    torchrun's exit code `rc` (2: bad input, said before any rank started); prints one line
+    when they disagree or no report came."""
     from distdiag.errors import ReportError
     from distdiag.report.model import read_report
 
@@ -203,6 +223,10 @@ def exit_code_after_run(report_path: str, started: float, rc: int, stopped_by: s
         return code
     if rc == 0:
         return 0
+    if rc == 2 and not stopped_by:
+        # Bad input caught before any rank started (distdiag.check.forkrun, or torchrun's own
+        # options): the one line saying what is wrong is on stderr already.
+        return 2
     sys.stderr.write(
         f"distdiag: error: {why}torchrun exited {rc} and no report was written to {path}; "
         "a rank died before the check could report (rerun with DISTDIAG_DEBUG=1 for torchrun's log)\n"
@@ -230,9 +254,29 @@ Environment:
   DISTDIAG_REPORT      where this node's report goes (default: distdiag-gate-report.json)
   DISTDIAG_JUNIT       where this node's JUnit XML goes (default: none)
   DISTDIAG_CHECK_ARGS  more arguments for the check (e.g. "--timeout-s 60"), split like a shell
+  DISTDIAG_LAUNCH      fork (default): import torch once, fork the ranks (torchrun's --run-path
+                       --start-method fork); torchrun: each rank its own python -m distdiag.check
 
 Example: distdiag gate --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
              --rdzv-endpoint head:29500 --rdzv-id job1 -- torchrun ... train.py"""
+
+
+def _gate_check_args(report: str) -> list[str]:
+    """The check's command line from the gate's DISTDIAG_* variables (ConfigError when
+    DISTDIAG_CHECK_ARGS does not split like a shell)."""
+    import shlex
+
+    from distdiag.errors import ConfigError
+
+    check_args = ["--profile", os.environ.get("DISTDIAG_PROFILE") or "gate", "--report", report, "--quiet"]
+    if os.environ.get("DISTDIAG_CONFIG"):
+        check_args += ["--config", os.environ["DISTDIAG_CONFIG"]]
+    if os.environ.get("DISTDIAG_JUNIT"):
+        check_args += ["--junit", os.environ["DISTDIAG_JUNIT"]]
+    try:
+        return check_args + shlex.split(os.environ.get("DISTDIAG_CHECK_ARGS", ""))
+    except ValueError as exc:
+        raise ConfigError(f"DISTDIAG_CHECK_ARGS: {exc}") from None
 
 
 def run_gate(argv: list[str]) -> int:
@@ -244,6 +288,8 @@ def run_gate(argv: list[str]) -> int:
     import shlex
     import socket
 
+    from distdiag.errors import ConfigError
+
     if argv[:1] in (["-h"], ["--help"]):
         print(GATE_HELP)
         return 0
@@ -253,21 +299,15 @@ def run_gate(argv: list[str]) -> int:
     split = argv.index("--")
     torchrun_args, command = argv[:split], argv[split + 1 :]
     report = os.environ.get("DISTDIAG_REPORT") or "distdiag-gate-report.json"
-    check_args = ["--profile", os.environ.get("DISTDIAG_PROFILE") or "gate", "--report", report, "--quiet"]
-    if os.environ.get("DISTDIAG_CONFIG"):
-        check_args += ["--config", os.environ["DISTDIAG_CONFIG"]]
-    if os.environ.get("DISTDIAG_JUNIT"):
-        check_args += ["--junit", os.environ["DISTDIAG_JUNIT"]]
     try:
-        check_args += shlex.split(os.environ.get("DISTDIAG_CHECK_ARGS", ""))
-    except ValueError as exc:
-        sys.stderr.write(f"distdiag: error: DISTDIAG_CHECK_ARGS: {exc}\n")
+        cmd = torchrun_command(_gate_check_args(report), torchrun_args, launch_mode(None))
+    except ConfigError as exc:
+        sys.stderr.write(f"distdiag: error: {exc}\n")
         return 2
     # A report left by an earlier run must not pass for this one (exit_code_after_run also
     # ignores a report older than this run, e.g. behind a symlink).
     if os.path.isfile(report) and not os.path.islink(report):
         os.unlink(report)
-    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, "-m", "distdiag.check", *check_args]
     started = time.time()
     rc, stopped_by = run_forwarding_signals(cmd, dict(os.environ))
     code = exit_code_after_run(report, started, rc, stopped_by)

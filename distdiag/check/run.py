@@ -374,8 +374,14 @@ def run_check(argv: list[str]) -> int:
     return CheckRun(config, plan, info).execute()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of `python -m distdiag.check`: run, flush, leave with the verdict's code."""
+def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
+    """Entry point of `python -m distdiag.check`: run, flush, leave with the verdict's code.
+
+    `forked`: this rank was forked by distdiag.check.forkrun (torch's multiprocessing worker):
+    on a pass it returns, so that torch's worker wrapper hands the agent its result (a worker
+    that leaves with code 0 without one leaves the agent waiting forever); any other code
+    leaves at once, as in a rank of its own.
+    """
     logging.basicConfig(
         level=logging.DEBUG if os.environ.get("DISTDIAG_DEBUG") == "1" else logging.WARNING,
         format="distdiag %(levelname)s %(name)s: %(message)s",
@@ -383,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     code = run_check(sys.argv[1:] if argv is None else argv)
     sys.stdout.flush()
     sys.stderr.flush()
+    if forked and code == 0:
+        return  # torch's worker wrapper leaves through os._exit too, once the agent has the result
     # os._exit: a hung collective on another thread of torch must not keep the process alive,
     # and interpreter teardown with torch loaded costs time for nothing.
     os._exit(code)

@@ -17,19 +17,27 @@ __all__ = ["register"]
 
 def check(ctx: typer.Context) -> None:
     """Run the probe suite on N local ranks through torchrun; exit with the verdict's code (see: distdiag check -h)."""
-    from distdiag.check.launcher import run_torchrun_check
+    from distdiag.check.config import layered_config
+    from distdiag.check.launcher import launch_mode, run_torchrun_check
     from distdiag.check.options import build_parser, to_check_argv
-    from distdiag.check.plan import config_from_args, make_plan
     from distdiag.errors import ConfigError
 
     try:  # the same validation every rank does, before paying for N torch imports
         args = build_parser(launcher=True).parse_args(ctx.args)
-        merged = config_from_args(args)
-        make_plan(merged, args.nproc_per_node)
+        launch = launch_mode(args.launch)
+        if launch == "fork":
+            # What needs no torch is checked here; the probe names and tables (they import
+            # torch) by distdiag.check.forkrun, once, before it starts a rank.
+            merged = layered_config(args)
+        else:
+            from distdiag.check.plan import config_from_args, make_plan
+
+            merged = config_from_args(args)
+            make_plan(merged, args.nproc_per_node)
     except ConfigError as exc:
         raise fail(str(exc)) from None
     # The report the ranks write: the flag, else the config's or profile's, else the default.
-    raise typer.Exit(run_torchrun_check(args.nproc_per_node, to_check_argv(args), merged.report))
+    raise typer.Exit(run_torchrun_check(args.nproc_per_node, to_check_argv(args), merged.report, launch=launch))
 
 
 def register(app: typer.Typer) -> None:

@@ -21,11 +21,17 @@ HERE = Path(__file__).resolve().parent
 
 
 def _workers(root: psutil.Process) -> list[psutil.Process]:
+    """The ranks under `distdiag check`: `python -m distdiag.check` processes (--launch
+    torchrun), or the children forked by distdiag.check.forkrun (they share its command line)."""
     try:
-        cmdlines = [(p, " ".join(p.cmdline())) for p in root.children(recursive=True)]
+        procs = {p.pid: (p, " ".join(p.cmdline())) for p in root.children(recursive=True)}
+        parents = {pid: p.ppid() for pid, (p, _) in procs.items()}
     except psutil.Error:
         return []
-    return [p for p, cmd in cmdlines if "-m distdiag.check" in cmd and "torch.distributed.run" not in cmd]
+    forked = [p for pid, (p, cmd) in procs.items()
+              if "distdiag.check.forkrun" in cmd and "distdiag.check.forkrun" in procs.get(parents[pid], (None, ""))[1]]
+    launched = [p for p, cmd in procs.values() if cmd.endswith(" -m distdiag.check") or " -m distdiag.check " in cmd]
+    return forked + [p for p in launched if "torch.distributed.run" not in " ".join(p.cmdline())]
 
 
 def _connected(proc: psutil.Process) -> bool:
@@ -46,11 +52,12 @@ def _alive(proc: psutil.Process) -> bool:
 
 @pytest.mark.torchrun
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_to_distdiag_check_stops_torchrun_and_every_worker(cli_env, tmp_path, sig):
+@pytest.mark.parametrize(("sig", "launch"), [(signal.SIGTERM, "fork"), (signal.SIGINT, "fork"), (signal.SIGTERM, "torchrun")])
+def test_signal_to_distdiag_check_stops_torchrun_and_every_worker(cli_env, tmp_path, sig, launch):
     """SIGTERM (or SIGINT) mid-run: torchrun and both workers are gone when distdiag check returns, with a report."""
     env = dict(cli_env, DISTDIAG_INJECT="sleep:collectives:1:seconds=90")
-    cmd = [sys.executable, "-m", "distdiag", "check", "--nproc", "2", "--probes", "env,collectives", "--timeout-s", "150"]
+    cmd = [sys.executable, "-m", "distdiag", "check", "--nproc", "2", "--probes", "env,collectives", "--timeout-s", "150",
+           "--launch", launch]
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
     root = psutil.Process(proc.pid)

@@ -1,0 +1,147 @@
+"""`python -m distdiag.check.forkrun [torchrun options] -- [check options]`: torchrun, with the
+imports paid once per node instead of once per rank.
+
+Every rank of `torchrun -m distdiag.check` is a fresh interpreter: it imports torch (2 CPU s
+on the CI machine) and, for the default suite, FSDP2, DTensor, torch._dynamo and DCP (1.5 CPU
+s more). Where ranks outnumber cores they queue for the CPU, and the check costs 1.5-1.9x a
+bare torchrun at 4-8 ranks on 2 cores (docs/benchmarks.md). This process imports torch, the
+check and what the planned probes need (`Probe.preload`) once, then runs torchrun's own
+launcher in-process with its documented `--run-path --start-method fork`: the elastic agent
+forks each rank from here, and a rank starts with all of it imported. The rest is torchrun's:
+its options (and PET_* variables), rendezvous, each rank's environment, restarts, and what it
+does when a worker fails or the agent gets SIGTERM.
+
+Fork is safe only while CUDA is not initialised in the parent: nothing here touches CUDA
+(importing torch does not; the user's target is imported by the ranks, after the fork). If
+CUDA was initialised anyway, the ranks are spawned instead (fresh interpreters).
+`distdiag check --launch torchrun` (or DISTDIAG_LAUNCH=torchrun) starts each rank as its own
+`python -m distdiag.check`, as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["main", "split_argv", "world_size", "plan_preloads", "start_method", "RANK_ENTRY"]
+
+log = logging.getLogger(__name__)
+
+RANK_ENTRY = Path(__file__).resolve().with_name("forked_rank.py")
+"""The file torchrun's --run-path runs as `__main__` in each forked rank."""
+
+USAGE = "usage: python -m distdiag.check.forkrun [torchrun options] -- [check options]"
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(torchrun's options, the check's) around the first `--`; ValueError without one."""
+    if "--" not in argv:
+        raise ValueError(USAGE)
+    split = argv.index("--")
+    return argv[:split], argv[split + 1 :]
+
+
+def world_size(torchrun_args: list[str]) -> int | None:
+    """The job's largest world as torchrun would start it (its own parser, PET_* variables
+    included): max nodes x ranks per node; None when torchrun cannot parse them (it will say so
+    itself when it runs)."""
+    from torch.distributed import run as torchrun
+
+    try:
+        args = torchrun.get_args_parser().parse_args([*torchrun_args, "_"])
+        _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
+        return max_nodes * torchrun.determine_local_world_size(args.nproc_per_node)
+    except (Exception, SystemExit):  # noqa: BLE001 - torchrun reports its own usage errors
+        return None
+
+
+def plan_preloads(check_args: list[str], world: int | None) -> list[str]:
+    """Validate the check's command line as every rank will (ConfigError: bad input, said once
+    here instead of by every rank), and return the modules its probes import (`Probe.preload`).
+
+    Without a world size (torchrun's options did not parse) the plan is made for a world too
+    large for any probe to be left out: an import too many costs this process once."""
+    from distdiag.check.plan import make_plan, parse_config
+
+    plan = make_plan(parse_config(check_args), world or 1 << 16)
+    names: dict[str, None] = {}
+    for planned in plan.probes:
+        if planned.skip_reason is None:
+            names.update(dict.fromkeys(type(planned.probe).preload))
+    return list(names)
+
+
+def start_method() -> str:
+    """fork, unless a forked rank could not use CUDA: torch poisons fork once this process has
+    asked the CUDA driver anything (`torch.cuda.is_available()` does), and a forked rank then
+    raises "Cannot re-initialize CUDA in forked subprocess". Nothing distdiag imports here
+    asks, but a torch release or a plugin might: a child forked now tells (a few ms), and the
+    ranks are spawned instead (fresh interpreters, nothing shared, still correct)."""
+    import torch
+
+    if not hasattr(os, "fork"):
+        return "spawn"
+    if not torch.cuda._is_compiled():
+        return "fork"  # a CPU build has no CUDA to lose
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child only answers
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        log.warning("CUDA was initialised before the ranks started; spawning them instead of forking")
+        return "spawn"
+    return "fork"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Import once, then run torchrun's launcher forking the ranks. Returns 2 for bad input
+    (one line, no rank started), else torchrun's status: 1 when a rank failed (the check's
+    exact code is in its report, see launcher.py)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        torchrun_args, check_args = split_argv(argv)
+    except ValueError as exc:
+        sys.stderr.write(f"distdiag: error: {exc}\n")
+        return 2
+    import torch  # noqa: F401 - the import every rank would pay
+
+    import distdiag.check.run  # noqa: F401 - the ranks' own code
+    from distdiag.errors import ConfigError
+
+    try:
+        preloads = plan_preloads(check_args, world_size(torchrun_args))
+    except ConfigError as exc:
+        sys.stderr.write(f"distdiag: error: {exc}\n")
+        return 2
+    for name in preloads:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - the rank that needs it reports the failure
+            log.debug("preloading %s failed: %s", name, exc)
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    command = [*torchrun_args, "--run-path", "--start-method", start_method(), str(RANK_ENTRY), *check_args]
+    sys.stdout.flush()  # what is buffered now would be written again by every forked rank
+    sys.stderr.flush()
+    try:
+        torchrun.main(command)
+    except ChildFailedError as exc:
+        # A rank exited non-zero: the verdict (or why none came) is in the report and on the
+        # ranks' stderr already; torchrun's summary of it only with DISTDIAG_DEBUG=1.
+        if os.environ.get("DISTDIAG_DEBUG") == "1":
+            sys.stderr.write(f"{exc}\n")
+        return 1
+    except SignalException as exc:
+        # The agent was told to stop and stopped the ranks (they wrote a 'terminated' report).
+        sys.stderr.write(f"distdiag: torchrun's agent received {exc.sigval.name}; the ranks were stopped\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

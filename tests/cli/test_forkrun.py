@@ -1,0 +1,108 @@
+"""`distdiag check` forks its ranks from one process that imported torch and the planned probes'
+modules (distdiag.check.forkrun, torchrun's --run-path --start-method fork). The decisions are
+unit-tested here; the runs are real torchrun agents with forked gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from distdiag.check import forkrun
+from distdiag.check.launcher import launch_mode, torchrun_command
+from distdiag.errors import ConfigError
+
+
+def test_split_argv_needs_the_separator() -> None:
+    assert forkrun.split_argv(["--nproc-per-node=2", "--", "--probes", "env"]) == (["--nproc-per-node=2"], ["--probes", "env"])
+    assert forkrun.split_argv(["--"]) == ([], [])
+    with pytest.raises(ValueError, match="usage"):
+        forkrun.split_argv(["--nproc-per-node=2"])
+
+
+def test_world_size_is_torchruns_own_reading_of_its_options() -> None:
+    assert forkrun.world_size(["--nproc-per-node=4"]) == 4
+    assert forkrun.world_size(["--nnodes", "1:3", "--nproc-per-node", "2"]) == 6
+    assert forkrun.world_size(["--no-such-torchrun-option"]) is None  # torchrun will say so itself
+
+
+def test_preloads_follow_the_plan() -> None:
+    """The default suite's FSDP2/DTensor/DCP modules are imported once; quick needs none; bad
+    input is said here, once, before any rank starts."""
+    default = forkrun.plan_preloads([], 4)
+    assert {"torch.distributed.fsdp", "torch._dynamo", "torch.distributed.checkpoint"} <= set(default)
+    assert len(default) == len(set(default))
+    assert forkrun.plan_preloads(["--profile", "quick"], 4) == []
+    assert forkrun.plan_preloads(["--probes", "checkpoint"], None)[-1] == "torch.distributed.checkpoint.state_dict"
+    with pytest.raises(ConfigError, match="unknown probe 'nope'"):
+        forkrun.plan_preloads(["--probes", "nope"], 2)
+    with pytest.raises(ConfigError, match="WORLD_SIZE must be >= 2 for probe 'collectives', got 1"):
+        forkrun.plan_preloads(["--probes", "collectives"], 1)
+
+
+def test_a_cpu_build_forks() -> None:
+    import torch
+
+    if torch.cuda._is_compiled():
+        pytest.skip("a CUDA build: start_method forks a child to ask; run on a GPU machine")
+    assert forkrun.start_method() == "fork"
+
+
+def test_launch_mode_flag_then_environment(monkeypatch) -> None:
+    monkeypatch.delenv("DISTDIAG_LAUNCH", raising=False)
+    assert launch_mode(None) == "fork"
+    monkeypatch.setenv("DISTDIAG_LAUNCH", "torchrun")
+    assert launch_mode(None) == "torchrun"
+    assert launch_mode("fork") == "fork"
+    monkeypatch.setenv("DISTDIAG_LAUNCH", "spawn")
+    with pytest.raises(ConfigError, match="DISTDIAG_LAUNCH: 'spawn' is not one of fork, torchrun"):
+        launch_mode(None)
+
+
+def test_commands() -> None:
+    fork = torchrun_command(["--probes", "env"], ["--nproc-per-node=2"])
+    assert fork[1:] == ["-m", "distdiag.check.forkrun", "--nproc-per-node=2", "--", "--probes", "env"]
+    plain = torchrun_command(["--probes", "env"], ["--nproc-per-node=2"], "torchrun")
+    assert plain[1:] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "-m", "distdiag.check", "--probes", "env"]
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(120)
+def test_forked_ranks_start_as_fresh_ones(cli_env, tmp_path) -> None:
+    """torchrun sets OMP_NUM_THREADS=1 per rank after the parent imported torch (which read no
+    value then): each forked rank must still run one intra-op thread, or 2 ranks on 2 cores are
+    oversubscribed; and a passing run of forked ranks ends with exit 0 (the agent got every
+    rank's result)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable cores: on 1, two ranks oversubscribe at one thread each")
+    env = dict(cli_env)
+    env.pop("OMP_NUM_THREADS", None)
+    report = tmp_path / "r.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "distdiag.check.forkrun", "--nproc-per-node=2", "--", "--probes", "env,collectives",
+         "--report", str(report), "--verbose"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=100, stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads(report.read_text())
+    assert data["exit_code"] == 0 and data["world_size"] == 2
+    issues = [f["issue"] for p in data["probes"] for f in p["findings"]]
+    assert not any("oversubscription" in i for i in issues), issues
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(120)
+def test_bad_input_is_said_once_before_any_rank_starts(cli_env, tmp_path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "distdiag", "check", "--nproc", "2", "--probes", "env,nope"],
+        env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=100, stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "distdiag: error: check.probes: unknown probe 'nope'; available: env, collectives, gpu, bandwidth, fsdp_plan, "
+        "loss_parity, param_sync, determinism, sequence_parallel, moe_routing, checkpoint"
+    ], out.stderr
+    assert not (tmp_path / "distdiag-report.json").exists()
