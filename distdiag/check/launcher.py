@@ -21,7 +21,6 @@ from typing import IO, Any
 __all__ = [
     "run_torchrun_check",
     "launch_mode",
-    "LAUNCHES",
     "run_forwarding_signals",
     "exit_code_after_run",
     "filter_torchrun_stderr",
@@ -33,13 +32,13 @@ __all__ = [
 _GLOG = re.compile(r"^([WEIF]\d{4} \d\d:\d\d:\d\d|\*+\s*$|Setting OMP_NUM_THREADS environment variable)")
 
 
-LAUNCHES = ("fork", "torchrun")
 LAUNCH_ENV = "DISTDIAG_LAUNCH"
 
 
 def launch_mode(flag: str | None) -> str:
     """How the ranks start: the --launch flag, else DISTDIAG_LAUNCH, else fork (ConfigError
     for a value that is neither fork nor torchrun)."""
+    from distdiag.check.options import LAUNCHES
     from distdiag.errors import ConfigError
 
     value = flag or os.environ.get(LAUNCH_ENV, "").strip() or "fork"

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from distdiag.check.config import FORMATS, MAX_SECONDS
 from distdiag.errors import ConfigError
 
-__all__ = ["CheckOption", "CHECK_OPTIONS", "LAUNCHER_OPTIONS", "build_parser", "to_check_argv", "version_line"]
+__all__ = ["CheckOption", "CHECK_OPTIONS", "LAUNCHER_OPTIONS", "LAUNCHES", "build_parser", "to_check_argv", "version_line"]
 
 EXIT_CODES = (
     "exit codes: 0 pass (warnings allowed), 1 a probe failed, 2 bad input (nothing ran), "
@@ -79,13 +79,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+LAUNCHES: tuple[str, ...] = ("fork", "torchrun")
+"""How `distdiag check` starts the ranks (--launch, DISTDIAG_LAUNCH; distdiag.check.launcher)."""
+
 LAUNCHER_OPTIONS: tuple[CheckOption, ...] = (
     CheckOption(("--nproc-per-node", "--nproc"), "ranks to start on this machine, as torchrun's --nproc-per-node "
                 "(default: 2)", "N", _positive_int, default=2),
     CheckOption(("--launch",), "fork (default): import torch and the planned probes' modules once, then fork the "
                 "ranks from that process (torchrun's --run-path --start-method fork; 1.5-2x faster to a verdict "
                 "where ranks outnumber cores); torchrun: every rank its own `python -m distdiag.check`, as under "
-                "your own torchrun (default: DISTDIAG_LAUNCH, else fork)", None, str, ("fork", "torchrun")),
+                "your own torchrun (default: DISTDIAG_LAUNCH, else fork)", None, str, LAUNCHES),
 )
 """Options of `distdiag check` only: they shape the torchrun it launches, not the check."""
 

@@ -22,7 +22,9 @@ def check(ctx: typer.Context) -> None:
     from distdiag.check.options import build_parser, to_check_argv
     from distdiag.errors import ConfigError
 
-    try:  # the same validation every rank does, before paying for N torch imports
+    # Bad input is one line and exit 2 before any rank starts: checked in full here for
+    # --launch torchrun (before paying for N torch imports), or split with forkrun (below).
+    try:
         args = build_parser(launcher=True).parse_args(ctx.args)
         launch = launch_mode(args.launch)
         if launch == "fork":

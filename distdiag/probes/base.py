@@ -8,7 +8,10 @@ from typing import Any, ClassVar
 
 from distdiag.report.model import Finding, ProbeResult, RankInfo
 
-__all__ = ["Probe", "ConsolidationView", "SHARDING_IMPORTS", "DCP_IMPORTS", "merge_local_findings", "local_finding", "group_ranks", "minority_ranks"]
+__all__ = [
+    "Probe", "ConsolidationView", "SHARDING_IMPORTS", "DCP_IMPORTS",
+    "merge_local_findings", "local_finding", "group_ranks", "minority_ranks",
+]
 
 
 SHARDING_IMPORTS: tuple[str, ...] = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch._dynamo")
