@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import traceback
 from typing import Any
 
@@ -18,11 +19,19 @@ __all__ = [
     "library_path",
     "publish_caught",
     "set_caught_publisher",
+    "print_line",
 ]
 
 COMM_ERROR_MARKERS = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe", "NCCL error")
 """Text of the errors a collective raises when a peer died or its connection broke (gloo names
 an address, not a rank: FACTS.md)."""
+
+
+def print_line(line: str) -> None:
+    """Write one line to stderr in one write. The ranks of a node share torchrun's stderr, and
+    print() writes the text and its newline apart, so two ranks' lines could run together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def mentions_broken_connection(exc: BaseException) -> bool:

@@ -18,6 +18,8 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+from distdiag.errors import print_line
+
 __all__ = ["main", "build_parser", "armed"]
 
 _STATE: dict[str, Any] = {"wd": None, "config": None}
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-    print(f"distdiag.watch: error: {message}", file=sys.stderr, flush=True)
+    print_line(f"distdiag.watch: error: {message}")
     return 2
 
 
@@ -195,7 +197,7 @@ def run(argv: list[str]) -> int:
         return _fail(str(exc))
     note = enable_recorder(entries)
     if note and os.environ.get("RANK", "0") == "0":
-        print(f"distdiag.watch: {note}", file=sys.stderr)
+        print_line(f"distdiag.watch: {note}")
     _STATE["config"] = config
     saved = _install_init_hook()
     code = 0

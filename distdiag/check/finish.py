@@ -19,6 +19,7 @@ from typing import Any
 from distdiag.check.config import CheckConfig
 from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
 from distdiag.check.plan import Plan
+from distdiag.errors import print_line
 from distdiag.probes.base import ConsolidationView
 from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, write_report
 from distdiag.report.render import ProgressLine, render_report
@@ -31,10 +32,6 @@ log = logging.getLogger("distdiag.check")
 LEAVE_WAIT_S = 2.0
 """After the verdict, how long a rank waits for the others to say they are leaving before it
 looks at the silent ones (a SIGSTOPped rank would keep torchrun waiting forever)."""
-
-
-def _print_err(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def _outcome(kinds: set[Any], *, cancelled: bool, lost: Any) -> str:
@@ -114,7 +111,7 @@ class RunEnd:
             where = self.config.report
         except OSError as exc:
             where = None
-            _print_err(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
+            print_line(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
         self._write_junit(report)
         try:
             ex.publish("report", {"json": text, "host": self.info.host, "node": self.info.node})
@@ -161,7 +158,7 @@ class RunEnd:
         try:
             write_junit(report, self.config.junit)
         except OSError as exc:
-            _print_err(f"distdiag: cannot write the JUnit XML to {self.config.junit}: {exc.strerror}")
+            print_line(f"distdiag: cannot write the JUnit XML to {self.config.junit}: {exc.strerror}")
 
     # -- leave ------------------------------------------------------------------------------
     def after_verdict(self, ex: Exchange, wait_s: float = LEAVE_WAIT_S) -> int:
@@ -205,7 +202,7 @@ class RunEnd:
         report.outcome = "lost_rank"
         report.summary = report.probes[-1].findings[0].issue
         self.emit(report, ex, show=False)
-        _print_err(f"distdiag: {report.summary}; the report now says exit {EXIT_HANG}: {os.path.abspath(self.config.report)}")
+        print_line(f"distdiag: {report.summary}; the report now says exit {EXIT_HANG}: {os.path.abspath(self.config.report)}")
         self.sentinel.finishing_code = EXIT_HANG
         return EXIT_HANG
 

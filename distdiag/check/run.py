@@ -18,9 +18,9 @@ from datetime import timedelta
 from typing import Any
 
 from distdiag.check.config import CheckConfig
-from distdiag.check.finish import RunEnd, _print_err
+from distdiag.check.finish import RunEnd
 from distdiag.check.plan import Plan, make_plan, parse_config
-from distdiag.errors import ConfigError, error_summary, mentions_broken_connection
+from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
 from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo, Report, write_report
 from distdiag.report.render import ProgressLine
 from distdiag.runtime.exchange import Exchange
@@ -115,7 +115,7 @@ class CheckRun:
             self.store = self._store()
         except Exception as exc:  # noqa: BLE001 - nothing can be reported without the store
             where = f"{info.master_addr}:{info.master_port}" if info.distributed else "in-process"
-            _print_err(f"distdiag[rank {info.rank}]: cannot reach the job's store at {where}: {exc}")
+            print_line(f"distdiag[rank {info.rank}]: cannot reach the job's store at {where}: {exc}")
             return False
         self.ex = Exchange(self.store, info.rank, info.world_size)
         from distdiag.errors import set_caught_publisher
@@ -278,7 +278,7 @@ class CheckRun:
         """The sentinel is ending the run: wait for it to exit the process."""
         self.sentinel.aborting.wait(self.config.deadline_s)
         time.sleep(self.config.timeout_s + 60)
-        _print_err(f"distdiag[rank {self.info.rank}]: the sentinel did not end the run; exiting 3")
+        print_line(f"distdiag[rank {self.info.rank}]: the sentinel did not end the run; exiting 3")
         os._exit(3)
 
     # -- the normal end --------------------------------------------------------------------
@@ -315,7 +315,7 @@ class CheckRun:
 
 def _bad_input(exc: ConfigError, argv: list[str], report_path: str = "distdiag-report.json") -> int:
     """Every rank prints the same line; rank 0 also leaves a report saying nothing ran."""
-    _print_err(f"distdiag: error: {exc}")
+    print_line(f"distdiag: error: {exc}")
     # Local rank 0 of every node leaves the report there (no shared filesystem assumed), so a
     # gate on any node reads exit code 2, not "no report" (3).
     if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":

@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from distdiag.errors import print_line
 from distdiag.runtime.exchange import Exchange
 
 __all__ = [
@@ -129,7 +130,7 @@ def _run_at_abort() -> None:
         try:
             cleanup()
         except Exception as exc:  # noqa: BLE001 - leaving anyway; say what was left behind
-            print(f"distdiag: cleanup at exit failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print_line(f"distdiag: cleanup at exit failed: {type(exc).__name__}: {exc}")
 
 
 def flush_and_exit(code: int) -> None:
@@ -254,7 +255,7 @@ class Sentinel(threading.Thread):
         try:
             self.exchange = Exchange(self.store_factory(), self.rank, self.world_size)
         except Exception as exc:  # noqa: BLE001 - without a store nothing can be reported
-            print(f"distdiag[rank {self.rank}]: cannot reach the job's store: {exc}", file=sys.stderr)
+            print_line(f"distdiag[rank {self.rank}]: cannot reach the job's store: {exc}")
             flush_and_exit(3)
         self.started_ok.set()
         last_beat = 0.0
@@ -284,7 +285,7 @@ class Sentinel(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - the store went away (agent gone): leave
             if self.finishing_code is not None:
                 flush_and_exit(self.finishing_code)
-            print(f"distdiag[rank {self.rank}]: lost the job's store ({type(exc).__name__}: {exc}); exiting 3", file=sys.stderr)
+            print_line(f"distdiag[rank {self.rank}]: lost the job's store ({type(exc).__name__}: {exc}); exiting 3")
             flush_and_exit(3)
 
     def _check(self, now: float) -> dict[str, Any] | None:
@@ -329,7 +330,7 @@ class Sentinel(threading.Thread):
             except Exception as exc:  # noqa: BLE001 - say so, still leave with 3
                 import traceback
 
-                print(f"distdiag[rank {self.rank}]: failed to write the report: {exc}", file=sys.stderr)
+                print_line(f"distdiag[rank {self.rank}]: failed to write the report: {exc}")
                 traceback.print_exc()
                 ex.publish("verdict", {"exit_code": 3, "writer": self.rank})
         else:

@@ -38,7 +38,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from distdiag.errors import HangDetected
+from distdiag.errors import HangDetected, print_line
 from distdiag.report.model import RankInfo
 from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.sentinel import flush_and_exit
@@ -227,7 +227,7 @@ class Watcher(threading.Thread):
                     dump_dir=self.config.dump_dir, config=self.extra_config, started=self.started,
                 )
             except Exception as exc:  # noqa: BLE001 - still act on the hang
-                print(f"distdiag[rank {self.rank}]: failed to write the hang report: {exc}", file=sys.stderr)
+                print_line(f"distdiag[rank {self.rank}]: failed to write the hang report: {exc}")
                 traceback.print_exc()
             ex.publish(f"verdict/{epoch}", {"writer": self.rank, "host": self.info.host})
         else:
@@ -271,7 +271,7 @@ class Watcher(threading.Thread):
                 return
         if writer:
             self._end_local_peers(lost)
-        print(f"distdiag[rank {self.rank}]: watchdog ending the process (exit {EXIT_WATCHDOG}); report: {path}", file=sys.stderr)
+        print_line(f"distdiag[rank {self.rank}]: watchdog ending the process (exit {EXIT_WATCHDOG}); report: {path}")
         flush_and_exit(EXIT_WATCHDOG)
 
     def _raise_in_training_thread(self, event: dict[str, Any], path: str) -> bool:

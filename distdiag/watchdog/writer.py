@@ -11,10 +11,10 @@ the store so local rank 0 of every other host can keep a copy.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
+from distdiag.errors import print_line
 from distdiag.hang import (
     analyze_hang,
     desync_finding,
@@ -203,7 +203,7 @@ def _write_and_publish(ex: Exchange, report: Report, *, epoch: int, dump_dir: st
     except OSError as exc:
         where = f"(not written: {exc.strerror})"
     text = render_hang_report(report)
-    print(f"{text}\nhang report: {where}", file=sys.stderr, flush=True)
+    print_line(f"{text}\nhang report: {where}")
     try:
         ex.publish(f"report/{epoch}", {"json": report.to_json(), "host": host})
     except Exception:  # noqa: BLE001 - the local copy exists
