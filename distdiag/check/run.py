@@ -139,6 +139,7 @@ class CheckRun:
             deadline_at=self.started + cfg.deadline_s,
             write_abort_report=self.end.write_abort_report,
             mirror=self.end.mirror,
+            on_abort=self.progress.clear,
         )
         self.end.sentinel = self.sentinel
         self.sentinel.start()

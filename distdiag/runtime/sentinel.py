@@ -219,6 +219,7 @@ class Sentinel(threading.Thread):
         deadline_at: float,
         write_abort_report: Callable[[Exchange, dict[str, Any]], int],
         mirror: Callable[[Exchange, dict[str, Any]], None] | None = None,
+        on_abort: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="distdiag-sentinel", daemon=True)
         self.store_factory = store_factory
@@ -232,6 +233,9 @@ class Sentinel(threading.Thread):
         self.write_abort_report = write_abort_report
         self.mirror = mirror
         """On a node other than the writer's, writes the report there (no shared FS assumed)."""
+        self.on_abort = on_abort
+        """Called first when this rank starts ending a broken run (the check blanks rank 0's
+        progress line there: another rank may print the verdict while this one is stuck)."""
         self.aborting = threading.Event()
         self.finishing_code: int | None = None
         """Set by the main thread once the verdict is known: SIGTERM then just exits with it."""
@@ -310,6 +314,11 @@ class Sentinel(threading.Thread):
         assert self.exchange is not None
         ex = self.exchange
         self.aborting.set()
+        if self.on_abort is not None:
+            try:
+                self.on_abort()
+            except Exception as exc:  # noqa: BLE001 - cosmetic: never in the way of the report
+                log.debug("on_abort failed: %s", exc)
         if reason["kind"] != "peer":
             ex.post("abort_reason", reason)
         snap = self.tracker.snapshot()

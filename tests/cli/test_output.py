@@ -86,3 +86,15 @@ def test_distdiag_check_on_a_terminal_shows_progress(cli_env, tmp_path):
                                  cli_env, tmp_path)
     assert code == 0, drawn[-3000:]
     assert "distdiag [1/1] env ..." in drawn and "verdict: PASS" in drawn
+
+
+def test_progress_line_is_blanked_when_rank_0_is_the_stuck_one(cli_env, tmp_path):
+    """Rank 0 hangs in a probe and rank 1 writes the verdict: rank 0's \\r line is blanked first,
+    so the verdict is not drawn over what is left of it."""
+    env = {**cli_env, "DISTDIAG_INJECT": "hang:collectives:0"}
+    code, drawn = _on_a_terminal([*TORCHRUN, "--probes", "env,collectives", "--timeout-s", "3"], env, tmp_path)
+    report = json.loads((tmp_path / "distdiag-report.json").read_text())
+    assert report["exit_code"] == 3 and report["written_by"] == 1, drawn[-3000:]
+    assert code != 0 and "distdiag [2/2] collectives ..." in drawn
+    clear = "\r" + " " * len("distdiag [2/2] collectives ...") + "\r"
+    assert clear in drawn and drawn.index(clear) < drawn.index("distdiag check: 2 rank(s)"), drawn[-3000:]
