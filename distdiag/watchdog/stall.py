@@ -38,7 +38,6 @@ class StallCheck:
         self.engine: Any = None
         self.engine_progress = 0.0
         """When a collective last completed on any group, per the recorder (monotonic)."""
-        self.engine_pending = False
         self.pending_since = 0.0
         """When this rank was first seen with a collective enqueued and not completed (monotonic)."""
         self._engine_total = -1
@@ -47,6 +46,11 @@ class StallCheck:
         """(completed total, monotonic time) of the counts last published under eng/RANK."""
         self._pending: dict[str, int] = {}
         """group -> the sequence number this rank's recorder shows enqueued and not completed."""
+
+    @property
+    def engine_pending(self) -> bool:
+        """Whether torch's recorder shows a collective of this rank enqueued and not completed."""
+        return bool(self._pending)
 
     def start(self, engine: Any) -> None:
         """Read torch's records through `engine` (an EngineReader) from now on."""
@@ -62,7 +66,7 @@ class StallCheck:
             return
         view = self.engine.read(details=False)
         if view["state"] != "ok":
-            self.engine_pending = False
+            self._pending = {}
             if not self._engine_warned and self.progress.total > 0 and self.rank == 0:
                 self._engine_warned = True
                 log.warning("distdiag watchdog: %s", view.get("reason"))
@@ -75,11 +79,10 @@ class StallCheck:
         if ex is not None and total != self._published[0] and now - self._published[1] >= self.config.timeout_s / 4:
             ex.store.set(f"eng/{self.rank}", json.dumps({g["group"]: g["completed"] for g in view["groups"]}))
             self._published = (total, now)
-        self._pending = {g["group"]: g["enqueued"] for g in view["groups"] if g["enqueued"] > g["completed"]}
-        pending = bool(self._pending)
-        if pending and not self.engine_pending:
-            self.pending_since = time.monotonic()
-        self.engine_pending = pending
+        pending = {g["group"]: g["enqueued"] for g in view["groups"] if g["enqueued"] > g["completed"]}
+        if pending and not self._pending:
+            self.pending_since = now
+        self._pending = pending
 
     def overdue(self, ex: Exchange, reported_at: float) -> str | None:
         """What to declare as the timeout when this rank waited too long without progress, else None
