@@ -184,7 +184,7 @@ def _run_script(ns: argparse.Namespace) -> None:
 def _exit_code(exc: SystemExit) -> int:
     """The process's code for the script's sys.exit(...); a message is printed, as Python does."""
     if not isinstance(exc.code, int) and exc.code is not None:
-        print(exc.code, file=sys.stderr)
+        print_line(str(exc.code))
     return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
 
 

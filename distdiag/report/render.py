@@ -7,7 +7,7 @@ import sys
 import textwrap
 from typing import Any, TextIO
 
-from distdiag.report.model import Finding, ProbeResult, Report
+from distdiag.report.model import SEVERITIES, Finding, ProbeResult, Report
 
 __all__ = ["render_report", "format_ranks", "render_table", "ProgressLine", "PROGRESS_ENV"]
 
@@ -71,8 +71,6 @@ def _finding_lines(f: Finding, world_size: int, width: int) -> list[str]:
 
 def _probe_row(probe: ProbeResult, name_w: int) -> str:
     """A probe's row of the table: name, status, time, and its findings counted by severity."""
-    from distdiag.report.model import SEVERITIES
-
     counts: dict[str, int] = {}
     for f in probe.findings:
         counts[f.severity] = counts.get(f.severity, 0) + 1
@@ -117,8 +115,6 @@ def render_report(
     cut at `max_rows` rows (None: all); the JSON report always has everything.
     `title` replaces the first line (which otherwise describes the ranks of a check).
     """
-    from distdiag.report.model import SEVERITIES
-
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
     out: list[str] = []
     hosts = sorted({r.host for r in report.ranks})
