@@ -28,7 +28,10 @@ __all__ = [
     "snapshot_details", "group_members",
 ]
 
-_DISTDIAG_FRAMES = ("/distdiag/check/run.py", "/distdiag/check/finish.py", "/distdiag/runtime/sentinel.py", "/distdiag/runtime/tracker.py", "/distdiag/watch.py", "/runpy.py")
+_DISTDIAG_FRAMES = (
+    "/distdiag/check/__main__.py", "/distdiag/check/forked_rank.py", "/distdiag/check/run.py", "/distdiag/check/finish.py",
+    "/distdiag/runtime/sentinel.py", "/distdiag/runtime/tracker.py", "/distdiag/watch.py", "/runpy.py",
+)
 _DISTDIAG_DIRS = ("/distdiag/watchdog/",)
 _TORCH = re.compile(r"/(site|dist)-packages/torch/|/torch/(distributed|nn|autograd|_dynamo|_functorch|_inductor|utils|optim|_tensor\.py|_ops\.py)")
 _C10D = "/torch/distributed/distributed_c10d.py"

@@ -168,3 +168,18 @@ def test_a_rank_that_left_while_the_others_went_on_is_named_after_their_collecti
     findings = run(snaps, errors=errors)
     assert findings[0].ranks == [1] and "finished" in findings[0].issue and "issued 11 collectives, the others 12" in findings[0].issue
     assert "lost their connection" in findings[0].issue and "DistributedSampler" in findings[0].fix
+
+
+def test_the_check_s_own_entry_files_are_never_named_as_the_job_s_line():
+    """A rank forked by `distdiag check` runs forked_rank.py as __main__ (`python -m distdiag.check`:
+    __main__.py): when the check itself waits in torch, no frame is the job's line, and a probe's is."""
+    from distdiag.hang.views import user_frame
+
+    site = "/venv/lib/python3.11/site-packages"
+    torch_wait = f"{site}/torch/distributed/distributed_c10d.py:4500 in barrier: work.wait()"
+    run_py = f"{site}/distdiag/check/run.py:290 in execute: self.ex.barrier()"
+    for entry in ("forked_rank.py:42 in <module>: main(sys.argv[1:], forked=True)", "__main__.py:5 in <module>: main()"):
+        stack = ["/usr/lib/python3.11/runpy.py:88 in _run_code: exec(code)", f"{site}/distdiag/check/{entry}", run_py]
+        assert user_frame([*stack, torch_wait]) is None
+        probe = f"{site}/distdiag/probes/cluster/collectives.py:150 in reductions: comm.all_reduce(x)"
+        assert user_frame([*stack, probe, torch_wait]) == probe
