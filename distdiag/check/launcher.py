@@ -26,6 +26,7 @@ __all__ = [
     "filter_torchrun_stderr",
     "torchrun_command",
     "run_gate",
+    "run_filtered",
     "STOP_WAIT_S",
 ]
 
@@ -255,6 +256,8 @@ Environment:
   DISTDIAG_CHECK_ARGS  more arguments for the check (e.g. "--timeout-s 60"), split like a shell
   DISTDIAG_LAUNCH      fork (default): import torch once, fork the ranks (torchrun's --run-path
                        --start-method fork); torchrun: each rank its own python -m distdiag.check
+  DISTDIAG_DEBUG=1     torchrun's own stderr as it comes (otherwise its log lines and the
+                       OMP_NUM_THREADS banner are left out, as in distdiag check)
 
 Example: distdiag gate --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
              --rdzv-endpoint head:29500 --rdzv-id job1 -- torchrun ... train.py"""
@@ -276,6 +279,28 @@ def _gate_check_args(report: str) -> list[str]:
         return check_args + shlex.split(os.environ.get("DISTDIAG_CHECK_ARGS", ""))
     except ValueError as exc:
         raise ConfigError(f"DISTDIAG_CHECK_ARGS: {exc}") from None
+
+
+def run_filtered(cmd: list[str], env: dict[str, str]) -> tuple[int, str | None]:
+    """run_forwarding_signals with torchrun's stderr through the filter `distdiag check` uses
+    (its log lines, the OMP_NUM_THREADS banner and its ChildFailedError traceback dropped, the
+    ranks' own lines kept, written when the job ended); DISTDIAG_DEBUG=1 shows all of it live."""
+    debug = os.environ.get("DISTDIAG_DEBUG") == "1"
+    lines: list[str] = []
+    pumps: list[threading.Thread] = []
+
+    def pump_stderr(proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        thread = threading.Thread(target=_pump, args=(proc.stderr, lines, debug), name="distdiag-stderr", daemon=True)
+        thread.start()
+        pumps.append(thread)
+
+    result = run_forwarding_signals(cmd, env, pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
+    for thread in pumps:
+        thread.join(timeout=5)
+    if not debug:
+        sys.stderr.writelines(filter_torchrun_stderr(lines))
+    return result
 
 
 def run_gate(argv: list[str]) -> int:
@@ -308,7 +333,7 @@ def run_gate(argv: list[str]) -> int:
     if os.path.isfile(report) and not os.path.islink(report):
         os.unlink(report)
     started = time.time()
-    rc, stopped_by = run_forwarding_signals(cmd, dict(os.environ))
+    rc, stopped_by = run_filtered(cmd, dict(os.environ))  # as quiet as `distdiag check`
     code = exit_code_after_run(report, started, rc, stopped_by)
     host = socket.gethostname()
     if code != 0 or stopped_by:
