@@ -74,8 +74,10 @@ def filter_torchrun_stderr(lines: list[str]) -> list[str]:
 
 
 def _pump(src: IO[str], sink: list[str], live: bool) -> None:
+    """Collect torchrun's stderr; live (DISTDIAG_DEBUG=1): also show every line as it comes,
+    torchrun's log lines included, since that is what the errors tell users to rerun for."""
     for line in src:
-        if live and not _GLOG.match(line):
+        if live:
             sys.stderr.write(line)
             sys.stderr.flush()
         sink.append(line)
