@@ -1,6 +1,6 @@
 """Run `torchrun ... -m distdiag.check` for the user and return the verdict's exact code.
 
-torchrun exits 1 for any failed worker and prints its own traceback (FACTS.md); this takes
+torchrun exits 1 for any failed worker and prints its own traceback (docs/facts.md); this takes
 the code from the report the check wrote and keeps torchrun's noise out of the user's way
 (all of it is shown with DISTDIAG_DEBUG=1).
 """
@@ -90,7 +90,7 @@ before its own SIGKILL) before the launcher kills what is left of the job."""
 
 def _kill_tree(pid: int) -> None:
     """SIGKILL torchrun and every process under it. Its workers run in sessions of their own
-    (FACTS.md), so killing torchrun alone would orphan them: collect them first."""
+    (docs/facts.md), so killing torchrun alone would orphan them: collect them first."""
     import psutil
 
     try:
