@@ -24,7 +24,7 @@ __all__ = [
 
 COMM_ERROR_MARKERS = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe", "NCCL error")
 """Text of the errors a collective raises when a peer died or its connection broke (gloo names
-an address, not a rank: FACTS.md)."""
+an address, not a rank: docs/facts.md)."""
 
 
 def print_line(line: str) -> None:

@@ -22,5 +22,6 @@
 #   DISTDIAG_REPORT   where this node's report goes (default: distdiag-gate-report.json)
 #   DISTDIAG_JUNIT    where this node's JUnit XML goes (default: none)
 #   DISTDIAG_CHECK_ARGS  more arguments for the check (e.g. "--timeout-s 60")
+#   DISTDIAG_DEBUG=1  torchrun's whole stderr (otherwise its log lines are left out)
 #   PYTHON            the interpreter with torch and distdiag (default: python3)
 exec "${PYTHON:-python3}" -m distdiag gate "$@"

@@ -1,6 +1,6 @@
 """Run `torchrun ... -m distdiag.check` for the user and return the verdict's exact code.
 
-torchrun exits 1 for any failed worker and prints its own traceback (FACTS.md); this takes
+torchrun exits 1 for any failed worker and prints its own traceback (docs/facts.md); this takes
 the code from the report the check wrote and keeps torchrun's noise out of the user's way
 (all of it is shown with DISTDIAG_DEBUG=1).
 """
@@ -26,6 +26,7 @@ __all__ = [
     "filter_torchrun_stderr",
     "torchrun_command",
     "run_gate",
+    "run_filtered",
     "STOP_WAIT_S",
 ]
 
@@ -73,8 +74,10 @@ def filter_torchrun_stderr(lines: list[str]) -> list[str]:
 
 
 def _pump(src: IO[str], sink: list[str], live: bool) -> None:
+    """Collect torchrun's stderr; live (DISTDIAG_DEBUG=1): also show every line as it comes,
+    torchrun's log lines included, since that is what the errors tell users to rerun for."""
     for line in src:
-        if live and not _GLOG.match(line):
+        if live:
             sys.stderr.write(line)
             sys.stderr.flush()
         sink.append(line)
@@ -87,7 +90,7 @@ before its own SIGKILL) before the launcher kills what is left of the job."""
 
 def _kill_tree(pid: int) -> None:
     """SIGKILL torchrun and every process under it. Its workers run in sessions of their own
-    (FACTS.md), so killing torchrun alone would orphan them: collect them first."""
+    (docs/facts.md), so killing torchrun alone would orphan them: collect them first."""
     import psutil
 
     try:
@@ -255,6 +258,8 @@ Environment:
   DISTDIAG_CHECK_ARGS  more arguments for the check (e.g. "--timeout-s 60"), split like a shell
   DISTDIAG_LAUNCH      fork (default): import torch once, fork the ranks (torchrun's --run-path
                        --start-method fork); torchrun: each rank its own python -m distdiag.check
+  DISTDIAG_DEBUG=1     torchrun's own stderr as it comes (otherwise its log lines and the
+                       OMP_NUM_THREADS banner are left out, as in distdiag check)
 
 Example: distdiag gate --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
              --rdzv-endpoint head:29500 --rdzv-id job1 -- torchrun ... train.py"""
@@ -276,6 +281,28 @@ def _gate_check_args(report: str) -> list[str]:
         return check_args + shlex.split(os.environ.get("DISTDIAG_CHECK_ARGS", ""))
     except ValueError as exc:
         raise ConfigError(f"DISTDIAG_CHECK_ARGS: {exc}") from None
+
+
+def run_filtered(cmd: list[str], env: dict[str, str]) -> tuple[int, str | None]:
+    """run_forwarding_signals with torchrun's stderr through the filter `distdiag check` uses
+    (its log lines, the OMP_NUM_THREADS banner and its ChildFailedError traceback dropped, the
+    ranks' own lines kept, written when the job ended); DISTDIAG_DEBUG=1 shows all of it live."""
+    debug = os.environ.get("DISTDIAG_DEBUG") == "1"
+    lines: list[str] = []
+    pumps: list[threading.Thread] = []
+
+    def pump_stderr(proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        thread = threading.Thread(target=_pump, args=(proc.stderr, lines, debug), name="distdiag-stderr", daemon=True)
+        thread.start()
+        pumps.append(thread)
+
+    result = run_forwarding_signals(cmd, env, pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
+    for thread in pumps:
+        thread.join(timeout=5)
+    if not debug:
+        sys.stderr.writelines(filter_torchrun_stderr(lines))
+    return result
 
 
 def run_gate(argv: list[str]) -> int:
@@ -308,7 +335,7 @@ def run_gate(argv: list[str]) -> int:
     if os.path.isfile(report) and not os.path.islink(report):
         os.unlink(report)
     started = time.time()
-    rc, stopped_by = run_forwarding_signals(cmd, dict(os.environ))
+    rc, stopped_by = run_filtered(cmd, dict(os.environ))  # as quiet as `distdiag check`
     code = exit_code_after_run(report, started, rc, stopped_by)
     host = socket.gethostname()
     if code != 0 or stopped_by:

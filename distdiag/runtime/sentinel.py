@@ -1,7 +1,7 @@
 """The sentinel: one daemon thread per rank that ends a broken run with a report.
 
 The main thread runs probes and may block forever in a collective (a hung gloo collective
-cannot be aborted from another thread, FACTS.md). The sentinel keeps a heartbeat in the
+cannot be aborted from another thread, docs/facts.md). The sentinel keeps a heartbeat in the
 store, watches the probe deadline, the whole-check deadline, SIGTERM from the launcher and
 the job-wide `abort` flag. When any of them fires on any rank, every sentinel posts a
 snapshot of its main thread (phase, collective, stack); one sentinel claims the writer role,

@@ -74,7 +74,7 @@ NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
 
-# munge: a key owned by munge, mode 400, and munged running as the munge user (FACTS.md).
+# munge: a key owned by munge, mode 400, and munged running as the munge user (docs/facts.md).
 if [ ! -s /etc/munge/munge.key ]; then
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
 fi

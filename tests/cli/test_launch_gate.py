@@ -106,3 +106,24 @@ def test_gate_help(tmp_path, cli_env):
     out = subprocess.run([*FRONTS["distdiag gate"], "-h"], cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.startswith("usage: distdiag gate [torchrun options] -- TRAINING COMMAND")
     assert "DISTDIAG_REPORT" in out.stdout
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_gate_is_as_quiet_as_check(tmp_path, cli_env, debug):
+    """Without OMP_NUM_THREADS set, torchrun logs its OMP_NUM_THREADS banner for 2 ranks: the gate
+    drops it (and torchrun's other log lines) as `distdiag check` does. Twin: with
+    DISTDIAG_DEBUG=1, which the errors tell users to rerun with, the banner is shown."""
+    env = _env(cli_env, DISTDIAG_CHECK_ARGS="--probes env")
+    env.pop("OMP_NUM_THREADS", None)
+    env.pop("DISTDIAG_DEBUG", None)
+    if debug:
+        env["DISTDIAG_DEBUG"] = "1"
+    cmd = [*FRONTS["distdiag gate"], "--nproc-per-node", "2", "--", sys.executable, "-c", "pass"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if debug:
+        assert "Setting OMP_NUM_THREADS environment variable" in proc.stderr, proc.stderr
+    else:
+        assert proc.stderr.splitlines() == [
+            f"distdiag gate: the distdiag gate passed on {socket.gethostname()}; starting: {sys.executable} -c pass"
+        ], proc.stderr

@@ -52,6 +52,33 @@ def test_expected_sizes_join_the_sweep_and_defaults_depend_on_the_device():
     assert opts.resolved(gpu=False)["iters"] < opts.resolved(gpu=True)["iters"]
 
 
+def test_a_gpu_clusters_floors_do_not_run_gigabytes_on_cpu():
+    """configs/example_gate_cluster.toml (floors at 256MiB and 1GiB): a CPU run times only the CPU
+    sweep and says which floors it left unchecked; on GPU the floors' sizes join the sweep."""
+    from pathlib import Path
+
+    from distdiag.check.plan import make_plan, parse_config
+
+    example = Path(__file__).resolve().parents[2] / "configs" / "example_gate_cluster.toml"
+    plan = make_plan(parse_config(["--profile", "gate", "--config", str(example)]), 2)
+    (opts,) = [p.options for p in plan.probes if p.probe.name == "bandwidth"]
+    assert max(opts.resolved(gpu=False)["sizes"]) == 4 * 2**20
+    assert {256 * 2**20, 2**30} <= set(opts.resolved(gpu=True)["sizes"])
+    result = BandwidthProbe().consolidate({r: _payload(0.001, 0.01) for r in range(2)}, _view(2, opts=opts))
+    (note,) = [f for f in result.findings if "not checked" in f.issue]
+    assert note.severity == "info" and "256MiB, 1GiB" in note.issue and "4KiB" in note.evidence
+
+
+def test_a_floor_within_the_cpu_cap_or_listed_in_sizes_runs_on_cpu():
+    """8MiB (under the 16MiB cap) and a 64MiB size listed in `sizes` are timed on CPU; nothing is left unchecked."""
+    opts = BandwidthConfig(sizes=["64MiB"], expected_busbw_gbps={"8MiB": 1.0, "64MiB": 1.0})
+    assert opts.resolved(gpu=False)["sizes"] == [8 * 2**20, 64 * 2**20]
+    payloads = {r: {"samples": [{"op": "all_reduce", "size": size, "bytes": size, "iters": 10, "total_s": 0.1,
+                                 "incall_s": 0.01} for size in (8 * 2**20, 64 * 2**20)], "links": []} for r in range(2)}
+    result = BandwidthProbe().consolidate(payloads, _view(2, opts=opts))
+    assert not [f for f in result.findings if "not checked" in f.issue]
+
+
 def _payload(incall: float, total: float, ops=("all_reduce", "all_gather", "broadcast")) -> dict:
     return {"samples": [{"op": op, "size": 4096, "bytes": 4096, "iters": 10, "total_s": total, "incall_s": incall}
                         for op in ops], "links": []}

@@ -49,6 +49,10 @@ __all__ = [
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 CPU_SIZES = ("4KiB", "256KiB", "4MiB")
 GPU_SIZES = ("1MiB", "32MiB", "256MiB", "1GiB")
+CPU_FLOOR_MAX = 16 * 2**20
+"""On CPU, a size that only an expected_busbw_gbps floor names runs up to this: the floors of a
+GPU cluster's config (256MiB, 1GiB) would take minutes per op on CPU, past the gate's
+deadline. A size listed in `sizes` always runs."""
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 # The timed loop's record uses the names comm.py gives the same calls in the warm-up.
 _TRACKED_NAME = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
@@ -109,7 +113,8 @@ class BandwidthConfig:
     """Untimed iterations before each timed loop; 0: 2 on CPU, 5 on GPU."""
     expected_busbw_gbps: dict[str, Any] = field(default_factory=dict)
     """Minimum busbw in GB/s (1e9 B/s) per size: {"64MiB" = 150} for every op, or
-    {"64MiB" = {all_reduce = 150, all_gather = 120}} per op. Sizes named here join the sweep."""
+    {"64MiB" = {all_reduce = 150, all_gather = 120}} per op. Sizes named here join the sweep
+    (on CPU only up to 16MiB unless `sizes` lists them; a floor not run is said in an info finding)."""
     p2p: bool = True
     """Also run the ring of neighbour exchanges that names a slow link (needs >= 2 ranks)."""
     p2p_size: Any = ""
@@ -172,7 +177,8 @@ class BandwidthConfig:
 
     def resolved(self, gpu: bool) -> dict[str, Any]:
         """Defaults that depend on the device, filled in."""
-        sizes = set(self.sizes or [parse_size(s) for s in (GPU_SIZES if gpu else CPU_SIZES)]) | set(self.expected)
+        floors = {s for s in self.expected if gpu or s <= CPU_FLOOR_MAX}
+        sizes = set(self.sizes or [parse_size(s) for s in (GPU_SIZES if gpu else CPU_SIZES)]) | floors
         return {
             "sizes": sorted(sizes),
             "iters": self.iters or (20 if gpu else 8),
@@ -364,6 +370,7 @@ class BandwidthProbe(Probe):
         findings += link_findings
         if opts.expected:
             findings += _expected_findings(rows, opts, view, sorted(stragglers) or _link_ranks(link_findings))
+            findings += _floors_not_run(rows, opts)
         details: dict[str, Any] = {"table:bandwidth": rows}
         if link_rows:
             details["table:ring links"] = link_rows
@@ -534,6 +541,24 @@ def _slow_pair_findings(
 
 def _link_ranks(findings: list[Finding]) -> list[int]:
     return sorted({r for f in findings for r in f.ranks})
+
+
+def _floors_not_run(rows: list[dict[str, Any]], opts: BandwidthConfig) -> list[Finding]:
+    """An info finding naming the expected_busbw_gbps sizes this run did not time (on CPU,
+    floors above CPU_FLOOR_MAX): a floor left unchecked is said, never passed in silence."""
+    run = {row["size"] for row in rows}
+    left = [format_size(s) for s in sorted(opts.expected) if format_size(s) not in run]
+    if not left:
+        return []
+    return [Finding(
+        severity="info",
+        issue=(f"expected_busbw_gbps at {', '.join(left)} not checked: on CPU a size only a floor names "
+               f"runs up to {format_size(CPU_FLOOR_MAX)}"),
+        evidence=f"sizes timed: {', '.join(sorted(run, key=parse_size)) or 'none'}",
+        ranks=[],
+        fix="run the gate on the GPU nodes these floors are for, or list the size in probes.bandwidth.sizes to time it on CPU",
+        confidence=1.0,
+    )]
 
 
 def _expected_findings(
