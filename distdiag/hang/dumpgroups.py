@@ -16,7 +16,8 @@ group uses: `collective_seq_id` for collectives, `p2p_seq_id` for a group that o
 send/recv (its pg_status counts that sequence). A rank that recorded no entries keeps its
 groups from pg_config with no known position (pg_status cannot be mapped without entries).
 
-`GroupState` per (rank, members) is the interface the hang rules read (`engine_view` turns
+`GroupState` per (rank, GroupState.key = members, desc, and torch's group name only where two
+groups share members and desc) is the interface the hang rules read (`engine_view` turns
 it into the engine view hang/rules.py reads today). Torch-free.
 """
 
@@ -76,6 +77,14 @@ class GroupState:
     """'pg_status' or 'entries' (gloo: completion then unknown; see completion_unknown)."""
     completion_unknown: bool = False
     members_inferred: bool = False
+    twin: bool = False
+    """Another group has the same members and desc (e.g. a P2P group beside a tp group of the
+    same ranks): its label then carries torch's group name too, which is the same on every rank."""
+
+    @property
+    def key(self) -> tuple[Members, str, str]:
+        """(members, desc, name when needed to tell twins apart): the same on every rank."""
+        return (self.members or (), self.desc, self.name if self.twin else "")
 
     @property
     def last(self) -> OpRecord | None:
@@ -101,12 +110,13 @@ class RankDump:
     version: str
     comm_lib_version: str
     groups: dict[str, GroupState]
-    """By group name while reading; `by_members` gives the global view."""
+    """By group name while reading; `by_key` gives the global view."""
     notes: list[str] = field(default_factory=list)
     empty: bool = False
 
-    def by_members(self) -> dict[Members, GroupState]:
-        return {g.members: g for g in self.groups.values() if g.members is not None}
+    def by_key(self) -> dict[tuple[Members, str, str], GroupState]:
+        """Groups keyed by GroupState.key: members first, never a per-process id."""
+        return {g.key: g for g in self.groups.values() if g.members is not None}
 
 
 def _parse_members(raw: Any) -> Members | None:
@@ -257,10 +267,21 @@ def infer_members(dumps: dict[int, RankDump], world: int) -> list[str]:
             for o in g.ops:
                 if o.local_peer is not None and o.local_peer < len(g.members):
                     o.peer = g.members[o.local_peer]
+    _mark_twins(dumps)
     if not inferred:
         return []
     return ["the dumps carry no group membership (gloo writes none): each group's members are the ranks whose dumps "
             "recorded it, so a member that recorded nothing on a group is not counted in it"]
+
+
+def _mark_twins(dumps: dict[int, RankDump]) -> None:
+    names: dict[tuple[Members | None, str], set[str]] = {}
+    for d in dumps.values():
+        for g in d.groups.values():
+            names.setdefault((g.members, g.desc), set()).add(g.name)
+    for d in dumps.values():
+        for g in d.groups.values():
+            g.twin = len(names[(g.members, g.desc)]) > 1
 
 
 def group_label(g: GroupState, world: int) -> str:
@@ -268,6 +289,8 @@ def group_label(g: GroupState, world: int) -> str:
     members = g.members or ()
     base = "world" if members == tuple(range(world)) else "ranks[" + ",".join(str(r) for r in members) + "]"
     desc = g.desc if g.desc not in ("", "undefined", "default_pg") else ""
+    if g.twin:
+        desc = f"{desc}, group {g.name}" if desc else f"group {g.name}"
     return f"{base} ({desc})" if desc else base
 
 

@@ -60,11 +60,11 @@ def rank_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = None) ->
 def groups_table(dumps: dict[int, RankDump], world: int) -> list[dict[str, Any]]:
     """One row per group and rank: the last op recorded, its sizes and dtypes, the position."""
     rows = []
-    keyed = sorted({g.members for d in dumps.values() for g in d.groups.values() if g.members},
-                   key=lambda m: (-len(m), m))
-    for members in keyed:
+    keyed = sorted({g.key for d in dumps.values() for g in d.groups.values() if g.members},
+                   key=lambda k: (-len(k[0]), k))
+    for key in keyed:
         for rank, d in sorted(dumps.items()):
-            g = d.by_members().get(members)
+            g = d.by_key().get(key)
             if g is None:
                 continue
             last = g.last
@@ -113,7 +113,7 @@ def report_from_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = N
     for key in ("stacks", "recent_collectives", "table:collectives per group (torch's flight recorder)"):
         details.pop(key, None)
     details["table:last op per group and rank (flight-recorder dumps)"] = groups_table(dumps, world)
-    details["groups"] = {str(r): {group_label(g, world): g.as_dict() for g in d.by_members().values()}
+    details["groups"] = {str(r): {group_label(g, world): g.as_dict() for g in d.by_key().values()}
                          for r, d in dumps.items()}
     result = ProbeResult.from_findings("flight_recorder", findings, details=details)
     code = EXIT_HANG if any(f.severity == "critical" for f in findings) else EXIT_PASS

@@ -166,3 +166,22 @@ def test_a_missing_rank_file_is_a_suspect(tmp_path):
     code, probe = _report(tmp_path)
     lead = probe["findings"][0]
     assert code == 3 and lead["ranks"] == [2] and "no dump file" in lead["issue"]
+
+
+def test_two_groups_of_the_same_ranks_stay_apart(tmp_path):
+    """A tp group and a P2P group both of ranks 0,1 (both desc 'undefined'): two rows each, told
+    apart by torch's group name (global), never merged and never by pg_id (per process)."""
+    def e(name, pg_id, op, seq, p2p=False):
+        return {"pg_id": pg_id, "process_group": [name, "undefined"], "profiling_name": f"nccl:{op}",
+                "collective_seq_id": 0 if p2p else seq, "p2p_seq_id": seq if p2p else 0, "is_p2p": p2p,
+                "input_sizes": [[8]], "input_dtypes": ["BFloat16"], "output_sizes": [[8]], "output_dtypes": ["BFloat16"],
+                "state": "completed"}
+    config = {"3": {"name": "3", "desc": "undefined", "ranks": "[0, 1]"},
+              "5": {"name": "5", "desc": "undefined", "ranks": "[0, 1]"}}
+    for rank, (tp_id, p2p_id, op) in {0: (1, 2, "send 0->1"), 1: (2, 1, "recv 1<-0")}.items():
+        dump = {"version": "2.10", "pg_config": config, "entries": [e("3", tp_id, "all_reduce", 1), e("5", p2p_id, op, 1, True)]}
+        (tmp_path / f"nccl_trace_rank_{rank}").write_text(json.dumps(dump))
+    code, probe = _report(tmp_path)
+    rows = {(r["group"], r["rank"]): r["last op"] for r in probe["details"]["table:last op per group and rank (flight-recorder dumps)"]}
+    assert code == 0 and rows == {("world (group 3)", 0): "all_reduce #1", ("world (group 3)", 1): "all_reduce #1",
+                                  ("world (group 5)", 0): "send to 1 #1 (p2p)", ("world (group 5)", 1): "recv from 0 #1 (p2p)"}
