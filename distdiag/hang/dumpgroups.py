@@ -334,6 +334,8 @@ def engine_view(rd: RankDump, world: int) -> dict[str, Any]:
             "pg": g.name, "group": label, "backend": "dump", "enqueued": -1 if g.enqueued is None else g.enqueued,
             "started": g.started, "completed": -1 if g.completed is None else g.completed, "pending": None,
             "members": list(g.members), "desc": g.desc, "p2p": g.p2p_only,
+            # the last op as hang rules keyed by members read it: {op, seq, state, sizes, dtypes, peer}
+            "last": {k: v for k, v in g.as_dict().items() if k in ("op", "seq", "state", "sizes", "dtypes", "peer")},
         }
         if g.completion_unknown:
             row["completion_unknown"] = True

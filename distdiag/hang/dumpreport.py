@@ -83,6 +83,30 @@ def _n(value: int | None) -> str:
     return "?" if value is None else str(value)
 
 
+def _where_in_dump(d: RankDump, world: int) -> str:
+    """What a rank's dump says of where it is, for a rank the rules place by its stack (dumps have none)."""
+    if d.empty:
+        return ("its dump holds no entries: nothing in flight (stalled outside any collective, or its recorder was off)")
+    done = [g for g in d.groups.values() if g.ops and g.members]
+    last = max(done, key=lambda g: g.ops[-1].created_ns, default=None)
+    if last is None or last.last is None:
+        return "its dump shows it inside no collective"
+    o = last.last
+    site = f", called at {o.frames[0]}" if o.frames else ""
+    return f"its dump shows it inside no collective; last recorded: {op_text(o)} #{o.seq} on {group_label(last, world)}{site}"
+
+
+def _dump_wording(findings: list[Finding], dumps: dict[int, RankDump], world: int) -> None:
+    """Say what the dumps show where the rules speak of live processes (stacks, the store)."""
+    for f in findings:
+        if f.issue.endswith("; it is at ?") and len(f.ranks) == 1 and f.ranks[0] in dumps:
+            f.issue = f.issue[: -len("it is at ?")] + _where_in_dump(dumps[f.ranks[0]], world)
+            f.evidence = ""
+        elif NO_DUMP in f.issue:
+            f.evidence = (f"{len(dumps)} dump file(s) given, of {format_ranks(sorted(dumps))}; the job has {world} ranks "
+                          "by the dumps' group members (or --world-size)")
+
+
 def _read_note(dumps: dict[int, RankDump], notes: list[str]) -> Finding:
     versions = sorted({d.version for d in dumps.values()})
     libs = sorted({d.comm_lib_version for d in dumps.values() if d.comm_lib_version})
@@ -108,6 +132,7 @@ def report_from_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = N
     lost = {r: NO_DUMP for r in range(world) if r not in dumps}
     findings = [f for f in analyze_hang(snaps, lost, {}, world, what="the dumped job", timeout_s=0)
                 if "did not finish within" not in f.issue]
+    _dump_wording(findings, dumps, world)
     findings.append(_read_note(dumps, notes))
     details = snapshot_details(snaps)
     for key in ("stacks", "recent_collectives", "table:collectives per group (torch's flight recorder)"):

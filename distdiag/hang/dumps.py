@@ -27,8 +27,9 @@ from typing import Any
 
 __all__ = ["DumpError", "MAX_DUMP_BYTES", "MAX_RANK", "load_dump", "parse_dump", "dump_problem", "rank_of", "as_int"]
 
-MAX_DUMP_BYTES = 512 << 20
-"""A dump of torch's default 2000 entries with stacks is a few MB; beyond this it is no dump."""
+MAX_DUMP_BYTES = 256 << 20
+"""A dump of torch's default 2000 entries with stacks is a few MB; beyond this it is no dump
+(and loading it would take several times its size in memory)."""
 MAX_RANK = 1 << 20
 """No job has a million ranks: a larger number in a file name is a timestamp or a pid."""
 _MAX_DEPTH = 64

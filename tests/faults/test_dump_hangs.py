@@ -57,6 +57,7 @@ def test_a_stalled_rank_is_named_from_real_dumps(stalled, form):
     findings = report["probes"][0]["findings"]
     blamed = next(f for f in findings if f["ranks"] == [3])
     assert blamed["severity"] == "critical" and "never entered" in blamed["issue"], blamed
+    assert "its dump shows it inside no collective; last recorded: all_reduce #2 on ranks[1,3]" in blamed["issue"]
     # nobody else is blamed but rank 2, which waits on rank 3 in ranks[2,3] (the wait-for graph of
     # hang/rules.py tells the two apart); ranks 0-1 only wait
     assert not any(f["severity"] == "critical" and set(f["ranks"]) - {2, 3} for f in findings), findings
