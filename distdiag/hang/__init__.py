@@ -7,6 +7,9 @@
     fixes.py     what to do about exceptions distributed jobs raise often
     recorder.py  torch's flight recorder read live (per-group enqueued/started/completed) or
                  from dumps: the positions the rules read first
+    dumps.py     dump files as torch writes them (pickle read with no globals, JSON), checked
+    dumpgroups.py  one rank's dump normalised: groups by members, ops, positions, peers
+    dumpreport.py  a hang report from one dump per rank (`distdiag hang-report DIR`)
 
 May import distdiag.report and distdiag.errors only; recorder.py imports torch when it reads.
 """

@@ -11,8 +11,7 @@ numbers see all of them.
 
 `EngineReader` reads this live, for the watchdog thread and the check's sentinel: about
 0.1 ms per look, on their thread, never on the training thread. `positions_from_dump` reads
-a dump file in torch's documented format (the flight-recorder tutorial; NCCL's
-`_dump_nccl_trace` has the same layout). What differs by version or backend degrades with a
+one rank's dump file alone (distdiag/hang/dumpgroups.py reads dumps of every version). What differs by version or backend degrades with a
 stated reason, never an exception:
 
 - torch without a JSON dump function (or a backend without a recorder): `unavailable`;
@@ -306,59 +305,22 @@ def group_label(name: str) -> str:
         return f"group {name}"
 
 
-def _dump_label(name: str, config: dict[str, Any]) -> str:
-    cfg = config.get(name) if isinstance(config, dict) else None
-    if isinstance(cfg, dict):
-        if cfg.get("desc") == "default_pg":
-            return "world"
-        ranks = cfg.get("ranks")
-        if isinstance(ranks, str) and ranks.strip("[] "):
-            return "ranks[" + ",".join(x.strip() for x in ranks.strip("[]").split(",")) + "]"
-    return "world" if name == "0" else f"group {name}"
-
-
 def positions_from_dump(dump: dict[str, Any]) -> dict[str, Any]:
-    """An engine view (as `EngineReader.read` returns) from one rank's dump file.
+    """An engine view (as `EngineReader.read` returns) from one rank's dump, read alone.
 
-    Works from `pg_status` when the dump has it, else from the entries alone (the last
-    sequence number per group, and the states). Raises ValueError for a dump that is not one.
+    Groups are labelled by their members (pg_config), or by the ranks the dump itself shows
+    (distdiag/hang/dumpgroups.py); `distdiag hang-report` reads all ranks' dumps together
+    (distdiag/hang/dumpreport.py). Raises ValueError for a dump that is not one.
     """
+    from distdiag.hang.dumpgroups import engine_view, infer_members, normalise, world_of
+
     if not isinstance(dump, dict):
         raise ValueError("not a flight-recorder dump (expected a JSON object)")
-    entries_raw = dump.get("entries")
-    if entries_raw is None:
-        entries_raw = []
-    if not isinstance(entries_raw, list):
+    entries = dump.get("entries")
+    if entries is not None and not isinstance(entries, list | tuple):
         raise ValueError("not a flight-recorder dump ('entries' is not a list)")
-    config = dump.get("pg_config") if isinstance(dump.get("pg_config"), dict) else {}
-    entries = [compact_entry(e, _dump_label(_pg_name(e), config)) for e in entries_raw if isinstance(e, dict) and not e.get("is_p2p")]
-    status = dump.get("pg_status") if isinstance(dump.get("pg_status"), dict) else {}
-    groups: list[dict[str, Any]] = []
-    names = sorted({str(n) for n in status} | {e["pg"] for e in entries}, key=lambda n: (len(n), n))
-    for name in names:
-        mine = [e for e in entries if e["pg"] == name]
-        st = status.get(name)
-        guessed = False
-        if not isinstance(st, dict):
-            seqs = [e["seq"] for e in mine]
-            done = [e["seq"] for e in mine if e.get("state") == "completed"]
-            informative = any(e.get("state") in ("started", "completed") for e in mine)
-            last = max(seqs) if seqs else -1
-            st = {
-                "last_enqueued_collective": last,
-                # gloo leaves every entry 'scheduled': completion is unknown, so the last
-                # collective a rank issued is taken as the one it is in.
-                "last_completed_collective": (max(done) if done else -1) if informative else last - 1,
-                "last_started_collective": max((e["seq"] for e in mine if e.get("state") in ("started", "completed")), default=-1),
-            }
-            guessed = not informative
-        g = _group_entry(name, _dump_label(name, config), st, "dump")
-        if guessed:
-            g["completion_unknown"] = True
-        if g["enqueued"] > g["completed"]:
-            last = next((e for e in reversed(mine) if e["seq"] == g["enqueued"]), None)
-            _attach_pending(g, last, 0, None)
-            g["pending"]["for_s"] = None  # a dump does not say when it was taken
-        groups.append(g)
-    return {"state": "ok" if groups else "off", "reason": "" if groups else "the dump holds no process group",
-            "groups": groups, "entries": entries}
+    rank = dump.get("rank") if isinstance(dump.get("rank"), int) else 0
+    rd = normalise(rank, {**dump, "entries": [e for e in entries or [] if isinstance(e, dict)]})
+    world = world_of({rank: rd})
+    infer_members({rank: rd}, world)
+    return engine_view(rd, world)

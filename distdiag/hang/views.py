@@ -155,11 +155,13 @@ def _engine_waits(snap: dict[str, Any], stack: list[str]) -> list[dict[str, Any]
         p = g["pending"]
         w = {
             "group": g["group"], "seq": p["seq"], "op": p.get("op") or "?", "shape": p.get("shape"),
-            "dtype": p.get("dtype", "?"), "for_s": p.get("for_s") or 0.0, "call_site": site or "?", "via": via,
+            "dtype": p.get("dtype", "?"), "for_s": p.get("for_s") or 0.0, "call_site": site or p.get("call_site") or "?",
+            "via": via,
             "source": "engine", "started": g.get("started"), "completed": g.get("completed"),
             # What ranks compare: the engine's own op/sizes/dtype, the same on every rank whether
             # or not a wrapper also saw the call.
-            "key": (p.get("op") or "?", str(p.get("shape")), p.get("dtype", "?")),
+            # (A dump's send/recv gives its own key: the two sides differ by nature.)
+            "key": tuple(p.get("key") or (p.get("op") or "?", str(p.get("shape")), p.get("dtype", "?"))),
         }
         if wrapper and wrapper.get("group") == g["group"]:
             # The same collective as the user called it (the engine may name the backend's op:

@@ -13,7 +13,6 @@ torch; arming does.
     marks.py      step marks compared across ranks (a desync between steps)
     phases.py     the phase board: a rank in a declared phase excuses the others' waiting
     writer.py     gather the snapshots, run distdiag.hang's rules, write hang-report.json
-    flight.py     flight-recorder dump files, as `distdiag hang-report DIR` reads them
 
 May import distdiag.hang, distdiag.runtime (the exchange, the stack of a thread),
 distdiag.report and distdiag.errors; never the check or the probes.

@@ -1,0 +1,148 @@
+"""A hang report from one flight-recorder dump per rank (`distdiag hang-report DIR`).
+
+The files are read safely (hang/dumps.py), each becomes its rank's groups by members
+(hang/dumpgroups.py), and the hang rules that read live snapshots read these: who never
+entered the collective the others are in, a desync in the entries, a stall. A rank with no
+dump file at all is a suspect (lost). The report's table shows, for every group the
+recorder saw (send/recv included) and every rank, the last op with its sizes and dtypes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from distdiag.hang.dumpgroups import RankDump, engine_view, group_label, infer_members, normalise, op_text, world_of
+from distdiag.hang.dumps import MAX_RANK, DumpError, load_dump, rank_of
+from distdiag.report.model import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
+from distdiag.report.render import format_ranks
+
+__all__ = ["read_dumps", "rank_dumps", "report_from_dumps", "groups_table"]
+
+NO_DUMP = "no dump file for this rank (it died, or hung before it could write one)"
+
+
+def read_dumps(files: list[Path]) -> dict[int, dict[str, Any]]:
+    """rank -> raw dump, one file per rank. Raises DumpError (one line) or OSError."""
+    dumps: dict[int, dict[str, Any]] = {}
+    source: dict[int, Path] = {}
+    for file in files:
+        dump = load_dump(file)
+        rank = rank_of(file, dump)
+        if rank in dumps:
+            raise DumpError(f"{source[rank]} and {file} are both dumps of rank {rank}: pass one dump per rank "
+                            "(a directory holding both the pickle and the JSON form of a dump has two)")
+        dumps[rank], source[rank] = dump, file
+    return dumps
+
+
+def rank_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = None) -> tuple[dict[int, RankDump], int, list[str]]:
+    """(rank -> normalised dump, world size, notes). Raises DumpError for a world no job has.
+
+    `world_size`: the job's size when the dumps do not say it (gloo's carry no membership)."""
+    dumps = {rank: normalise(rank, dump) for rank, dump in sorted(raw.items())}
+    seen = world_of(dumps)
+    if seen > MAX_RANK:
+        raise DumpError(f"the dumps name rank {seen - 1} (in a group's members): no job has {MAX_RANK} ranks; "
+                        "these are not flight-recorder dumps of one job")
+    if world_size is not None and not seen <= world_size <= MAX_RANK:
+        raise DumpError(f"--world-size must be from {seen} (the dumps name rank {seen - 1}) to {MAX_RANK}, got {world_size}")
+    world = world_size or seen
+    notes = infer_members(dumps, world)
+    if notes and world_size is None:
+        notes.append(f"nor do they say how many ranks the job has: taken as {world} (the highest rank seen + 1), so a "
+                     "higher rank that wrote no dump is not seen; pass --world-size N")
+    for d in dumps.values():
+        notes += d.notes
+    return dumps, world, notes
+
+
+def groups_table(dumps: dict[int, RankDump], world: int) -> list[dict[str, Any]]:
+    """One row per group and rank: the last op recorded, its sizes and dtypes, the position."""
+    rows = []
+    keyed = sorted({g.key for d in dumps.values() for g in d.groups.values() if g.members},
+                   key=lambda k: (-len(k[0]), k))
+    for key in keyed:
+        for rank, d in sorted(dumps.items()):
+            g = d.by_key().get(key)
+            if g is None:
+                continue
+            last = g.last
+            rows.append({
+                "group": group_label(g, world), "rank": rank,
+                "last op": f"{op_text(last)} #{last.seq}" + (" (p2p)" if last.p2p else "") if last else "-",
+                "sizes": str(last.sizes) if last else "-", "dtypes": ",".join(last.dtypes or []) if last else "-",
+                "state": last.state if last else "-",
+                "enqueued/completed": f"{_n(g.enqueued)}/{_n(g.completed)}",
+                "called at": last.frames[0] if last and last.frames else "-",
+            })
+    return rows
+
+
+def _n(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _where_in_dump(d: RankDump, world: int) -> str:
+    """What a rank's dump says of where it is, for a rank the rules place by its stack (dumps have none)."""
+    if d.empty:
+        return ("its dump holds no entries: nothing in flight (stalled outside any collective, or its recorder was off)")
+    done = [g for g in d.groups.values() if g.ops and g.members]
+    last = max(done, key=lambda g: g.ops[-1].created_ns, default=None)
+    if last is None or last.last is None:
+        return "its dump shows it inside no collective"
+    o = last.last
+    site = f", called at {o.frames[0]}" if o.frames else ""
+    return f"its dump shows it inside no collective; last recorded: {op_text(o)} #{o.seq} on {group_label(last, world)}{site}"
+
+
+def _dump_wording(findings: list[Finding], dumps: dict[int, RankDump], world: int) -> None:
+    """Say what the dumps show where the rules speak of live processes (stacks, the store)."""
+    for f in findings:
+        if f.issue.endswith("; it is at ?") and len(f.ranks) == 1 and f.ranks[0] in dumps:
+            f.issue = f.issue[: -len("it is at ?")] + _where_in_dump(dumps[f.ranks[0]], world)
+            f.evidence = ""
+        elif NO_DUMP in f.issue:
+            f.evidence = (f"{len(dumps)} dump file(s) given, of {format_ranks(sorted(dumps))}; the job has {world} ranks "
+                          "by the dumps' group members (or --world-size)")
+
+
+def _read_note(dumps: dict[int, RankDump], notes: list[str]) -> Finding:
+    versions = sorted({d.version for d in dumps.values()})
+    libs = sorted({d.comm_lib_version for d in dumps.values() if d.comm_lib_version})
+    unknown = any(g.completion_unknown for d in dumps.values() for g in d.groups.values())
+    how = ("gloo dumps record no completion: each rank's last recorded collective is taken as the one it is in"
+           if unknown else "positions from each dump's pg_status (enqueued / started / completed per group)")
+    lib = f", communication library {'/'.join(libs)}" if libs else ""
+    return Finding(severity="info", issue=f"read flight-recorder dumps of {format_ranks(sorted(dumps))} "
+                   f"(dump version {'/'.join(versions)}{lib})", evidence="\n".join([how, *notes]))
+
+
+def report_from_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = None) -> Report:
+    """A Report (probe 'flight_recorder') from per-rank raw dumps. Raises DumpError."""
+    from distdiag.hang.rules import analyze_hang
+    from distdiag.hang.views import snapshot_details
+
+    dumps, world, notes = rank_dumps(raw, world_size)
+    snaps = {
+        rank: {"phase": "training", "probe": "the dumped job", "stack": [], "recent": [],
+               "engine": engine_view(d, world), "in_collective": None}
+        for rank, d in dumps.items()
+    }
+    lost = {r: NO_DUMP for r in range(world) if r not in dumps}
+    findings = [f for f in analyze_hang(snaps, lost, {}, world, what="the dumped job", timeout_s=0)
+                if "did not finish within" not in f.issue]
+    _dump_wording(findings, dumps, world)
+    findings.append(_read_note(dumps, notes))
+    details = snapshot_details(snaps)
+    for key in ("stacks", "recent_collectives", "table:collectives per group (torch's flight recorder)"):
+        details.pop(key, None)
+    details["table:last op per group and rank (flight-recorder dumps)"] = groups_table(dumps, world)
+    details["groups"] = {str(r): {group_label(g, world): g.as_dict() for g in d.by_key().values()}
+                         for r, d in dumps.items()}
+    result = ProbeResult.from_findings("flight_recorder", findings, details=details)
+    code = EXIT_HANG if any(f.severity == "critical" for f in findings) else EXIT_PASS
+    return Report(
+        world_size=world, probes=[result], exit_code=code, verdict=verdict_for(code, [result]),
+        outcome="hang" if code else "completed", summary=findings[0].issue,
+    )
