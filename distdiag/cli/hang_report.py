@@ -97,6 +97,24 @@ def report_from_dumps(dumps: dict[int, dict[str, Any]]) -> Any:
     )
 
 
+def _first_byte(path: Path) -> bytes:
+    """The first byte of a file (b"" when it cannot be read): JSON report or recorder dump."""
+    try:
+        with path.open("rb") as handle:
+            return handle.read(1)
+    except OSError:
+        return b""
+
+
+def _check_size(path: Path) -> None:
+    """A dump is read whole: one over safefile.MAX_REPORT_BYTES is refused in one line first."""
+    from distdiag.report.safefile import MAX_REPORT_BYTES
+
+    size = path.stat().st_size
+    if size > MAX_REPORT_BYTES:
+        raise fail(f"{path} is {size >> 20} MiB, over the {MAX_REPORT_BYTES >> 20} MiB a flight-recorder dump may have")
+
+
 def hang_report(
     path: Annotated[Path, typer.Argument(help="The watchdog's dump directory (or its hang-report.json), or a directory of flight-recorder dumps.")],
     format: FormatOpt = "text",
@@ -117,7 +135,7 @@ def hang_report(
     if not path.is_dir() and not path.is_file():
         raise fail(f"{path} is {non_regular_kind(path)}: pass a report, a dump or a directory")
     target = path / REPORT_NAME if path.is_dir() else path
-    if target.is_file() and (target.name == REPORT_NAME or path.is_file()) and target.read_bytes()[:1] == b"{":
+    if target.is_file() and (target.name == REPORT_NAME or path.is_file()) and _first_byte(target) == b"{":
         try:
             report = read_report(target)
         except ReportError as exc:
@@ -135,6 +153,7 @@ def hang_report(
     dumps: dict[int, dict[str, Any]] = {}
     for i, file in enumerate(files):
         try:
+            _check_size(file)
             dump = load_dump(file, trust_pickle=trust_pickle)
         except ValueError as exc:
             raise fail(str(exc)) from None

@@ -297,10 +297,11 @@ def _placement(group: Any) -> tuple[bool, int, list[int], int]:
 
 
 def _open_log(log: str | Path) -> Any:
-    """The JSONL metrics log, opened for appending (its folder made)."""
-    path = Path(log)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the monitor
+    """The JSONL metrics log, opened for appending (its folder made). A symbolic link, FIFO or
+    device there is refused with one line (RefusedFile, an OSError): distdiag/report/safefile.py."""
+    from distdiag.report.safefile import open_append
+
+    return open_append(log, "pass the monitor's log a file path")
 
 
 def _open_tensorboard(logdir: str | Path) -> Any:

@@ -8,6 +8,7 @@ import textwrap
 from typing import Any, TextIO
 
 from distdiag.report.model import SEVERITIES, Finding, ProbeResult, Report
+from distdiag.report.safefile import printable
 
 __all__ = ["render_report", "format_ranks", "render_table", "ProgressLine", "PROGRESS_ENV"]
 
@@ -138,7 +139,9 @@ def render_report(
         out.append(f"not run: {', '.join(report.not_run)} (the run ended early)")
     out.append("")
     out.append(f"verdict: {report.verdict.upper()} (exit {report.exit_code}) - {report.summary}")
-    return "\n".join(out)
+    # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
+    # shown, never acted on by the terminal
+    return printable("\n".join(out))
 
 
 PROGRESS_ENV = "DISTDIAG_PROGRESS"

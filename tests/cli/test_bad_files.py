@@ -108,5 +108,5 @@ def test_check_refuses_a_fifo_as_output(cli_env, tmp_path, front, flag):
     else:
         out = distdiag(args, cli_env, tmp_path, module="distdiag.check")
     key = "check.report" if flag == "--report" else "check.junit"
-    _one_line_exit_2(out, f"{key}: out is a FIFO (named pipe), not a regular file; pass {flag} a file path")
+    _one_line_exit_2(out, f"{key}: out is a FIFO (named pipe), not a regular file; refusing to replace it (pass {flag} a file path)")
     assert (tmp_path / "out").is_fifo()
