@@ -94,6 +94,14 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+def _file_on_the_way(path: str) -> str:
+    """The first folder on `path` that exists and is not a directory (what ENOTDIR was about)."""
+    for parent in reversed(Path(path).parents):
+        if os.path.exists(parent) and not os.path.isdir(parent):
+            return str(parent)
+    return str(Path(path).parent)  # pragma: no cover - it changed since
+
+
 def check_output_path(path: str | os.PathLike[str], hint: str = "pick a file path") -> None:
     """Raise RefusedFile (one line naming `path` and what stands there) unless `path` is a
     regular file or nothing: a symbolic link (to a file, dangling or a loop), a FIFO, device,
@@ -104,7 +112,7 @@ def check_output_path(path: str | os.PathLike[str], hint: str = "pick a file pat
     except FileNotFoundError:
         return
     except NotADirectoryError:
-        raise RefusedFile(errno.ENOTDIR, f"{given}: a folder on its path is a file, not a directory; {hint}") from None
+        raise RefusedFile(errno.ENOTDIR, f"{given}: {_file_on_the_way(given)} is not a directory; {hint}") from None
     if stat.S_ISLNK(mode):
         try:
             os.stat(given)
