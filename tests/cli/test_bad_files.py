@@ -305,3 +305,16 @@ def test_watch_runs_a_module_and_a_script(cli_env, tmp_path):
     env = dict(cli_env, PYTHONPATH=f"{tmp_path}{os.pathsep}{cli_env['PYTHONPATH']}")
     out = distdiag(["-m", "mod_ok"], env, tmp_path, module="distdiag.watch")
     assert out.returncode == 0 and out.stdout.strip() == "module ran", out.stderr
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling", "fifo"])
+def test_gate_refuses_a_report_path_that_is_a_link_or_fifo(cli_env, tmp_path, kind):
+    """DISTDIAG_REPORT naming a link or FIFO: one line and exit 2 before torchrun starts (the
+    ranks refused it, and the gate then read the linked file as its verdict: three lines, exit 3)."""
+    victim = tmp_path / "victim"
+    _plant(tmp_path / "gate.json", kind, victim)
+    out = distdiag(["gate", "--nproc-per-node", "1", "--", sys.executable, "-c", "print('job ran')"],
+                   dict(cli_env, DISTDIAG_REPORT="gate.json"), tmp_path)
+    _one_line_exit_2(out, f"DISTDIAG_REPORT: gate.json {LINK_WORDS[kind]}")
+    assert "job ran" not in out.stdout
+    assert (victim.read_text() == "precious") if kind == "link" else not victim.exists()
