@@ -85,10 +85,11 @@ class TrainingMonitor:
         self._hooks: list[Any] = []
         self.last: dict[str, Any] = {}
         """The values of the last look (what rank 0 logged)."""
+        # the log first: a path it refuses (a link, a FIFO) must leave no hook on the optimizer
+        self._log = _open_log(log) if self.rank == 0 and log is not None else None
         if optimizer is not None:
             self._hooks.append(optimizer.register_step_pre_hook(self._opt_pre))
             self._hooks.append(optimizer.register_step_post_hook(self._opt_post))
-        self._log = _open_log(log) if self.rank == 0 and log is not None else None
         self._tb = _open_tensorboard(tensorboard) if self.rank == 0 and tensorboard is not None else None
         counts = param_counts(inner)
         self._write({"kind": "header", "schema": METRICS_SCHEMA, "every": cfg.every, "world_size": self.world, "params": counts})

@@ -118,3 +118,27 @@ def test_printable_escapes_what_a_terminal_acts_on():
     text = "ok\tcol\nnext \x1b[31mred\x07\r\x9b\u202e é ✓"
     assert printable(text) == "ok\tcol\nnext \\x1b[31mred\\x07\\r\\x9b\\u202e é ✓"
     assert printable("a\nb\tc", one_line=True) == "a\\nb\\tc"
+
+
+@pytest.mark.parametrize("kind", ["link", "regular"])
+def test_monitor_log_is_never_appended_through_a_link(tmp_path, kind):
+    """TrainingMonitor(log=a symlink): refused in one line, the linked file unchanged and no
+    hook left on the optimizer; the healthy twin (a plain path) gets its header line."""
+    import torch
+
+    from distdiag.monitor import TrainingMonitor
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    victim, log = tmp_path / "victim", tmp_path / "m.jsonl"
+    if kind == "link":
+        victim.write_text("precious\n")
+        log.symlink_to(victim)
+        with pytest.raises(RefusedFile, match="is a symbolic link"):
+            TrainingMonitor(model, every=1, log=log, optimizer=optimizer)
+        assert victim.read_text() == "precious\n"
+        assert not optimizer._optimizer_step_pre_hooks  # nothing half-built is called at step()
+    else:
+        mon = TrainingMonitor(model, every=1, log=log, optimizer=optimizer)
+        mon.close()
+        assert '"kind": "header"' in log.read_text().splitlines()[0]
