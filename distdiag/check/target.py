@@ -120,10 +120,11 @@ class _ExitAtImport(BaseException):
 def _exit_refused_while_importing() -> Iterator[None]:
     """os._exit called by the importing thread raises _ExitAtImport instead of ending the rank.
 
-    A rank that vanished while importing the target never posts whether it loaded, and its
-    peers could only learn of it from their deadline (90 s at the defaults, issue 24); caught,
-    it is bad input said in one line on every rank at once. Other threads (the sentinel ends a
-    hung rank with os._exit) still get the real one.
+    A rank that vanished while importing the target never posts whether it loaded: its peers
+    learnt of it from their deadline (90 s in issue 24), and with os._exit(0) torchrun saw a
+    clean exit and the run waited until killed (seen here: 200 s, then SIGTERM). Caught, it
+    is bad input said in one line on every rank within seconds. Other threads (the sentinel
+    ends a hung rank with os._exit) still get the real one.
     """
     real, importer = os._exit, threading.get_ident()
 
