@@ -167,7 +167,27 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, Any, int]:
         raise _BadUsage(f"--flight-recorder must be >= 0 entries, got {entries}")
     if ns.module is None and not os.path.isfile(ns.script):
         raise _BadUsage(f"training script {ns.script!r} not found")
+    if ns.module is not None:
+        _check_module(ns.module)
+    if os.path.lexists(config.dump_dir) and not os.path.isdir(config.dump_dir):
+        raise _BadUsage(f"the dump dir {config.dump_dir!r} exists and is not a directory; pass --dump-dir a directory")
     return ns, config, entries
+
+
+def _check_module(name: str) -> None:
+    """`-m NAME` must name an importable module, found as runpy would (a missing one is a
+    usage error of one line, not runpy's traceback; the module itself is not run here)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+        runnable = spec is None or spec.submodule_search_locations is None or importlib.util.find_spec(f"{name}.__main__")
+    except (ImportError, ValueError):  # a missing parent package, or an empty/relative name
+        spec = None
+    if spec is None:
+        raise _BadUsage(f"module {name!r} not found (is it installed or on PYTHONPATH?)")
+    if not runnable:
+        raise _BadUsage(f"{name!r} is a package without a __main__ module; name the module to run")
 
 
 def _run_script(ns: argparse.Namespace) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from distdiag.analyze.series import Run
-from distdiag.analyze.values import LogFormatError, decode, monitor_finding, parse_json
+from distdiag.analyze.values import LogFormatError, decode, monitor_finding, parse_json, read_log
 from distdiag.analyze.values import number as _number
 
 __all__ = ["is_trainer_state", "read_trainer_state", "read_trainer_state_file", "latest_checkpoint_state", "FINDING_KEY"]
@@ -33,6 +33,17 @@ _NOT_METRICS = ("epoch", "step", "total_flos")
 
 def is_trainer_state(doc: Any) -> bool:
     return isinstance(doc, dict) and "log_history" in doc
+
+
+def _numeric_text(value: Any) -> bool:
+    """A string that reads as a number ("2.31", "1e-4"): a metric written as text."""
+    if not isinstance(value, str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _label(path: Path) -> str:
@@ -63,13 +74,16 @@ def read_trainer_state(path: Path, doc: dict[str, Any], *, label: str | None = N
             num = _number(value)
             if num is not None:
                 run.add(key, step, num)
+            elif _numeric_text(value):
+                # the Trainer writes numbers; one quoted would silently drop out of the analysis
+                raise LogFormatError(f"{where}: {key!r} is the string {value!r}, expected a number (the Trainer writes numbers)")
     run.finish()
     return run
 
 
 def read_trainer_state_file(path: Path, *, label: str | None = None) -> Run:
     try:
-        doc = parse_json(decode(path, path.read_bytes(), "a Hugging Face trainer_state.json"), str(path))
+        doc = parse_json(decode(path, read_log(path, "a Hugging Face trainer_state.json"), "a Hugging Face trainer_state.json"), str(path))
     except json.JSONDecodeError as exc:
         raise LogFormatError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); expected a Hugging Face trainer_state.json") from None
     if not is_trainer_state(doc):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from distdiag.analyze.core import AnalyzeConfig, pick_metric
 from distdiag.analyze.series import Run
 from distdiag.errors import DistDiagError
 from distdiag.report.model import Report
+from distdiag.report.safefile import write_atomic
 
 __all__ = ["plot_report", "PlotUnavailable"]
 
@@ -63,9 +65,9 @@ def plot_report(runs: list[Run], report: Report, path: str | Path, config: Analy
     ax_loss.legend(loc="upper right", fontsize=8)
     ax_loss.set_title(report.summary, fontsize=9)
     out = Path(path)
-    if out.parent != Path(""):
-        out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format=out.suffix[1:].lower() or "png")
     plt.close(fig)
-    return out
+    # atomically, and never through a link planted at the path (distdiag/report/safefile.py)
+    return write_atomic(out, image.getvalue(), "pass --plot a file path")

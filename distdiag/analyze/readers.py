@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from distdiag.analyze.series import Run
-from distdiag.analyze.values import LogFormatError, decode, monitor_finding, parse_json
+from distdiag.analyze.values import LogFormatError, decode, monitor_finding, parse_json, read_log
 from distdiag.analyze.values import number as _number
 from distdiag.analyze.values import short as _short
 
@@ -89,7 +89,7 @@ def add_record(run: Run, record: dict[str, Any], default_step: int, where: str) 
 def read_jsonl(path: Path, *, strict: bool = False, label: str | None = None, text: str | None = None) -> Run:
     run = Run(label=label or path.stem, source=str(path), format="jsonl")
     if text is None:
-        text = decode(path, path.read_bytes(), "JSON lines")
+        text = decode(path, read_log(path, "a JSON lines log"), "JSON lines")
     lines = text.splitlines()
     ends_clean = text.endswith("\n")
     for i, line in enumerate(lines):
@@ -134,7 +134,7 @@ def _columns(header: list[str]) -> tuple[list[str | None], str]:
 
 def read_csv(path: Path, *, strict: bool = False, label: str | None = None, text: str | None = None) -> Run:
     if text is None:
-        text = decode(path, path.read_bytes(), "CSV")
+        text = decode(path, read_log(path, "a CSV log"), "CSV")
     try:
         rows = [r for r in csv.reader(text.splitlines()) if any(c.strip() for c in r)]
     except csv.Error as exc:
@@ -235,7 +235,7 @@ def _read_json_document(p: Path, text: str, strict: bool, label: str | None) -> 
 def _read_file(p: Path, strict: bool, label: str | None) -> Run:
     from distdiag.analyze.tfevents import read_tfevents
 
-    blob = p.read_bytes()
+    blob = read_log(p, "a metrics log")
     suffix = p.suffix.lower()
     if _is_tfevents(p) or (blob and _looks_like_tfrecord(blob)):
         return read_tfevents([p], strict=strict, label=label or p.parent.name or p.name, source=str(p))

@@ -17,7 +17,7 @@ import struct
 from pathlib import Path
 
 from distdiag.analyze.series import Run
-from distdiag.analyze.values import LogFormatError
+from distdiag.analyze.values import LogFormatError, read_log
 
 __all__ = ["read_tfevents", "iter_records", "crc32c", "masked_crc"]
 
@@ -173,7 +173,7 @@ def _parse_event(payload: bytes, run: Run) -> None:
 def read_tfevents(files: list[Path], *, strict: bool = False, label: str, source: str) -> Run:
     run = Run(label=label, source=source)
     for path in files:
-        blob = path.read_bytes()
+        blob = read_log(path, "a TensorBoard event file")
         if not blob:
             run.notes.append(f"{path}: empty event file skipped")
             continue

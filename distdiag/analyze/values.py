@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from distdiag.errors import DistDiagError
 
-__all__ = ["LogFormatError", "number", "short", "decode", "parse_json", "monitor_finding"]
+__all__ = ["LogFormatError", "number", "short", "decode", "parse_json", "monitor_finding", "read_log"]
 
 
 class LogFormatError(DistDiagError, ValueError):
@@ -49,12 +50,30 @@ def decode(path: Path, blob: bytes, expected: str) -> str:
         ) from None
 
 
+def read_log(path: Path, expected: str) -> bytes:
+    """A log file's bytes; a FIFO, device or directory (which would block or never end), a link
+    loop or a file over safefile.MAX_LOG_BYTES is one line naming it (distdiag/report/safefile.py)."""
+    from distdiag.report.safefile import MAX_LOG_BYTES, RefusedFile, read_bytes_limited
+
+    try:
+        return read_bytes_limited(path, MAX_LOG_BYTES, expected)
+    except RefusedFile as exc:
+        raise LogFormatError(str(exc)) from None
+
+
 def parse_json(text: str, where: str) -> Any:
-    """json.loads whose failures are one line; deep nesting is an error, not a RecursionError."""
+    """json.loads whose failures are one line; deep nesting is an error, not a RecursionError,
+    and an integer too long for Python to convert (over 4300 digits) one too, not a ValueError."""
     try:
         return json.loads(text)
     except RecursionError:
         raise LogFormatError(f"{where}: JSON nested too deeply to be a metric log") from None
+    except ValueError as exc:
+        if isinstance(exc, json.JSONDecodeError):
+            raise
+        raise LogFormatError(
+            f"{where}: holds an integer of over {sys.get_int_max_str_digits()} digits, not a metric value"
+        ) from None
 
 
 def monitor_finding(raw: Any, step: Any, where: str) -> dict[str, Any]:

@@ -111,17 +111,21 @@ def _positive(key: str, value: Any) -> float:
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML file; a missing or malformed file is a ConfigError naming the line."""
+    """Read a TOML file; a missing, malformed, non-regular (FIFO, device) or oversized file,
+    or one nested too deeply to parse, is a ConfigError of one line naming it."""
+    from distdiag.report.safefile import MAX_CONFIG_BYTES, RefusedFile, read_bytes_limited
+
     target = Path(path)
     try:
-        with target.open("rb") as handle:
-            return tomllib.load(handle)
+        return tomllib.loads(read_bytes_limited(target, MAX_CONFIG_BYTES, "a TOML config file").decode("utf-8"))
+    except RefusedFile as exc:
+        raise ConfigError(f"config file {exc}") from None
     except FileNotFoundError:
         raise ConfigError(f"config file {target} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {target} is a directory, not a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {target} is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigError(f"config file {target} nests arrays or tables too deeply to be a config") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"config file {target} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
@@ -255,11 +259,14 @@ def layered_config(args: Any, validate: Callable[[CheckConfig], None] | None = N
 
 
 def check_output_paths(config: CheckConfig) -> None:
-    """The report and JUnit paths must be files to (re)write: a FIFO, device or directory there
-    is bad input before anything runs, not a report lost at the end."""
-    from distdiag.report.model import non_regular_kind
+    """The report and JUnit paths must be files to (re)write: a symbolic link (never written
+    through), a FIFO, device or directory there is bad input before anything runs, not a
+    report lost (or a linked file overwritten) at the end."""
+    from distdiag.report.safefile import RefusedFile, check_output_path
 
     for key, flag, path in (("check.report", "--report", config.report), ("check.junit", "--junit", config.junit)):
-        kind = non_regular_kind(path) if path else None
-        if kind is not None:
-            raise ConfigError(f"{key}: {path} is {kind}, not a regular file; pass {flag} a file path")
+        try:
+            if path:
+                check_output_path(path, f"pass {flag} a file path")
+        except RefusedFile as exc:
+            raise ConfigError(f"{key}: {exc}") from None

@@ -147,7 +147,10 @@ class RunEnd:
 
             from distdiag.report.model import write_json_atomic
 
-            write_json_atomic(self.config.report, shared["json"].rstrip("\n"))
+            try:
+                write_json_atomic(self.config.report, shared["json"].rstrip("\n"))
+            except OSError as exc:  # e.g. a link planted at the path since the check began
+                print_line(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
             self._write_junit(Report.from_dict(json.loads(shared["json"])))
 
     def _write_junit(self, report: Report) -> None:

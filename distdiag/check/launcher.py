@@ -305,6 +305,19 @@ def run_filtered(cmd: list[str], env: dict[str, str]) -> tuple[int, str | None]:
     return result
 
 
+def _check_gate_report_path(report: str) -> None:
+    """The gate's report path is refused here, in one line, when it is a link, FIFO or directory
+    (distdiag/report/safefile.py): the ranks would refuse it too, and the gate would then
+    read whatever the link points at as the verdict."""
+    from distdiag.errors import ConfigError
+    from distdiag.report.safefile import RefusedFile, check_output_path
+
+    try:
+        check_output_path(report, "set DISTDIAG_REPORT to a file path")
+    except RefusedFile as exc:
+        raise ConfigError(f"DISTDIAG_REPORT: {exc}") from None
+
+
 def run_gate(argv: list[str]) -> int:
     """`distdiag gate [torchrun options] -- COMMAND...`: the check, then exec COMMAND if it passed.
 
@@ -326,6 +339,7 @@ def run_gate(argv: list[str]) -> int:
     torchrun_args, command = argv[:split], argv[split + 1 :]
     report = os.environ.get("DISTDIAG_REPORT") or "distdiag-gate-report.json"
     try:
+        _check_gate_report_path(report)
         cmd = torchrun_command(_gate_check_args(report), torchrun_args, launch_mode(None))
     except ConfigError as exc:
         sys.stderr.write(f"distdiag: error: {exc}\n")

@@ -12,8 +12,12 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -108,19 +112,53 @@ def _where(exc: BaseException) -> str:
     return f" (at {last.filename}:{last.lineno})"
 
 
+class _ExitAtImport(BaseException):
+    """The target called os._exit while it was being imported (args[0]: the code)."""
+
+
+@contextmanager
+def _exit_refused_while_importing() -> Iterator[None]:
+    """os._exit called by the importing thread raises _ExitAtImport instead of ending the rank.
+
+    A rank that vanished while importing the target never posts whether it loaded: its peers
+    learnt of it from their deadline (90 s in issue 24), and with os._exit(0) torchrun saw a
+    clean exit and the run waited until killed (seen here: 200 s, then SIGTERM). Caught, it
+    is bad input said in one line on every rank within seconds. Other threads (the sentinel
+    ends a hung rank with os._exit) still get the real one.
+    """
+    real, importer = os._exit, threading.get_ident()
+
+    def guarded(code: int) -> None:
+        if threading.get_ident() == importer:
+            raise _ExitAtImport(code)
+        real(code)
+
+    os._exit = guarded  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
 def load_target(spec: str) -> Target:
     """Import the target and validate its hooks; every problem is a one-line ConfigError."""
     is_file = spec.endswith(".py") or "/" in spec
     try:
-        if is_file:
-            path = Path(spec)
-            if not path.is_file():
-                raise ConfigError(f"target file {spec} does not exist")
-            module = _import_file(path)
-        else:
-            module = importlib.import_module(spec)
+        with _exit_refused_while_importing():
+            if is_file:
+                path = Path(spec)
+                if not path.is_file():
+                    raise ConfigError(f"target file {spec} does not exist")
+                module = _import_file(path)
+            else:
+                module = importlib.import_module(spec)
     except ConfigError:
         raise
+    except _ExitAtImport as exc:
+        raise ConfigError(
+            f"target {spec} called os._exit({exc.args[0]}) while being imported{_where(exc)}; "
+            "a target must only define hooks"
+        ) from None
     except ModuleNotFoundError as exc:
         if not is_file and exc.name and spec.startswith(exc.name):
             raise ConfigError(f"target module {spec!r} not found (is it installed or on PYTHONPATH?)") from None

@@ -94,6 +94,8 @@ def main() -> None:
     except DistDiagError as exc:
         if debug:
             raise
-        print(f"distdiag: error: {exc}", file=sys.stderr)
+        from distdiag.report.safefile import printable
+
+        print(f"distdiag: error: {printable(str(exc), one_line=True)}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)

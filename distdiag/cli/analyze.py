@@ -39,6 +39,8 @@ def analyze(
 
     check_format(format)
     check_severity(min_severity)
+    if plot is not None:
+        _check_plot_path(plot)
     try:
         config = AnalyzeConfig(metric=metric, val_metric=val_metric, grad_metric=grad_metric, spike_factor=spike_factor, tolerance=tolerance)
         labels = _labels(paths)
@@ -59,6 +61,8 @@ def analyze(
             written = plot_report(runs, report, plot, config)
         except PlotUnavailable as exc:
             raise fail(str(exc)) from None
+        except OSError as exc:
+            raise fail(f"cannot write the plot: {exc}") from None
         typer.echo(f"distdiag: plot written to {written}", err=True)
     if format == "json":
         typer.echo(report.to_json())
@@ -68,6 +72,16 @@ def analyze(
         typer.echo(render_report(report, min_severity=min_severity, title=f"distdiag analyze: {sources}"))
     if exit_code:
         raise typer.Exit(report.exit_code)
+
+
+def _check_plot_path(plot: Path) -> None:
+    """--plot naming a link, FIFO or directory is bad input before the logs are read."""
+    from distdiag.report.safefile import RefusedFile, check_output_path
+
+    try:
+        check_output_path(plot, "pass --plot a file path")
+    except RefusedFile as exc:
+        raise fail(f"--plot: {exc}") from None
 
 
 def _labels(paths: list[Path]) -> list[str]:

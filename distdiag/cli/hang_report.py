@@ -36,8 +36,12 @@ def dump_problem(dump: Any) -> str | None:
 
 
 def _first_byte(path: Path) -> bytes:
-    with path.open("rb") as f:  # not read_bytes(): the file may be a huge dump
-        return f.read(1)
+    """The first byte of a file (b"" when it cannot be read): JSON report or recorder dump."""
+    try:
+        with path.open("rb") as handle:
+            return handle.read(1)
+    except OSError:
+        return b""
 
 
 def hang_report(

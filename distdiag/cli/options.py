@@ -29,6 +29,9 @@ def check_severity(value: str) -> None:
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print one error line on stderr and return the Exit to raise."""
-    typer.echo(f"distdiag: error: {message}", err=True)
+    """Print one error line on stderr and return the Exit to raise (control characters from a
+    file's content or name shown escaped: a terminal must not act on them)."""
+    from distdiag.report.safefile import printable
+
+    typer.echo(f"distdiag: error: {printable(message, one_line=True)}", err=True)
     return typer.Exit(code)

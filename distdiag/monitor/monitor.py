@@ -85,10 +85,11 @@ class TrainingMonitor:
         self._hooks: list[Any] = []
         self.last: dict[str, Any] = {}
         """The values of the last look (what rank 0 logged)."""
+        # the log first: a path it refuses (a link, a FIFO) must leave no hook on the optimizer
+        self._log = _open_log(log) if self.rank == 0 and log is not None else None
         if optimizer is not None:
             self._hooks.append(optimizer.register_step_pre_hook(self._opt_pre))
             self._hooks.append(optimizer.register_step_post_hook(self._opt_post))
-        self._log = _open_log(log) if self.rank == 0 and log is not None else None
         self._tb = _open_tensorboard(tensorboard) if self.rank == 0 and tensorboard is not None else None
         counts = param_counts(inner)
         self._write({"kind": "header", "schema": METRICS_SCHEMA, "every": cfg.every, "world_size": self.world, "params": counts})
@@ -297,10 +298,11 @@ def _placement(group: Any) -> tuple[bool, int, list[int], int]:
 
 
 def _open_log(log: str | Path) -> Any:
-    """The JSONL metrics log, opened for appending (its folder made)."""
-    path = Path(log)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the monitor
+    """The JSONL metrics log, opened for appending (its folder made). A symbolic link, FIFO or
+    device there is refused with one line (RefusedFile, an OSError): distdiag/report/safefile.py."""
+    from distdiag.report.safefile import open_append
+
+    return open_append(log, "pass the monitor's log a file path")
 
 
 def _open_tensorboard(logdir: str | Path) -> Any:

@@ -4,6 +4,8 @@
     schema.py  type checks of a report's JSON before it is read back
     render.py  the text table rank 0 prints and `distdiag report show` repeats
     junit.py   the verdict as JUnit XML for CI systems
+    safefile.py  outputs never written through a link, inputs read as bounded regular files,
+               strings printed without terminal escapes
 
 A leaf package every use shares (check, watchdog, gate, analyze, CLI): it may import only
 distdiag.errors, and never torch, so `distdiag report show` stays fast. The model's public

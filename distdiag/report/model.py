@@ -8,16 +8,15 @@ never sees half a report even when the writer is killed mid-write.
 from __future__ import annotations
 
 import datetime as _dt
-import errno
 import json
 import os
-import stat
-import tempfile
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from distdiag.errors import ReportError
+from distdiag.report.safefile import MAX_REPORT_BYTES, RefusedFile, non_regular_kind, read_bytes_limited, write_atomic
 from distdiag.report.schema import MAX_DEPTH, json_depth, report_type_problem
 
 __all__ = [
@@ -354,72 +353,15 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def non_regular_kind(path: str | os.PathLike[str]) -> str | None:
-    """What stands at `path` (symlinks followed) when it is not a regular file: 'a FIFO
-    (named pipe)', 'a directory', ...; None when it is a regular file or nothing."""
-    try:
-        mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    if stat.S_ISREG(mode):
-        return None
-    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (os.umask sets it, racing other threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)  # no /proc (not Linux): the classic read-and-restore
-    os.umask(mask)
-    return mask
-
-
 def write_json_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write `text` to `path` so that readers see the old file or the new one, never half.
 
-    A symlink is followed: its target is replaced atomically and the link stays. A FIFO,
-    device, directory or socket at the path is refused with OSError (a rename would replace a
-    pipe someone reads, or a device node, with a file). The file is created 0644 minus the
-    umask, like any file the user writes (mkstemp alone would leave it 0600).
+    A symbolic link at the path is refused, not followed (on a shared /tmp a planted link
+    would otherwise choose the file we overwrite), and so are a FIFO, device, directory or
+    socket: OSError (RefusedFile) with one line. The file is created 0644 minus the umask,
+    like any file the user writes. See distdiag/report/safefile.py.
     """
-    given = Path(path)
-    kind = non_regular_kind(given)
-    if kind is not None:
-        code = errno.EISDIR if kind == "a directory" else errno.EINVAL
-        raise OSError(code, f"{given} is {kind}, not a regular file; refusing to replace it (pick a file path)")
-    target = Path(os.path.realpath(given))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        os.fchmod(fd, 0o644 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return given
+    return write_atomic(path, text + "\n")
 
 
 def write_report(report: Report, path: str | os.PathLike[str]) -> Path:
@@ -431,11 +373,10 @@ def read_report(path: str | os.PathLike[str]) -> Report:
     """Read a report back; a missing, truncated, foreign or mistyped file raises ReportError
     with one line (every field is type-checked first, so rendering never meets a surprise)."""
     target = Path(path)
-    kind = non_regular_kind(target)
-    if kind is not None:
-        raise ReportError(f"{target} is {kind}, not a report file")
     try:
-        text = target.read_text(encoding="utf-8")
+        text = read_bytes_limited(target, MAX_REPORT_BYTES, "a report file").decode("utf-8")
+    except RefusedFile as exc:
+        raise ReportError(str(exc)) from None
     except FileNotFoundError:
         raise ReportError(f"no report at {target}") from None
     except UnicodeDecodeError as exc:
@@ -446,7 +387,9 @@ def read_report(path: str | os.PathLike[str]) -> Report:
         raise ReportError(f"cannot read report {target}: {exc.strerror}") from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:
+        if not isinstance(exc, json.JSONDecodeError):  # an integer of thousands of digits
+            raise ReportError(f"{target} holds an integer of over {sys.get_int_max_str_digits()} digits: not a distdiag report") from None
         raise ReportError(
             f"{target} is not valid JSON (line {exc.lineno}, column {exc.colno}): "
             "truncated or not a distdiag report"

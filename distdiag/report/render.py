@@ -8,6 +8,7 @@ import textwrap
 from typing import Any, TextIO
 
 from distdiag.report.model import SEVERITIES, Finding, ProbeResult, Report
+from distdiag.report.safefile import printable
 
 __all__ = ["render_report", "format_ranks", "render_table", "ProgressLine", "PROGRESS_ENV"]
 
@@ -116,6 +117,9 @@ def render_report(
     `title` replaces the first line (which otherwise describes the ranks of a check).
     """
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
+    # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
+    # escaped before wrapping and splitting (which would act on a CR or a C1 line break)
+    report = Report.from_dict(_printable_tree(report.to_dict()))
     out: list[str] = []
     hosts = sorted({r.host for r in report.ranks})
     out.append(
@@ -138,7 +142,18 @@ def render_report(
         out.append(f"not run: {', '.join(report.not_run)} (the run ended early)")
     out.append("")
     out.append(f"verdict: {report.verdict.upper()} (exit {report.exit_code}) - {report.summary}")
-    return "\n".join(out)
+    return printable("\n".join(out))  # the title too
+
+
+def _printable_tree(value: Any) -> Any:
+    """A report's dict with every string (keys too) passed through safefile.printable."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {_printable_tree(k): _printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_tree(v) for v in value]
+    return value
 
 
 PROGRESS_ENV = "DISTDIAG_PROGRESS"

@@ -26,6 +26,7 @@ from distdiag.hang import (
 )
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import render_report
+from distdiag.report.safefile import printable
 from distdiag.runtime.exchange import Exchange
 
 __all__ = ["gather_and_write", "render_hang_report", "REPORT_NAME"]
@@ -111,7 +112,7 @@ def render_hang_report(report: Report) -> str:
         lines[0] = "distdiag hang-report: from flight-recorder dumps"
         return "\n".join(lines)
     lines[0] = (
-        f"distdiag watchdog: {report.outcome} report, {report.world_size} rank(s) on {len(hosts) or 1} host(s), "
+        f"distdiag watchdog: {printable(report.outcome)} report, {report.world_size} rank(s) on {len(hosts) or 1} host(s), "
         f"written by rank {report.written_by}"
     )
     return "\n".join(lines)

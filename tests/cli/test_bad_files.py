@@ -108,5 +108,213 @@ def test_check_refuses_a_fifo_as_output(cli_env, tmp_path, front, flag):
     else:
         out = distdiag(args, cli_env, tmp_path, module="distdiag.check")
     key = "check.report" if flag == "--report" else "check.junit"
-    _one_line_exit_2(out, f"{key}: out is a FIFO (named pipe), not a regular file; pass {flag} a file path")
+    _one_line_exit_2(out, f"{key}: out is a FIFO (named pipe), not a regular file; refusing to replace it (pass {flag} a file path)")
     assert (tmp_path / "out").is_fifo()
+
+
+# -- issue 24 item 8: links, FIFOs, devices, limits and escapes -------------------------------
+
+def _plant(path, kind, victim):
+    """What a careless user or an attacker on a shared /tmp leaves at an output path."""
+    if kind == "link":
+        victim.write_text("precious")
+        path.symlink_to(victim)
+    elif kind == "dangling":
+        path.symlink_to(victim)
+    elif kind == "loop":
+        path.symlink_to(path)
+    else:
+        os.mkfifo(path)
+
+
+LINK_WORDS = {"link": "is a symbolic link (to", "dangling": "is a dangling symbolic link",
+              "loop": "is a symbolic link loop", "fifo": "is a FIFO (named pipe)"}
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling", "loop"])
+@pytest.mark.parametrize("flag", ["--report", "--junit"])
+def test_check_never_writes_through_a_link(cli_env, tmp_path, kind, flag):
+    """--report/--junit naming a symlink: one line, exit 2; the linked file is unchanged, a
+    dangling link's target is not created, a loop is no traceback."""
+    victim = tmp_path / "victim"
+    _plant(tmp_path / "out", kind, victim)
+    out = distdiag(["--probes", "env", flag, "out"], cli_env, tmp_path, module="distdiag.check")
+    _one_line_exit_2(out, f"out {LINK_WORDS[kind]}")
+    assert "refusing to write through it" in out.stderr
+    assert (tmp_path / "out").is_symlink()
+    assert (victim.read_text() == "precious") if kind == "link" else not victim.exists()
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling", "fifo"])
+def test_analyze_plot_refuses_a_link_or_fifo(cli_env, tmp_path, kind):
+    """--plot is an output too: refused before any log is read (matplotlib or not)."""
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps({"step": i, "loss": 2.0 - i / 10}) + "\n" for i in range(10)))
+    victim = tmp_path / "victim.png"
+    _plant(tmp_path / "plot.png", kind, victim)
+    out = distdiag(["analyze", "log.jsonl", "--plot", "plot.png"], cli_env, tmp_path)
+    _one_line_exit_2(out, f"--plot: plot.png {LINK_WORDS[kind]}")
+    assert (victim.read_text() == "precious") if kind == "link" else not victim.exists()
+
+
+def _config_input(tmp_path, case):
+    path = tmp_path / "c.toml"
+    if case == "fifo":
+        os.mkfifo(path)  # nobody writes: opening it for reading used to block for good
+    elif case == "dev-zero":
+        path.symlink_to("/dev/zero")  # endless: read whole, it ended in MemoryError
+    elif case == "directory":
+        path.mkdir()
+    elif case == "deep-arrays":
+        path.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    elif case == "deep-tables":
+        path.write_text("a = " + "{b = " * 5000 + "1" + "}" * 5000 + "\n")
+    elif case == "link-loop":
+        path.symlink_to(path)
+    else:  # a healthy config, read through a symlink: links to inputs are followed
+        (tmp_path / "real.toml").write_text('[check]\nprobes = ["env"]\n')
+        path.symlink_to(tmp_path / "real.toml")
+    return path
+
+
+CONFIG_WORDS = {
+    "fifo": "config file c.toml is a FIFO (named pipe), not a TOML config file",
+    "dev-zero": "config file c.toml is a character device, not a TOML config file",
+    "directory": "config file c.toml is a directory, not a TOML config file",
+    "deep-arrays": "config file c.toml nests arrays or tables too deeply to be a config",
+    "deep-tables": "config file c.toml nests arrays or tables too deeply to be a config",
+    "link-loop": "config file c.toml is a symbolic link loop",
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_WORDS))
+@pytest.mark.parametrize("front", ["distdiag check", "python -m distdiag.check"])
+def test_config_that_is_not_a_toml_file(cli_env, tmp_path, case, front):
+    """--config naming a FIFO, /dev/zero, a directory, a link loop, or TOML nested 5000 deep:
+    one line and exit 2 (the subprocess's own hard timeout stands for 'within seconds')."""
+    _config_input(tmp_path, case)
+    if front == "distdiag check":
+        out = distdiag(["check", "--nproc", "1", "--config", "c.toml"], cli_env, tmp_path)
+    else:
+        out = distdiag(["--config", "c.toml"], cli_env, tmp_path, module="distdiag.check")
+    _one_line_exit_2(out, CONFIG_WORDS[case])
+
+
+def test_config_through_a_symlink_is_read(cli_env, tmp_path):
+    """The healthy twin: a config that is a link to a TOML file is read (only outputs refuse links)."""
+    _config_input(tmp_path, "healthy")
+    out = distdiag(["--config", "c.toml", "--report", "r.json", "--quiet"], cli_env, tmp_path, module="distdiag.check")
+    assert out.returncode == 0, out.stderr
+    assert "verdict: PASS" in out.stdout
+
+
+def _jsonl(lines) -> str:
+    return "".join(line + "\n" for line in lines)
+
+
+BAD_LOGS = {
+    "fifo": (None, "log.jsonl is a FIFO (named pipe), not a metrics log"),
+    "dev-zero": ("/dev/zero", "log.jsonl is a character device, not a metrics log"),
+    "huge-int": (_jsonl([json.dumps({"step": 1, "loss": 2.0}), '{"step": 2, "loss": ' + "9" * 5000 + "}"]),
+                 "log.jsonl: line 2: holds an integer of over 4300 digits, not a metric value"),
+    "trainer-state-strings": (json.dumps({"global_step": 20, "log_history": [
+        {"step": 10, "loss": 2.31, "grad_norm": 1.0}, {"step": 20, "loss": "2.05", "grad_norm": 1.1}]}),
+        "log_history[1]: 'loss' is the string '2.05', expected a number"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LOGS))
+def test_analyze_bad_logs(cli_env, tmp_path, case):
+    """`distdiag analyze` on a FIFO, /dev/zero, a 5000-digit integer, a trainer_state.json
+    with a quoted loss: one line, exit 2."""
+    content, words = BAD_LOGS[case]
+    name = "trainer_state.json" if case == "trainer-state-strings" else "log.jsonl"
+    path = tmp_path / name
+    if case == "fifo":
+        os.mkfifo(path)
+    elif case == "dev-zero":
+        path.symlink_to(content)
+    else:
+        path.write_text(content)
+    _one_line_exit_2(distdiag(["analyze", name], cli_env, tmp_path), words)
+
+
+def test_analyze_trainer_state_with_numbers_reads(cli_env, tmp_path):
+    """The healthy twin: the same trainer_state.json with numbers is analysed."""
+    state = {"global_step": 20, "log_history": [{"step": 10, "loss": 2.31, "grad_norm": 1.0},
+                                                {"step": 20, "loss": 2.05, "grad_norm": 1.1}]}
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+    out = distdiag(["analyze", "trainer_state.json", "--format", "json"], cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["schema"].startswith("distdiag.report/")
+
+
+ESCAPES = "\x1b[2J\x1b]0;owned\x07\r\x9b31m\u202e"
+
+
+def test_report_show_prints_escapes_as_text(cli_env, tmp_path):
+    """Strings of a report (issue, evidence, fix, summary, probe name, table cells) reach the
+    terminal escaped: no ESC, BEL, CR, C1 or bidi override is printed raw."""
+    finding = Finding("error", f"bad{ESCAPES}", f"ev{ESCAPES}\nsecond{ESCAPES}", ranks=[1], fix=f"fix{ESCAPES}")
+    probe = ProbeResult.from_findings(f"env{ESCAPES}", [finding], details={"table:t": [{"col": f"cell{ESCAPES}"}]})
+    report = Report(world_size=2, exit_code=1, verdict="fail", summary=f"sum{ESCAPES}", probes=[probe])
+    (tmp_path / "r.json").write_text(report.to_json())
+    out = distdiag(["report", "show", "r.json", "--verbose"], cli_env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert not any(c in out.stdout for c in "\x1b\x07\r\x9b\u202e"), repr(out.stdout)
+    assert out.stdout.count("\\x1b[2J\\x1b]0;owned\\x07\\r\\x9b31m\\u202e") >= 6, out.stdout
+    shown = distdiag(["report", "show", "r.json", "--format", "json"], cli_env, tmp_path)
+    assert json.loads(shown.stdout)["summary"] == f"sum{ESCAPES}"  # the JSON keeps the text as it is
+
+
+def test_report_show_follows_a_link_to_a_report(cli_env, tmp_path):
+    """The healthy twin of the link refusals: an input that is a symlink is read."""
+    (tmp_path / "real.json").write_text(Report(world_size=1, exit_code=0, verdict="pass", summary="fine").to_json())
+    (tmp_path / "r.json").symlink_to(tmp_path / "real.json")
+    out = distdiag(["report", "show", "r.json"], cli_env, tmp_path)
+    assert out.returncode == 0 and "verdict: PASS (exit 0) - fine" in out.stdout, out.stderr
+
+
+WATCH_BAD = {
+    "missing-module": (["-m", "no_such_module_xyz"], "module 'no_such_module_xyz' not found"),
+    "missing-parent": (["-m", "no_such_pkg_xyz.train"], "module 'no_such_pkg_xyz.train' not found"),
+    "package-without-main": (["-m", "distdiag.hang"], "'distdiag.hang' is a package without a __main__ module"),
+    "dump-dir-is-a-file": (["--dump-dir", "dd", "--", "train.py"], "the dump dir 'dd' exists and is not a directory"),
+}
+
+
+@pytest.mark.parametrize("case", list(WATCH_BAD))
+def test_watch_bad_module_or_dump_dir(cli_env, tmp_path, case):
+    """`-m distdiag.watch` with a module that is not there or a dump dir that is a file: one
+    usage line, exit 2, before the script runs."""
+    args, words = WATCH_BAD[case]
+    (tmp_path / "dd").write_text("a file")
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    out = distdiag(args, cli_env, tmp_path, module="distdiag.watch")
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("distdiag.watch: error:"), out.stderr
+    assert words in out.stderr and "ran" not in out.stdout
+
+
+def test_watch_runs_a_module_and_a_script(cli_env, tmp_path):
+    """The healthy twin: an existing module (-m) and a script with a dump dir that is a directory run."""
+    (tmp_path / "dd").mkdir()
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    out = distdiag(["--dump-dir", "dd", "--", "train.py"], cli_env, tmp_path, module="distdiag.watch")
+    assert out.returncode == 0 and out.stdout.strip() == "ran", out.stderr
+    (tmp_path / "mod_ok.py").write_text("print('module ran')\n")
+    env = dict(cli_env, PYTHONPATH=f"{tmp_path}{os.pathsep}{cli_env['PYTHONPATH']}")
+    out = distdiag(["-m", "mod_ok"], env, tmp_path, module="distdiag.watch")
+    assert out.returncode == 0 and out.stdout.strip() == "module ran", out.stderr
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling", "fifo"])
+def test_gate_refuses_a_report_path_that_is_a_link_or_fifo(cli_env, tmp_path, kind):
+    """DISTDIAG_REPORT naming a link or FIFO: one line and exit 2 before torchrun starts (the
+    ranks refused it, and the gate then read the linked file as its verdict: three lines, exit 3)."""
+    victim = tmp_path / "victim"
+    _plant(tmp_path / "gate.json", kind, victim)
+    out = distdiag(["gate", "--nproc-per-node", "1", "--", sys.executable, "-c", "print('job ran')"],
+                   dict(cli_env, DISTDIAG_REPORT="gate.json"), tmp_path)
+    _one_line_exit_2(out, f"DISTDIAG_REPORT: gate.json {LINK_WORDS[kind]}")
+    assert "job ran" not in out.stdout
+    assert (victim.read_text() == "precious") if kind == "link" else not victim.exists()

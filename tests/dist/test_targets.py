@@ -60,10 +60,12 @@ def test_huggingface_llama_under_fsdp2_per_decoder_layer_passes(workdir):
     [
         ("bad_import", "failed to import: RuntimeError: this target is broken on purpose"),
         ("bad_signature", "hook make_batch must accept (step), but its signature is ()"),
+        ("os_exit_at_import", "called os._exit(0) while being imported (at "),
     ],
 )
 def test_target_that_cannot_load_exits_2_on_every_rank(workdir, target, message):
-    """A target that raises on import or has a hook with the wrong signature: one line, exit 2, every rank."""
+    """A target that raises or calls os._exit on import, or has a hook with the wrong signature:
+    one line, exit 2, every rank."""
     result = run_check(2, ["--probes", "loss_parity", "--target", str(TARGETS / f"{target}.py")], workdir, timeout=60)
     assert result.codes == [2, 2] and not result.timed_out
     for outcome in result.outcomes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -148,34 +149,44 @@ def test_writer_claim_is_exclusive_within_a_rank_too():
     assert ex.claim("writer", "main") is True  # the holder asking again
 
 
-def test_write_follows_a_symlink_and_keeps_it(tmp_path):
-    """A report path that is a symlink: the file it points to is replaced, the link stays a link."""
-    real = tmp_path / "store" / "r.json"
-    real.parent.mkdir()
-    real.write_text("old")
-    link = tmp_path / "r.json"
-    link.symlink_to(real)
-    write_report(_report(), link)
-    assert link.is_symlink() and os.readlink(link) == str(real)
-    assert read_report(real) == _report()
-    assert sorted(os.listdir(real.parent)) == ["r.json"]
+@pytest.mark.parametrize("link", ["to-file", "dangling", "loop"])
+def test_write_refuses_a_symlink(tmp_path, link):
+    """A report path that is a symlink is never written through: the file it points to stays
+    as it was, a dangling link's target is not created, a loop is one line (issue 24)."""
+    victim = tmp_path / "store" / "victim"
+    victim.parent.mkdir()
+    path = tmp_path / "r.json"
+    if link == "to-file":
+        victim.write_text("precious")
+        path.symlink_to(victim)
+    elif link == "dangling":
+        path.symlink_to(victim)
+    else:
+        path.symlink_to(tmp_path / "r.json")
+    words = {"to-file": "is a symbolic link (to", "dangling": "is a dangling symbolic link", "loop": "is a symbolic link loop"}
+    with pytest.raises(OSError, match="refusing to write through it") as info:
+        write_report(_report(), path)
+    assert words[link] in str(info.value) and "\n" not in str(info.value)
+    assert path.is_symlink()
+    assert (victim.read_text() == "precious") if link == "to-file" else not victim.exists()
+    assert sorted(os.listdir(tmp_path)) == ["r.json", "store"]  # no temp file left behind
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
 def test_write_refuses_what_is_not_a_regular_file(tmp_path, kind):
-    """A FIFO, a directory or a device (here through a symlink to /dev/null) is left alone, with one line."""
+    """A FIFO, a directory or a device (/dev/null) is left alone, with one line."""
     path = tmp_path / "r.json"
     if kind == "fifo":
         os.mkfifo(path)
     elif kind == "directory":
         path.mkdir()
     else:
-        path.symlink_to("/dev/null")
+        path = Path("/dev/null")
     with pytest.raises(OSError, match="not a regular file; refusing to replace it") as info:
         write_report(_report(), path)
     assert "\n" not in info.value.strerror
-    assert {"fifo": path.is_fifo, "directory": path.is_dir, "device": path.is_symlink}[kind]()
-    assert os.listdir(tmp_path) == ["r.json"]  # no temp file left behind
+    assert {"fifo": path.is_fifo, "directory": path.is_dir, "device": path.is_char_device}[kind]()
+    assert os.listdir(tmp_path) == ([] if kind == "device" else ["r.json"])  # no temp file left behind
 
 
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
