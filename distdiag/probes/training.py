@@ -244,7 +244,8 @@ def resolve_hooks(ctx: Any, workload: str) -> Hooks:
 
     sgd_desc = f"torch.optim.SGD(lr={DEFAULT_LR}) (distdiag's default: no build_optimizer hook)"
     if target is None:
-        w = get_workload(workload)
+        # Sized for this world: its batch and parameters split evenly across any number of ranks.
+        w = get_workload(workload, world_size=ctx.world_size)
         return Hooks(
             source=f"built-in workload {w.describe()}",
             build_model=w.build_model, make_batch=w.make_batch, loss_fn=w.loss_fn,
