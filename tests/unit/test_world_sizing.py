@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.workloads import fit_world, get_workload
 
 WORLDS = range(1, 65)
@@ -54,3 +55,21 @@ def test_sizes_round_up_and_a_bad_world_size_is_named():
     for bad in (0, -1, True):
         with pytest.raises(ValueError, match="world_size must be an integer >= 1"):
             fit_world(bad, batch=8)
+
+
+def _setup_payloads(source: str) -> dict[int, dict]:
+    msg = "hook shard_batch raised ValueError: a batch tensor of 8 rows cannot be split evenly across 3 ranks"
+    return {r: {"source": source, "setup_error": msg} for r in range(3)}
+
+
+def test_a_setup_error_does_not_repeat_the_probe_name():
+    """The verdict line adds the probe's name; the finding's issue must not start with it too."""
+    (f,) = setup_failure("loss_parity", _setup_payloads("target t.py"), "steps").findings
+    assert f.issue.startswith("hook shard_batch raised") and "fix the hook named above" in f.fix
+
+
+def test_the_built_in_workload_failing_does_not_read_as_the_users_hook():
+    """A failure with no target names distdiag's workload, and the fix does not send the user to their hook."""
+    (f,) = setup_failure("param_sync", _setup_payloads("built-in workload transformer(batch=8)"), "snaps").findings
+    assert f.issue.startswith("distdiag's built-in workload failed:")
+    assert "not a hook of yours" in f.fix and "fix the hook" not in f.fix
