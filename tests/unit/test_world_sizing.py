@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import random
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from distdiag.probes.moe.checks import BUILTIN_ROUTER, consolidate_moe, load_findings, load_noise
+from distdiag.probes.moe.probe import MoeRoutingConfig, _router_checks
 from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.workloads import fit_world, get_workload
+from distdiag.workloads.moe import DenseMoE
 
 WORLDS = range(1, 65)
 
@@ -73,3 +79,47 @@ def test_the_built_in_workload_failing_does_not_read_as_the_users_hook():
     (f,) = setup_failure("param_sync", _setup_payloads("built-in workload transformer(batch=8)"), "snaps").findings
     assert f.issue.startswith("distdiag's built-in workload failed:")
     assert "not a hook of yours" in f.fix and "fix the hook" not in f.fix
+
+
+def _uniform_indices(tokens: int, experts: int, k: int, rng: random.Random) -> list[list[int]]:
+    return [rng.sample(range(experts), k) for _ in range(tokens)]
+
+
+def test_a_uniform_router_sampling_noise_is_not_a_warning():
+    """Random uniform top-k routing of few tokens over many experts: idle and busy experts are noise, so info."""
+    rng = random.Random(0)
+    warned = 0
+    for experts in (4, 8, 16, 32, 64, 128):
+        for tokens in (16, 64, 256):
+            for _ in range(20):
+                findings = load_findings("route", _uniform_indices(tokens, experts, 2, rng), experts, 3.0)
+                warned += any(f.severity == "warning" for f in findings)
+    assert warned == 0
+
+
+def test_a_load_that_noise_cannot_explain_is_still_a_warning():
+    """Every token to experts 0 and 1 of 8, and 20 tokens never reaching experts 2-3 of 4, are warnings."""
+    collapsed = load_findings("route", [[0, 1]] * 64, 8, 3.0)
+    assert {f.severity for f in collapsed} == {"warning"}
+    assert any("collapses" in f.issue for f in collapsed) and any("6 of 8 experts get no tokens" in f.issue for f in collapsed)
+    idle, busy = load_noise([64, 64, 0, 0, 0, 0, 0, 0], 64)
+    assert idle < 1e-6 and busy < 1e-6
+
+
+def _builtin_router_payloads(world: int, opts: MoeRoutingConfig) -> dict[int, dict]:
+    """Every rank's router checks of the built-in router, as moe_routing's run makes them."""
+    ctx = SimpleNamespace(device=torch.device("cpu"), seed=lambda: torch.manual_seed(1234), caught=None)
+    ctx.seed()
+    dense = DenseMoE(opts.hidden_dim, 2 * opts.hidden_dim, 2 * world, opts.top_k)
+    res = _router_checks(ctx, opts, dense.router, BUILTIN_ROUTER)
+    return {r: {"router": res, "builtin": {}} for r in range(world)}
+
+
+@pytest.mark.parametrize("world", [16, 32, 64])
+def test_moe_routing_own_random_router_raises_no_warning_at_many_ranks(world):
+    """2 x world experts routed by distdiag's random router on its own tokens: the load is an info, never a warning."""
+    opts = MoeRoutingConfig()
+    findings = consolidate_moe(_builtin_router_payloads(world, opts), opts, world)
+    assert [f.issue for f in findings if f.severity != "info"] == []
+    (load,) = [f for f in findings if "load per expert" in f.issue]
+    assert "not judged: this is distdiag's own router" in load.evidence
