@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from distdiag.check.target import load_target
+from distdiag.probes import training as tr
 from distdiag.probes.moe.checks import BUILTIN_ROUTER, consolidate_moe, load_findings, load_noise
 from distdiag.probes.moe.probe import MoeRoutingConfig, _router_checks
 from distdiag.probes.numerics.parity_report import setup_failure
@@ -123,3 +126,28 @@ def test_moe_routing_own_random_router_raises_no_warning_at_many_ranks(world):
     assert [f.issue for f in findings if f.severity != "info"] == []
     (load,) = [f for f in findings if "load per expert" in f.issue]
     assert "not judged: this is distdiag's own router" in load.evidence
+
+
+TARGETS = Path(__file__).resolve().parents[1] / "faults" / "targets"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize(
+    "path,says",
+    [
+        (TARGETS / "sp_healthy.py", "sequence-parallel layout (split_sequence(), parallelize_sp()"),
+        (TARGETS / "moe_healthy.py", "declares route(), a mixture-of-experts layout"),
+        (CONFIGS / "example_sp_moe_target.py", "declares route()"),
+        (CONFIGS / "example_target.py", None),
+        (TARGETS / "per_rank_loss.py", None),
+    ],
+    ids=lambda v: v.name if isinstance(v, Path) else "",
+)
+def test_numerics_probes_skip_targets_whose_layout_is_not_data_parallel(path, says):
+    """SP-only and MoE targets: the numerics probes skip naming the layout; data-parallel targets still run."""
+    reason = tr.layout_reason(SimpleNamespace(target=load_target(str(path))), "loss_parity")
+    if says is None:
+        assert reason is None
+    else:
+        assert reason.startswith(f"probe 'loss_parity' does not apply to target {path}") and says in reason
+    assert tr.layout_reason(SimpleNamespace(target=None), "loss_parity") is None
