@@ -223,9 +223,10 @@ def layout_reason(ctx: Any, probe: str) -> str | None:
     whole batch. A target that declares another layout and no data-parallel one is not
     trained that way: run on it, the probe reports its own wrong assumption as the user's
     bug (an SP loss normalised per sequence shard "diverges"), or, where build_model
-    already holds only this rank's experts and the 1-process reference issues the model's
-    all_to_all, ranks abort with mismatched sizes and the check ends in exit 3 before the
-    probe made for that layout runs.
+    already holds only this rank's experts, the "1-process" reference issues the model's
+    all_to_all: ranks can stall or abort on mismatched sizes (exit 3) before the probe made
+    for that layout runs. Hooks are all a probe knows of the layout before it runs, so a
+    dense MoE with route() skips too (the reason says how to run it).
     """
     target = getattr(ctx, "target", None)
     if target is None:
