@@ -32,6 +32,7 @@ __all__ = [
     "HookError",
     "resolve_hooks",
     "missing_hooks_reason",
+    "layout_reason",
     "call_hook",
     "default_parallelize",
     "default_loss",
@@ -214,8 +215,37 @@ def missing_hooks_reason(ctx: Any, probe: str) -> str | None:
     return None
 
 
+def layout_reason(ctx: Any, probe: str) -> str | None:
+    """Why the target's own parallel layout is not the data-parallel one this probe compares, or None.
+
+    The numerics probes build one model per rank with build_model, split each global batch
+    across ranks along dim 0 (shard_batch) and compare with one process training on the
+    whole batch. A target that declares another layout and no data-parallel one is not
+    trained that way: run on it, the probe reports its own wrong assumption as the user's
+    bug (an SP loss normalised per sequence shard "diverges"), or, where build_model
+    already holds only this rank's experts, the "1-process" reference issues the model's
+    all_to_all: ranks can stall or abort on mismatched sizes (exit 3) before the probe made
+    for that layout runs. Hooks are all a probe knows of the layout before it runs, so a
+    dense MoE with route() skips too (the reason says how to run it).
+    """
+    target = getattr(ctx, "target", None)
+    if target is None:
+        return None
+    if target.has("route"):
+        return (f"probe '{probe}' does not apply to target {target.spec}: it declares route(), a mixture-of-experts "
+                "layout (checked by moe_routing) whose experts may be split across ranks, with no one-process "
+                "reference; for a dense model, use a target without route()")
+    sp = [h + "()" for h in ("split_sequence", "parallelize_sp") if target.has(h)]
+    if sp and not (target.has("shard_batch") or target.has("parallelize")):
+        return (f"probe '{probe}' does not apply to target {target.spec}: it declares a sequence-parallel layout "
+                f"({', '.join(sp)}; checked by sequence_parallel) and no data-parallel one; define shard_batch() "
+                "to split the batch by sample and run it")
+    return None
+
+
 class NumericsProbe(Probe):
-    """The four numerics probes: they skip when a target lacks build_model or make_batch.
+    """The four numerics probes: they skip when a target lacks build_model or make_batch, or
+    declares a layout they do not compare (layout_reason).
 
     `run` builds models and issues FSDP2's collectives (and one all_reduce through ctx.comm
     to agree on setup failures) in the same order on every rank.
@@ -224,7 +254,7 @@ class NumericsProbe(Probe):
     preload = SHARDING_IMPORTS
 
     def skip_reason(self, ctx: Any) -> str | None:
-        return missing_hooks_reason(ctx, self.name)
+        return missing_hooks_reason(ctx, self.name) or layout_reason(ctx, self.name)
 
 
 def check_workload(key: str, value: Any) -> None:
@@ -244,7 +274,8 @@ def resolve_hooks(ctx: Any, workload: str) -> Hooks:
 
     sgd_desc = f"torch.optim.SGD(lr={DEFAULT_LR}) (distdiag's default: no build_optimizer hook)"
     if target is None:
-        w = get_workload(workload)
+        # Sized for this world: its batch and parameters split evenly across any number of ranks.
+        w = get_workload(workload, world_size=ctx.world_size)
         return Hooks(
             source=f"built-in workload {w.describe()}",
             build_model=w.build_model, make_batch=w.make_batch, loss_fn=w.loss_fn,

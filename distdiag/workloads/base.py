@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Workload", "split_batch", "batch_size"]
+__all__ = ["Workload", "split_batch", "batch_size", "round_up", "fit_world"]
 
 
 def batch_size(batch: Any) -> int | None:
@@ -21,6 +21,24 @@ def batch_size(batch: Any) -> int | None:
         if isinstance(value, torch.Tensor) and value.dim() > 0:
             return value.shape[0]
     return None
+
+
+def round_up(value: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= `value`."""
+    return -(-value // multiple) * multiple
+
+
+def fit_world(world_size: int, **sizes: int) -> dict[str, int]:
+    """Each size rounded up to a multiple of `world_size` (a ValueError names a bad world size).
+
+    What a built-in workload cuts into one piece per rank (the global batch; dim 0 of every
+    parameter, which FSDP2 shards) must divide by the world: an uneven split is what
+    `split_batch` refuses, and uneven parameter shards are what fsdp_plan warns about. At a
+    world size dividing every size the sizes come back unchanged.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    return {name: round_up(value, world_size) for name, value in sizes.items()}
 
 
 def split_batch(batch: Any, rank: int, world_size: int) -> Any:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distdiag.workloads.base import Workload, annotate, split_batch
+from distdiag.workloads.base import Workload, annotate, fit_world, split_batch
 
 __all__ = ["TinyMLP", "mlp_workload"]
 
@@ -36,8 +36,17 @@ class TinyMLP(nn.Module):
         return self.head(x)
 
 
-def mlp_workload(dim: int = 16, hidden: int = 32, depth: int = 2, classes: int = 4, batch: int = 8) -> Workload:
-    """TinyMLP on random inputs with labels from a fixed random teacher (deterministic per step)."""
+def mlp_workload(
+    dim: int = 16, hidden: int = 32, depth: int = 2, classes: int = 4, batch: int = 8, world_size: int = 1,
+) -> Workload:
+    """TinyMLP on random inputs with random labels (deterministic per step), sized for `world_size` ranks.
+
+    dim, hidden, classes (dim 0 of the parameters) and batch are rounded up to multiples of
+    `world_size` (base.fit_world): every rank gets an equal part of the batch and of each
+    parameter, at any world size.
+    """
+    fit = fit_world(world_size, dim=dim, hidden=hidden, classes=classes, batch=batch)
+    dim, hidden, classes, batch = fit["dim"], fit["hidden"], fit["classes"], fit["batch"]
 
     def build_model() -> nn.Module:
         return TinyMLP(dim, hidden, depth, classes)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distdiag.workloads.base import Workload, annotate, split_batch
+from distdiag.workloads.base import Workload, annotate, fit_world, split_batch
 
 __all__ = ["TinyTransformer", "transformer_workload"]
 
@@ -52,8 +53,18 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(x) * self.scale)
 
 
-def transformer_workload(vocab: int = 32, dim: int = 16, heads: int = 2, layers: int = 2, seq: int = 8, batch: int = 8) -> Workload:
-    """TinyTransformer on random tokens; row i keeps a different number of valid targets."""
+def transformer_workload(
+    vocab: int = 32, dim: int = 16, heads: int = 2, layers: int = 2, seq: int = 8, batch: int = 8, world_size: int = 1,
+) -> Workload:
+    """TinyTransformer on random tokens, sized for `world_size` ranks; row i keeps a different number of valid targets.
+
+    vocab, seq (dim 0 of the embedding and position parameters) and batch are rounded up to
+    multiples of `world_size`, and dim to a multiple of both `world_size` and `heads`
+    (base.fit_world): every rank gets an equal part of the batch and of each parameter.
+    """
+    fit = fit_world(world_size, vocab=vocab, seq=seq, batch=batch)
+    vocab, seq, batch = fit["vocab"], fit["seq"], fit["batch"]
+    dim = fit_world(math.lcm(world_size, heads), dim=dim)["dim"]
 
     def build_model() -> nn.Module:
         return TinyTransformer(vocab, dim, heads, layers, seq)

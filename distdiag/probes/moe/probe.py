@@ -22,7 +22,7 @@ import torch
 from distdiag.errors import ConfigError, exc_line
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_local_findings
-from distdiag.probes.moe.checks import consolidate_moe
+from distdiag.probes.moe.checks import BUILTIN_ROUTER, consolidate_moe
 from distdiag.probes.moe.dispatch import SplitMismatch, SplitRecorder
 from distdiag.report.model import ProbeResult
 from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE
@@ -48,7 +48,8 @@ class MoeRoutingConfig:
     tie_warn_share: float = 0.1
     """Warn when more than this share of tokens are near-ties."""
     imbalance_warn: float = 3.0
-    """Warn when the busiest expert gets more than this many times the mean load."""
+    """Warn when the busiest expert gets more than this many times the mean load (and too many
+    tokens for a uniform router's sampling noise to explain, see checks.load_noise)."""
     steps: int = 3
     """Training steps before comparing router parameters across ranks."""
 
@@ -145,7 +146,7 @@ class MoeRoutingProbe(Probe):
         if target is not None and target.has("route"):
             payload["router"] = _router_checks(ctx, opts, target.route, "route")
         else:
-            payload["router"] = _router_checks(ctx, opts, dense.router, "built-in router")
+            payload["router"] = _router_checks(ctx, opts, dense.router, BUILTIN_ROUTER)
         payload["builtin"] = self._builtin(ctx, opts, dense)
         if target is not None and target.has("route"):
             payload["user"] = self._user_model(ctx, opts, findings)

@@ -24,16 +24,31 @@ def _setup_findings(name: str, payloads: dict[int, dict[str, Any]]) -> list[Find
             issue=f"probe '{name}' could not set up on some rank, but no rank said why",
             ranks=sorted(payloads),
         )]
-    return [
-        Finding(
+    # No probe name in front: the report shows the issue under the probe's row and the
+    # verdict line adds the name itself ("loss_parity: loss_parity: ..." otherwise).
+    out = []
+    for msg, ranks in errors.items():
+        source = payloads[ranks[0]].get("source", "?")
+        builtin = source.startswith("built-in workload")
+        out.append(Finding(
             severity="error",
-            issue=f"{name}: {msg}" + ("" if len(ranks) == len(payloads) else f" (on {format_ranks(ranks)})"),
-            evidence=f"hooks from {payloads[ranks[0]].get('source', '?')}; the comparison did not run",
+            issue=("distdiag's built-in workload failed: " if builtin else "") + msg
+            + ("" if len(ranks) == len(payloads) else f" (on {format_ranks(ranks)})"),
+            evidence=f"hooks from {source}; the comparison did not run",
             ranks=ranks,
-            fix="fix the hook named above (docs/targets.md gives each hook's signature and what it must return)",
-        )
-        for msg, ranks in errors.items()
-    ]
+            fix=_setup_fix(builtin),
+        ))
+    return out
+
+
+def _setup_fix(builtin: bool) -> str:
+    """What to do: fix the user's hook, or - distdiag's own workload failing - report it."""
+    if builtin:
+        # The built-in workloads are sized for every world (distdiag.workloads.fit_world): one
+        # failing is distdiag's bug, never a hook the user wrote.
+        return ("this is distdiag's own workload failing, not a hook of yours: report it with this report attached, "
+                "and run the probe on your model with --target (docs/targets.md)")
+    return "fix the hook named above (docs/targets.md gives each hook's signature and what it must return)"
 
 
 def setup_failure(name: str, payloads: dict[int, dict[str, Any]], key: str) -> ProbeResult | None:
