@@ -27,7 +27,8 @@ class MonitorConfig:
     explode_above: float = 1e3
     """A gradient norm (total or of a module group) above this is exploding."""
     imbalance_ratio: float = 100.0
-    """One module group's gradient norm this many times another's is an imbalance."""
+    """Among parameters of the same kind (the same name but for layer indices, and shape: one
+    projection in each layer), one gradient norm this many times another's is an imbalance."""
     spike_factor: float = 2.0
     """A loss this many times the median of the `spike_window` steps before is a spike."""
     spike_window: int = 20
@@ -37,7 +38,11 @@ class MonitorConfig:
     update_ratio_low: float = 1e-7
     """Update norm / parameter norm below this: parameters are (nearly) not updated."""
     component_ratio: float = 100.0
-    """A loss component this many times larger than another dominates it."""
+    """Loss components, each divided by its own first non-zero value after step 0: one fallen
+    this many times further than another that has not halved from its own: reported (info)."""
+    zero_looks: int = 3
+    """A loss component exactly 0 at this many looks in a row after step 0 is a dead path; also
+    the looks a component needs after its reference before dominance is judged."""
     num_codes: int = 0
     """Size of the codebook / number of experts when `codes=` is passed (0: codes not used)."""
     code_use_low: float = 0.1
@@ -72,6 +77,7 @@ class MonitorConfig:
         need(self.spike_window >= 5, "spike_window", self.spike_window, ">= 5")
         need(0 < self.update_ratio_low < self.update_ratio_high, "update_ratio_low", self.update_ratio_low, f"within (0, update_ratio_high={self.update_ratio_high})")
         need(self.component_ratio > 1, "component_ratio", self.component_ratio, "> 1")
+        need(isinstance(self.zero_looks, int) and self.zero_looks >= 1, "zero_looks", self.zero_looks, "an int >= 1")
         need(self.num_codes >= 0, "num_codes", self.num_codes, ">= 0")
         need(0 < self.code_use_low < 1, "code_use_low", self.code_use_low, "within (0, 1)")
         need(0 < self.code_monopoly <= 1, "code_monopoly", self.code_monopoly, "within (0, 1]")

@@ -1,0 +1,311 @@
+"""Each TrainingMonitor heuristic on real training (tiny torch models, CPU, one process): a
+fault run that must be named and its healthy twin, which the old heuristics flagged, that must
+stay quiet (issue 23 item 4). Also `distdiag analyze` on a run that converged before its first
+logged point."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from distdiag.monitor import TrainingMonitor
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _warnings(findings, prefix=""):
+    return [f.issue for f in findings if f.severity != "info" and f.issue.startswith(prefix)]
+
+
+# ---------------------------------------------------------------- exactly-zero loss term
+class TinyVAE(torch.nn.Module):
+    """mu/logvar heads initialised to 0: the posterior equals the prior, KL is exactly 0 at step 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = torch.nn.Linear(8, 16)
+        self.mu, self.logvar = torch.nn.Linear(16, 4), torch.nn.Linear(16, 4)
+        for head in (self.mu, self.logvar):
+            torch.nn.init.zeros_(head.weight)
+            torch.nn.init.zeros_(head.bias)
+        self.dec = torch.nn.Linear(4, 8)
+
+    def forward(self, x):
+        h = torch.tanh(self.enc(x))
+        mu, logvar = self.mu(h), self.logvar(h)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        recon = (self.dec(z) - x).pow(2).mean()
+        kl = 0.5 * (mu.pow(2) + logvar.exp() - 1 - logvar).sum(-1).mean()
+        return recon, kl
+
+
+def _train_vae(frozen_heads: bool):
+    torch.manual_seed(0)
+    model = TinyVAE()
+    if frozen_heads:  # the bug: the encoder's heads left frozen, the KL path is dead for good
+        for p in [*model.mu.parameters(), *model.logvar.parameters()]:
+            p.requires_grad_(False)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    mon = TrainingMonitor(model, every=5)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(40):
+        recon, kl = model(torch.randn(32, 8, generator=gen))
+        (recon + kl).backward()
+        mon.after_backward(recon + kl, step, components={"recon": recon, "kl": kl})
+        opt.step()
+        opt.zero_grad()
+    return mon.close()
+
+
+def test_kl_zero_at_step_0_only_is_quiet():
+    """Healthy VAE: KL exactly 0 before the first update, then it trains: nothing above info."""
+    assert _warnings(_train_vae(frozen_heads=False)) == []
+
+
+def test_kl_zero_for_good_is_a_dead_path():
+    """Frozen zero heads: KL stays exactly 0 at every look after step 0: named, from step 5."""
+    issues = _warnings(_train_vae(frozen_heads=True), "loss component")
+    assert issues == ["loss component 'kl' has been exactly 0 at the 3 looks from step 5 to step 15: a dead path"], issues
+
+
+# ---------------------------------------------------------------- component dominance
+def _train_two_heads(weight_b: float):
+    """A shared trunk, head a on a target of scale 30, head b on a target of scale 0.1
+    (raw values 10^4-10^5 apart), SGD. weight_b: the weight of b's term in the loss."""
+    torch.manual_seed(0)
+    trunk, head_a, head_b = torch.nn.Linear(4, 16), torch.nn.Linear(16, 1), torch.nn.Linear(16, 1)
+    model = torch.nn.ModuleDict({"trunk": trunk, "a": head_a, "b": head_b})
+    opt = torch.optim.Adam(model.parameters(), lr=3e-2)
+    mon = TrainingMonitor(model, every=10)
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(4, 1, generator=gen)
+    for step in range(200):
+        x = torch.randn(64, 4, generator=gen)
+        h = trunk(x)
+        a = (head_a(h) - 30 * x @ w).pow(2).mean()
+        b = (head_b(h) - 0.1 * torch.sin(x[:, :1])).pow(2).mean()
+        (a + weight_b * b).backward()
+        mon.after_backward(a + weight_b * b, step, components={"a": a, "b": b})
+        opt.step()
+        opt.zero_grad()
+    return mon.close()
+
+
+def test_terms_of_different_scales_both_training_are_quiet():
+    """Term a is ~10^4x term b in raw value, both train: the old raw-value check warned that a dominates."""
+    assert _warnings(_train_two_heads(1.0)) == []
+
+
+def test_term_that_never_trains_is_reported():
+    """b weighted 0: a falls >100x from its start while b does not even halve: reported (info, see
+    checks._drowned), with both terms' relative values; b's zero gradient is the warning."""
+    findings = _train_two_heads(0.0)
+    dom = [f.issue for f in findings if f.issue.startswith("loss component 'a' dominates training")]
+    assert len(dom) == 1 and "while 'b' is still" in dom[0], [f.issue for f in findings]
+    assert _warnings(findings) == ["gradient norm of b is 0 at step 10, below 1e-08"]
+
+
+# ---------------------------------------------------------------- gradient-norm imbalance
+def _llama(vocab: int, layers: int):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def test_llama_training_has_no_imbalance_between_stack_and_norm():
+    """A tiny Llama trained 12 steps: the old check compared model.layers with model.norm (127x)."""
+    model = _llama(vocab=64, layers=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = TrainingMonitor(model, every=4)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(12):
+        ids = torch.randint(0, 64, (4, 16), generator=gen)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        mon.after_backward(out.loss, step, logits=out.logits)
+        opt.step()
+        opt.zero_grad()
+    assert _warnings(mon.close(), "gradient norm") == []
+
+
+def _train_mlp(init_scale: float | None):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        lin = torch.nn.Linear(16, 16)
+        if init_scale is not None:  # the fault: weights initialised far too small
+            torch.nn.init.normal_(lin.weight, std=init_scale)
+        layers += [lin, torch.nn.Tanh()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon = TrainingMonitor(model, every=5)
+    gen = torch.Generator().manual_seed(4)
+    for step in range(10):
+        x = torch.randn(32, 16, generator=gen)
+        loss = (model(x) - x[:, :1]).pow(2).mean()
+        loss.backward()
+        mon.after_backward(loss, step)
+        opt.step()
+        opt.zero_grad()
+    return mon.close()
+
+
+def test_same_kind_layers_with_sound_init_are_quiet():
+    assert _warnings(_train_mlp(None), "gradient norms") == []
+
+
+def test_gradients_vanishing_along_depth_named_between_layers_of_one_kind():
+    """Weights of std 0.01: the first Linear's gradient is >100x smaller than the last hidden one's."""
+    issues = _warnings(_train_mlp(0.01), "gradient norms")
+    weights = [i for i in issues if "(*.weight[16, 16])" in i]
+    assert len(weights) == 1 and "x 0.weight" in weights[0], issues
+
+
+# ---------------------------------------------------------------- architecture table
+def test_llama_embedding_share_seen_through_nesting():
+    """LlamaForCausalLM (vocab 8000): embed_tokens (under .model) and lm_head hold ~97%: warned, both named."""
+    findings = TrainingMonitor(_llama(vocab=8000, layers=2)).close()
+    warn = _warnings(findings, "embeddings")
+    assert len(warn) == 1 and "model.embed_tokens + lm_head have 512,000 of" in warn[0], warn
+    table = next(f.issue for f in findings if f.issue.endswith(")") and "by module" in f.issue)
+    assert "model.embed_tokens 256,000" in table and "model.layers (2 x LlamaDecoderLayer)" in table, table
+
+
+def test_llama_with_small_vocabulary_is_not_warned():
+    findings = TrainingMonitor(_llama(vocab=64, layers=4)).close()
+    assert _warnings(findings) == []
+    table = next(f.issue for f in findings if "by module" in f.issue)
+    assert table.split("by module: ")[1].startswith("model.layers (4 x LlamaDecoderLayer)"), table
+
+
+# ---------------------------------------------------------------- NaN made inside a module
+class SafeLog(torch.nn.Module):
+    """log(1 + x); `guard` takes |x| first (healthy), else the NaN of x < -1 is replaced by 0."""
+
+    def __init__(self, guard: bool) -> None:
+        super().__init__()
+        self.guard = guard
+
+    def forward(self, x):
+        if self.guard:
+            return torch.log1p(x.abs())
+        return torch.nan_to_num(torch.log1p(x), nan=0.0)
+
+
+def _train_log(guard: bool):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), SafeLog(guard), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon = TrainingMonitor(model, every=5)  # default trace setting
+    gen = torch.Generator().manual_seed(5)
+    for step in range(16):
+        loss = model(torch.randn(16, 4, generator=gen)).pow(2).mean()
+        loss.backward()
+        mon.after_backward(loss, step)
+        opt.step()
+        opt.zero_grad()
+    return mon, mon.close()
+
+
+def test_nan_replaced_inside_a_module_is_named_with_default_settings():
+    """log of negative values, nan_to_num'd: the loss stays finite; the look at 0 sees it, step 1 names it."""
+    mon, findings = _train_log(guard=False)
+    issues = _warnings(findings)
+    assert issues == ["the first non-finite value on rank 0 appeared as a NaN inside its forward (an operation's output, "
+                      "found by the NaN scan at a look step): module '1' (SafeLog) at step 1"], issues
+    assert all(math.isfinite(x) for x in [mon.last["loss"]])
+    assert not mon.scan.armed and all(not m._forward_hooks and not m._forward_pre_hooks for m in mon.model.modules())
+
+
+def test_guarded_log_is_quiet():
+    _, findings = _train_log(guard=True)
+    assert _warnings(findings) == []
+
+
+# ---------------------------------------------------------------- loss spikes
+def _regressor_run(bad_step: int | None):
+    """The docs' Lightning example as a plain loop: batch noise of a small MSE reaches 3-4x its median."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    x = torch.randn(4096, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.sin(x[:, :1])
+    mon = TrainingMonitor(net, every=10)
+    order = torch.randperm(4096, generator=torch.Generator().manual_seed(1))
+    for step in range(128):
+        idx = order[(step % 64) * 64 : (step % 64 + 1) * 64]
+        target = y[idx] * (20.0 if step == bad_step else 1.0)  # a corrupt batch: labels scaled
+        loss = torch.nn.functional.mse_loss(net(x[idx]), target)
+        loss.backward()
+        mon.after_backward(loss, step)
+        opt.step()
+        opt.zero_grad()
+    return mon.close()
+
+
+def test_batch_noise_is_not_a_spike():
+    assert _warnings(_regressor_run(None), "loss spiked") == []
+
+
+def test_corrupt_batch_is_a_spike():
+    """Labels x20 at step 90: named at step 90 (the update it made may upset the next few steps too)."""
+    issues = _warnings(_regressor_run(90), "loss spiked")
+    assert issues[0].startswith("loss spiked at step 90 to") and "the highest of those steps" in issues[0], issues
+    assert all(90 <= int(i.split()[4]) <= 99 for i in issues), issues
+
+
+# ---------------------------------------------------------------- analyze: flat from the first logged point
+def _logged_run(path, first: int, every: int):
+    """A real run that converges in ~30 steps, its loss logged every `every` steps from `first`."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.2)
+    gen = torch.Generator().manual_seed(6)
+    w = torch.randn(4, 1, generator=gen)
+    lines = []
+    for step in range(2000):
+        x = torch.randn(64, 4, generator=gen)
+        loss = (net(x) - x @ w - 0.1 * torch.randn(64, 1, generator=gen)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step >= first and (step - first) % every == 0:
+            lines.append(json.dumps({"step": step, "loss": loss.item()}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _plateau(path):
+    from distdiag.analyze import analyze, load_run
+
+    report = analyze([load_run(path)])
+    return [(f.severity, f.issue) for f in report.probe("plateau").findings]
+
+
+def test_converged_before_first_logged_point_is_not_never_decreased(tmp_path):
+    """Logged every 50 steps from step 49 (Lightning's default): flat at the noise floor is info."""
+    got = _plateau(_logged_run(tmp_path / "late.jsonl", 49, 50))
+    assert got and all(sev == "info" for sev, _ in got), got
+    assert "converged before the first logged step 49, or never learned" in got[0][1] and "never decreased)" not in got[0][1]
+
+
+def test_flat_from_step_0_is_still_never_decreased(tmp_path):
+    """Logged from step 0 with a learning rate of 0 (the twin that never learns): a warning."""
+    from distdiag.analyze.detectors import detect_plateau
+    from distdiag.analyze.series import Series
+
+    gen = torch.Generator().manual_seed(7)
+    vals = (2.3 + 0.05 * torch.randn(200, generator=gen)).tolist()
+    (det,) = detect_plateau(Series("loss", list(range(0, 2000, 10)), vals))
+    assert det.finding.severity == "warning" and "(it never decreased)" in det.finding.issue
