@@ -18,6 +18,7 @@ from distdiag.analyze.series import (
     median,
     rolling_median,
     smoothing_window,
+    spike_persists,
     spike_score,
 )
 from distdiag.report.model import Finding
@@ -93,7 +94,8 @@ def detect_nonfinite(series: list[Series]) -> list[Detection]:
 
 
 def _spike_events(s: Series, factor: float, window: int, min_history: int) -> list[tuple[int, int, float, float]]:
-    """(first index, peak index, peak value, baseline) of each run of spiking points."""
+    """(first index, peak index, peak value, baseline) of each run of spiking points that is
+    more than one batch's noise (series.spike_persists)."""
     events: list[tuple[int, int, float, float]] = []
     vals = s.values
     i = min_history
@@ -109,7 +111,8 @@ def _spike_events(s: Series, factor: float, window: int, min_history: int) -> li
             i += 1
             if vals[i] > vals[peak]:
                 peak = i
-        events.append((start, peak, vals[peak], base))
+        if spike_persists(hist, vals[start : i + 1], factor):
+            events.append((start, peak, vals[peak], base))
         i += 1
     return events
 

@@ -18,6 +18,11 @@ class MonitorConfig:
     trace: str = "auto"
     """Non-finite tracing: auto (arm the module hooks for `trace_steps` steps after a
     non-finite loss or gradient is seen), always (every step: slow, for hunting), off."""
+    nan_scan_every: int = 100
+    """Steps whose forward is scanned for a NaN made inside a module (also one replaced before
+    the module's output, which no hook sees): step 0 and every this many steps (0: never; off
+    with trace="off"). One scanned step costs about 2x a plain forward on a small model, so
+    100 keeps the average near 1% (benchmarks/bench_nan_scan.py)."""
     trace_steps: int = 5
     """auto: how many steps the hooks stay armed after a detection, unless an origin is found."""
     depth: int = 2
@@ -69,6 +74,7 @@ class MonitorConfig:
 
         need(isinstance(self.every, int) and self.every >= 1, "every", self.every, "an int >= 1")
         need(self.trace in TRACE_MODES, "trace", self.trace, f"one of {', '.join(TRACE_MODES)}")
+        need(isinstance(self.nan_scan_every, int) and self.nan_scan_every >= 0, "nan_scan_every", self.nan_scan_every, "an int >= 0")
         need(self.trace_steps >= 1, "trace_steps", self.trace_steps, ">= 1")
         need(self.depth >= 1, "depth", self.depth, ">= 1")
         need(0 < self.vanish_below < self.explode_above, "vanish_below", self.vanish_below, f"within (0, explode_above={self.explode_above})")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from distdiag.analyze.series import spike_score
+from distdiag.analyze.series import spike_persists, spike_score
 from distdiag.monitor import checks
 from distdiag.monitor.config import MonitorConfig
 from distdiag.monitor.stats import ParamGroups, code_stats, entropy_sum
@@ -259,7 +259,7 @@ class LookReader:
                 out.append(self._spike_finding(cand[0], cand[1], cand[2], f"and stayed above {cand[3]:.4g} at step {st} ({x:.4g})", grad_total, step))
             elif len(history) >= min(10, cfg.spike_window):
                 spike, base, z = spike_score(list(history), x, cfg.spike_factor)
-                if spike and x >= cfg.spike_factor * max(history):
+                if spike and spike_persists(list(history), [x], cfg.spike_factor):
                     out.append(self._spike_finding(st, x, base, f"{x / max(history):.1f}x the highest of those steps ({max(history):.4g})", grad_total, step))
                 elif spike:
                     self._candidate = (st, x, base, base + max((cfg.spike_factor - 1) * abs(base), 6.0 * (x - base) / z))

@@ -101,7 +101,7 @@ class TrainingMonitor:
         self._param_findings(counts, embedding_modules(inner))
         if cfg.trace == "always":
             self.tracer.arm(0)
-        if cfg.trace != "off":
+        if cfg.trace != "off" and cfg.nan_scan_every:
             self.scan.arm(0, naming=False)
 
     # ------------------------------------------------------------------ public
@@ -188,7 +188,8 @@ class TrainingMonitor:
             self.tracer.arm(step + 1)
         elif self.tracer.armed:
             self.tracer.disarm()
-        if cfg.trace != "off" and not self._scan_named and (step < self._scan_until or (step + 1) % cfg.every == 0):
+        scan = cfg.trace != "off" and cfg.nan_scan_every > 0 and not self._scan_named
+        if scan and (step < self._scan_until or (step + 1) % cfg.nan_scan_every == 0):
             self.scan.arm(step + 1, naming=step < self._scan_until)
 
     def _scan_done(self, step: int) -> None:

@@ -198,7 +198,7 @@ class NaNScan:
     NonFiniteTracer cannot see.
 
     Armed for one step, it enters a TorchDispatchMode while any module of the model runs its
-    forward. Cheap (`naming=False`, the default at each look step): every floating output of
+    forward. Cheap (`naming=False`, at step 0 and every `nan_scan_every` steps): every floating output of
     an operation is OR-ed into one device flag, no sync until `result()`. Naming (the steps
     after a detection): each output is checked at once (a sync per operation) and the first
     operation whose output holds NaN from NaN-free inputs is named with the innermost module
@@ -259,8 +259,10 @@ class NaNScan:
         if not outs:
             return
         if not self.naming:
-            bad = torch.stack([torch.isnan(t).any() for t in outs]).any()
-            self._flag = bad if self._flag is None else self._flag | bad
+            # no sync here: the flag is a device tensor read once, after the step
+            for t in outs:
+                bad = torch.isnan(t).any()
+                self._flag = bad if self._flag is None else self._flag.logical_or_(bad)
             return
         if self.origin is not None or not any(bool(torch.isnan(t).any()) for t in outs):
             return
