@@ -35,7 +35,7 @@ __all__ = ["HEAD", "Look", "LookReader", "code_histogram", "entropy_sums", "pack
 HEAD = 10
 """Per-rank scalars of a slot before the window's losses."""
 
-_WHERE = {1: "in its forward", 2: "in its backward", 3: "from its own non-finite parameters", 4: "in the data entering it", 5: "in the loss computed from its output", 6: "as a NaN inside its forward (an operation's output, found by the NaN scan at a look step)"}
+_WHERE = {1: "in its forward", 2: "in its backward", 3: "from its own non-finite parameters", 4: "in the data entering it", 5: "in the loss computed from its output", 6: "as a NaN inside its forward (an operation's output, found by the NaN scan)"}
 
 
 # ------------------------------------------------------------------------ packing
@@ -204,7 +204,9 @@ class LookReader:
             out.append((f"trace:{rank}", Finding(
                 "error" if phase != 6 else "warning",
                 f"the first non-finite value on rank {rank} appeared {_WHERE[phase]}: module {module!r} ({kind}) at step {tstep}",
-                f"forward/backward hooks armed after the non-finite was seen; phase {PHASES[phase]}", [rank],
+                (f"forward/backward hooks armed after the non-finite was seen; phase {PHASES[phase]}" if phase != 6 else
+                 "every operation of the forward checked after the NaN scan of a sampled step saw a NaN while the loss stayed "
+                 "finite; the operation is named in the distdiag.monitor log of that rank"), [rank],
                 fix=("Inspect that module's inputs and weights at that step (log(0), division by a zero norm, fp16 overflow); "
                      "guard it (eps, clamp, compute in float32)." if phase in (1, 2) else
                      "Its parameters were corrupted by an earlier update: skip updates with non-finite gradients, resume from a "

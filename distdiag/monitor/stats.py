@@ -216,6 +216,8 @@ def param_counts(model: torch.nn.Module) -> list[dict]:
         n = own[""] if r == "(root)" else own[r[: -len(":own")]] if r.endswith(":own") else counts.get(r, 0)
         m = modules.get(r)
         label = f"{r} ({len(list(m.children()))} x {type(next(m.children())).__name__})" if m is not None and _is_stack(m) else r
+        if r.endswith(":own"):
+            label = f"{r[: -len(':own')]} (its own parameters)"
         out.append({"module": label, "params": n, "embedding": r in emb, "share": n / total if total else 0.0})
     return sorted(out, key=lambda row: -row["params"])
 

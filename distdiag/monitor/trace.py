@@ -10,6 +10,10 @@ inputs and outputs see the gradients flowing through it; the first module whose 
 parameter) gradient is non-finite while the gradient arriving at its output was finite
 produced it. A gradient already non-finite at the last module's output came from the loss
 computation outside any module. No collective is issued here.
+
+NaNScan looks inside the forward instead of at module boundaries: a TorchDispatchMode sees
+every operation, so a NaN that a module makes and replaces (nan_to_num) before its output is
+found too; it is cheap enough (one device flag, no sync) to run on sampled steps by default.
 """
 
 from __future__ import annotations
@@ -174,6 +178,12 @@ class NonFiniteTracer:
         return self.origin
 
 
+_UNINITIALISED = ("empty", "new_empty", "resize", "set_")
+"""Operations whose output is memory not yet written (NaN bit patterns are legitimate there);
+collectives (other namespaces than aten) are skipped too: an async all-gather's buffer is not
+filled until its wait."""
+
+
 class _OpWatch(TorchDispatchMode):
     """Sees every operation of the forward while a NaNScan is armed and hands its outputs over."""
 
@@ -255,6 +265,8 @@ class NaNScan:
             self._mode = None
 
     def _op(self, func: Any, args: Any, out: Any) -> None:
+        if getattr(func, "namespace", "aten") != "aten" or getattr(func, "__name__", "").startswith(_UNINITIALISED):
+            return
         outs = _plain_floats(out)
         if not outs:
             return

@@ -223,7 +223,7 @@ def test_nan_replaced_inside_a_module_is_named_with_default_settings():
     mon, findings = _train_log(guard=False)
     issues = _warnings(findings)
     assert issues == ["the first non-finite value on rank 0 appeared as a NaN inside its forward (an operation's output, "
-                      "found by the NaN scan at a look step): module '1' (SafeLog) at step 1"], issues
+                      "found by the NaN scan): module '1' (SafeLog) at step 1"], issues
     assert all(math.isfinite(x) for x in [mon.last["loss"]])
     assert not mon.scan.armed and all(not m._forward_hooks and not m._forward_pre_hooks for m in mon.model.modules())
 
