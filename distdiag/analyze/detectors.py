@@ -111,7 +111,7 @@ def _spike_events(s: Series, factor: float, window: int, min_history: int) -> li
             i += 1
             if vals[i] > vals[peak]:
                 peak = i
-        if spike_persists(hist, vals[start : i + 1], factor):
+        if spike_persists(vals[max(0, start - 5 * window) : start], vals[start : i + 1], factor):
             events.append((start, peak, vals[peak], base))
         i += 1
     return events

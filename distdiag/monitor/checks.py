@@ -291,36 +291,48 @@ def _drowned(values: dict[str, float], cfg: MonitorConfig, step: int, hist: Comp
 
 
 def code_checks(stats: dict[str, float], num_codes: int, cfg: MonitorConfig, step: int) -> Keyed:
+    """Codes used out of those that could be used: a look that saw T assignments can use at
+    most min(num_codes, T) codes (64 tokens over 512 codes is 12.5% at best, not a collapse)."""
     out: Keyed = []
-    if stats.get("tokens", 0) <= 0:
+    tokens = int(stats.get("tokens", 0))
+    if tokens <= 0:
         return out
-    used = stats["used_frac"]
+    used_n = round(stats["used_frac"] * num_codes)
+    possible = min(num_codes, tokens)
+    used = used_n / possible
     if used < cfg.code_use_low:
         out.append(("codes:collapse", Finding(
             "warning",
-            f"only {used:.1%} of the {num_codes} codes are used at step {step} (below {cfg.code_use_low:.0%}): codebook/expert collapse",
-            f"perplexity {stats['perplexity']:.3g} of {num_codes}; top code {int(stats['top_code'])} takes {stats['top_share']:.1%} of {int(stats['tokens'])} assignments",
+            f"only {used_n} of the {num_codes} codes are used at step {step} ({used:.1%} of the {possible} that {tokens} assignments could use, "
+            f"below {cfg.code_use_low:.0%}): codebook/expert collapse",
+            f"perplexity {stats['perplexity']:.3g} of {num_codes}; top code {int(stats['top_code'])} takes {stats['top_share']:.1%} of {tokens} assignments",
             fix="Add or raise a load-balancing / commitment loss, re-initialise dead codes, lower the learning rate of the router.",
         )))
     if num_codes >= 3 and stats["top_share"] >= cfg.code_monopoly:
         out.append(("codes:monopoly", Finding(
             "warning",
             f"code {int(stats['top_code'])} takes {stats['top_share']:.1%} of all assignments at step {step} (at least {cfg.code_monopoly:.0%})",
-            f"{used:.1%} of {num_codes} codes used, perplexity {stats['perplexity']:.3g}",
+            f"{used_n} of {num_codes} codes used, perplexity {stats['perplexity']:.3g}",
             fix="Balance the assignments: an auxiliary load-balancing loss or capacity limits.",
         )))
     return out
 
 
-def entropy_checks(mean_nats: float, vocab: int, cfg: MonitorConfig, step: int) -> Keyed:
+def entropy_checks(mean_nats: float, vocab: int, cfg: MonitorConfig, step: int, marginal: float = math.nan) -> Keyed:
+    """Near-uniform output at each position (after the grace steps: it is expected at
+    initialisation), or output collapsed onto few tokens: judged on the marginal entropy (of the
+    predictions of all positions together), since a healthy model confident of a different next
+    token at each position has a low per-position entropy too."""
     if vocab < 2 or not math.isfinite(mean_nats):
         return []
     frac = mean_nats / math.log(vocab)
     if frac >= cfg.entropy_high and step >= cfg.entropy_grace_steps:
         return [("entropy:high", Finding("warning", f"output entropy {mean_nats:.3g} nats at step {step} is {frac:.0%} of log(vocab={vocab}): near-uniform, gibberish output",
                                          fix="The model is not learning the token distribution: check labels shift, the learning rate and the loss masking."))]
-    if frac <= cfg.entropy_low:
-        return [("entropy:low", Finding("warning", f"output entropy {mean_nats:.3g} nats at step {step} is {frac:.1%} of log(vocab={vocab}): collapsed onto few tokens",
+    mfrac = marginal / math.log(vocab) if math.isfinite(marginal) else frac
+    if mfrac <= cfg.entropy_low:
+        return [("entropy:low", Finding("warning", f"output collapsed onto few tokens at step {step}: the predictions of all positions together have entropy {marginal:.3g} nats, {mfrac:.1%} of log(vocab={vocab})",
+                                        f"mean entropy per position {mean_nats:.3g} nats ({frac:.1%}); a model sure of a different token at each position has a low entropy per position, not a low marginal one",
                                         fix="Check for a degenerate target (all padding?), too high a learning rate, or missing label smoothing."))]
     return []
 

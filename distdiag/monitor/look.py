@@ -8,7 +8,7 @@ share of the sums; after the all_reduce every rank holds every rank's slot and t
           window length | the window's losses (`every`) | the loss components (`max_components`)
     sums  gradient sq per module group (G) | parameter sq (G) | update sq (G)
           | has an update, its step (each / world) | code histogram (`num_codes`)
-          | entropy sum, positions, vocab * positions
+          | entropy sum, positions, vocab * positions, marginal entropy * positions
 
 `LookReader` turns them into (key, Finding) pairs and the look's record (TrainingMonitor.last).
 """
@@ -60,11 +60,12 @@ def code_histogram(codes: torch.Tensor | None, num_codes: int, device: torch.dev
 
 
 def entropy_sums(logits: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """(entropy summed over positions, positions, vocab * positions); zeros without logits."""
-    ent = torch.zeros(3, dtype=torch.float64, device=device)
+    """(entropy summed over positions, positions, vocab * positions, marginal entropy * positions);
+    zeros without logits. Weighted by positions, the ranks' sum gives the mean over positions."""
+    ent = torch.zeros(4, dtype=torch.float64, device=device)
     if logits is not None:
-        s, n, vocab = entropy_sum(logits)
-        ent[0], ent[1], ent[2] = s.to(device), n, float(vocab) * n
+        s, n, vocab, marginal = entropy_sum(logits)
+        ent[0], ent[1], ent[2], ent[3] = s.to(device), n, float(vocab) * n, marginal.to(device) * n
     return ent
 
 
@@ -120,6 +121,8 @@ class LookReader:
         self.ranks = ranks
         """The global rank of each slot."""
         self.history: deque[float] = deque(maxlen=config.spike_window)
+        self.tail: deque[float] = deque(maxlen=5 * config.spike_window)
+        """A longer history, whose highest loss is the batch noise a lone spike must exceed."""
         self.last_grad_norm = math.nan
         self.components = checks.ComponentHistory()
         self._candidate: tuple[int, float, float, float] | None = None
@@ -155,7 +158,8 @@ class LookReader:
         entropy = None
         if sums.ent and sums.ent[1] > 0:
             entropy, vocab = sums.ent[0] / sums.ent[1], int(round(sums.ent[2] / sums.ent[1]))
-            found += checks.entropy_checks(entropy, vocab, cfg, step)
+            marginal = sums.ent[3] / sums.ent[1]
+            found += checks.entropy_checks(entropy, vocab, cfg, step, marginal)
         self.last_grad_norm = grad_total
         rec: dict[str, Any] = {"step": step, "loss": per_step[-1] if per_step else math.nan, "grad_norm": grad_total, "param_norm": param_norm}
         if len(self.ranks) > 1 and window:
@@ -170,6 +174,7 @@ class LookReader:
             rec["codes"] = code
         if entropy is not None:
             rec["entropy"] = entropy
+            rec["entropy_marginal"] = marginal
         return Look(found, rec, per_step, bool(nonfinite), bool(traces))
 
     def _nonfinite(self, slots: list[list[float]], window: list, grad_total: float, step: int) -> list[tuple[str, Finding]]:
@@ -248,7 +253,7 @@ class LookReader:
     def _spikes(self, window: list, per_step: list[float], grad_total: float, step: int) -> list[tuple[str, Finding]]:
         """Losses above the spike threshold (analyze.series.spike_score against the history
         before them) that either persist a second step above the same threshold, or exceed
-        `spike_factor` times the highest loss of that history: one batch's noise (a hard batch
+        `spike_factor` times the highest loss of the 5 x spike_window steps before: one batch's noise (a hard batch
         of a small model easily reaches 3-4x the median) does neither. Each finite loss joins
         the history; a candidate at a window's last step is judged at the next look."""
         cfg, history, out = self.config, self.history, []
@@ -261,18 +266,19 @@ class LookReader:
                 out.append(self._spike_finding(cand[0], cand[1], cand[2], f"and stayed above {cand[3]:.4g} at step {st} ({x:.4g})", grad_total, step))
             elif len(history) >= min(10, cfg.spike_window):
                 spike, base, z = spike_score(list(history), x, cfg.spike_factor)
-                if spike and spike_persists(list(history), [x], cfg.spike_factor):
-                    out.append(self._spike_finding(st, x, base, f"{x / max(history):.1f}x the highest of those steps ({max(history):.4g})", grad_total, step))
+                if spike and spike_persists(list(self.tail), [x], cfg.spike_factor):
+                    out.append(self._spike_finding(st, x, base, f"{x / max(self.tail):.1f}x the highest of the {len(self.tail)} steps before ({max(self.tail):.4g})", grad_total, step))
                 elif spike:
                     self._candidate = (st, x, base, base + max((cfg.spike_factor - 1) * abs(base), 6.0 * (x - base) / z))
             history.append(x)
+            self.tail.append(x)
         return out
 
     def _spike_finding(self, st: int, x: float, base: float, why: str, grad_total: float, step: int) -> tuple[str, Finding]:
         gn = f"; gradient norm {grad_total:.4g} at step {step} (last look {self.last_grad_norm:.4g})"
         return (f"spike:{st}", Finding("warning", f"loss spiked at step {st} to {x:.4g} ({x / base:.1f}x the median {base:.4g} of the {len(self.history)} steps before) {why}",
                                        f"loss averaged over {len(self.ranks)} rank(s){gn}; a spike must persist a second step or exceed "
-                                       f"{self.config.spike_factor:g}x the highest loss of the steps before: one batch's noise does neither",
+                                       f"{self.config.spike_factor:g}x the highest loss of the {5 * self.config.spike_window} steps before: one batch's noise does neither",
                                        fix="Check the batch at that step; clip gradients if the gradient norm jumped too.", confidence=0.8))
 
 

@@ -160,12 +160,17 @@ def code_stats(hist: list[float]) -> dict[str, float]:
     }
 
 
-def entropy_sum(logits: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """Sum over positions of the entropy (nats) of softmax(logits) on the last dim, positions, vocab."""
+def entropy_sum(logits: torch.Tensor) -> tuple[torch.Tensor, int, int, torch.Tensor]:
+    """Sum over positions of the entropy (nats) of softmax(logits) on the last dim, positions,
+    vocab, and the entropy of the mean distribution over the positions (the marginal: low only
+    when every position predicts the same few tokens, not when each is confident of its own)."""
     flat = logits.detach().reshape(-1, logits.shape[-1]).float()
     logp = torch.log_softmax(flat, dim=-1)
-    ent = -(logp.exp() * logp).sum(dim=-1)
-    return ent.sum().double(), flat.shape[0], flat.shape[-1]
+    probs = logp.exp()
+    ent = -(probs * logp).sum(dim=-1)
+    marginal = probs.mean(dim=0)
+    marg = -(marginal * torch.log(marginal.clamp_min(1e-30))).sum()
+    return ent.sum().double(), flat.shape[0], flat.shape[-1], marg.double()
 
 
 def _subtree_counts(model: torch.nn.Module) -> tuple[dict[str, int], int]:

@@ -125,10 +125,13 @@ def test_checks_components_codes_entropy_grads():
     assert "exactly 0 at the 3 looks from step 10 to step 30" in zero[-1]["component:zero:aux"].issue
     stats = {"used_frac": 0.05, "perplexity": 1.5, "top_share": 0.9, "top_code": 3, "tokens": 100}
     keys = dict(checks.code_checks(stats, 64, cfg, 10))
-    assert set(keys) == {"codes:collapse", "codes:monopoly"} and "5.0% of the 64 codes" in keys["codes:collapse"].issue
+    assert set(keys) == {"codes:collapse", "codes:monopoly"} and "only 3 of the 64 codes" in keys["codes:collapse"].issue
+    few = {"used_frac": 8 / 512, "perplexity": 7.0, "top_share": 0.2, "top_code": 3, "tokens": 8}
+    assert checks.code_checks(few, 512, cfg, 10) == []  # 8 assignments use 8 codes: all they could
     assert checks.entropy_checks(math.log(100) * 0.95, 100, cfg, 500)[0][0] == "entropy:high"
     assert checks.entropy_checks(math.log(100) * 0.95, 100, cfg, 5) == []  # at initialisation: expected
     assert checks.entropy_checks(0.01, 100, cfg, 500)[0][0] == "entropy:low"
+    assert checks.entropy_checks(0.01, 100, cfg, 500, marginal=3.0) == []  # sure of a different token at each position
     grads = dict(checks.grad_checks(5.0, {"embed": 5.0, "head": 0.01, "frozen": 1e-12}, cfg, 7))
     assert "grad:vanish:frozen" in grads and not any(k.startswith("grad:imbalance") for k in grads)
     assert checks.grad_checks(5.0, {"frozen": 1e-12}, cfg, 0, first=True) == []
