@@ -51,13 +51,15 @@ class MonitorConfig:
     num_codes: int = 0
     """Size of the codebook / number of experts when `codes=` is passed (0: codes not used)."""
     code_use_low: float = 0.1
-    """Fewer than this fraction of codes used is a collapse."""
+    """Fewer than this fraction of the codes a look's assignments could use (min(num_codes,
+    assignments)) is a collapse."""
     code_monopoly: float = 0.5
     """One code taking this share of all assignments monopolises them."""
     entropy_high: float = 0.9
     """Output entropy above this fraction of log(vocab): near-uniform, gibberish."""
     entropy_low: float = 0.02
-    """Output entropy below this fraction of log(vocab): collapsed onto few tokens."""
+    """Entropy of all positions' predictions together (the marginal) below this fraction of
+    log(vocab): collapsed onto few tokens (a low entropy per position alone is a confident model)."""
     entropy_grace_steps: int = 100
     """Near-uniform output is expected at initialisation: judge it only after this step."""
     rank_rtol: float = 1e-4
