@@ -228,14 +228,22 @@ def param_counts(model: torch.nn.Module) -> list[dict]:
 
 
 def embedding_modules(model: torch.nn.Module) -> tuple[list[str], int]:
-    """The lookup tables and the output projections onto their vocabulary (a Linear whose
-    weight has an embedding's shape: an LM head), and the parameters they hold (shared ones once)."""
+    """The lookup tables and the output projection onto their vocabulary, and the parameters they
+    hold (shared ones once). The output projection is what a Hugging Face model's
+    get_output_embeddings() returns, else a Linear with a table's shape outside any stack of
+    layers (an MLP projection of layer 3 may have the same shape by chance)."""
     modules = list(model.named_modules())
-    tables = {tuple(m.weight.shape) for _, m in modules if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag)}
+    by_name = dict(modules)
+    is_table = {name for name, m in modules if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag)}
+    shapes = {tuple(m.weight.shape) for name, m in modules if name in is_table}
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
     names, seen, n = [], set(), 0
     for name, m in modules:
-        is_table = isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag)
-        if is_table or (isinstance(m, torch.nn.Linear) and tuple(m.weight.shape) in tables):
+        parts = name.split(".")
+        in_stack = any(_is_stack(by_name[".".join(parts[:k])]) for k in range(1, len(parts)))
+        lm_head = m is head if head is not None else isinstance(m, torch.nn.Linear) and tuple(m.weight.shape) in shapes and not in_stack
+        if name in is_table or lm_head:
             names.append(name)
             for p in m.parameters(recurse=False):
                 if id(p) not in seen:

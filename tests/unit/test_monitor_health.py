@@ -115,10 +115,10 @@ def test_term_that_never_trains_is_reported():
 
 
 # ---------------------------------------------------------------- gradient-norm imbalance
-def _llama(vocab: int, layers: int, hidden: int = 32):
+def _llama(vocab: int, layers: int, hidden: int = 32, inter: int | None = None):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter or 4 * hidden, num_hidden_layers=layers,
                                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
     return transformers.LlamaForCausalLM(cfg)
 
@@ -187,6 +187,13 @@ def test_llama_with_small_vocabulary_is_not_warned():
     assert _warnings(findings) == []
     table = next(f.issue for f in findings if "by module" in f.issue)
     assert table.split("by module: ")[1].startswith("model.layers (4 x LlamaDecoderLayer)"), table
+
+
+def test_layer_projection_of_the_tables_shape_is_not_an_embedding():
+    """vocab 64 = intermediate 64: each layer's gate/up projection has embed_tokens' shape; only
+    embed_tokens and lm_head (get_output_embeddings) count, 18% of the parameters: no warning."""
+    findings = TrainingMonitor(_llama(vocab=64, layers=2, hidden=32, inter=64)).close()
+    assert _warnings(findings) == []
 
 
 # ---------------------------------------------------------------- NaN made inside a module
