@@ -128,7 +128,7 @@ class TrainingMonitor:
             origin = self.tracer.collect()
             if origin is not None and self._trace_local is None:
                 self._trace_local = (origin.module_index, origin.phase, origin.step)
-        if self.scan.armed:
+        if self.scan.waiting:
             self._scan_done(step)
         if step % self.config.every == 0:
             self._look(step, components, codes, logits)

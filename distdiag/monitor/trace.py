@@ -223,13 +223,16 @@ class NaNScan:
         self.step = -1
         self._flag: torch.Tensor | None = None
         self.origin: TraceResult | None = None
+        self.waiting = False
+        """Armed for a step whose result has not been read yet (the hooks may be gone: only the
+        first forward after arming is scanned, not an evaluation loop that runs before the next step)."""
 
     @property
     def armed(self) -> bool:
         return bool(self._handles)
 
     def arm(self, step: int, naming: bool) -> None:
-        self.step, self.naming, self._flag, self.origin = step, naming, None, None
+        self.step, self.naming, self._flag, self.origin, self.waiting = step, naming, None, None, True
         if self._handles:
             return
         for name, module in self.modules:
@@ -247,6 +250,7 @@ class NaNScan:
 
     def result(self) -> bool | TraceResult | None:
         """After the step: cheap: whether some operation produced a NaN (one sync); naming: the origin."""
+        self.waiting = False
         if self.naming:
             return self.origin
         return bool(self._flag) if self._flag is not None else False
@@ -263,6 +267,9 @@ class NaNScan:
         if not self._stack and self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None
+            for handle in self._handles:  # one forward scanned: the result waits for result()
+                handle.remove()
+            self._handles.clear()
 
     def _op(self, func: Any, args: Any, out: Any) -> None:
         if getattr(func, "namespace", "aten") != "aten" or getattr(func, "__name__", "").startswith(_UNINITIALISED):

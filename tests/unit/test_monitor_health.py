@@ -235,6 +235,23 @@ def test_nan_replaced_inside_a_module_is_named_with_default_settings():
     assert not mon.scan.armed and all(not m._forward_hooks and not m._forward_pre_hooks for m in mon.model.modules())
 
 
+def test_scan_covers_one_forward_and_waits_for_the_step():
+    """Armed at step 0, the scan sees the first forward only (not an evaluation loop after it);
+    its result waits for after_backward; then no hook is left until the next scanned step."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), SafeLog(False), torch.nn.Linear(8, 1))
+    mon = TrainingMonitor(model, every=5)
+    assert mon.scan.armed and mon.scan.waiting
+    loss = model(-torch.ones(2, 4) * 10).pow(2).mean()  # log1p of values < -1: NaN, replaced
+    assert not mon.scan.armed and mon.scan.waiting
+    with torch.no_grad():
+        model(torch.ones(2, 4))  # an evaluation forward: not scanned, no hook left to run
+    loss.backward()
+    mon.after_backward(loss, 0)
+    assert mon.scan.armed and mon.scan.naming and mon.scan.step == 1  # read, then armed to name it at step 1
+    mon.close()
+    assert not mon.scan.armed
+
+
 def test_guarded_log_is_quiet():
     _, findings = _train_log(guard=True)
     assert _warnings(findings) == []
