@@ -175,7 +175,7 @@ class LookReader:
         if entropy is not None:
             rec["entropy"] = entropy
             rec["entropy_marginal"] = marginal
-        return Look(found, rec, per_step, bool(nonfinite), bool(traces))
+        return Look(found, rec, per_step, bool(nonfinite), any(not k.startswith("trace:inside:") for k, _ in traces))
 
     def _nonfinite(self, slots: list[list[float]], window: list, grad_total: float, step: int) -> list[tuple[str, Finding]]:
         """A non-finite loss in the window, non-finite gradients at this look."""
@@ -206,7 +206,8 @@ class LookReader:
             rank = self.ranks[r]
             module = modules[idx][0] if 0 <= idx < len(modules) else f"#{idx}"
             kind = type(modules[idx][1]).__name__ if 0 <= idx < len(modules) else "?"
-            out.append((f"trace:{rank}", Finding(
+            # its own key: a NaN replaced inside a module must not stand for a later origin of a NaN loss
+            out.append((f"trace:{rank}" if phase != 6 else f"trace:inside:{rank}", Finding(
                 "error" if phase != 6 else "warning",
                 f"the first non-finite value on rank {rank} appeared {_WHERE[phase]}: module {module!r} ({kind}) at step {tstep}",
                 (f"forward/backward hooks armed after the non-finite was seen; phase {PHASES[phase]}" if phase != 6 else

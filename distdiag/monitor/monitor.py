@@ -72,7 +72,8 @@ class TrainingMonitor:
         self.groups = ParamGroups(inner, cfg.depth, self.world)
         self.tracer = NonFiniteTracer(inner)
         self.scan: NaNScan = self.tracer.scan
-        """A NaN made inside a module's forward (also one replaced before its output): checked at look steps."""
+        """A NaN made inside a module's forward (also one replaced before its output): checked at
+        step 0 and every `nan_scan_every` steps (distdiag/monitor/trace.py)."""
         self._scan_until = -1
         self._scan_named = False
         self._reader = LookReader(cfg, self.groups, self.tracer, self.global_ranks)

@@ -415,3 +415,32 @@ def test_output_near_uniform_after_the_grace_steps_is_named():
     _, findings = _train_bigram(lr=0.0, degenerate=False)
     issues = _warnings(findings, "output entropy")
     assert len(issues) == 1 and "at step 30 is" in issues[0] and "near-uniform" in issues[0], _warnings(findings)
+
+
+def test_nan_replaced_inside_then_a_nan_loss_are_both_named():
+    """The replaced NaN from step 0 (a warning), then from step 8 a NaN loss from another module:
+    the error's own origin is still traced and named."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), SafeLog(False), torch.nn.Linear(8, 1), LogZeroAfter())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon = TrainingMonitor(model, every=5)
+    gen = torch.Generator().manual_seed(5)
+    for step in range(16):
+        model[3].on = step >= 8
+        loss = model(torch.randn(16, 4, generator=gen)).pow(2).mean()
+        loss.backward()
+        mon.after_backward(loss, step)
+        if torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e3)):
+            opt.step()
+        opt.zero_grad()
+    issues = [f.issue for f in mon.close() if "first non-finite" in f.issue]
+    assert len(issues) == 2 and "as a NaN inside its forward" in issues[0] and "module '1' (SafeLog) at step 1" in issues[0], issues
+    assert "in its forward: module '3' (LogZeroAfter) at step 11" in issues[1], issues
+
+
+class LogZeroAfter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+
+    def forward(self, x):
+        return torch.log(x.abs() * 0) if self.on else x
