@@ -80,7 +80,7 @@ def test_kl_zero_for_good_is_a_dead_path():
 # ---------------------------------------------------------------- component dominance
 def _train_two_heads(weight_b: float):
     """A shared trunk, head a on a target of scale 30, head b on a target of scale 0.1
-    (raw values 10^4-10^5 apart), SGD. weight_b: the weight of b's term in the loss."""
+    (raw values 10^4-10^5 apart), Adam. weight_b: the weight of b's term in the loss."""
     torch.manual_seed(0)
     trunk, head_a, head_b = torch.nn.Linear(4, 16), torch.nn.Linear(16, 1), torch.nn.Linear(16, 1)
     model = torch.nn.ModuleDict({"trunk": trunk, "a": head_a, "b": head_b})
