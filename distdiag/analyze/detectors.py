@@ -18,6 +18,7 @@ from distdiag.analyze.series import (
     median,
     rolling_median,
     smoothing_window,
+    spike_persists,
     spike_score,
 )
 from distdiag.report.model import Finding
@@ -93,7 +94,8 @@ def detect_nonfinite(series: list[Series]) -> list[Detection]:
 
 
 def _spike_events(s: Series, factor: float, window: int, min_history: int) -> list[tuple[int, int, float, float]]:
-    """(first index, peak index, peak value, baseline) of each run of spiking points."""
+    """(first index, peak index, peak value, baseline) of each run of spiking points that is
+    more than one batch's noise (series.spike_persists)."""
     events: list[tuple[int, int, float, float]] = []
     vals = s.values
     i = min_history
@@ -109,7 +111,8 @@ def _spike_events(s: Series, factor: float, window: int, min_history: int) -> li
             i += 1
             if vals[i] > vals[peak]:
                 peak = i
-        events.append((start, peak, vals[peak], base))
+        if spike_persists(vals[max(0, start - 5 * window) : start], vals[start : i + 1], factor):
+            events.append((start, peak, vals[peak], base))
         i += 1
     return events
 
@@ -262,26 +265,37 @@ def detect_plateau(loss: Series, *, tol: float = 0.05, min_frac: float = 0.2, mi
             continue
         from_start = a <= w // 2
         never_learned = progress <= max(0.02 * abs(start_level), band)
-        severity = "warning" if from_start and never_learned else "info"
-        at_end = b == n - 1
-        issue = (
-            f"{s.name} is flat at {_fmt(median(values[a : b + 1]))} from step {steps[a]} to step {steps[b]}"
-            + (" (it never decreased)" if severity == "warning" else "")
-        )
+        # a log whose first point comes after updates (Lightning logs from step 49, the HF
+        # Trainer from logging_steps) cannot tell "never learned" from "learned before it"
+        unseen_start = from_start and never_learned and steps[0] > 1
+        severity = "warning" if from_start and never_learned and not unseen_start else "info"
+        issue, fix = _plateau_words(s.name, median(values[a : b + 1]), steps, a, b, severity, unseen_start, b == n - 1)
         evidence = (
             f"{b - a + 1} of {n} points within {_fmt(hi - lo)} "
             f"({100 * (hi - lo) / scale:.1f}% of the run's total progress {_fmt(progress)})"
         )
-        fix = (
-            "Check that parameters are updated (learning rate not zero, optimizer holds the model's parameters, "
-            "no detach in the graph) and that labels match inputs."
-            if severity == "warning"
-            else ("Converged, or stalled: " if at_end else "A stall that later resumed, or convergence before a learning-rate drop: ")
-            + "compare with the learning-rate schedule."
-        )
         out.append(Detection(Finding(severity, issue, evidence, fix=fix, confidence=0.8 if severity == "warning" else 0.5), steps[a], s.name, steps[b]))
         a = b + 1
     return out
+
+
+def _plateau_words(name: str, level: float, steps: list[int], a: int, b: int, severity: str, unseen_start: bool, at_end: bool) -> tuple[str, str]:
+    """The issue and fix of a plateau from step index a to b."""
+    issue = (
+        f"{name} is flat at {_fmt(level)} from step {steps[a]} to step {steps[b]}"
+        + (" (it never decreased)" if severity == "warning" else "")
+        + (f": converged before the first logged step {steps[0]}, or never learned (the log has no earlier point)" if unseen_start else "")
+    )
+    fix = (
+        "Check that parameters are updated (learning rate not zero, optimizer holds the model's parameters, "
+        "no detach in the graph) and that labels match inputs."
+        if severity == "warning"
+        else "Compare with the loss expected at initialisation (ln(classes) for cross-entropy): near it, the run never learned."
+        if unseen_start
+        else ("Converged, or stalled: " if at_end else "A stall that later resumed, or convergence before a learning-rate drop: ")
+        + "compare with the learning-rate schedule."
+    )
+    return issue, fix
 
 
 def detect_grad_trend(grad: Series, loss: Series | None, *, explode_factor: float = 100.0, vanish_factor: float = 1e-3, vanish_abs: float = 1e-8, explode_abs: float = 1e3) -> list[Detection]:

@@ -18,6 +18,7 @@ __all__ = [
     "rolling_median",
     "smoothing_window",
     "spike_score",
+    "spike_persists",
     "is_finite",
 ]
 
@@ -144,3 +145,13 @@ def spike_score(history: list[float], x: float, factor: float) -> tuple[bool, fl
     scale = max(mad_scale(history, base), 1e-3 * abs(base), 1e-12)
     z = (x - base) / scale
     return (x - base > (factor - 1.0) * abs(base) and z >= 6.0), base, z
+
+
+def spike_persists(history: list[float], run: list[float], factor: float) -> bool:
+    """Is a run of points above the spike threshold more than one batch's noise? It is when it
+    lasts two points or more, or when its one point exceeds `factor` times the highest value of
+    `history` (the callers pass the 5 x window points before: 100). The loss of a small batch is
+    heavy-tailed: a hard batch of a converged small model reaches 3-6x the median and 6 robust
+    sigmas (the docs' Lightning example has five such points in 128 steps), but it is one point,
+    and it stays below twice the worst batch of the 100 before."""
+    return len(run) >= 2 or (bool(run) and bool(history) and run[0] >= factor * max(history))

@@ -4,7 +4,8 @@
     look.py     the vector a look all-reduces: its layout, and the findings and record read from it
     checks.py   the checks: vanishing/exploding gradients, loss spikes, ranks that disagree
     stats.py    per-module gradient and parameter statistics
-    trace.py    the module that produced the first NaN/Inf, traced by forward hooks
+    trace.py    the module that produced the first NaN/Inf (forward/backward hooks), and a NaN
+                made inside a forward (a dispatch mode over its operations, sampled steps)
     config.py   MonitorConfig and its validation
 
 May import distdiag.report, distdiag.errors, distdiag.analyze (its spike score, so live

@@ -8,7 +8,7 @@ share of the sums; after the all_reduce every rank holds every rank's slot and t
           window length | the window's losses (`every`) | the loss components (`max_components`)
     sums  gradient sq per module group (G) | parameter sq (G) | update sq (G)
           | has an update, its step (each / world) | code histogram (`num_codes`)
-          | entropy sum, positions, vocab * positions
+          | entropy sum, positions, vocab * positions, marginal entropy * positions
 
 `LookReader` turns them into (key, Finding) pairs and the look's record (TrainingMonitor.last).
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from distdiag.analyze.series import spike_score
+from distdiag.analyze.series import spike_persists, spike_score
 from distdiag.monitor import checks
 from distdiag.monitor.config import MonitorConfig
 from distdiag.monitor.stats import ParamGroups, code_stats, entropy_sum
@@ -35,7 +35,7 @@ __all__ = ["HEAD", "Look", "LookReader", "code_histogram", "entropy_sums", "pack
 HEAD = 10
 """Per-rank scalars of a slot before the window's losses."""
 
-_WHERE = {1: "in its forward", 2: "in its backward", 3: "from its own non-finite parameters", 4: "in the data entering it", 5: "in the loss computed from its output"}
+_WHERE = {1: "in its forward", 2: "in its backward", 3: "from its own non-finite parameters", 4: "in the data entering it", 5: "in the loss computed from its output", 6: "as a NaN inside its forward (an operation's output, found by the NaN scan)"}
 
 
 # ------------------------------------------------------------------------ packing
@@ -60,11 +60,12 @@ def code_histogram(codes: torch.Tensor | None, num_codes: int, device: torch.dev
 
 
 def entropy_sums(logits: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """(entropy summed over positions, positions, vocab * positions); zeros without logits."""
-    ent = torch.zeros(3, dtype=torch.float64, device=device)
+    """(entropy summed over positions, positions, vocab * positions, marginal entropy * positions);
+    zeros without logits. Weighted by positions, the ranks' sum gives the mean over positions."""
+    ent = torch.zeros(4, dtype=torch.float64, device=device)
     if logits is not None:
-        s, n, vocab = entropy_sum(logits)
-        ent[0], ent[1], ent[2] = s.to(device), n, float(vocab) * n
+        s, n, vocab, marginal = entropy_sum(logits)
+        ent[0], ent[1], ent[2], ent[3] = s.to(device), n, float(vocab) * n, marginal.to(device) * n
     return ent
 
 
@@ -120,7 +121,12 @@ class LookReader:
         self.ranks = ranks
         """The global rank of each slot."""
         self.history: deque[float] = deque(maxlen=config.spike_window)
+        self.tail: deque[float] = deque(maxlen=5 * config.spike_window)
+        """A longer history, whose highest loss is the batch noise a lone spike must exceed."""
         self.last_grad_norm = math.nan
+        self.components = checks.ComponentHistory()
+        self._candidate: tuple[int, float, float, float] | None = None
+        """A loss above the spike threshold at the last step seen: (step, loss, baseline, threshold)."""
 
     def read(self, step: int, values: list[float], K: int, G: int, window: list, comp_names: list[str]) -> Look:
         """The look at `step`; window: its (step, local loss) pairs, comp_names: the components packed."""
@@ -128,12 +134,15 @@ class LookReader:
         sums = _Sums.unpack(values, len(self.ranks), K, G, cfg.num_codes)
         slots = sums.slots
         per_step = _window_losses(slots, len(window))
+        ng = len(self.groups.names)  # the grouped vectors hold the groups, then the same-kind parameters
+        unit_sq, sums.grad, sums.param, sums.update = sums.grad[ng:], sums.grad[:ng], sums.param[:ng], sums.update[:ng]
         grad_total = math.sqrt(sum(sums.grad)) if all(math.isfinite(x) for x in sums.grad) else math.nan
         nonfinite = self._nonfinite(slots, window, grad_total, step)
         traces = self._traces(slots, step)
         found = [*nonfinite, *traces, *self._agreement(slots, len(window), step)]
         group_norms = {name: math.sqrt(v) for name, v in zip(self.groups.names, sums.grad, strict=True) if math.isfinite(v)}
-        found += checks.grad_checks(grad_total, self._with_grad(group_norms), cfg, step)
+        found += checks.grad_checks(grad_total, self._with_grad(group_norms), cfg, step, first=self.components.looks == 0)
+        found += checks.kind_imbalance(self._kinds(unit_sq), cfg, step)
         param_norm = math.sqrt(sum(sums.param)) if all(math.isfinite(x) for x in sums.param) else math.nan
         update_ratio = math.nan
         if sums.has_update > 0.5 and param_norm > 0:
@@ -142,14 +151,15 @@ class LookReader:
         found += self._spikes(window, per_step, grad_total, step)
         comps = {k: sum(s[HEAD + cfg.every + i] for s in slots) / len(slots) for i, k in enumerate(comp_names)}
         if comps:
-            found += checks.component_checks(comps, cfg, step)
+            found += checks.component_checks(comps, cfg, step, self.components)
         code = code_stats(sums.hist) if cfg.num_codes and sum(sums.hist) > 0 else None
         if code is not None:
             found += checks.code_checks(code, cfg.num_codes, cfg, step)
         entropy = None
         if sums.ent and sums.ent[1] > 0:
             entropy, vocab = sums.ent[0] / sums.ent[1], int(round(sums.ent[2] / sums.ent[1]))
-            found += checks.entropy_checks(entropy, vocab, cfg, step)
+            marginal = sums.ent[3] / sums.ent[1]
+            found += checks.entropy_checks(entropy, vocab, cfg, step, marginal)
         self.last_grad_norm = grad_total
         rec: dict[str, Any] = {"step": step, "loss": per_step[-1] if per_step else math.nan, "grad_norm": grad_total, "param_norm": param_norm}
         if len(self.ranks) > 1 and window:
@@ -164,7 +174,8 @@ class LookReader:
             rec["codes"] = code
         if entropy is not None:
             rec["entropy"] = entropy
-        return Look(found, rec, per_step, bool(nonfinite), bool(traces))
+            rec["entropy_marginal"] = marginal
+        return Look(found, rec, per_step, bool(nonfinite), any(not k.startswith("trace:inside:") for k, _ in traces))
 
     def _nonfinite(self, slots: list[list[float]], window: list, grad_total: float, step: int) -> list[tuple[str, Finding]]:
         """A non-finite loss in the window, non-finite gradients at this look."""
@@ -195,16 +206,21 @@ class LookReader:
             rank = self.ranks[r]
             module = modules[idx][0] if 0 <= idx < len(modules) else f"#{idx}"
             kind = type(modules[idx][1]).__name__ if 0 <= idx < len(modules) else "?"
-            out.append((f"trace:{rank}", Finding(
-                "error",
+            # its own key: a NaN replaced inside a module must not stand for a later origin of a NaN loss
+            out.append((f"trace:{rank}" if phase != 6 else f"trace:inside:{rank}", Finding(
+                "error" if phase != 6 else "warning",
                 f"the first non-finite value on rank {rank} appeared {_WHERE[phase]}: module {module!r} ({kind}) at step {tstep}",
-                f"forward/backward hooks armed after the non-finite was seen; phase {PHASES[phase]}", [rank],
+                (f"forward/backward hooks armed after the non-finite was seen; phase {PHASES[phase]}" if phase != 6 else
+                 "every operation of the forward checked after the NaN scan of a sampled step saw a NaN while the loss stayed "
+                 "finite; the operation is named in the distdiag.monitor log of that rank"), [rank],
                 fix=("Inspect that module's inputs and weights at that step (log(0), division by a zero norm, fp16 overflow); "
                      "guard it (eps, clamp, compute in float32)." if phase in (1, 2) else
                      "Its parameters were corrupted by an earlier update: skip updates with non-finite gradients, resume from a "
                      "checkpoint and use trace='always' to catch the first occurrence." if phase == 3 else
+                "A NaN computed and then replaced (nan_to_num, where, masked_fill) still poisons gradients through that "
+                "operation: compute it only where it is defined (clamp the input, mask before the operation)." if phase == 6 else
                      "Check the batch and the code between modules at that step."),
-                confidence=0.9 if phase in (1, 2) else 0.7)))
+                confidence=0.9 if phase in (1, 2, 6) else 0.7)))
         return out
 
     def _agreement(self, slots: list[list[float]], n: int, step: int) -> list[tuple[str, Finding]]:
@@ -219,6 +235,16 @@ class LookReader:
                                                     sorted(hashes), fix="Pass the same components= keys on every rank.")))
         return out + checks.agreement(rows, self.config, step)
 
+    def _kinds(self, unit_sq: list[float]) -> dict[str, dict[str, float]]:
+        """kind -> {parameter name: gradient norm} of the same-kind parameters that have a gradient."""
+        out: dict[str, dict[str, float]] = {}
+        it = iter(unit_sq)
+        for kind, names in self.groups.units.items():
+            norms = {n: math.sqrt(v) for n, v in zip(names, it, strict=False) if math.isfinite(v) and v > 0}
+            if len(norms) >= 2:
+                out[kind] = norms
+        return out
+
     def _with_grad(self, group_norms: dict[str, float]) -> dict[str, float]:
         """The norms of the module groups that have a gradient: frozen ones are not vanishing."""
         groups = self.groups
@@ -226,19 +252,35 @@ class LookReader:
         return {k: v for k, v in group_norms.items() if k in with_grad}
 
     def _spikes(self, window: list, per_step: list[float], grad_total: float, step: int) -> list[tuple[str, Finding]]:
-        """Losses of the window far above the median of the history before them; each finite one joins the history."""
+        """Losses above the spike threshold (analyze.series.spike_score against the history
+        before them) that either persist a second step above the same threshold, or exceed
+        `spike_factor` times the highest loss of the 5 x spike_window steps before: one batch's noise (a hard batch
+        of a small model easily reaches 3-4x the median) does neither. Each finite loss joins
+        the history; a candidate at a window's last step is judged at the next look."""
         cfg, history, out = self.config, self.history, []
         for j, (st, _) in enumerate(window):
             x = per_step[j]
-            if math.isfinite(x) and len(history) >= min(10, cfg.spike_window):
-                spike, base, _ = spike_score(list(history), x, cfg.spike_factor)
-                if spike:
-                    gn = f"; gradient norm {grad_total:.4g} (last look {self.last_grad_norm:.4g})" if st == step else ""
-                    out.append((f"spike:{st}", Finding("warning", f"loss spiked at step {st} to {x:.4g} ({x / base:.1f}x the median {base:.4g} of the {len(history)} steps before)",
-                                                       f"loss averaged over {len(self.ranks)} rank(s){gn}", fix="Check the batch at that step; clip gradients if the gradient norm jumped too.", confidence=0.8)))
-            if math.isfinite(x):
-                history.append(x)
+            cand, self._candidate = self._candidate, None
+            if not math.isfinite(x):
+                continue
+            if cand is not None and x > cand[3]:
+                out.append(self._spike_finding(cand[0], cand[1], cand[2], f"and stayed above {cand[3]:.4g} at step {st} ({x:.4g})", grad_total, step))
+            elif len(history) >= min(10, cfg.spike_window):
+                spike, base, z = spike_score(list(history), x, cfg.spike_factor)
+                if spike and spike_persists(list(self.tail), [x], cfg.spike_factor):
+                    out.append(self._spike_finding(st, x, base, f"{x / max(self.tail):.1f}x the highest of the {len(self.tail)} steps before ({max(self.tail):.4g})", grad_total, step))
+                elif spike:
+                    self._candidate = (st, x, base, base + max((cfg.spike_factor - 1) * abs(base), 6.0 * (x - base) / z))
+            history.append(x)
+            self.tail.append(x)
         return out
+
+    def _spike_finding(self, st: int, x: float, base: float, why: str, grad_total: float, step: int) -> tuple[str, Finding]:
+        gn = f"; gradient norm {grad_total:.4g} at step {step} (last look {self.last_grad_norm:.4g})"
+        return (f"spike:{st}", Finding("warning", f"loss spiked at step {st} to {x:.4g} ({x / base:.1f}x the median {base:.4g} of the {len(self.history)} steps before) {why}",
+                                       f"loss averaged over {len(self.ranks)} rank(s){gn}; a spike must persist a second step or exceed "
+                                       f"{self.config.spike_factor:g}x the highest loss of the {5 * self.config.spike_window} steps before: one batch's noise does neither",
+                                       fix="Check the batch at that step; clip gradients if the gradient norm jumped too.", confidence=0.8))
 
 
 def _window_losses(slots: list[list[float]], n: int) -> list[float]:

@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
+from distdiag.monitor.checks import param_findings
 from distdiag.monitor.config import MonitorConfig
 from distdiag.monitor.look import LookReader, code_histogram, entropy_sums, pack_components
-from distdiag.monitor.stats import ParamGroups, param_counts
-from distdiag.monitor.trace import NonFiniteTracer
+from distdiag.monitor.stats import ParamGroups, embedding_modules, param_counts
+from distdiag.monitor.trace import NaNScan, NonFiniteTracer
 from distdiag.report.model import Finding, ProbeResult
 
 __all__ = ["TrainingMonitor"]
@@ -70,6 +71,11 @@ class TrainingMonitor:
         inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
         self.groups = ParamGroups(inner, cfg.depth, self.world)
         self.tracer = NonFiniteTracer(inner)
+        self.scan: NaNScan = self.tracer.scan
+        """A NaN made inside a module's forward (also one replaced before its output): checked at
+        step 0 and every `nan_scan_every` steps (distdiag/monitor/trace.py)."""
+        self._scan_until = -1
+        self._scan_named = False
         self._reader = LookReader(cfg, self.groups, self.tracer, self.global_ranks)
         """Reads each look's all-reduced vector; keeps the loss history spikes are measured against."""
         self._pending: list[tuple[int, torch.Tensor]] = []
@@ -93,9 +99,11 @@ class TrainingMonitor:
         self._tb = _open_tensorboard(tensorboard) if self.rank == 0 and tensorboard is not None else None
         counts = param_counts(inner)
         self._write({"kind": "header", "schema": METRICS_SCHEMA, "every": cfg.every, "world_size": self.world, "params": counts})
-        self._param_findings(counts)
+        self._param_findings(counts, embedding_modules(inner))
         if cfg.trace == "always":
             self.tracer.arm(0)
+        if cfg.trace != "off" and cfg.nan_scan_every:
+            self.scan.arm(0, naming=False)
 
     # ------------------------------------------------------------------ public
     def after_backward(
@@ -121,6 +129,8 @@ class TrainingMonitor:
             origin = self.tracer.collect()
             if origin is not None and self._trace_local is None:
                 self._trace_local = (origin.module_index, origin.phase, origin.step)
+        if self.scan.waiting:
+            self._scan_done(step)
         if step % self.config.every == 0:
             self._look(step, components, codes, logits)
         self._rearm(step)
@@ -179,6 +189,20 @@ class TrainingMonitor:
             self.tracer.arm(step + 1)
         elif self.tracer.armed:
             self.tracer.disarm()
+        scan = cfg.trace != "off" and cfg.nan_scan_every > 0 and not self._scan_named
+        if scan and (step < self._scan_until or (step + 1) % cfg.nan_scan_every == 0):
+            self.scan.arm(step + 1, naming=step < self._scan_until)
+
+    def _scan_done(self, step: int) -> None:
+        """Read the step's NaN scan: a NaN seen cheaply arms the naming scan for `trace_steps`."""
+        got = self.scan.result()
+        self.scan.disarm()
+        if got is True and not self.scan.naming:
+            self._scan_until = step + self.config.trace_steps
+        elif got:
+            self._scan_named, self._scan_until = True, -1
+            if self._trace_local is None:
+                self._trace_local = (got.module_index, got.phase, got.step)  # type: ignore[union-attr]
 
     def _write(self, record: dict) -> None:
         if self._log is not None:
@@ -197,17 +221,9 @@ class TrainingMonitor:
             )
             self._write({"kind": "finding", "step": step, "finding": finding.to_dict()})
 
-    def _param_findings(self, counts: list[dict]) -> None:
-        total = sum(r["params"] for r in counts)
-        table = ", ".join(f"{r['module']} {r['params']:,} ({r['share']:.0%})" for r in counts[:8])
-        self._note("params:table", Finding("info", f"{total:,} parameters; by top-level module: {table}", confidence=1.0), 0)
-        emb = [r for r in counts if r["embedding"] and r["share"] >= 0.5]
-        if emb:
-            r = emb[0]
-            self._note("params:embedding", Finding(
-                "warning", f"embeddings hold most of the parameters: {r['module']} has {r['params']:,} of {total:,} ({r['share']:.0%})",
-                fix="The model's capacity sits in a lookup table: consider tying input/output embeddings, a smaller vocabulary, or a deeper body.",
-                confidence=0.7), 0)
+    def _param_findings(self, counts: list[dict], emb: tuple[list[str], int]) -> None:
+        for key, finding in param_findings(counts, *emb):
+            self._note(key, finding, 0)
 
     def _look(self, step: int, components: dict | None, codes: torch.Tensor | None, logits: torch.Tensor | None) -> None:
         """Pack this rank's slot and its share of the sums (layout: distdiag.monitor.look), all_reduce, decode."""
@@ -216,7 +232,7 @@ class TrainingMonitor:
         cfg, groups, dev = self.config, self.groups, self.groups.device
         window = self._pending[-cfg.every :]
         self._pending.clear()
-        G = len(groups.names)
+        G = groups.width  # the groups' sums, then one slot per same-kind parameter
         grad_sq, grad_plain, grad_bad = groups.grads()
         par_sq, par_plain, _ = groups.values()
         comp_names, comp_vals, comp_hash = pack_components(components, cfg.max_components, dev)

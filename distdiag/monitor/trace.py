@@ -10,6 +10,10 @@ inputs and outputs see the gradients flowing through it; the first module whose 
 parameter) gradient is non-finite while the gradient arriving at its output was finite
 produced it. A gradient already non-finite at the last module's output came from the loss
 computation outside any module. No collective is issued here.
+
+NaNScan looks inside the forward instead of at module boundaries: a TorchDispatchMode sees
+every operation, so a NaN that a module makes and replaces (nan_to_num) before its output is
+found too; it is cheap enough (one device flag, no sync) to run on sampled steps by default.
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ from functools import partial
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["NonFiniteTracer", "TraceResult", "PHASES"]
+__all__ = ["NaNScan", "NonFiniteTracer", "TraceResult", "PHASES"]
 
 log = logging.getLogger("distdiag.monitor")
 
-PHASES = {1: "forward", 2: "backward", 3: "parameters", 4: "input", 5: "loss"}
+PHASES = {1: "forward", 2: "backward", 3: "parameters", 4: "input", 5: "loss", 6: "inside"}
 """Where the first non-finite value was seen: a module's forward or backward, a module's
-parameters (already non-finite), the data entering the model, the loss computation."""
+parameters (already non-finite), the data entering the model, the loss computation, an
+operation inside a module's forward whose NaN was replaced before the module's output (NaNScan)."""
 
 
 @dataclass
@@ -75,6 +81,8 @@ class NonFiniteTracer:
         for name, module in model.named_modules():
             self.modules.append((name or type(module).__name__, module))
         self.index = {name: i for i, (name, _) in enumerate(self.modules)}
+        self.scan = NaNScan(self.modules, self.index)
+        """Operations inside the forward; disarmed with the tracer (armed on its own)."""
         self._handles: list[Any] = []
         self.step = -1
         self._reset()
@@ -104,9 +112,11 @@ class NonFiniteTracer:
                     self._handles.append(param.register_post_accumulate_grad_hook(partial(self._param_grad, name, pname)))
 
     def disarm(self) -> None:
+        """Remove the module hooks, and the NaN scan's (the monitor re-arms it after)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.scan.disarm()
 
     def _found(self, name: str, phase: int, detail: str) -> None:
         if self.origin is None:
@@ -166,3 +176,118 @@ class NonFiniteTracer:
             name = self._first_bad_grad_out
             self._found(name, 5, f"the gradient arriving at the output of {name} was already non-finite: the loss computation (outside any module) produced it")
         return self.origin
+
+
+_UNINITIALISED = ("empty", "new_empty", "resize", "set_")
+"""Operations whose output is memory not yet written (NaN bit patterns are legitimate there);
+collectives (other namespaces than aten) are skipped too: an async all-gather's buffer is not
+filled until its wait."""
+
+
+class _OpWatch(TorchDispatchMode):
+    """Sees every operation of the forward while a NaNScan is armed and hands its outputs over."""
+
+    def __init__(self, scan: NaNScan) -> None:
+        super().__init__()
+        self.scan = scan
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.scan._op(func, args, out)
+        return out
+
+
+def _plain_floats(obj: Any) -> list[torch.Tensor]:
+    # subclasses (DTensor, FakeTensor) are skipped: a check on them could issue a collective
+    return [t for t in _tensors(obj) if type(t) is torch.Tensor and t.is_floating_point() and t.numel()]
+
+
+class NaNScan:
+    """Finds a NaN that an operation inside a module's forward produced, also one replaced
+    (nan_to_num, where, masked_fill) before any module output, which the module hooks of
+    NonFiniteTracer cannot see.
+
+    Armed for one step, it enters a TorchDispatchMode while any module of the model runs its
+    forward. Cheap (`naming=False`, at step 0 and every `nan_scan_every` steps): every floating output of
+    an operation is OR-ed into one device flag, no sync until `result()`. Naming (the steps
+    after a detection): each output is checked at once (a sync per operation) and the first
+    operation whose output holds NaN from NaN-free inputs is named with the innermost module
+    running it. Only NaN: -inf is a legitimate attention-mask value. No collective."""
+
+    def __init__(self, modules: list[tuple[str, torch.nn.Module]], index: dict[str, int]) -> None:
+        self.modules, self.index = modules, index
+        self._handles: list[Any] = []
+        self._stack: list[str] = []
+        self._mode: _OpWatch | None = None
+        self.naming = False
+        self.step = -1
+        self._flag: torch.Tensor | None = None
+        self.origin: TraceResult | None = None
+        self.waiting = False
+        """Armed for a step whose result has not been read yet (the hooks may be gone: only the
+        first forward after arming is scanned, not an evaluation loop that runs before the next step)."""
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._handles)
+
+    def arm(self, step: int, naming: bool) -> None:
+        self.step, self.naming, self._flag, self.origin, self.waiting = step, naming, None, None, True
+        if self._handles:
+            return
+        for name, module in self.modules:
+            self._handles.append(module.register_forward_pre_hook(partial(self._enter, name)))
+            self._handles.append(module.register_forward_hook(partial(self._leave, name), always_call=True))
+
+    def disarm(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._mode is not None:  # a forward that raised past its hooks
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        self._stack.clear()
+
+    def result(self) -> bool | TraceResult | None:
+        """After the step: cheap: whether some operation produced a NaN (one sync); naming: the origin."""
+        self.waiting = False
+        if self.naming:
+            return self.origin
+        return bool(self._flag) if self._flag is not None else False
+
+    def _enter(self, name: str, module: torch.nn.Module, args: Any) -> None:
+        if not self._stack:
+            self._mode = _OpWatch(self)
+            self._mode.__enter__()
+        self._stack.append(name)
+
+    def _leave(self, name: str, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+        if not self._stack and self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+            for handle in self._handles:  # one forward scanned: the result waits for result()
+                handle.remove()
+            self._handles.clear()
+
+    def _op(self, func: Any, args: Any, out: Any) -> None:
+        if getattr(func, "namespace", "aten") != "aten" or getattr(func, "__name__", "").startswith(_UNINITIALISED):
+            return
+        outs = _plain_floats(out)
+        if not outs:
+            return
+        if not self.naming:
+            # no sync here: the flag is a device tensor read once, after the step
+            for t in outs:
+                bad = torch.isnan(t).any()
+                self._flag = bad if self._flag is None else self._flag.logical_or_(bad)
+            return
+        if self.origin is not None or not any(bool(torch.isnan(t).any()) for t in outs):
+            return
+        if any(bool(torch.isnan(t).any()) for t in _plain_floats(args)):
+            return
+        name = self._stack[-1] if self._stack else ""
+        bad = next(t for t in outs if bool(torch.isnan(t).any()))
+        self.origin = TraceResult(name, self.index.get(name, -1), 6, self.step, f"{func} output {_count_bad(bad)} from NaN-free inputs")
+        log.warning("NaN first produced by %s inside module %r at step %d", func, name, self.step)

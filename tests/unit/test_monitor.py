@@ -112,22 +112,31 @@ def test_embedding_heavy_model_warned():
     model.add_module("embed", torch.nn.Embedding(1000, 32))
     model.add_module("head", torch.nn.Linear(32, 4))
     findings = TrainingMonitor(model).close()
-    assert any(f.severity == "warning" and "embeddings hold most of the parameters: embed has 32,000" in f.issue for f in findings)
+    assert any(f.severity == "warning" and "embeddings hold most of the parameters: embed has 32,000" in f.issue for f in findings), findings
 
 
 def test_checks_components_codes_entropy_grads():
     cfg = MonitorConfig()
-    comp = dict(checks.component_checks({"ce": 2.3, "aux": 0.01}, cfg, 10))
-    assert "230x the next largest, 'aux'" in comp["component:dominant:ce"].issue
-    assert "exactly 0" in dict(checks.component_checks({"ce": 2.3, "aux": 0.0}, cfg, 10))["component:zero:aux"].issue
+    # raw magnitudes 230x apart, the first look: nothing (they are judged each against its own start)
+    assert checks.component_checks({"ce": 2.3, "aux": 0.01}, cfg, 0, checks.ComponentHistory()) == []
+    hist = checks.ComponentHistory()
+    zero = [dict(checks.component_checks({"ce": 2.3, "aux": 0.0}, cfg, s, hist)) for s in (0, 10, 20, 30)]
+    assert [("component:zero:aux" in z) for z in zero] == [False, False, False, True]  # step 0 is not counted
+    assert "exactly 0 at the 3 looks from step 10 to step 30" in zero[-1]["component:zero:aux"].issue
     stats = {"used_frac": 0.05, "perplexity": 1.5, "top_share": 0.9, "top_code": 3, "tokens": 100}
     keys = dict(checks.code_checks(stats, 64, cfg, 10))
-    assert set(keys) == {"codes:collapse", "codes:monopoly"} and "5.0% of the 64 codes" in keys["codes:collapse"].issue
+    assert set(keys) == {"codes:collapse", "codes:monopoly"} and "only 3 of the 64 codes" in keys["codes:collapse"].issue
+    few = {"used_frac": 8 / 512, "perplexity": 7.0, "top_share": 0.2, "top_code": 3, "tokens": 8}
+    assert checks.code_checks(few, 512, cfg, 10) == []  # 8 assignments use 8 codes: all they could
     assert checks.entropy_checks(math.log(100) * 0.95, 100, cfg, 500)[0][0] == "entropy:high"
     assert checks.entropy_checks(math.log(100) * 0.95, 100, cfg, 5) == []  # at initialisation: expected
     assert checks.entropy_checks(0.01, 100, cfg, 500)[0][0] == "entropy:low"
+    assert checks.entropy_checks(0.01, 100, cfg, 500, marginal=3.0) == []  # sure of a different token at each position
     grads = dict(checks.grad_checks(5.0, {"embed": 5.0, "head": 0.01, "frozen": 1e-12}, cfg, 7))
-    assert "grad:imbalance" in grads and "grad:vanish:frozen" in grads
+    assert "grad:vanish:frozen" in grads and not any(k.startswith("grad:imbalance") for k in grads)
+    assert checks.grad_checks(5.0, {"frozen": 1e-12}, cfg, 0, first=True) == []
+    kinds = dict(checks.kind_imbalance({"layers.*.w[4]": {"layers.0.w": 0.01, "layers.1.w": 5.0}}, cfg, 7))
+    assert "500x layers.0.w" in kinds["grad:imbalance:layers.*.w[4]"].issue
     assert "grad:explode" in dict(checks.grad_checks(5e3, {"a": 5e3}, cfg, 7))
 
 
