@@ -1,0 +1,160 @@
+"""Multi-group jobs (a 2-D mesh, a pipeline, two groups) with one fault: who stopped, who waits.
+
+Issue 22: a rank stuck on one group strands the members of another group that wait on the
+stranded ones; the report must name the rank where the chain of waits ends, not the ranks
+it stranded. `train(argv)` is the harness entry (in-code `HangWatchdog` around the loop);
+run as a script (`torchrun -m distdiag.watch -- mesh_workers.py ...`) it is an unchanged
+user script with no watchdog code (steps from torch's optimizer hook).
+
+Words (key=value):
+  kind=tpdp      4 ranks, init_device_mesh("cpu", (2, 2), ("dp", "tp")): per step a TP
+                 all-reduce of the activations, then a DP all-reduce of the grads
+  kind=pp        4 ranks, pp=2 x dp=2: first stages (ranks 0,2) send activations to the
+                 last stages (1,3) with dist.send/recv, which send the grads back; a DP
+                 all-reduce per stage ([0,2] and [1,3])
+  kind=cycle     3 ranks, groups [0,1], [1,2], [0,2]; per step each rank all-reduces on its
+                 two groups in one global order
+  fault=none|stall|deadlock|raise
+      stall:    rank K stops at step S (tpdp: in its data loader before the TP all-reduce;
+                pp: in its loss, K a last stage)
+      deadlock: (cycle) from step S rank K issues its two groups in the opposite order
+      raise:    rank K raises in its loss at step S
+  rank=K step=S steps=N timeout=T (watchdog seconds) wd=code|none
+Each fault is one line with a marker comment, so tests can find its line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+if __name__ == "__main__":  # run as an unchanged script: the repository root for `tests`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tests.faults.watchdog_workers import _NoWatchdog  # noqa: E402
+
+__all__ = ["train"]
+
+
+def _opts(argv: list[str]) -> dict[str, str]:
+    out = {"kind": "tpdp", "fault": "none", "rank": "3", "step": "2", "steps": "5", "timeout": "3", "wd": "code",
+           "step_s": "0.05"}
+    for word in argv:
+        key, _, value = word.partition("=")
+        out[key] = value
+    return out
+
+
+def _stuck() -> None:
+    with open("hang_started", "w") as handle:
+        handle.write(repr(time.time()))
+    threading.Event().wait()
+
+
+def load_next_microbatch(i: int, o: dict[str, str], me: int) -> torch.Tensor:
+    if o["fault"] == "stall" and me == int(o["rank"]) and i == int(o["step"]):
+        _stuck()  # FAULT:stall-loader (stuck in its data loader, outside any collective)
+    torch.manual_seed(i * 10 + me)
+    return torch.randn(4, 8)
+
+
+def compute_loss(i: int, o: dict[str, str], me: int, y: torch.Tensor) -> torch.Tensor:
+    if me == int(o["rank"]) and i == int(o["step"]):
+        if o["fault"] == "stall":
+            _stuck()  # FAULT:stall-loss (stuck in its loss, outside any collective)
+        if o["fault"] == "raise":
+            raise RuntimeError(f"loss is nan at step {i}")  # FAULT:raise
+    return y.pow(2).mean()
+
+
+def _tpdp(o: dict[str, str], wd: Any, me: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
+    w = torch.nn.Parameter(torch.ones(8, 8))
+    opt = torch.optim.SGD([w], lr=0.01)
+    for i in range(int(o["steps"])):
+        x = load_next_microbatch(i, o, me)
+        h = x @ w
+        dist.all_reduce(h.detach(), group=tp)  # the TP all-reduce of the activations
+        compute_loss(i, o, me, h).backward()
+        dist.all_reduce(w.grad, group=dp)  # the DP all-reduce of the grads
+        opt.step()
+        opt.zero_grad()
+        time.sleep(float(o["step_s"]))
+
+
+def _pp(o: dict[str, str], wd: Any, me: int) -> None:
+    # stage = rank % 2 (ranks 0,2 first stage, 1,3 last stage); rank r's peer stage is r ^ 1;
+    # the data-parallel pairs are [0,2] and [1,3]
+    dp = [dist.new_group([0, 2]), dist.new_group([1, 3])][me % 2]
+    peer, first = me ^ 1, me % 2 == 0
+    w = torch.nn.Parameter(torch.ones(8, 8))
+    opt = torch.optim.SGD([w], lr=0.01)
+    for i in range(int(o["steps"])):
+        if first:
+            h = load_next_microbatch(i, o, me) @ w
+            dist.send(h.detach(), peer)
+            g = torch.empty(4, 8)
+            dist.recv(g, peer)
+            h.backward(g)
+        else:
+            x = torch.empty(4, 8)
+            dist.recv(x, peer)
+            x.requires_grad_(True)
+            compute_loss(i, o, me, x @ w).backward()
+            dist.send(x.grad, peer)
+        dist.all_reduce(w.grad, group=dp)
+        opt.step()
+        opt.zero_grad()
+        time.sleep(float(o["step_s"]))
+
+
+_RING = {0: ("01", "02"), 1: ("01", "12"), 2: ("12", "02")}
+"""kind=cycle: each rank's two groups, in the order every rank issues them (01, then 12, then 02)."""
+
+
+def _cycle(o: dict[str, str], wd: Any, me: int) -> None:
+    groups = {"01": dist.new_group([0, 1]), "12": dist.new_group([1, 2]), "02": dist.new_group([0, 2])}
+    w = torch.nn.Parameter(torch.ones(8, 8))
+    opt = torch.optim.SGD([w], lr=0.01)
+    for i in range(int(o["steps"])):
+        x = load_next_microbatch(i, o, me)
+        compute_loss(i, o, me, x @ w).backward()
+        order = list(_RING[me])
+        if o["fault"] == "deadlock" and me == int(o["rank"]) and i >= int(o["step"]):
+            order.reverse()  # FAULT:deadlock (this rank issues its two groups in the opposite order)
+        for name in order:
+            dist.all_reduce(w.grad, group=groups[name])
+        opt.step()
+        opt.zero_grad()
+        time.sleep(float(o["step_s"]))
+
+
+def train(argv: list[str]) -> int:
+    o = _opts(argv)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    me = dist.get_rank()
+    if o["wd"] == "none":
+        wd: Any = _NoWatchdog()
+    else:
+        from distdiag import HangWatchdog
+
+        wd = HangWatchdog(timeout=timedelta(seconds=float(o["timeout"])), dump_dir="hang-report")
+    with wd:
+        {"tpdp": _tpdp, "pp": _pp, "cycle": _cycle}[o["kind"]](o, wd, me)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(train(sys.argv[1:] + ["wd=none"]))
