@@ -41,7 +41,9 @@ from distdiag.hang.desync import (
     record_divergence,
 )
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
+from distdiag.hang.group_rules import UNEVEN_FIX, deadlock, stranded, uneven_data
 from distdiag.hang.views import RankView, build_views, coll_label, group_members, stack_text, where
+from distdiag.hang.waitfor import WaitGraph, build_graph, nodes_from_views
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -65,6 +67,11 @@ class Analysis:
     causes: set[int] = field(default_factory=set)
     """Ranks whose exception stranded others: what they do next is a consequence."""
     desync_reported: bool = False
+    graph: WaitGraph = field(init=False)
+    """Who waits for whom across groups (distdiag.hang.waitfor): stranded ranks are never blamed."""
+
+    def __post_init__(self) -> None:
+        self.graph = build_graph(nodes_from_views(self.views, self.lost, self.errors, self.world), self.world)
 
     def waiters(self) -> dict[str, dict[int, dict[str, Any]]]:
         """group -> {rank: the collective it waits in on that group}."""
@@ -121,11 +128,13 @@ def raised(a: Analysis) -> None:
         if gone:
             left += f"; then {format_ranks(gone)} was lost ({a.lost[gone[0]]})"
         verb = "raised" if not caught else "caught an exception"
+        everyone = not stranded and set(ranks) >= set(a.views) - set(a.lost)
         issue = f"{a.what} {verb} on {who}: {etype}: {message}{lib}{left}"
         evidence = "\n".join(x for x in (f"raised{at}" if at else "", err.get("traceback", "")) if x)
         a.findings.append(
             Finding(
-                severity="critical" if stranded else "error",
+                # every rank raised it: the run ended on an error, not a hang
+                severity="critical" if stranded or everyone else "error",
                 issue=issue,
                 evidence=evidence,
                 ranks=ranks,
@@ -299,6 +308,8 @@ def behind(a: Analysis) -> None:
         for rank in a.members(group):
             if rank in a.explained or rank in a.causes or rank in at_top or rank not in a.views:
                 continue
+            if rank in a.graph.stranded:
+                continue  # it waits on another group for a rank further along: that one is named
             v = a.views[rank]
             if engine and v.engine_ok:
                 if v.positions.get(group, 0) >= seq:
@@ -320,11 +331,7 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
             f"rank {rank} stopped taking training steps while {_they(at_top)} in {_wait_text(first)}: "
             f"{lag}; {place}"
         )
-        fix = (
-            f"rank {rank} ran out of data (or left the loop early) while the others still train: make every rank run "
-            "the same number of steps - DistributedSampler(..., drop_last=True) or an equal number of batches per "
-            "rank - or wrap the loop in DDP's Join context manager (torch.distributed.algorithms.Join) for uneven inputs"
-        )
+        fix = UNEVEN_FIX.format(rank=rank)
     elif v.state in ("finished", "final"):
         issue = (
             f"rank {rank} finished while {_they(at_top)} in {_wait_text(first)}: it issued fewer "
@@ -337,6 +344,10 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
             f"find why rank {rank} is stuck or slow there (a rank-dependent branch, I/O, a lock, data loading); "
             "every rank must reach the same collectives in the same order"
         )
+    behind_it = sorted(r for r, e in a.graph.end_of.items() if rank in e.ranks and r in a.graph.stranded)
+    if behind_it:
+        evidence += "\nstranded behind it (waiting on it through others):\n" + "\n".join(
+            "  " + c for c in a.graph.chains(behind_it))
     return Finding(severity="critical", issue=issue, evidence=evidence, ranks=[rank], fix=fix, confidence=0.9)
 
 
@@ -469,8 +480,8 @@ def nobody_waiting(a: Analysis) -> None:
 
 
 RULES: tuple[Callable[[Analysis], None], ...] = (
-    raised, lost, behind, left_early, broken_connections, desync_in_flight, desync_in_records, desync_in_histories,
-    stall, nobody_waiting,
+    raised, lost, uneven_data, deadlock, behind, left_early, broken_connections, desync_in_flight, desync_in_records,
+    desync_in_histories, stall, nobody_waiting, stranded,
 )
 
 

@@ -121,14 +121,18 @@ def test_fewer_marked_steps_is_a_lag():
     assert f.ranks == [2] and "taken 4 training step(s) and the waiting ranks 5" in f.issue
 
 
-def test_a_rank_waiting_on_another_group_is_named_with_that_group():
-    """Rank 1 waits in its pipeline group while rank 0 waits for it on world."""
+def test_two_ranks_waiting_for_each_other_on_two_groups_are_a_deadlock():
+    """Rank 1 waits in its pipeline group [1,2] for rank 2, which waits on world for rank 1: a
+    cycle (the two ranks issue the groups in opposite orders); rank 0 waits on them in turn."""
     snaps = {0: esnap(engine(("world", 5, 4), ("ranks[1,2]", 3, 3))),
              1: esnap(engine(("world", 4, 4), ("ranks[1,2]", 4, 3, "broadcast"))),
              2: esnap(engine(("world", 5, 4), ("ranks[1,2]", 3, 3)))}
     findings = run(snaps)
     lead = findings[0]
-    assert lead.ranks == [1] and "waits in broadcast #4 on ranks[1,2]" in lead.issue and "another group" in lead.issue
+    assert lead.ranks == [1, 2] and lead.issue.startswith("deadlock between groups"), lead.issue
+    assert "rank 1 waits for 2 in broadcast #4 on ranks[1,2]" in lead.issue
+    assert "rank 2 waits for 1 in all_reduce #5 on world" in lead.issue and "rank 0 wait" in lead.issue
+    assert not any(0 in f.ranks for f in findings)
 
 
 def test_a_caught_exception_leads_and_the_desync_it_causes_is_a_consequence():
