@@ -120,7 +120,7 @@ def raised(a: Analysis) -> None:
         at = f" at {err['raised_at']}" if err.get("raised_at") else ""
         left = ""
         if stranded:
-            w = a.views[stranded[0]].waits[0]
+            w = _direct_wait(a, stranded, ranks)
             them = "it never entered" if len(ranks) == 1 else "they never entered"
             then = " and went on" if caught else ""
             left = f"{then}; {format_ranks(stranded)} were left waiting in {_wait_text(w)} that {them}"
@@ -145,6 +145,16 @@ def raised(a: Analysis) -> None:
         if stranded:
             a.causes.update(ranks)
         a.explained.update(ranks)
+
+
+def _direct_wait(a: Analysis, waiting: list[int], culprits: list[int]) -> dict[str, Any]:
+    """What a rank waiting on one of `culprits` itself waits in (not one stranded behind another)."""
+    for r in waiting:
+        for e in a.graph.edges.get(r, []):
+            if e.dst in culprits:
+                node_waits = a.graph.waits_of(r)
+                return a.views[r].waits[node_waits.index(e.wait)]
+    return a.views[waiting[0]].waits[0]
 
 
 # -- 2. lost ranks --------------------------------------------------------------------------

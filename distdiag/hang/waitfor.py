@@ -86,6 +86,11 @@ class WaitGraph:
     """Rank -> the chain of waits from it to its end."""
     end_of: dict[int, End]
     """Rank (at an end, or stranded) -> the end its chain reaches."""
+    nodes: dict[int, Node] = field(default_factory=dict)
+
+    def waits_of(self, rank: int) -> list[Wait]:
+        n = self.nodes.get(rank)
+        return n.waits if n is not None else []
 
     def culprits(self) -> list[int]:
         """Ranks to blame: those at an end the program caused (not a stall below it, not a desync)."""
@@ -239,7 +244,7 @@ def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
             end_at[r] = end
     stranded, end_of = _chains(waiting, edges, end_at)
     end_of.update(end_at)
-    return WaitGraph(edges=edges, ends=ends, stranded=stranded, end_of=end_of)
+    return WaitGraph(edges=edges, ends=ends, stranded=stranded, end_of=end_of, nodes=nodes)
 
 
 def _chains(waiting: list[int], edges: dict[int, list[Edge]], end_at: dict[int, End]) -> tuple[dict[int, list[Edge]], dict[int, End]]:

@@ -52,15 +52,16 @@ def _opts(argv: list[str]) -> dict[str, str]:
     return out
 
 
-def _stuck() -> None:
+def _hang_started() -> None:
+    """When the fault starts (for the latency figures of benchmarks/bench_waitfor.py)."""
     with open("hang_started", "w") as handle:
         handle.write(repr(time.time()))
-    threading.Event().wait()
 
 
 def load_next_microbatch(i: int, o: dict[str, str], me: int) -> torch.Tensor:
     if o["fault"] == "stall" and me == int(o["rank"]) and i == int(o["step"]):
-        _stuck()  # FAULT:stall-loader (stuck in its data loader, outside any collective)
+        _hang_started()
+        threading.Event().wait()  # FAULT:stall-loader (stuck in its data loader, outside any collective)
     torch.manual_seed(i * 10 + me)
     return torch.randn(4, 8)
 
@@ -68,8 +69,10 @@ def load_next_microbatch(i: int, o: dict[str, str], me: int) -> torch.Tensor:
 def compute_loss(i: int, o: dict[str, str], me: int, y: torch.Tensor) -> torch.Tensor:
     if me == int(o["rank"]) and i == int(o["step"]):
         if o["fault"] == "stall":
-            _stuck()  # FAULT:stall-loss (stuck in its loss, outside any collective)
+            _hang_started()
+            threading.Event().wait()  # FAULT:stall-loss (stuck in its loss, outside any collective)
         if o["fault"] == "raise":
+            _hang_started()
             raise RuntimeError(f"loss is nan at step {i}")  # FAULT:raise
     return y.pow(2).mean()
 
@@ -131,6 +134,7 @@ def _cycle(o: dict[str, str], wd: Any, me: int) -> None:
         compute_loss(i, o, me, x @ w).backward()
         order = list(_RING[me])
         if o["fault"] == "deadlock" and me == int(o["rank"]) and i >= int(o["step"]):
+            _hang_started()
             order.reverse()  # FAULT:deadlock (this rank issues its two groups in the opposite order)
         for name in order:
             dist.all_reduce(w.grad, group=groups[name])
