@@ -38,7 +38,7 @@ def _short_ranks(a: Analysis) -> list[tuple[int, int, int]]:
     for r, v in sorted(a.views.items()):
         if r in a.explained or r in a.causes or v.steps is None or v.in_loop is not False:
             continue
-        if v.steps < top or (v.steps == top and v.state in ("finished", "final")):
+        if v.steps <= top:  # the others took as many and are inside their next step, or more
             out.append((r, v.steps, top))
     return out
 
@@ -61,7 +61,7 @@ def uneven_data(a: Analysis) -> None:
             Finding(
                 severity="critical",
                 issue=(f"rank {rank} ran out of data: it left {loop} after {mine} training step(s) while "
-                       f"{format_ranks(others)} wait in step {top + 1}{nxt}"),
+                       f"{format_ranks(others)} {'waits' if len(others) == 1 else 'wait'} in step {top + 1}{nxt}"),
                 evidence="\n".join(x for x in (
                     f"rank {rank}: {mine} step(s), out of its training loop; the others: {top} step(s), inside it",
                     *a.graph.chains(others), f"rank {rank} main-thread stack (innermost last):",

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distdiag.hang.desync import (
+    break_tie,
     desync_finding,
     desync_lines,
     find_desync,
@@ -371,6 +372,8 @@ def desync_in_flight(a: Analysis) -> None:
         for rank, w in waits.items():
             by_seq[int(w["seq"])][rank] = w
         for _seq, same in sorted(by_seq.items()):
+            if set(same) <= a.explained:
+                continue  # e.g. a short rank's barrier beside the others' next step: uneven data, named
             keys: dict[tuple[Any, ...], list[int]] = defaultdict(list)
             for rank, w in same.items():
                 keys[tuple(w.get("key") or (w["op"], str(w.get("shape")), w.get("dtype")))].append(rank)
@@ -378,6 +381,12 @@ def desync_in_flight(a: Analysis) -> None:
                 continue
             variants = sorted(keys, key=lambda k: (-len(keys[k]), keys[k][0]))
             tie = len(keys[variants[1]]) == len(keys[variants[0]])
+            broken = break_tie([keys[k] for k in variants], a_snaps(a)) if tie else None
+            why: dict[int, str] = {}
+            if broken is not None:
+                order, why = broken
+                variants = [next(k for k in variants if keys[k] is c) for c in order]
+                tie = False
             odd = sorted(r for k in (variants if tie else variants[1:]) for r in keys[k])
             lines = [f"{format_ranks(sorted(keys[k]))}: {_wait_text(same[keys[k][0]])} at {same[keys[k][0]].get('call_site', '?')}" for k in variants]
             if located is not None:
@@ -389,7 +398,10 @@ def desync_in_flight(a: Analysis) -> None:
                     dgroup, dseq, by_rank = diverged
                     lines.append(f"first divergence at {dgroup} #{dseq}:")
                     lines += [f"  rank {r}: {c['op']} at {c.get('call_site', '?')}" for r, c in sorted(by_rank.items())]
+            lines += [f"rank {r} departs from its own history: {t}" for r, t in sorted(why.items()) if r in odd]
             who = "no majority: the ranks disagree" if tie else f"odd ones: {format_ranks(odd)}"
+            if why and not tie:
+                who += " (" + "; ".join(f"rank {r} departs from its own history: {t}" for r, t in sorted(why.items()) if r in odd) + ")"
             who += "; " + ", ".join(f"{format_ranks(sorted(keys[k]))} in {same[keys[k][0]]['op']}" for k in variants)
             consequence = bool(a.causes & set(same))
             a.findings.append(

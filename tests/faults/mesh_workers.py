@@ -14,11 +14,13 @@ Words (key=value):
                  all-reduce per stage ([0,2] and [1,3])
   kind=cycle     3 ranks, groups [0,1], [1,2], [0,2]; per step each rank all-reduces on its
                  two groups in one global order
-  fault=none|stall|deadlock|raise
+  kind=uneven    2+ ranks, data parallel (an all-reduce of the grads per step)
+  fault=none|stall|deadlock|raise|uneven
       stall:    rank K stops at step S (tpdp: in its data loader before the TP all-reduce;
                 pp: in its loss, K a last stage)
       deadlock: (cycle) from step S rank K issues its two groups in the opposite order
       raise:    rank K raises in its loss at step S
+      uneven:   (uneven) rank K has one batch fewer; then next=barrier|metric|save
   rank=K step=S steps=N timeout=T (watchdog seconds) wd=code|none
 Each fault is one line with a marker comment, so tests can find its line.
 """
@@ -45,7 +47,7 @@ __all__ = ["train"]
 
 def _opts(argv: list[str]) -> dict[str, str]:
     out = {"kind": "tpdp", "fault": "none", "rank": "3", "step": "2", "steps": "5", "timeout": "3", "wd": "code",
-           "step_s": "0.05"}
+           "step_s": "0.05", "next": "barrier"}
     for word in argv:
         key, _, value = word.partition("=")
         out[key] = value
@@ -143,6 +145,34 @@ def _cycle(o: dict[str, str], wd: Any, me: int) -> None:
         time.sleep(float(o["step_s"]))
 
 
+def wait_for_everyone(o: dict[str, str]) -> None:
+    """What the short rank does once out of data: a barrier (accelerate's wait_for_everyone), a
+    validation all-reduce of a metric, or a checkpoint save (no collective)."""
+    _hang_started()
+    if o["next"] == "barrier":
+        dist.barrier()  # FAULT:uneven-barrier (the short rank's next call is a collective)
+    elif o["next"] == "metric":
+        dist.all_reduce(torch.zeros(1))  # FAULT:uneven-metric (a validation sync)
+    else:
+        time.sleep(600)  # FAULT:uneven-save (the short rank writes its checkpoint)
+
+
+def _uneven(o: dict[str, str], wd: Any, me: int) -> None:
+    """Data parallel on every rank; with fault=uneven, rank K has one batch fewer."""
+    w = torch.nn.Parameter(torch.ones(8, 8))
+    opt = torch.optim.SGD([w], lr=0.01)
+    batches = int(o["steps"]) - (1 if o["fault"] == "uneven" and me == int(o["rank"]) else 0)
+    for i in range(batches):
+        x = load_next_microbatch(i, o, me)
+        compute_loss(i, o, me, x @ w).backward()
+        dist.all_reduce(w.grad)
+        opt.step()
+        opt.zero_grad()
+        time.sleep(float(o["step_s"]))
+    if o["fault"] == "uneven" and me == int(o["rank"]):
+        wait_for_everyone(o)
+
+
 def train(argv: list[str]) -> int:
     o = _opts(argv)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
@@ -154,7 +184,7 @@ def train(argv: list[str]) -> int:
 
         wd = HangWatchdog(timeout=timedelta(seconds=float(o["timeout"])), dump_dir="hang-report")
     with wd:
-        {"tpdp": _tpdp, "pp": _pp, "cycle": _cycle}[o["kind"]](o, wd, me)
+        {"tpdp": _tpdp, "pp": _pp, "cycle": _cycle, "uneven": _uneven}[o["kind"]](o, wd, me)
     dist.barrier()
     dist.destroy_process_group()
     return 0
