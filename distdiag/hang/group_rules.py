@@ -1,8 +1,9 @@
 """The rules that read the wait-for graph (distdiag.hang.waitfor): across groups, who is to blame.
 
   uneven_data - a rank left its training loop with fewer steps while the others wait in the
-                next step: uneven data, whatever the short rank does next (a barrier, a
-                validation sync, a checkpoint save, `wait_for_everyone()`);
+                next step and it waits in a collective of its own (a barrier, a validation
+                sync, `wait_for_everyone()`): uneven data, not a desync (a short rank outside
+                any collective - a checkpoint save - is named by `behind`);
   deadlock    - ranks that wait for each other on different groups (a cycle in the graph);
   stranded    - the ranks that only wait on a culprit through others, each with its chain
                 (info: they are never culprits).
@@ -36,8 +37,8 @@ def _short_ranks(a: Analysis) -> list[tuple[int, int, int]]:
     top = min(v.steps for v in inside.values())  # type: ignore[type-var]
     out = []
     for r, v in sorted(a.views.items()):
-        if r in a.explained or r in a.causes or v.steps is None or v.in_loop is not False:
-            continue
+        if r in a.explained or r in a.causes or v.steps is None or v.in_loop is not False or not v.waiting:
+            continue  # a short rank outside any collective: `behind` names it where it is
         if v.steps <= top:  # the others took as many and are inside their next step, or more
             out.append((r, v.steps, top))
     return out
