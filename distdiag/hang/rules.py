@@ -427,8 +427,8 @@ def desync_in_records(a: Analysis) -> None:
     if any("desync" in f.issue for f in a.findings):
         return
     d = record_divergence(a_snaps(a))
-    if d is None:
-        return
+    if d is None or set(d["by_rank"]) <= a.explained:
+        return  # none, or the ranks' own findings explain it (uneven data)
     severity = "critical" if not any(f.severity == "critical" for f in a.findings) else "error"
     a.findings.append(record_desync_finding(d, severity))
     a.desync_reported = True
@@ -438,7 +438,7 @@ def desync_in_histories(a: Analysis) -> None:
     if a.desync_reported or not a.waiters():
         return
     located = find_desync(a_snaps(a)) if has_history(a_snaps(a)) else None
-    if located is not None:
+    if located is not None and not set(located["odd"]) <= a.explained:
         a.findings.append(desync_finding(located))
         a.desync_reported = True
 

@@ -233,7 +233,7 @@ def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
             end = End("deadlock", comp, "", _cycle(comp, edges))
         else:
             end = _end_for(comp[0], nodes.get(comp[0]), nodes)
-            if end.kind == "stall":
+            if end.kind in ("stall", "mismatch"):  # one end per collective, not one per member
                 w = nodes[comp[0]].waits[0]
                 end = stalls.setdefault((w.group, w.seq), end)
                 if end in ends:

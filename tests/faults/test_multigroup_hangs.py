@@ -119,3 +119,36 @@ def test_zero_code_mesh_stall_names_only_the_stalled_rank(cli_env, tmp_path):
     assert lead.ranks == [3] and "load_next_microbatch" in lead.issue + lead.evidence, lead.issue
     assert _blamed(findings) == {3}, [(f.ranks, f.issue) for f in findings]
     assert "rank 2 waits for 3 in all_reduce" in _stranded(findings)
+
+
+# -- two ranks, uneven data: the rank that departs from its own history ----------------------------
+
+
+@pytest.mark.parametrize("fault,word", [("op_mismatch", "all_gather"), ("skip", "skipped")])
+@pytest.mark.timeout(90)
+def test_two_rank_desync_names_the_rank_that_departs_from_its_history(tmp_path, fault, word):
+    """Two ranks, no majority: rank 1 issues all_gather where its steps issued all_reduce, or
+    skips one; its own earlier steps say it is the one that changed course."""
+    result = run_ranks(2, [f"fault={fault}", "rank=1", "step=3", "steps=8", "timeout=3"], tmp_path,
+                       entry="tests.faults.watchdog_workers:train", timeout=HARD)
+    assert not result.timed_out and result.codes == [3, 3], result.stderr[-3000:]
+    lead, findings = _findings(tmp_path)
+    assert lead.ranks == [1] and "desync" in lead.issue and word in lead.issue, lead.issue
+    assert "no majority" not in lead.issue and "departs from its own history" in lead.issue
+    assert lead.confidence >= 0.8
+
+
+@pytest.mark.timeout(90)
+def test_uneven_data_is_named_when_the_short_rank_goes_on_to_a_barrier(tmp_path):
+    """Rank 1 has one batch fewer and calls a barrier (wait_for_everyone) while rank 0 waits in
+    its next all-reduce: uneven data, not 'a desync, align the code paths'."""
+    lead, findings = _run(tmp_path, 2, "kind=uneven", "fault=uneven", "rank=1", "next=barrier")
+    assert lead.ranks == [1] and "ran out of data" in lead.issue and "wait_for_everyone" in lead.issue, lead.issue
+    assert "DistributedSampler" in lead.fix and not any("desync" in f.issue for f in findings)
+
+
+@pytest.mark.timeout(90)
+def test_healthy_uneven_twin_with_even_data_writes_no_report(tmp_path):
+    result = run_ranks(2, ["kind=uneven"], tmp_path, entry=ENTRY, timeout=HARD)
+    assert result.codes == [0, 0], result.stderr[-3000:]
+    assert not (tmp_path / "hang-report").exists()
