@@ -23,7 +23,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from distdiag.hang.views import RankView, coll_label, group_members, user_frame, where
+from distdiag.hang.views import RankView, coll_label, group_members, where
 
 __all__ = ["Wait", "Node", "Edge", "End", "WaitGraph", "build_graph", "nodes_from_views", "chain_text"]
 
@@ -315,7 +315,7 @@ def nodes_from_views(views: dict[int, RankView], lost: dict[int, str], errors: d
             continue
         err = errors.get(rank)
         stack = v.snap.get("stack") or []
-        at = user_frame(stack) or where(stack)
+        at = where(stack)
         enq = {_members(g, world): n for g, n in v.positions.items()} if v.engine_ok else None
         if enq is not None:
             enq.pop((), None)

@@ -101,3 +101,14 @@ def test_departure_names_the_position_where_a_step_changed_course():
     assert "collective 2 of the step came from x" in departure(mine) and "from b" in departure(mine)
     assert departure(_hist([["a", "b", "c"]] * 4 + [["a", "b"]])) is None
     assert "left its training loop" in departure(_hist([["a"]] * 4, in_loop=False))
+
+
+def test_the_users_line_is_shown_beside_a_library_frame():
+    """A rank waiting in accelerate's wait_for_everyone: the job's own line that called it is shown."""
+    from distdiag.hang.views import where, with_user_site
+
+    lib = "/usr/lib/python3.11/site-packages/accelerate/state.py:412 in wait_for_everyone: torch.distributed.barrier()"
+    stack = ["/job/train.py:80 in main: fit()", "/job/train.py:41 in fit: state.wait_for_everyone()", lib]
+    assert with_user_site(lib, stack) == f"/job/train.py:41 in fit: state.wait_for_everyone() (through {lib})"
+    assert where(stack) == f"{lib} (called from /job/train.py:41 in fit: state.wait_for_everyone())"
+    assert where(stack[:2]) == stack[1]
