@@ -129,13 +129,14 @@ def raised(a: Analysis) -> None:
         if gone:
             left += f"; then {format_ranks(gone)} was lost ({a.lost[gone[0]]})"
         verb = "raised" if not caught else "caught an exception"
-        everyone = not stranded and set(ranks) >= set(a.views) - set(a.lost)
+        # nobody waits for it: the run ended on this error (on every rank, or before the others
+        # reached a collective), an error to fix, not a hang
+        ended = not stranded and not caught and not a.waiting_ranks()
         issue = f"{a.what} {verb} on {who}: {etype}: {message}{lib}{left}"
         evidence = "\n".join(x for x in (f"raised{at}" if at else "", err.get("traceback", "")) if x)
         a.findings.append(
             Finding(
-                # every rank raised it: the run ended on an error, not a hang
-                severity="critical" if stranded or everyone else "error",
+                severity="critical" if stranded or ended else "error",
                 issue=issue,
                 evidence=evidence,
                 ranks=ranks,

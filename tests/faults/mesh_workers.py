@@ -21,7 +21,7 @@ Words (key=value):
       deadlock: (cycle) from step S rank K issues its two groups in the opposite order
       raise:    rank K raises in its loss at step S
       uneven:   (uneven) rank K has one batch fewer; then next=barrier|metric|save
-  rank=K step=S steps=N timeout=T (watchdog seconds) wd=code|none
+  rank=K|all step=S steps=N timeout=T (watchdog seconds) wd=code|none
 Each fault is one line with a marker comment, so tests can find its line.
 """
 
@@ -60,6 +60,11 @@ def _hang_started() -> None:
         handle.write(repr(time.time()))
 
 
+def _ranks(o: dict[str, str]) -> set[int]:
+    """rank=K, or rank=all (every rank: an error everywhere)."""
+    return set(range(dist.get_world_size())) if o["rank"] == "all" else {int(o["rank"])}
+
+
 def load_next_microbatch(i: int, o: dict[str, str], me: int) -> torch.Tensor:
     if o["fault"] == "stall" and me == int(o["rank"]) and i == int(o["step"]):
         _hang_started()
@@ -69,7 +74,7 @@ def load_next_microbatch(i: int, o: dict[str, str], me: int) -> torch.Tensor:
 
 
 def compute_loss(i: int, o: dict[str, str], me: int, y: torch.Tensor) -> torch.Tensor:
-    if me == int(o["rank"]) and i == int(o["step"]):
+    if me in _ranks(o) and i == int(o["step"]):
         if o["fault"] == "stall":
             _hang_started()
             threading.Event().wait()  # FAULT:stall-loss (stuck in its loss, outside any collective)

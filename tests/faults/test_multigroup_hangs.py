@@ -152,3 +152,14 @@ def test_healthy_uneven_twin_with_even_data_writes_no_report(tmp_path):
     result = run_ranks(2, ["kind=uneven"], tmp_path, entry=ENTRY, timeout=HARD)
     assert result.codes == [0, 0], result.stderr[-3000:]
     assert not (tmp_path / "hang-report").exists()
+
+
+@pytest.mark.timeout(90)
+def test_an_error_on_every_rank_leads_as_the_error_not_a_hang(tmp_path):
+    """Every rank raises in its loss at step 2: the report leads with the exception, not with
+    'no progress'."""
+    result = run_ranks(2, ["kind=uneven", "fault=raise", "rank=all"], tmp_path, entry=ENTRY, timeout=HARD)
+    assert not result.timed_out and 0 not in result.codes, result.stderr[-3000:]
+    lead, findings = _findings(tmp_path)
+    assert "raised on rank" in lead.issue and "loss is nan at step 2" in lead.issue, [f.issue for f in findings]
+    assert _line("FAULT:raise") in lead.evidence
