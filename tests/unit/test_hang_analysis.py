@@ -187,3 +187,14 @@ def test_the_check_s_own_entry_files_are_never_named_as_the_job_s_line():
         assert user_frame([*stack, torch_wait]) is None
         probe = f"{site}/distdiag/probes/cluster/collectives.py:150 in reductions: comm.all_reduce(x)"
         assert user_frame([*stack, probe, torch_wait]) == probe
+
+
+def test_nobody_waiting_does_not_contradict_a_table_that_shows_ranks_in_a_call():
+    """Issue 24: every rank inside a wrapped call whose collectives the recorder has all completed:
+    the table says 'collective', so the finding must not say 'no rank is inside a collective'."""
+    snaps = {r: esnap(engine(("world", 9, 9))) for r in (0, 1)}
+    for s in snaps.values():
+        s["in_collective"] = coll("all_reduce", 4)
+    findings = run(snaps)
+    lead = findings[0]
+    assert "no rank is inside a collective" not in lead.issue and "torch's recorder completed every one" in lead.issue
