@@ -12,13 +12,13 @@ The graph also keeps `behind` (distdiag.hang.rules) from naming a stranded rank.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
-if TYPE_CHECKING:
-    from distdiag.hang.rules import Analysis
+Analysis = Any
+"""distdiag.hang.rules.Analysis (rules.py imports this module, so not imported back here)."""
 
 __all__ = ["uneven_data", "deadlock", "stranded", "UNEVEN_FIX"]
 
