@@ -9,6 +9,8 @@ user script with no watchdog code (steps from torch's optimizer hook).
 Words (key=value):
   kind=tpdp      4 ranks, init_device_mesh("cpu", (2, 2), ("dp", "tp")): per step a TP
                  all-reduce of the activations, then a DP all-reduce of the grads
+  kind=epdp      the same mesh with ("dp", "ep"): an expert-parallel all_to_all_single in place
+                 of the TP all-reduce
   kind=pp        4 ranks, pp=2 x dp=2: first stages (ranks 0,2) send activations to the
                  last stages (1,3) with dist.send/recv, which send the grads back; a DP
                  all-reduce per stage ([0,2] and [1,3])
@@ -87,14 +89,18 @@ def compute_loss(i: int, o: dict[str, str], me: int, y: torch.Tensor) -> torch.T
 def _tpdp(o: dict[str, str], wd: Any, me: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
+    inner = "ep" if o["kind"] == "epdp" else "tp"
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", inner))
+    tp, dp = mesh.get_group(inner), mesh.get_group("dp")
     w = torch.nn.Parameter(torch.ones(8, 8))
     opt = torch.optim.SGD([w], lr=0.01)
     for i in range(int(o["steps"])):
         x = load_next_microbatch(i, o, me)
         h = x @ w
-        dist.all_reduce(h.detach(), group=tp)  # the TP all-reduce of the activations
+        if inner == "ep":
+            dist.all_to_all_single(torch.empty_like(h), h.detach(), group=tp)  # the expert dispatch
+        else:
+            dist.all_reduce(h.detach(), group=tp)  # the TP all-reduce of the activations
         compute_loss(i, o, me, h).backward()
         dist.all_reduce(w.grad, group=dp)  # the DP all-reduce of the grads
         opt.step()
@@ -189,7 +195,7 @@ def train(argv: list[str]) -> int:
 
         wd = HangWatchdog(timeout=timedelta(seconds=float(o["timeout"])), dump_dir="hang-report")
     with wd:
-        {"tpdp": _tpdp, "pp": _pp, "cycle": _cycle, "uneven": _uneven}[o["kind"]](o, wd, me)
+        {"tpdp": _tpdp, "epdp": _tpdp, "pp": _pp, "cycle": _cycle, "uneven": _uneven}[o["kind"]](o, wd, me)
     dist.barrier()
     dist.destroy_process_group()
     return 0
