@@ -34,6 +34,7 @@ CASES = [
     ("tp x dp 2x2, rank 3 stalls before the TP all-reduce", 4, MESH, ["kind=tpdp", "fault=stall", "rank=3"], [3], False),
     ("ep x dp 2x2, rank 3 stalls before the expert all_to_all", 4, MESH, ["kind=epdp", "fault=stall", "rank=3"], [3], False),
     ("pp x dp, last stage 1 stalls in its loss (send/recv)", 4, MESH, ["kind=pp", "fault=stall", "rank=1"], [1], False),
+    ("tp x pp x dp 2x2x2 (8 ranks), last stage 5 stalls in its loss", 8, MESH, ["kind=3d", "fault=stall", "rank=5"], [5], False),
     ("3 groups issued in opposite order (deadlock)", 3, MESH, ["kind=cycle", "fault=deadlock", "rank=0"], [0, 1, 2], False),
     ("tp x dp, rank 3 raises between its groups", 4, MESH, ["kind=tpdp", "fault=raise", "rank=3"], [3], True),
     ("2 ranks, rank 1 all_gather where it all-reduced", 2, PLAIN, ["fault=op_mismatch", "rank=1", "step=3", "steps=8"], [1], False),
@@ -43,6 +44,7 @@ CASES = [
     ("twin: tp x dp 2x2", 4, MESH, ["kind=tpdp", "steps=6"], None, False),
     ("twin: ep x dp 2x2", 4, MESH, ["kind=epdp", "steps=6"], None, False),
     ("twin: pp x dp", 4, MESH, ["kind=pp", "steps=6"], None, False),
+    ("twin: tp x pp x dp 2x2x2", 8, MESH, ["kind=3d", "steps=6"], None, False),
     ("twin: 3 groups", 3, MESH, ["kind=cycle", "steps=6"], None, False),
     ("twin: even data", 2, MESH, ["kind=uneven"], None, False),
 ]

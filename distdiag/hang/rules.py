@@ -369,6 +369,8 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
 def desync_in_flight(a: Analysis) -> None:
     located = find_desync(a_snaps(a)) if has_history(a_snaps(a)) else None
     for group, waits in a.waiters().items():
+        if group == "p2p":
+            continue  # send/recv pair by peer, not by a sequence number shared by a group
         by_seq: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
         for rank, w in waits.items():
             by_seq[int(w["seq"])][rank] = w

@@ -16,6 +16,7 @@ Words (key=value):
                  all-reduce per stage ([0,2] and [1,3])
   kind=cycle     3 ranks, groups [0,1], [1,2], [0,2]; per step each rank all-reduces on its
                  two groups in one global order
+  kind=3d        8 ranks, TP x PP x DP (2, 2, 2): TP all-reduce, send/recv, DP all-reduce
   kind=uneven    2+ ranks, data parallel (an all-reduce of the grads per step)
   fault=none|stall|deadlock|raise|uneven
       stall:    rank K stops at step S (tpdp: in its data loader before the TP all-reduce;
@@ -134,6 +135,38 @@ def _pp(o: dict[str, str], wd: Any, me: int) -> None:
         time.sleep(float(o["step_s"]))
 
 
+def _three_d(o: dict[str, str], wd: Any, me: int) -> None:
+    """8 ranks, mesh ("pp", "dp", "tp") = (2, 2, 2): a TP all-reduce per stage, send/recv
+    between the stages (rank r and r ^ 4), a DP all-reduce of the grads."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+    tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
+    peer, first = me ^ 4, me < 4
+    w = torch.nn.Parameter(torch.ones(8, 8))
+    opt = torch.optim.SGD([w], lr=0.01)
+    for i in range(int(o["steps"])):
+        if first:
+            h = load_next_microbatch(i, o, me) @ w
+            dist.all_reduce(h.detach(), group=tp)
+            dist.send(h.detach(), peer)
+            g = torch.empty(4, 8)
+            dist.recv(g, peer)
+            h.backward(g)
+        else:
+            x = torch.empty(4, 8)
+            dist.recv(x, peer)
+            x.requires_grad_(True)
+            y = x @ w
+            dist.all_reduce(y.detach(), group=tp)
+            compute_loss(i, o, me, y).backward()
+            dist.send(x.grad, peer)
+        dist.all_reduce(w.grad, group=dp)
+        opt.step()
+        opt.zero_grad()
+        time.sleep(float(o["step_s"]))
+
+
 _RING = {0: ("01", "02"), 1: ("01", "12"), 2: ("12", "02")}
 """kind=cycle: each rank's two groups, in the order every rank issues them (01, then 12, then 02)."""
 
@@ -195,7 +228,7 @@ def train(argv: list[str]) -> int:
 
         wd = HangWatchdog(timeout=timedelta(seconds=float(o["timeout"])), dump_dir="hang-report")
     with wd:
-        {"tpdp": _tpdp, "epdp": _tpdp, "pp": _pp, "cycle": _cycle, "uneven": _uneven}[o["kind"]](o, wd, me)
+        {"tpdp": _tpdp, "epdp": _tpdp, "pp": _pp, "cycle": _cycle, "uneven": _uneven, "3d": _three_d}[o["kind"]](o, wd, me)
     dist.barrier()
     dist.destroy_process_group()
     return 0
