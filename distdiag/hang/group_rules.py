@@ -5,6 +5,8 @@
                 sync, `wait_for_everyone()`): uneven data, not a desync (a short rank outside
                 any collective - a checkpoint save - is named by `behind`);
   deadlock    - ranks that wait for each other on different groups (a cycle in the graph);
+  chain_end   - a rank at the end of chains that `behind` did not name (its waiters are in a
+                send/recv with it);
   stranded    - the ranks that only wait on a culprit through others, each with its chain
                 (info: they are never culprits).
 The graph also keeps `behind` (distdiag.hang.rules) from naming a stranded rank.
@@ -20,7 +22,7 @@ from distdiag.report.render import format_ranks
 Analysis = Any
 """distdiag.hang.rules.Analysis (rules.py imports this module, so not imported back here)."""
 
-__all__ = ["uneven_data", "deadlock", "stranded", "UNEVEN_FIX"]
+__all__ = ["uneven_data", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
 
 UNEVEN_FIX = (
     "rank {rank} ran out of data (or left the loop early) while the others still train: make every rank run "
@@ -101,6 +103,36 @@ def deadlock(a: Analysis) -> None:
         )
         a.explained.update(end.ranks)
         a.explained.update(behind)
+
+
+def chain_end(a: Analysis) -> None:
+    """A rank at the end of chains that no group-based rule named (those waiting on it directly
+    wait in a send/recv, which `behind` does not compare)."""
+    if a.lost:
+        return
+    for end in a.graph.ends:
+        if end.kind not in ("computing", "finished") or set(end.ranks) <= a.explained | a.causes:
+            continue
+        rank = end.ranks[0]
+        direct = [e for r, es in sorted(a.graph.edges.items()) for e in es if e.dst == rank]
+        if not direct:
+            continue
+        waiters = sorted({e.src for e in direct})
+        a.findings.append(
+            Finding(
+                severity="critical",
+                issue=(f"{format_ranks(waiters)} {'waits' if len(waiters) == 1 else 'wait'} for rank {rank} "
+                       f"({direct[0].wait.label}), which never got there: {end.text}"),
+                evidence="\n".join([*a.graph.chains([r for r, e in a.graph.end_of.items() if e is end]),
+                                    f"rank {rank} main-thread stack (innermost last):",
+                                    *(a.views[rank].snap.get("stack") or [])[-8:]]),
+                ranks=[rank],
+                fix=(f"find why rank {rank} is stuck or slow there (a rank-dependent branch, I/O, a lock, data "
+                     "loading); its peers must reach the matching send/recv or collective"),
+                confidence=0.85,
+            )
+        )
+        a.explained.add(rank)
 
 
 def stranded(a: Analysis) -> None:

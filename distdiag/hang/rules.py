@@ -9,9 +9,14 @@ The rules, tried in this order (`RULES`); each adds findings and marks the ranks
 explained, so a later rule does not blame a rank twice:
   1. raised      - a rank's exception (raised, or caught and carried on from) left others waiting;
   2. lost        - a rank's process is gone, stopped or silent, or it never checked in;
+  2b. uneven_data, deadlock (distdiag.hang.group_rules): a short rank out of its loop inside a
+                   collective of its own; ranks waiting for each other across groups (a cycle);
   3. behind      - ranks wait in collective #N on a group that rank k never entered: k computes
                    elsewhere, waits on another group, finished with fewer collectives, or ran
                    fewer training steps (uneven data);
+                   Ranks the wait-for graph (distdiag.hang.waitfor) finds stranded - waiting on
+                   another group for a rank further along - are never named here;
+  3a. chain_end  - a rank at the end of chains whose waiters are in a send/recv with it;
   3b. left_early - nobody waits any more (their collective failed once k's process left), but
                    k finished with fewer collectives or steps than the others;
   3c. broken_connections - connections broke, every rank answered, nothing above explains it;
@@ -20,7 +25,8 @@ explained, so a later rule does not blame a rank twice:
   6. desync_in_histories - the watchdog's fingerprint histories part (skip, extra, mismatch);
   7. stall       - every member inside the same collective: below the program (network,
                    fabric, GPU), split by NCCL's "started" where it is known;
-  8. nobody_waiting - no rank inside a collective: the step is slower than the deadline.
+  8. nobody_waiting - no rank inside a collective: the step is slower than the deadline;
+  9. stranded    - (info) the ranks stranded through others, each with its chain of waits.
 Adding a rule is adding a function to `RULES`.
 """
 
@@ -42,7 +48,7 @@ from distdiag.hang.desync import (
     record_divergence,
 )
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
-from distdiag.hang.group_rules import UNEVEN_FIX, deadlock, stranded, uneven_data
+from distdiag.hang.group_rules import UNEVEN_FIX, chain_end, deadlock, stranded, uneven_data
 from distdiag.hang.views import RankView, build_views, coll_label, group_members, stack_text, where
 from distdiag.hang.waitfor import WaitGraph, build_graph, nodes_from_views
 from distdiag.report.model import Finding
@@ -511,7 +517,7 @@ def nobody_waiting(a: Analysis) -> None:
 
 
 RULES: tuple[Callable[[Analysis], None], ...] = (
-    raised, lost, uneven_data, deadlock, behind, left_early, broken_connections, desync_in_flight, desync_in_records,
+    raised, lost, uneven_data, deadlock, behind, chain_end, left_early, broken_connections, desync_in_flight, desync_in_records,
     desync_in_histories, stall, nobody_waiting, stranded,
 )
 

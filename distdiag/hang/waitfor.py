@@ -118,11 +118,18 @@ def _entered(node: Node | None, w: Wait, me: int) -> bool:
     """Whether `node` entered (or passed) the collective `w` that rank `me` waits in."""
     if node is None or node.state in ("lost", "absent"):
         return False
-    if w.peer is not None:  # a send/recv: the peer is inside a send/recv with `me`
-        return any(x.peer == me for x in node.waits)
+    if w.peer is not None:  # a send/recv: the peer is inside the matching recv/send with `me`
+        return any(x.peer == me and _pairs(w, x) for x in node.waits)
     if node.enqueued is not None and w.group in node.enqueued:
         return node.enqueued[w.group] >= w.seq
     return any(x.group == w.group and x.seq >= w.seq for x in node.waits)
+
+
+def _pairs(a: Wait, b: Wait) -> bool:
+    """A send pairs with a recv (two recvs from each other wait forever); unknown ops pair."""
+    if not a.key or not b.key:
+        return True
+    return ("recv" in str(a.key[0])) != ("recv" in str(b.key[0]))
 
 
 def _blockers(nodes: dict[int, Node], n: Node, world: int) -> list[Edge]:
@@ -299,7 +306,8 @@ def _view_wait(rank: int, w: dict[str, object], world: int) -> Wait:
         if peer is None:
             return Wait((), -1, f"{what} ({w.get('dtype', '?')}[{shape}]), peer unknown")
         way = "from" if what.endswith("recv") else "to"
-        return Wait(tuple(sorted({rank, peer})), -1, f"{what} {way} rank {peer} ({w.get('dtype', '?')}[{shape}])", peer=peer)
+        return Wait(tuple(sorted({rank, peer})), -1, f"{what} {way} rank {peer} ({w.get('dtype', '?')}[{shape}])",
+                    (what,), peer=peer)
     key = tuple(w.get("key") or (op, str(w.get("shape")), w.get("dtype")))  # type: ignore[arg-type]
     return Wait(_members(str(w["group"]), world), int(w["seq"]), coll_label(w), key)  # type: ignore[arg-type]
 

@@ -40,9 +40,17 @@ def test_recv_waits_for_its_peer():
 
 
 def test_matching_send_and_recv_inside_are_not_blockers():
-    nodes = {0: waiting(0, Wait((0, 1), -1, "recv from rank 1", peer=1)), 1: waiting(1, Wait((0, 1), -1, "send to rank 0", peer=0))}
+    nodes = {0: waiting(0, Wait((0, 1), -1, "recv from rank 1", ("recv",), peer=1)),
+             1: waiting(1, Wait((0, 1), -1, "send to rank 0", ("send",), peer=0))}
     g = build_graph(nodes, 2)
     assert g.culprits() == [] and not g.stranded
+
+
+def test_two_ranks_each_in_a_recv_from_the_other_are_a_deadlock():
+    nodes = {0: waiting(0, Wait((0, 1), -1, "recv from rank 1", ("recv",), peer=1)),
+             1: waiting(1, Wait((0, 1), -1, "recv from rank 0", ("recv",), peer=0))}
+    g = build_graph(nodes, 2)
+    assert [e.kind for e in g.ends] == ["deadlock"] and g.culprits() == [0, 1]
 
 
 def test_opposite_order_is_a_cycle():
