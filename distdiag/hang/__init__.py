@@ -6,7 +6,9 @@
     waitfor.py   the wait-for graph across groups: who waits for whom, where the chains end
                  (the culprits), the stranded ranks' chains, cycles (deadlocks)
     group_rules.py  the rules that read the graph: uneven data, deadlock, stranded
-    desync.py    desyncs from fingerprint histories and from the recorder's entries
+    desync.py    desyncs from fingerprint histories and from the recorder's entries; with two
+                 ranks, the one that departs from its own history
+    desync_rules.py  the desync rules (in flight, in the recorder's entries, in histories)
     fixes.py     what to do about exceptions distributed jobs raise often
     recorder.py  torch's flight recorder read live (per-group enqueued/started/completed) or
                  from dumps: the positions the rules read first

@@ -20,6 +20,7 @@ explained, so a later rule does not blame a rank twice:
   3b. left_early - nobody waits any more (their collective failed once k's process left), but
                    k finished with fewer collectives or steps than the others;
   3c. broken_connections - connections broke, every rank answered, nothing above explains it;
+  4-6. (distdiag.hang.desync_rules)
   4. desync_in_flight    - ranks inside different collectives at the same sequence number;
   5. desync_in_records   - torch's recorder entries differ at the same sequence number;
   6. desync_in_histories - the watchdog's fingerprint histories part (skip, extra, mismatch);
@@ -37,19 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from distdiag.hang.desync import (
-    break_tie,
-    desync_finding,
-    desync_lines,
-    find_desync,
-    first_divergence,
-    has_history,
-    record_desync_finding,
-    record_divergence,
-)
+from distdiag.hang.desync_rules import desync_in_flight, desync_in_histories, desync_in_records
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
 from distdiag.hang.group_rules import UNEVEN_FIX, chain_end, deadlock, stranded, uneven_data
-from distdiag.hang.views import RankView, build_views, coll_label, group_members, stack_text, where
+from distdiag.hang.views import RankView, build_views, group_members, stack_text, wait_text, where
 from distdiag.hang.waitfor import WaitGraph, build_graph, nodes_from_views
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -104,9 +96,7 @@ def _they(ranks: list[int]) -> str:
 
 
 def _wait_text(w: dict[str, Any]) -> str:
-    via = w.get("via") or ""
-    how = f" via {via}" if via and not str(w.get("op", "")).startswith(via) else ""
-    return f"{coll_label(w)}{how}"
+    return wait_text(w)
 
 
 # -- 1. a rank's exception ------------------------------------------------------------------
@@ -367,89 +357,6 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
         evidence += "\nstranded behind it (waiting on it through others):\n" + "\n".join(
             "  " + c for c in a.graph.chains(behind_it))
     return Finding(severity="critical", issue=issue, evidence=evidence, ranks=[rank], fix=fix, confidence=0.9)
-
-
-# -- 4-6. desyncs ---------------------------------------------------------------------------
-
-
-def desync_in_flight(a: Analysis) -> None:
-    located = find_desync(a_snaps(a)) if has_history(a_snaps(a)) else None
-    for group, waits in a.waiters().items():
-        if group == "p2p":
-            continue  # send/recv pair by peer, not by a sequence number shared by a group
-        by_seq: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
-        for rank, w in waits.items():
-            by_seq[int(w["seq"])][rank] = w
-        for _seq, same in sorted(by_seq.items()):
-            if set(same) <= a.explained:
-                continue  # e.g. a short rank's barrier beside the others' next step: uneven data, named
-            keys: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-            for rank, w in same.items():
-                keys[tuple(w.get("key") or (w["op"], str(w.get("shape")), w.get("dtype")))].append(rank)
-            if len(keys) < 2:
-                continue
-            variants = sorted(keys, key=lambda k: (-len(keys[k]), keys[k][0]))
-            tie = len(keys[variants[1]]) == len(keys[variants[0]])
-            broken = break_tie([keys[k] for k in variants], a_snaps(a)) if tie else None
-            why: dict[int, str] = {}
-            if broken is not None:
-                order, why = broken
-                variants = [next(k for k in variants if keys[k] is c) for c in order]
-                tie = False
-            odd = sorted(r for k in (variants if tie else variants[1:]) for r in keys[k])
-            lines = [f"{format_ranks(sorted(keys[k]))}: {_wait_text(same[keys[k][0]])} at {same[keys[k][0]].get('call_site', '?')}" for k in variants]
-            if located is not None:
-                lines.append(f"first divergence at {located['group']} #{located['seq']}:")
-                lines += desync_lines(located)
-            else:
-                diverged = first_divergence(a_snaps(a))
-                if diverged is not None:
-                    dgroup, dseq, by_rank = diverged
-                    lines.append(f"first divergence at {dgroup} #{dseq}:")
-                    lines += [f"  rank {r}: {c['op']} at {c.get('call_site', '?')}" for r, c in sorted(by_rank.items())]
-            lines += [f"rank {r} departs from its own history: {t}" for r, t in sorted(why.items()) if r in odd]
-            who = "no majority: the ranks disagree" if tie else f"odd ones: {format_ranks(odd)}"
-            if why and not tie:
-                who += " (" + "; ".join(f"rank {r} departs from its own history: {t}" for r, t in sorted(why.items()) if r in odd) + ")"
-            who += "; " + ", ".join(f"{format_ranks(sorted(keys[k]))} in {same[keys[k][0]]['op']}" for k in variants)
-            consequence = bool(a.causes & set(same))
-            a.findings.append(
-                Finding(
-                    severity="error" if consequence else "critical",
-                    issue=(f"desync on group {group}: ranks are inside different collectives at the same sequence number ({who})"
-                           + (" - a consequence of the exception above" if consequence else "")),
-                    evidence="\n".join(lines),
-                    ranks=odd,
-                    fix="the ranks issue collectives in a different order or with different shapes: align the code paths",
-                    confidence=0.5 if tie else 0.85,
-                )
-            )
-            a.desync_reported = a.desync_reported or located is not None
-            a.explained.update(odd)
-
-
-def a_snaps(a: Analysis) -> dict[int, dict[str, Any]]:
-    return {r: v.snap for r, v in a.views.items()}
-
-
-def desync_in_records(a: Analysis) -> None:
-    if any("desync" in f.issue for f in a.findings):
-        return
-    d = record_divergence(a_snaps(a))
-    if d is None or set(d["by_rank"]) <= a.explained:
-        return  # none, or the ranks' own findings explain it (uneven data)
-    severity = "critical" if not any(f.severity == "critical" for f in a.findings) else "error"
-    a.findings.append(record_desync_finding(d, severity))
-    a.desync_reported = True
-
-
-def desync_in_histories(a: Analysis) -> None:
-    if a.desync_reported or not a.waiters():
-        return
-    located = find_desync(a_snaps(a)) if has_history(a_snaps(a)) else None
-    if located is not None and not set(located["odd"]) <= a.explained:
-        a.findings.append(desync_finding(located))
-        a.desync_reported = True
 
 
 # -- 7-8. nobody to blame in the program ------------------------------------------------------

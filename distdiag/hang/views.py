@@ -25,7 +25,7 @@ from distdiag.report.render import format_ranks
 
 __all__ = [
     "RankView", "build_views", "rank_state", "coll_label", "where", "stack_text", "state_rows",
-    "snapshot_details", "group_members",
+    "snapshot_details", "group_members", "wait_text",
 ]
 
 _DISTDIAG_FRAMES = (
@@ -126,6 +126,13 @@ def rank_state(snap: dict[str, Any]) -> str:
 def coll_label(c: dict[str, Any]) -> str:
     shape = "x".join(str(s) for s in c.get("shape") or []) or "-"
     return f"{c['op']} #{c['seq']} on {c['group']} ({c.get('dtype', '?')}[{shape}])"
+
+
+def wait_text(w: dict[str, Any]) -> str:
+    """'all_reduce #3 on world (float32[4]) via backward()': the collective and how torch issued it."""
+    via = w.get("via") or ""
+    how = f" via {via}" if via and not str(w.get("op", "")).startswith(via) else ""
+    return f"{coll_label(w)}{how}"
 
 
 def group_members(label: str, world: int) -> list[int] | None:
