@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from distdiag.hang.views import RankView, coll_label, group_members, where
 
@@ -136,7 +137,7 @@ def _blockers(nodes: dict[int, Node], n: Node, world: int) -> list[Edge]:
     out = []
     for w in n.waits:
         for m in w.group:
-            if m != n.rank and 0 <= m < max(world, m + 1) and not _entered(nodes.get(m), w, n.rank):
+            if m != n.rank and 0 <= m < world and not _entered(nodes.get(m), w, n.rank):
                 out.append(Edge(n.rank, m, w))
     return out
 
@@ -296,23 +297,25 @@ def _members(label: str, world: int) -> Group:
     return tuple(known) if known is not None else ()
 
 
-def _view_wait(rank: int, w: dict[str, object], world: int) -> Wait:
+def _view_wait(rank: int, w: dict[str, Any], world: int) -> Wait:
     op = str(w.get("op") or "?")
     if w.get("group") == "p2p":
         m = _PEER.search(op)
         peer = int(m.group(1)) if m else None
         what = op.split("(", 1)[0]
-        shape = "x".join(str(s) for s in (w.get("shape") or [])) or "-"  # type: ignore[union-attr]
+        shape = "x".join(str(s) for s in (w.get("shape") or [])) or "-"
         if peer is None:
             return Wait((), -1, f"{what} ({w.get('dtype', '?')}[{shape}]), peer unknown")
         way = "from" if what.endswith("recv") else "to"
         return Wait(tuple(sorted({rank, peer})), -1, f"{what} {way} rank {peer} ({w.get('dtype', '?')}[{shape}])",
                     (what,), peer=peer)
-    key = tuple(w.get("key") or (op, str(w.get("shape")), w.get("dtype")))  # type: ignore[arg-type]
-    return Wait(_members(str(w["group"]), world), int(w["seq"]), coll_label(w), key)  # type: ignore[arg-type]
+    key = tuple(w.get("key") or (op, str(w.get("shape")), w.get("dtype")))
+    return Wait(_members(str(w["group"]), world), int(w["seq"]), coll_label(w), key)
 
 
-def nodes_from_views(views: dict[int, RankView], lost: dict[int, str], errors: dict[int, dict[str, object]], world: int) -> dict[int, Node]:
+def nodes_from_views(views: dict[int, RankView], lost: dict[int, str], errors: dict[int, dict[str, Any]], world: int) -> dict[int, Node]:
+    """The graph's input from the rules' views: lost ranks, ranks that raised (and wait in
+    nothing), waiting ranks with their collectives by members, the rest computing/finished."""
     nodes: dict[int, Node] = {}
     for rank in range(world):
         if rank in lost:
