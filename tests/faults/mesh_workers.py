@@ -23,7 +23,7 @@ Words (key=value):
                 pp: in its loss, K a last stage)
       deadlock: (cycle) from step S rank K issues its two groups in the opposite order
       raise:    rank K raises in its loss at step S
-      uneven:   (uneven) rank K has one batch fewer; then next=barrier|metric|save
+      uneven:   (uneven) rank K has one batch fewer; then next=barrier|accelerate|metric|save
   rank=K|all step=S steps=N timeout=T (watchdog seconds) wd=code|none
 Each fault is one line with a marker comment, so tests can find its line.
 """
@@ -195,6 +195,10 @@ def wait_for_everyone(o: dict[str, str]) -> None:
     _hang_started()
     if o["next"] == "barrier":
         dist.barrier()  # FAULT:uneven-barrier (the short rank's next call is a collective)
+    elif o["next"] == "accelerate":  # the barrier is in accelerate's state.py, called from here
+        from accelerate import PartialState
+
+        PartialState(cpu=True).wait_for_everyone()  # FAULT:uneven-accelerate
     elif o["next"] == "metric":
         dist.all_reduce(torch.zeros(1))  # FAULT:uneven-metric (a validation sync)
     else:

@@ -163,3 +163,13 @@ def test_an_error_on_every_rank_leads_as_the_error_not_a_hang(tmp_path):
     lead, findings = _findings(tmp_path)
     assert "raised on rank" in lead.issue and "loss is nan at step 2" in lead.issue, [f.issue for f in findings]
     assert _line("FAULT:raise") in lead.evidence
+
+
+@pytest.mark.timeout(90)
+def test_uneven_data_before_accelerates_wait_for_everyone_shows_the_users_line(tmp_path):
+    """The short rank calls accelerate's PartialState().wait_for_everyone(): the report shows the
+    job's own line, not only accelerate's state.py."""
+    pytest.importorskip("accelerate")
+    lead, findings = _run(tmp_path, 2, "kind=uneven", "fault=uneven", "rank=1", "next=accelerate")
+    assert lead.ranks == [1] and "ran out of data" in lead.issue, lead.issue
+    assert _line("FAULT:uneven-accelerate") in lead.issue and "accelerate/state.py" in lead.issue, lead.issue
