@@ -37,11 +37,11 @@ from distdiag.hang.views import (
     state_rows,
     where,
 )
-from distdiag.hang.waitfor import End, Node, Wait, WaitGraph, build_graph, nodes_from_views
+from distdiag.hang.waitfor import End, Node, Wait, WaitGraph, build_graph, nodes_from_positions, nodes_from_views
 
 __all__ = [
     "analyze_hang", "ensure_critical", "Analysis", "RULES",
-    "Wait", "Node", "End", "WaitGraph", "build_graph", "nodes_from_views",
+    "Wait", "Node", "End", "WaitGraph", "build_graph", "nodes_from_views", "nodes_from_positions",
     "RankView", "build_views", "rank_state", "state_rows", "snapshot_details", "stack_text", "where", "coll_label",
     "SHAPE_FREE_OPS", "find_desync", "desync_finding", "first_divergence", "record_divergence", "record_desync_finding",
 ]

@@ -26,7 +26,7 @@ from typing import Any
 
 from distdiag.hang.views import RankView, coll_label, group_members, where
 
-__all__ = ["Wait", "Node", "Edge", "End", "WaitGraph", "build_graph", "nodes_from_views", "chain_text"]
+__all__ = ["Wait", "Node", "Edge", "End", "WaitGraph", "build_graph", "nodes_from_views", "nodes_from_positions", "chain_text"]
 
 Group = tuple[int, ...]
 _PEER = re.compile(r"\((?:src|dst|peer)=(\d+)\)")
@@ -337,4 +337,45 @@ def nodes_from_views(views: dict[int, RankView], lost: dict[int, str], errors: d
         else:
             state = "finished" if v.state in ("finished", "final") else "computing"
             nodes[rank] = Node(rank, state, enqueued=enq, where=at if state == "computing" else "")
+    return nodes
+
+
+# -- from per-group positions (flight-recorder dumps) --------------------------------------------
+
+
+def _position_wait(rank: int, members: Group, g: dict[str, Any]) -> Wait:
+    op = str(g.get("op") or "?")
+    sizes, dtypes = g.get("sizes"), g.get("dtypes")
+    shape = f"({dtypes or '?'} {sizes or '-'})"
+    peer = g.get("peer")
+    if isinstance(peer, int):
+        way = "from" if "recv" in op else "to"
+        return Wait(tuple(sorted({rank, peer})), -1, f"{op} {way} rank {peer} {shape}", (op,), peer)
+    seq = int(g.get("seq", -1))
+    return Wait(members, seq, f"{op} #{seq} on ranks[{','.join(map(str, members))}] {shape}", (op, str(sizes), str(dtypes)))
+
+
+def nodes_from_positions(per_rank: dict[int, dict[Group, dict[str, Any]]], world: int,
+                         lost: dict[int, str] | None = None) -> dict[int, Node]:
+    """The graph's input from per-rank, per-group positions (a dump reader's output).
+
+    `per_rank[rank][members]` = {"op", "seq" (last enqueued), "completed" (last completed; absent:
+    `state` says), "state", "sizes", "dtypes", "peer" (send/recv)}. A rank is inside a group's
+    collective when it enqueued one it has not completed; a rank inside none is `computing`
+    (a dump does not say where: the reader may fill `Node.where` from a stack).
+    """
+    nodes: dict[int, Node] = {r: Node(r, "lost", where=f"({why})") for r, why in (lost or {}).items()}
+    for rank, groups in per_rank.items():
+        if rank in nodes:
+            continue
+        waits, enq = [], {}
+        for members, g in groups.items():
+            seq = int(g.get("seq", -1))
+            if not isinstance(g.get("peer"), int):
+                enq[tuple(members)] = seq
+            done = g.get("completed")
+            open_ = (int(done) < seq) if done is not None else g.get("state") not in ("completed", None)
+            if open_:
+                waits.append(_position_wait(rank, tuple(members), g))
+        nodes[rank] = Node(rank, "waiting" if waits else "computing", waits, enq)
     return nodes

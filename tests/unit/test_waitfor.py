@@ -120,3 +120,19 @@ def test_the_users_line_is_shown_beside_a_library_frame():
     assert with_user_site(lib, stack) == f"/job/train.py:41 in fit: state.wait_for_everyone() (through {lib})"
     assert where(stack) == f"{lib} (called from /job/train.py:41 in fit: state.wait_for_everyone())"
     assert where(stack[:2]) == stack[1]
+
+
+def test_positions_from_a_dump_reader_feed_the_same_graph():
+    """Per-rank, per-group positions (keyed by members), as a dump reader gives them."""
+    from distdiag.hang.waitfor import nodes_from_positions
+
+    ar = {"op": "all_reduce", "sizes": [[8, 8]], "dtypes": ["Float"]}
+    per_rank = {
+        0: {(0, 2): {**ar, "seq": 3, "completed": 2}, (0, 1): {**ar, "seq": 3, "completed": 3}},
+        1: {(1, 3): {**ar, "seq": 3, "completed": 2}, (0, 1): {**ar, "seq": 3, "completed": 3}},
+        2: {(0, 2): {**ar, "seq": 2, "completed": 2}, (2, 3): {**ar, "seq": 3, "completed": 2}},
+        3: {(1, 3): {**ar, "seq": 2, "completed": 2}, (2, 3): {**ar, "seq": 2, "completed": 2}},
+    }
+    g = build_graph(nodes_from_positions(per_rank, 4), 4)
+    assert g.culprits() == [3] and sorted(g.stranded) == [0, 1, 2]
+    assert g.chains([0])[0].startswith("rank 0 waits for 2 in all_reduce #3 on ranks[0,2]")
