@@ -3,7 +3,12 @@
     views.py     each rank's snapshot read into where it waits (torch's flight recorder
                  first, our wrappers for call sites), the per-rank table, the details
     rules.py     the ordered rules (raised, lost, behind, desync..., stall, nobody waiting)
-    desync.py    desyncs from fingerprint histories and from the recorder's entries
+    waitfor.py   the wait-for graph across groups: who waits for whom, where the chains end
+                 (the culprits), the stranded ranks' chains, cycles (deadlocks)
+    group_rules.py  the rules that read the graph: uneven data, deadlock, stranded
+    desync.py    desyncs from fingerprint histories and from the recorder's entries; with two
+                 ranks, the one that departs from its own history
+    desync_rules.py  the desync rules (in flight, in the recorder's entries, in histories)
     fixes.py     what to do about exceptions distributed jobs raise often
     recorder.py  torch's flight recorder read live (per-group enqueued/started/completed) or
                  from dumps: the positions the rules read first
@@ -35,9 +40,11 @@ from distdiag.hang.views import (
     state_rows,
     where,
 )
+from distdiag.hang.waitfor import End, Node, Wait, WaitGraph, build_graph, nodes_from_positions, nodes_from_views
 
 __all__ = [
     "analyze_hang", "ensure_critical", "Analysis", "RULES",
+    "Wait", "Node", "End", "WaitGraph", "build_graph", "nodes_from_views", "nodes_from_positions",
     "RankView", "build_views", "rank_state", "state_rows", "snapshot_details", "stack_text", "where", "coll_label",
     "SHAPE_FREE_OPS", "find_desync", "desync_finding", "first_divergence", "record_divergence", "record_desync_finding",
 ]

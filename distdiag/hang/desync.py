@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from distdiag.hang.views import coll_label
@@ -21,12 +21,80 @@ from distdiag.report.render import format_ranks
 
 __all__ = [
     "SHAPE_FREE_OPS", "find_desync", "desync_finding", "desync_lines", "first_divergence", "has_history",
-    "record_divergence", "record_desync_finding",
+    "record_divergence", "record_desync_finding", "departure", "departures", "break_tie",
 ]
 
 
 def _fingerprint(c: dict[str, Any]) -> tuple[Any, ...]:
     return (c["op"], str(c.get("shape")), c.get("dtype"))
+
+
+def _step_sites(snap: dict[str, Any]) -> list[tuple[Any, list[str]]]:
+    """The rank's recorded call sites grouped by training step, in order (the window's first
+    step may be cut short by the history's length)."""
+    records = list(snap.get("history") or snap.get("recent") or [])
+    cur = snap.get("in_collective")
+    if cur and not any(c.get("seq") == cur.get("seq") and c.get("group") == cur.get("group") for c in records[-4:]):
+        records.append(cur)  # the watchdog's history holds it already; the check's recent does not
+    out: list[tuple[Any, list[str]]] = []
+    for c in records:
+        step = c.get("step")
+        if step is None:
+            return []
+        if not out or out[-1][0] != step:
+            out.append((step, []))
+        out[-1][1].append(str(c.get("call_site")))
+    return out
+
+
+def departure(snap: dict[str, Any]) -> str | None:
+    """How a rank's latest steps depart from its own history, or None.
+
+    Every step of a training loop issues the same collectives from the same lines. The rank
+    whose current step (the collective it waits in included) issued another line at some
+    position than its earlier steps did - or that left its training loop - is the one that
+    changed course; with two ranks there is no majority to say it, but each rank's past does.
+    """
+    if snap.get("in_loop") is False:
+        return f"it left its training loop ({snap.get('loop') or '?'})"
+    steps = _step_sites(snap)[1:]
+    if len(steps) < 3:
+        return None
+    counts = Counter(tuple(sites) for _, sites in steps[:-1])
+    pattern, seen = counts.most_common(1)[0]
+    if seen < 2:
+        return None
+    for n, (step, sites) in enumerate(steps):
+        last = n == len(steps) - 1
+        if tuple(sites) == pattern or (last and tuple(sites) == pattern[: len(sites)]):
+            continue
+        i = next((i for i, (x, y) in enumerate(zip(sites, pattern, strict=False)) if x != y), min(len(sites), len(pattern)))
+        mine = sites[i] if i < len(sites) else "(nothing: the step ended)"
+        usual = pattern[i] if i < len(pattern) else "(nothing: the step ended there)"
+        return f"in step {step} its collective {i + 1} of the step came from {mine}; in its earlier steps from {usual}"
+    return None
+
+
+def departures(snaps: dict[int, dict[str, Any]], ranks: list[int]) -> dict[int, str]:
+    """Rank -> how it departs from its own history, for the ranks of `ranks` that do."""
+    out = {}
+    for r in ranks:
+        text = departure(snaps.get(r) or {})
+        if text:
+            out[r] = text
+    return out
+
+
+def break_tie(classes: list[list[int]], snaps: dict[int, dict[str, Any]]) -> tuple[list[list[int]], dict[int, str]] | None:
+    """Two equal sides: the side whose ranks depart from their own history is the odd one, first
+    the other (as majority). None when history does not tell them apart."""
+    if len(classes) != 2:
+        return None
+    gone = departures(snaps, [r for c in classes for r in c])
+    odd = [c for c in classes if any(r in gone for r in c)]
+    if len(odd) != 1:
+        return None
+    return [c for c in classes if c is not odd[0]] + odd, gone
 
 
 def first_divergence(snaps: dict[int, dict[str, Any]]) -> tuple[str, int, dict[int, dict[str, Any]]] | None:
@@ -115,6 +183,11 @@ def find_desync(snaps: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
             continue
         classes = sorted(sig.values(), key=lambda rs: (-len(rs), rs[0]))
         tie = len(classes) > 1 and len(classes[0]) == len(classes[1])
+        why: dict[int, str] = {}
+        broken = break_tie(classes, snaps) if tie else None
+        if broken is not None:
+            classes, why = broken
+            tie = False
         majority = classes[0]
         ref = majority[0]
         hits: list[tuple[int, str, int]] = []
@@ -133,7 +206,7 @@ def find_desync(snaps: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
             "group": group, "seq": seq, "kind": kind, "odd": odd, "majority": majority, "tie": tie,
             "records": {r: ranks[r].get(seq) for r in odd + [ref]},
             "next": {r: ranks[r].get(seq + 1) for r in odd + [ref]},
-            "ref": ref,
+            "ref": ref, "why": {r: why[r] for r in odd if r in why},
         }
         if best is None or seq < best["seq"]:
             best = located
@@ -185,6 +258,8 @@ def desync_finding(d: dict[str, Any]) -> Finding:
         )
     if d["tie"]:
         issue += " (no majority: either side may be the odd one)"
+    elif d.get("why"):
+        issue += "; " + "; ".join(f"rank {r} departs from its own history: {t}" for r, t in sorted(d["why"].items()))
     return Finding(
         severity="critical",
         issue=issue,
@@ -232,8 +307,12 @@ def record_divergence(snaps: dict[int, dict[str, Any]]) -> dict[str, Any] | None
             variants[_record_key(e)].append(rank)
         if len(variants) > 1:
             ordered = sorted(variants.values(), key=lambda rs: (-len(rs), rs[0]))
-            return {"group": group, "seq": seq, "classes": ordered, "by_rank": by_rank,
-                    "tie": len(ordered[0]) == len(ordered[1])}
+            tie = len(ordered[0]) == len(ordered[1])
+            broken = break_tie(ordered, snaps) if tie else None
+            why: dict[int, str] = {}
+            if broken is not None:
+                (ordered, why), tie = broken, False
+            return {"group": group, "seq": seq, "classes": ordered, "by_rank": by_rank, "tie": tie, "why": why}
     return None
 
 
@@ -251,7 +330,8 @@ def record_desync_finding(d: dict[str, Any], severity: str = "critical") -> Find
             f"different collectives there ({who}; {format_ranks(majority)}: {by_rank[majority[0]].get('op')}, "
             f"{format_ranks(odd if not d['tie'] else classes[1])}: {by_rank[(odd if not d['tie'] else classes[1])[0]].get('op')})"
         ),
-        evidence="\n".join([f"recorded as collective #{d['seq']} on {d['group']}:", *lines]),
+        evidence="\n".join([f"recorded as collective #{d['seq']} on {d['group']}:", *lines,
+                            *(f"rank {r} departs from its own history: {t}" for r, t in sorted(d.get("why", {}).items()))]),
         ranks=odd,
         fix=(
             "every rank must issue the same collectives in the same order and with the same sizes: look for a "

@@ -108,6 +108,7 @@ def compact_entry(entry: dict[str, Any], label: str | None = None) -> dict[str, 
     profiling = str(entry.get("profiling_name") or "?")
     return {
         "pg": _pg_name(entry),
+        "pg_id": str(entry.get("pg_id", "")),
         "group": label or _pg_name(entry),
         "seq": _int(entry.get("collective_seq_id"), 0),
         "op": op_name(entry.get("profiling_name")),
@@ -199,9 +200,22 @@ class EngineReader:
                 "NCCL builds have _dump_nccl_trace_json)"
             )
         self._labels: dict[str, str] = {}
+        self._id_names: dict[str, str] = {}
+        """pg_id -> group name: `pg_status` is keyed by a per-process counter (pg_id), entries carry
+        both; the same id names different groups on different ranks (a device mesh's subgroups)."""
         self._first_seen: dict[tuple[str, str, int], float] = {}
         self.completed_total = -1
         """Sum of completed sequence numbers over every group at the last read (-1: none yet)."""
+
+    def label_by_id(self, pg_id: str) -> str:
+        """The label of the group that `pg_status` calls `pg_id` in this process."""
+        name = self._id_names.get(pg_id)
+        if name is None:
+            name = _name_by_creation(pg_id)
+            if name is None:
+                return f"group {pg_id}"
+            self._id_names[pg_id] = name
+        return self.label(name)
 
     @property
     def available(self) -> bool:
@@ -234,7 +248,7 @@ class EngineReader:
             for name, st in status.items():
                 if isinstance(st, dict):
                     seen_backends.setdefault(str(name), []).append(tag)
-                    groups.append(_group_entry(str(name), self.label(str(name)), st, tag))
+                    groups.append(_group_entry(str(name), self.label_by_id(str(name)), st, tag))
         if not groups:
             if errors and len(errors) == len(self._fns):
                 return {"state": "unavailable", "reason": "; ".join(errors), "groups": []}
@@ -255,7 +269,7 @@ class EngineReader:
         if (pending and details) or tail:
             entries = self._entries(only_active=not tail)
         if pending:
-            by_key = {(e["backend_tag"], e["pg"], e["seq"]): e for e in entries}
+            by_key = {(e["backend_tag"], e["pg_id"] or e["pg"], e["seq"]): e for e in entries}
             now_ns = time.time_ns()
             for g in pending:
                 key = (g["backend"], g["pg"], g["enqueued"])
@@ -275,6 +289,8 @@ class EngineReader:
                 if not isinstance(raw, dict) or raw.get("is_p2p"):
                     continue
                 c = compact_entry(raw, self.label(_pg_name(raw)))
+                if c["pg_id"]:
+                    self._id_names[c["pg_id"]] = c["pg"]  # the entry says it: it wins over creation order
                 c["backend_tag"] = tag
                 out.append(c)
         out.sort(key=lambda c: c["created_ns"])
@@ -303,6 +319,19 @@ def group_label(name: str) -> str:
         return "ranks[" + ",".join(str(r) for r in dist.get_process_group_ranks(pg)) + "]"
     except Exception:  # noqa: BLE001 - a label only
         return f"group {name}"
+
+
+def _name_by_creation(pg_id: str) -> str | None:
+    """The name of this process's `pg_id`-th process group: torch numbers the groups a process
+    creates in creation order (0: the default group), the order of c10d's group map."""
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        groups = list(c10d._world.pg_map)
+        index = int(pg_id)
+        return str(groups[index].group_name) if 0 <= index < len(groups) else None
+    except Exception:  # noqa: BLE001 - a label only
+        return None
 
 
 def positions_from_dump(dump: dict[str, Any]) -> dict[str, Any]:

@@ -9,18 +9,25 @@ The rules, tried in this order (`RULES`); each adds findings and marks the ranks
 explained, so a later rule does not blame a rank twice:
   1. raised      - a rank's exception (raised, or caught and carried on from) left others waiting;
   2. lost        - a rank's process is gone, stopped or silent, or it never checked in;
+  2b. uneven_data, deadlock (distdiag.hang.group_rules): a short rank out of its loop inside a
+                   collective of its own; ranks waiting for each other across groups (a cycle);
   3. behind      - ranks wait in collective #N on a group that rank k never entered: k computes
                    elsewhere, waits on another group, finished with fewer collectives, or ran
                    fewer training steps (uneven data);
+                   Ranks the wait-for graph (distdiag.hang.waitfor) finds stranded - waiting on
+                   another group for a rank further along - are never named here;
+  3a. chain_end  - a rank at the end of chains whose waiters are in a send/recv with it;
   3b. left_early - nobody waits any more (their collective failed once k's process left), but
                    k finished with fewer collectives or steps than the others;
   3c. broken_connections - connections broke, every rank answered, nothing above explains it;
+  4-6. (distdiag.hang.desync_rules)
   4. desync_in_flight    - ranks inside different collectives at the same sequence number;
   5. desync_in_records   - torch's recorder entries differ at the same sequence number;
   6. desync_in_histories - the watchdog's fingerprint histories part (skip, extra, mismatch);
   7. stall       - every member inside the same collective: below the program (network,
                    fabric, GPU), split by NCCL's "started" where it is known;
-  8. nobody_waiting - no rank inside a collective: the step is slower than the deadline.
+  8. nobody_waiting - no rank inside a collective: the step is slower than the deadline;
+  9. stranded    - (info) the ranks stranded through others, each with its chain of waits.
 Adding a rule is adding a function to `RULES`.
 """
 
@@ -31,17 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from distdiag.hang.desync import (
-    desync_finding,
-    desync_lines,
-    find_desync,
-    first_divergence,
-    has_history,
-    record_desync_finding,
-    record_divergence,
-)
+from distdiag.hang.desync_rules import desync_in_flight, desync_in_histories, desync_in_records
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
-from distdiag.hang.views import RankView, build_views, coll_label, group_members, stack_text, where
+from distdiag.hang.group_rules import UNEVEN_FIX, chain_end, deadlock, stranded, uneven_data
+from distdiag.hang.views import RankView, build_views, group_members, stack_text, wait_text, where
+from distdiag.hang.waitfor import WaitGraph, build_graph, nodes_from_views
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -65,6 +66,11 @@ class Analysis:
     causes: set[int] = field(default_factory=set)
     """Ranks whose exception stranded others: what they do next is a consequence."""
     desync_reported: bool = False
+    graph: WaitGraph = field(init=False)
+    """Who waits for whom across groups (distdiag.hang.waitfor): stranded ranks are never blamed."""
+
+    def __post_init__(self) -> None:
+        self.graph = build_graph(nodes_from_views(self.views, self.lost, self.errors, self.world), self.world)
 
     def waiters(self) -> dict[str, dict[int, dict[str, Any]]]:
         """group -> {rank: the collective it waits in on that group}."""
@@ -90,9 +96,7 @@ def _they(ranks: list[int]) -> str:
 
 
 def _wait_text(w: dict[str, Any]) -> str:
-    via = w.get("via") or ""
-    how = f" via {via}" if via and not str(w.get("op", "")).startswith(via) else ""
-    return f"{coll_label(w)}{how}"
+    return wait_text(w)
 
 
 # -- 1. a rank's exception ------------------------------------------------------------------
@@ -113,7 +117,7 @@ def raised(a: Analysis) -> None:
         at = f" at {err['raised_at']}" if err.get("raised_at") else ""
         left = ""
         if stranded:
-            w = a.views[stranded[0]].waits[0]
+            w = _direct_wait(a, stranded, ranks)
             them = "it never entered" if len(ranks) == 1 else "they never entered"
             then = " and went on" if caught else ""
             left = f"{then}; {format_ranks(stranded)} were left waiting in {_wait_text(w)} that {them}"
@@ -121,11 +125,14 @@ def raised(a: Analysis) -> None:
         if gone:
             left += f"; then {format_ranks(gone)} was lost ({a.lost[gone[0]]})"
         verb = "raised" if not caught else "caught an exception"
+        # nobody waits for it: the run ended on this error (on every rank, or before the others
+        # reached a collective), an error to fix, not a hang
+        ended = not stranded and not caught and not a.waiting_ranks()
         issue = f"{a.what} {verb} on {who}: {etype}: {message}{lib}{left}"
         evidence = "\n".join(x for x in (f"raised{at}" if at else "", err.get("traceback", "")) if x)
         a.findings.append(
             Finding(
-                severity="critical" if stranded else "error",
+                severity="critical" if stranded or ended else "error",
                 issue=issue,
                 evidence=evidence,
                 ranks=ranks,
@@ -136,6 +143,16 @@ def raised(a: Analysis) -> None:
         if stranded:
             a.causes.update(ranks)
         a.explained.update(ranks)
+
+
+def _direct_wait(a: Analysis, waiting: list[int], culprits: list[int]) -> dict[str, Any]:
+    """What a rank waiting on one of `culprits` itself waits in (not one stranded behind another)."""
+    for r in waiting:
+        for e in a.graph.edges.get(r, []):
+            if e.dst in culprits:
+                node_waits = a.graph.waits_of(r)
+                return a.views[r].waits[node_waits.index(e.wait)]
+    return a.views[waiting[0]].waits[0]
 
 
 # -- 2. lost ranks --------------------------------------------------------------------------
@@ -299,6 +316,8 @@ def behind(a: Analysis) -> None:
         for rank in a.members(group):
             if rank in a.explained or rank in a.causes or rank in at_top or rank not in a.views:
                 continue
+            if rank in a.graph.stranded:
+                continue  # it waits on another group for a rank further along: that one is named
             v = a.views[rank]
             if engine and v.engine_ok:
                 if v.positions.get(group, 0) >= seq:
@@ -320,11 +339,7 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
             f"rank {rank} stopped taking training steps while {_they(at_top)} in {_wait_text(first)}: "
             f"{lag}; {place}"
         )
-        fix = (
-            f"rank {rank} ran out of data (or left the loop early) while the others still train: make every rank run "
-            "the same number of steps - DistributedSampler(..., drop_last=True) or an equal number of batches per "
-            "rank - or wrap the loop in DDP's Join context manager (torch.distributed.algorithms.Join) for uneven inputs"
-        )
+        fix = UNEVEN_FIX.format(rank=rank)
     elif v.state in ("finished", "final"):
         issue = (
             f"rank {rank} finished while {_they(at_top)} in {_wait_text(first)}: it issued fewer "
@@ -337,77 +352,11 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
             f"find why rank {rank} is stuck or slow there (a rank-dependent branch, I/O, a lock, data loading); "
             "every rank must reach the same collectives in the same order"
         )
+    behind_it = sorted(r for r, e in a.graph.end_of.items() if rank in e.ranks and r in a.graph.stranded)
+    if behind_it:
+        evidence += "\nstranded behind it (waiting on it through others):\n" + "\n".join(
+            "  " + c for c in a.graph.chains(behind_it))
     return Finding(severity="critical", issue=issue, evidence=evidence, ranks=[rank], fix=fix, confidence=0.9)
-
-
-# -- 4-6. desyncs ---------------------------------------------------------------------------
-
-
-def desync_in_flight(a: Analysis) -> None:
-    located = find_desync(a_snaps(a)) if has_history(a_snaps(a)) else None
-    for group, waits in a.waiters().items():
-        by_seq: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
-        for rank, w in waits.items():
-            by_seq[int(w["seq"])][rank] = w
-        for _seq, same in sorted(by_seq.items()):
-            keys: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-            for rank, w in same.items():
-                keys[tuple(w.get("key") or (w["op"], str(w.get("shape")), w.get("dtype")))].append(rank)
-            if len(keys) < 2:
-                continue
-            variants = sorted(keys, key=lambda k: (-len(keys[k]), keys[k][0]))
-            tie = len(keys[variants[1]]) == len(keys[variants[0]])
-            odd = sorted(r for k in (variants if tie else variants[1:]) for r in keys[k])
-            lines = [f"{format_ranks(sorted(keys[k]))}: {_wait_text(same[keys[k][0]])} at {same[keys[k][0]].get('call_site', '?')}" for k in variants]
-            if located is not None:
-                lines.append(f"first divergence at {located['group']} #{located['seq']}:")
-                lines += desync_lines(located)
-            else:
-                diverged = first_divergence(a_snaps(a))
-                if diverged is not None:
-                    dgroup, dseq, by_rank = diverged
-                    lines.append(f"first divergence at {dgroup} #{dseq}:")
-                    lines += [f"  rank {r}: {c['op']} at {c.get('call_site', '?')}" for r, c in sorted(by_rank.items())]
-            who = "no majority: the ranks disagree" if tie else f"odd ones: {format_ranks(odd)}"
-            who += "; " + ", ".join(f"{format_ranks(sorted(keys[k]))} in {same[keys[k][0]]['op']}" for k in variants)
-            consequence = bool(a.causes & set(same))
-            a.findings.append(
-                Finding(
-                    severity="error" if consequence else "critical",
-                    issue=(f"desync on group {group}: ranks are inside different collectives at the same sequence number ({who})"
-                           + (" - a consequence of the exception above" if consequence else "")),
-                    evidence="\n".join(lines),
-                    ranks=odd,
-                    fix="the ranks issue collectives in a different order or with different shapes: align the code paths",
-                    confidence=0.5 if tie else 0.85,
-                )
-            )
-            a.desync_reported = a.desync_reported or located is not None
-            a.explained.update(odd)
-
-
-def a_snaps(a: Analysis) -> dict[int, dict[str, Any]]:
-    return {r: v.snap for r, v in a.views.items()}
-
-
-def desync_in_records(a: Analysis) -> None:
-    if any("desync" in f.issue for f in a.findings):
-        return
-    d = record_divergence(a_snaps(a))
-    if d is None:
-        return
-    severity = "critical" if not any(f.severity == "critical" for f in a.findings) else "error"
-    a.findings.append(record_desync_finding(d, severity))
-    a.desync_reported = True
-
-
-def desync_in_histories(a: Analysis) -> None:
-    if a.desync_reported or not a.waiters():
-        return
-    located = find_desync(a_snaps(a)) if has_history(a_snaps(a)) else None
-    if located is not None:
-        a.findings.append(desync_finding(located))
-        a.desync_reported = True
 
 
 # -- 7-8. nobody to blame in the program ------------------------------------------------------
@@ -456,10 +405,16 @@ def nobody_waiting(a: Analysis) -> None:
         return
     slow = sorted(a.views)
     place = "; ".join(f"rank {r} at {where(a.views[r].snap.get('stack', []))}" for r in slow[:4])
+    # The table says 'collective' for a rank inside a wrapped call whose collectives torch's
+    # recorder has all completed (it moves from one to the next): never contradict it.
+    inside = [r for r in slow if a.views[r].state == "collective"]
+    how = ("no rank is inside a collective" if not inside else
+           f"no collective is pending: torch's recorder completed every one, though {format_ranks(inside)} "
+           f"{'is' if len(inside) == 1 else 'are'} inside a call that issues them (it keeps moving)")
     a.findings.append(
         Finding(
             severity="critical",
-            issue=f"{a.what} did not finish within {a.timeout_s:g}s and no rank is inside a collective: {place}",
+            issue=f"{a.what} did not finish within {a.timeout_s:g}s and {how}: {place}",
             evidence="\n".join(f"rank {r}:\n{stack_text(a.views[r].snap, 4)}" for r in slow[:4]),
             ranks=slow if len(slow) < a.world else [],
             fix="if the work is just slow, raise the deadline (--timeout-s); otherwise the stacks show where it loops",
@@ -469,8 +424,8 @@ def nobody_waiting(a: Analysis) -> None:
 
 
 RULES: tuple[Callable[[Analysis], None], ...] = (
-    raised, lost, behind, left_early, broken_connections, desync_in_flight, desync_in_records, desync_in_histories,
-    stall, nobody_waiting,
+    raised, lost, uneven_data, deadlock, behind, chain_end, left_early, broken_connections, desync_in_flight, desync_in_records,
+    desync_in_histories, stall, nobody_waiting, stranded,
 )
 
 

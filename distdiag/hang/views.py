@@ -25,7 +25,7 @@ from distdiag.report.render import format_ranks
 
 __all__ = [
     "RankView", "build_views", "rank_state", "coll_label", "where", "stack_text", "state_rows",
-    "snapshot_details", "group_members",
+    "snapshot_details", "group_members", "wait_text",
 ]
 
 _DISTDIAG_FRAMES = (
@@ -35,19 +35,40 @@ _DISTDIAG_FRAMES = (
 _DISTDIAG_DIRS = ("/distdiag/watchdog/",)
 _TORCH = re.compile(r"/(site|dist)-packages/torch/|/torch/(distributed|nn|autograd|_dynamo|_functorch|_inductor|utils|optim|_tensor\.py|_ops\.py)")
 _C10D = "/torch/distributed/distributed_c10d.py"
+_LIBS = re.compile(
+    r"/(site|dist)-packages/(accelerate|lightning|pytorch_lightning|lightning_fabric|transformers|deepspeed|"
+    r"datasets|torchdata|torchtnt|peft|trl|composer|megatron)/"
+)
+"""Training libraries: a frame in them is where a rank is, not the job's own line that led there
+(accelerate's `state.py: wait_for_everyone` is called from the user's script)."""
 
 
 def _path(line: str) -> str:
     return line.split(":", 1)[0]
 
 
-def where(stack: list[str]) -> str:
-    """The innermost frame of the stack that is not distdiag's own runner."""
+def _innermost(stack: list[str]) -> str:
     for line in reversed(stack):
         path = _path(line)
         if not path.endswith(_DISTDIAG_FRAMES) and "/threading.py" not in path and not any(d in path for d in _DISTDIAG_DIRS):
             return line
     return stack[-1] if stack else "?"
+
+
+def where(stack: list[str]) -> str:
+    """The innermost frame of the stack that is not distdiag's own runner, and the job's own
+    line that led there when that frame is in torch or a training library."""
+    inner = _innermost(stack)
+    mine = user_frame(stack)
+    return inner if mine is None or mine == inner else f"{inner} (called from {mine})"
+
+
+def with_user_site(site: str, stack: list[str]) -> str:
+    """A call site in a library (accelerate's wait_for_everyone), with the job's line that called it."""
+    if not _LIBS.search(_path(site)) and not _TORCH.search(_path(site)):
+        return site
+    mine = user_frame(stack)
+    return site if mine is None or mine == site else f"{mine} (through {site})"
 
 
 def user_frame(stack: list[str]) -> str | None:
@@ -58,7 +79,7 @@ def user_frame(stack: list[str]) -> str | None:
             continue
         if path.startswith("<eval_with_key"):  # an FX graph's generated code: its caller is the job's line
             continue
-        if any(d in path for d in _DISTDIAG_DIRS):
+        if any(d in path for d in _DISTDIAG_DIRS) or _LIBS.search(path):
             continue
         return line
     return None
@@ -105,6 +126,13 @@ def rank_state(snap: dict[str, Any]) -> str:
 def coll_label(c: dict[str, Any]) -> str:
     shape = "x".join(str(s) for s in c.get("shape") or []) or "-"
     return f"{c['op']} #{c['seq']} on {c['group']} ({c.get('dtype', '?')}[{shape}])"
+
+
+def wait_text(w: dict[str, Any]) -> str:
+    """'all_reduce #3 on world (float32[4]) via backward()': the collective and how torch issued it."""
+    via = w.get("via") or ""
+    how = f" via {via}" if via and not str(w.get("op", "")).startswith(via) else ""
+    return f"{coll_label(w)}{how}"
 
 
 def group_members(label: str, world: int) -> list[int] | None:
@@ -205,6 +233,9 @@ def build_views(snaps: dict[int, dict[str, Any]], lost: dict[int, str]) -> dict[
         else:
             wrapper = _wrapper_wait(snap)
             view.waits = [wrapper] if wrapper else []
+        for w in view.waits:
+            if w.get("call_site"):
+                w["call_site"] = with_user_site(str(w["call_site"]), stack)
         steps = snap.get("steps")
         view.steps = int(steps) if isinstance(steps, int) else None
         view.in_loop = snap.get("in_loop")

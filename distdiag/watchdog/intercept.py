@@ -94,6 +94,13 @@ class _Spec:
         return None
 
 
+def _p2p_label(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """'recv(src=1)', 'send(dst=0)': the peer (a global rank) says whom a send/recv waits for."""
+    name = "src" if "recv" in op else "dst"
+    peer = kwargs.get(name, args[1] if len(args) > 1 else None)
+    return f"{op}({name}={peer})" if isinstance(peer, int) else op
+
+
 class Interceptor:
     """Installs and removes the wrappers for one Progress."""
 
@@ -183,11 +190,13 @@ class Interceptor:
             try:
                 if p2p:
                     group = P2P_GROUP
+                    rec_op = _p2p_label(label, args, kwargs)
                 else:
                     group = me.group_label(spec.get(args, kwargs, spec.group_index, "group"), funcol)
+                    rec_op = label
                 shape, dtype = me.describe(spec.get(args, kwargs, spec.tensor_index, spec.tensor_name))
                 is_async = funcol or bool(spec.get(args, kwargs, spec.async_index, "async_op"))
-                rec = prog.begin(label, group, shape, dtype, me.call_site(), is_async)
+                rec = prog.begin(rec_op, group, shape, dtype, me.call_site(), is_async)
             except Exception as exc:  # noqa: BLE001 - never break the user's collective
                 log.debug("could not record %s: %s", op, exc)
                 return fn(*args, **kwargs)

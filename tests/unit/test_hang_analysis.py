@@ -121,14 +121,18 @@ def test_fewer_marked_steps_is_a_lag():
     assert f.ranks == [2] and "taken 4 training step(s) and the waiting ranks 5" in f.issue
 
 
-def test_a_rank_waiting_on_another_group_is_named_with_that_group():
-    """Rank 1 waits in its pipeline group while rank 0 waits for it on world."""
+def test_two_ranks_waiting_for_each_other_on_two_groups_are_a_deadlock():
+    """Rank 1 waits in its pipeline group [1,2] for rank 2, which waits on world for rank 1: a
+    cycle (the two ranks issue the groups in opposite orders); rank 0 waits on them in turn."""
     snaps = {0: esnap(engine(("world", 5, 4), ("ranks[1,2]", 3, 3))),
              1: esnap(engine(("world", 4, 4), ("ranks[1,2]", 4, 3, "broadcast"))),
              2: esnap(engine(("world", 5, 4), ("ranks[1,2]", 3, 3)))}
     findings = run(snaps)
     lead = findings[0]
-    assert lead.ranks == [1] and "waits in broadcast #4 on ranks[1,2]" in lead.issue and "another group" in lead.issue
+    assert lead.ranks == [1, 2] and lead.issue.startswith("deadlock between groups"), lead.issue
+    assert "rank 1 waits for 2 in broadcast #4 on ranks[1,2]" in lead.issue
+    assert "rank 2 waits for 1 in all_reduce #5 on world" in lead.issue and "rank 0 wait" in lead.issue
+    assert not any(0 in f.ranks for f in findings)
 
 
 def test_a_caught_exception_leads_and_the_desync_it_causes_is_a_consequence():
@@ -183,3 +187,27 @@ def test_the_check_s_own_entry_files_are_never_named_as_the_job_s_line():
         assert user_frame([*stack, torch_wait]) is None
         probe = f"{site}/distdiag/probes/cluster/collectives.py:150 in reductions: comm.all_reduce(x)"
         assert user_frame([*stack, probe, torch_wait]) == probe
+
+
+def test_nobody_waiting_does_not_contradict_a_table_that_shows_ranks_in_a_call():
+    """Issue 24: every rank inside a wrapped call whose collectives the recorder has all completed:
+    the table says 'collective', so the finding must not say 'no rank is inside a collective'."""
+    snaps = {r: esnap(engine(("world", 9, 9))) for r in (0, 1)}
+    for s in snaps.values():
+        s["in_collective"] = coll("all_reduce", 4)
+    findings = run(snaps)
+    lead = findings[0]
+    assert "no rank is inside a collective" not in lead.issue and "torch's recorder completed every one" in lead.issue
+
+
+def test_ranks_in_recvs_from_different_peers_are_no_desync():
+    """send/recv pair by peer: three ranks each in a recv from its own peer are not 'inside
+    different collectives at the same sequence number'."""
+    p2p = [{"op": f"recv(src={src})", "seq": 0, "group": "p2p", "call_site": "pp.py:9", "shape": [4], "dtype": "float32",
+            "for_s": 5.0} for src in (1, 2, 3)]
+    snaps = {r: snap(in_collective=p2p[r]) for r in range(3)}
+    snaps[3] = snap()
+    findings = run(snaps)
+    assert not any("desync" in f.issue for f in findings), [f.issue for f in findings]
+    assert findings[0].ranks == [3], [f.issue for f in findings]
+    assert "rank 0 waits for 1 in recv from rank 1" in findings[-1].evidence

@@ -1,0 +1,160 @@
+"""The rules that read the wait-for graph (distdiag.hang.waitfor): across groups, who is to blame.
+
+  uneven_data - a rank left its training loop with fewer steps while the others wait in the
+                next step and it waits in a collective of its own (a barrier, a validation
+                sync, `wait_for_everyone()`): uneven data, not a desync (a short rank outside
+                any collective - a checkpoint save - is named by `behind`);
+  deadlock    - ranks that wait for each other on different groups (a cycle in the graph);
+  chain_end   - a rank at the end of chains that `behind` did not name (its waiters are in a
+                send/recv with it);
+  stranded    - the ranks that only wait on a culprit through others, each with its chain
+                (info: they are never culprits).
+The graph also keeps `behind` (distdiag.hang.rules) from naming a stranded rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distdiag.report.model import Finding
+from distdiag.report.render import format_ranks
+
+Analysis = Any
+"""distdiag.hang.rules.Analysis (rules.py imports this module, so not imported back here)."""
+
+__all__ = ["uneven_data", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
+
+UNEVEN_FIX = (
+    "rank {rank} ran out of data (or left the loop early) while the others still train: make every rank run "
+    "the same number of steps - DistributedSampler(..., drop_last=True) or an equal number of batches per "
+    "rank - or wrap the loop in DDP's Join context manager (torch.distributed.algorithms.Join) for uneven inputs"
+)
+
+
+def _short_ranks(a: Analysis) -> list[tuple[int, int, int]]:
+    """(rank, its steps, the others' fewest) for live ranks out of their loop one step or more short."""
+    inside = {r: v for r, v in a.views.items() if v.in_loop and v.steps is not None}
+    if not inside or not any(v.waiting for v in inside.values()):
+        return []
+    top = min(v.steps for v in inside.values())  # type: ignore[type-var]
+    out = []
+    for r, v in sorted(a.views.items()):
+        if r in a.explained or r in a.causes or v.steps is None or v.in_loop is not False or not v.waiting:
+            continue  # a short rank outside any collective: `behind` names it where it is
+        if v.steps <= top:  # the others took as many and are inside their next step, or more
+            out.append((r, v.steps, top))
+    return out
+
+
+def uneven_data(a: Analysis) -> None:
+    """A rank out of its training loop with fewer steps, while the others wait inside theirs.
+
+    Its next call may be a collective (a barrier before saving, a validation sync): that is a
+    consequence, not a desync to align.
+    """
+    if a.lost:
+        return
+    for rank, mine, top in _short_ranks(a):
+        v = a.views[rank]
+        others = sorted(r for r, o in a.views.items() if o.in_loop and o.waiting)
+        w = v.waits[0] if v.waits else None
+        nxt = f"; it went on to {w['op']} #{w['seq']} on {w['group']} at {w.get('call_site', '?')}" if w else ""
+        loop = v.snap.get("loop") or "its training loop"
+        a.findings.append(
+            Finding(
+                severity="critical",
+                issue=(f"rank {rank} ran out of data: it left {loop} after {mine} training step(s) while "
+                       f"{format_ranks(others)} {'waits' if len(others) == 1 else 'wait'} in step {top + 1}{nxt}"),
+                evidence="\n".join(x for x in (
+                    f"rank {rank}: {mine} step(s), out of its training loop; the others: {top} step(s), inside it",
+                    *a.graph.chains(others), f"rank {rank} main-thread stack (innermost last):",
+                    "\n".join((v.snap.get("stack") or [])[-8:])) if x),
+                ranks=[rank],
+                fix=UNEVEN_FIX.format(rank=rank),
+                confidence=0.85,
+            )
+        )
+        a.explained.add(rank)
+        a.explained.update(others)
+
+
+def deadlock(a: Analysis) -> None:
+    """Ranks that wait for each other on different groups: the groups' order differs between them."""
+    if a.lost:
+        return
+    for end in a.graph.ends:
+        if end.kind != "deadlock" or set(end.ranks) <= a.explained:
+            continue
+        cycle = "; ".join(f"rank {e.src} waits for {e.dst} in {e.wait.label}" for e in end.cycle)
+        behind = [r for r, e in a.graph.end_of.items() if e is end and r not in end.ranks]
+        tail = f"; {format_ranks(sorted(behind))} wait on them in turn" if behind else ""
+        a.findings.append(
+            Finding(
+                severity="critical",
+                issue=f"deadlock between groups: {cycle}{tail}",
+                evidence="\n".join(["the cycle of waits:", *(f"  rank {e.src} -> {e.dst}: {e.wait.label}" for e in end.cycle),
+                                    *a.graph.chains(behind)]),
+                ranks=end.ranks,
+                fix=(f"{format_ranks(end.ranks)} issue collectives on these groups in a different order: every member of "
+                     "a group must reach its collectives in the same order relative to its other groups (one global "
+                     "order of groups, or a rank-independent schedule)"),
+                confidence=0.85,
+            )
+        )
+        a.explained.update(end.ranks)
+        a.explained.update(behind)
+
+
+def chain_end(a: Analysis) -> None:
+    """A rank at the end of chains that no group-based rule named (those waiting on it directly
+    wait in a send/recv, which `behind` does not compare)."""
+    if a.lost:
+        return
+    for end in a.graph.ends:
+        if end.kind not in ("computing", "finished") or set(end.ranks) <= a.explained | a.causes:
+            continue
+        rank = end.ranks[0]
+        direct = [e for r, es in sorted(a.graph.edges.items()) for e in es if e.dst == rank]
+        if not direct:
+            continue
+        waiters = sorted({e.src for e in direct})
+        a.findings.append(
+            Finding(
+                severity="critical",
+                issue=(f"{format_ranks(waiters)} {'waits' if len(waiters) == 1 else 'wait'} for rank {rank} "
+                       f"({direct[0].wait.label}), which never got there: {end.text}"),
+                evidence="\n".join([*a.graph.chains([r for r, e in a.graph.end_of.items() if e is end]),
+                                    f"rank {rank} main-thread stack (innermost last):",
+                                    *(a.views[rank].snap.get("stack") or [])[-8:]]),
+                ranks=[rank],
+                fix=(f"find why rank {rank} is stuck or slow there (a rank-dependent branch, I/O, a lock, data "
+                     "loading); its peers must reach the matching send/recv or collective"),
+                confidence=0.85,
+            )
+        )
+        a.explained.add(rank)
+
+
+def stranded(a: Analysis) -> None:
+    """The ranks a culprit stranded, each with its chain of waits (they are not to blame)."""
+    if not a.graph.stranded or not any(f.severity == "critical" for f in a.findings):
+        return
+    if any("deadlock between groups" in f.issue for f in a.findings) and not any(
+            e.kind != "deadlock" for e in a.graph.ends):
+        return  # the deadlock finding lists them
+    ranks = sorted(a.graph.stranded)
+    groups = {a.graph.stranded[r][0].wait.group for r in ranks}
+    if len(groups) < 2 and all(len(a.graph.stranded[r]) < 2 for r in ranks):
+        return  # they all wait in one collective for the culprit: its finding says so
+    ends = sorted({r for r in ranks for r in a.graph.end_of[r].ranks})
+    a.findings.append(
+        Finding(
+            severity="info",
+            issue=(f"{format_ranks(ranks)} {'is' if len(ranks) == 1 else 'are'} stranded, not at fault: "
+                   f"{'it waits' if len(ranks) == 1 else 'each waits'} on {format_ranks(ends)} through the chain below"),
+            evidence="\n".join(a.graph.chains(ranks)),
+            ranks=[],
+            fix="nothing to fix on these ranks: they resume once the rank at the end of their chain does",
+            confidence=0.9,
+        )
+    )
