@@ -74,6 +74,20 @@ def plan_preloads(check_args: list[str], world: int | None) -> list[str]:
     return list(names)
 
 
+def _leave_bad_input_report(message: str, check_args: list[str], world: int) -> None:
+    """Where the check's report goes (the config's or profile's path when they parse, else
+    --report or the default), leave one saying nothing ran: an earlier run's must not stay."""
+    from distdiag.check.launched import report_path_in, write_bad_input_report
+    from distdiag.check.plan import parse_config
+    from distdiag.errors import ConfigError
+
+    try:
+        path = parse_config(check_args).report
+    except ConfigError:
+        path = report_path_in(check_args)
+    write_bad_input_report(message, path, world)
+
+
 def start_method() -> str:
     """fork, unless a forked rank could not use CUDA: torch poisons fork once this process has
     asked the CUDA driver anything (`torch.cuda.is_available()` does), and a forked rank then
@@ -111,10 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     import distdiag.check.run  # noqa: F401 - the ranks' own code
     from distdiag.errors import ConfigError
 
+    world = world_size(torchrun_args)
     try:
-        preloads = plan_preloads(check_args, world_size(torchrun_args))
+        preloads = plan_preloads(check_args, world)
     except ConfigError as exc:
         sys.stderr.write(f"distdiag: error: {exc}\n")
+        _leave_bad_input_report(str(exc), check_args, world or 1)
         return 2
     for name in preloads:
         try:

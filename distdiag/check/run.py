@@ -21,7 +21,7 @@ from distdiag.check.config import CheckConfig
 from distdiag.check.finish import RunEnd
 from distdiag.check.plan import Plan, make_plan, parse_config
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
-from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo, Report, write_report
+from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo
 from distdiag.report.render import ProgressLine
 from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.faults import FaultPlan
@@ -314,23 +314,17 @@ class CheckRun:
         return code
 
 
-def _bad_input(exc: ConfigError, argv: list[str], report_path: str = "distdiag-report.json") -> int:
+def _bad_input(exc: ConfigError, argv: list[str], report_path: str | None = None) -> int:
     """Every rank prints the same line; rank 0 also leaves a report saying nothing ran."""
+    from distdiag.check.launched import note_verdict, report_path_in, write_bad_input_report
+
     print_line(f"distdiag: error: {exc}")
     # Local rank 0 of every node leaves the report there (no shared filesystem assumed), so a
     # gate on any node reads exit code 2, not "no report" (3).
     if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":
-        for i, arg in enumerate(argv):
-            if arg == "--report" and i + 1 < len(argv):
-                report_path = argv[i + 1]
-            elif arg.startswith("--report="):
-                report_path = arg.split("=", 1)[1]
         world = int(os.environ.get("WORLD_SIZE", "1") or 1) if os.environ.get("WORLD_SIZE", "1").isdigit() else 1
-        report = Report(world_size=world, exit_code=EXIT_BAD_INPUT, verdict="error", outcome="bad_input", summary=str(exc))
-        try:
-            write_report(report, report_path)
-        except OSError:
-            pass
+        written = write_bad_input_report(str(exc), report_path or report_path_in(argv), world)
+        note_verdict(EXIT_BAD_INPUT, written)
     _wait_for_peers_to_say_it()
     return EXIT_BAD_INPUT
 
@@ -387,7 +381,14 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
         level=logging.DEBUG if os.environ.get("DISTDIAG_DEBUG") == "1" else logging.WARNING,
         format="distdiag %(levelname)s %(name)s: %(message)s",
     )
-    code = run_check(sys.argv[1:] if argv is None else argv)
+    try:
+        code = run_check(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:
+        # sys.exit from the user's target or hook: the check never reached its verdict, so
+        # leaving with the code asked for (0, often) would pass for a passing rank.
+        print_line(f"distdiag[rank {os.environ.get('RANK', '0')}]: the check was ended by sys.exit({exc.code!r}) "
+                   "from inside (the target?) before its verdict; exiting 3")
+        code = 3
     sys.stdout.flush()
     sys.stderr.flush()
     if forked and code == 0:
