@@ -273,14 +273,16 @@ def _gate_world(torchrun_args: list[str]) -> int:
     return int(value) if value.isdigit() else 1
 
 
-def _gate_bad_input(message: str, report: str) -> int:
-    """One line, exit 2, and a report saying nothing ran in place of an earlier run's."""
+def _gate_bad_input(message: str, report: str, *, leave_report: bool = True) -> int:
+    """One line, exit 2, and a report saying nothing ran in place of an earlier run's (for a
+    mistyped gate command line, just no earlier run's report)."""
     from distdiag.check.launch_end import remove_stale_report
     from distdiag.check.launched import write_bad_input_report
 
     print_line(f"distdiag: error: {message}")
     remove_stale_report(report)
-    write_bad_input_report(message, report, 1)
+    if leave_report:
+        write_bad_input_report(message, report, 1)
     return 2
 
 
@@ -300,7 +302,7 @@ def run_gate(argv: list[str]) -> int:
         return 0
     report = os.environ.get("DISTDIAG_REPORT") or "distdiag-gate-report.json"
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        return _gate_bad_input(GATE_USAGE, report)
+        return _gate_bad_input(GATE_USAGE, report, leave_report=False)
     split = argv.index("--")
     torchrun_args, command = argv[:split], argv[split + 1 :]
     try:

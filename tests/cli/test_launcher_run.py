@@ -78,6 +78,11 @@ def test_signal_to_distdiag_check_stops_torchrun_and_every_worker(cli_env, tmp_p
         assert proc.returncode == 3, err[-2000:]
         report = json.loads((tmp_path / "distdiag-report.json").read_text())
         assert report["outcome"] == "cancelled" and "cancelled" in report["summary"], report["summary"]
+        # Said in one line by the launcher; no rank prints the report about its signal.
+        name = "SIGINT (Ctrl-C)" if sig == signal.SIGINT else "SIGTERM"
+        assert err.strip().splitlines() == [f"distdiag: cancelled by {name}: {report['summary']}; "
+                                            f"report: {tmp_path / 'distdiag-report.json'} (exit 3)"], err
+        assert out == "", out
     finally:
         for p in [root, *seen]:
             if _alive(p):
