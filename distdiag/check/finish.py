@@ -255,7 +255,9 @@ class RunEnd:
         kinds = {r.get("kind") for r in reasons.values()} or {reason.get("kind")}
         # Every rank that said why it stopped was told to by a signal, and none is lost or
         # raised: the run was cancelled (Ctrl-C, scancel, a preemption), nobody is at fault.
-        cancelled = kinds == {"terminated"} and not lost and not errors
+        # Ranks still starting when the user's Ctrl-C reached distdiag check died of the signal
+        # before they could check in: that is the cancellation too, not a lost rank.
+        cancelled = kinds == {"terminated"} and not errors and (not lost or cancelled_by() is not None)
         duration = time.monotonic() - self.started
         if cancelled:
             result = cancel_result(name, snaps, world, reason=detail, duration_s=duration)

@@ -80,7 +80,9 @@ def kill_tree(pid: int, *, reap_root: bool = False) -> None:
     psutil.wait_procs(procs if reap_root else procs[:-1], timeout=10)
 
 
-def _status(proc: psutil.Process) -> str:
+def _status(proc: psutil.Process | None) -> str:
+    if proc is None:
+        return psutil.STATUS_DEAD
     try:
         return proc.status()
     except psutil.Error:
@@ -100,10 +102,18 @@ class JobWatch:
 
     `verdict_reached` says whether a rank has noted the verdict (distdiag.check.launched)."""
 
-    def __init__(self, verdict_reached: Callable[[], bool], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        verdict_reached: Callable[[], bool],
+        noted_pids: Callable[[], list[int]] = list,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.verdict_reached = verdict_reached
+        self.noted_pids = noted_pids
+        """The pids the ranks noted themselves (distdiag.check.launched.note_phase): a rank
+        that lived less than a tick is known by them, not seen among the agent's children."""
         self.clock = clock
-        self.ranks: dict[int, psutil.Process] = {}
+        self.ranks: dict[int, psutil.Process | None] = {}
         self.gone_at: dict[int, float] = {}
         self.stopped_at: dict[int, float] = {}
         self.verdict_at: float | None = None
@@ -124,6 +134,12 @@ class JobWatch:
             except psutil.Error:
                 continue
             self.ranks[child.pid] = child
+        for pid in self.noted_pids():
+            if pid not in self.ranks:
+                try:
+                    self.ranks[pid] = psutil.Process(pid)
+                except psutil.Error:
+                    self.ranks[pid] = None  # gone before we looked
 
     def _since(self, table: dict[int, float], key: int, now: float, on: bool) -> float:
         """How long a condition has held for `key` (0 when it does not hold)."""

@@ -7,13 +7,16 @@ Now the launcher removes the report an earlier run left, gives its ranks an id t
 theirs (distdiag.check.launched), and `exit_code_after_run` decides from this run's report,
 the verdict note, torchrun's code and the signals the launcher got: exit 0 only with this
 run's passing report in hand; any other end is non-zero and says why in one line, and leaves
-a report saying so when no rank could write one.
+a report saying so when no rank could write one (naming the rank lost first and what it was
+doing, when torchrun and the ranks' phase notes tell).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import tempfile
 import uuid
 from pathlib import Path
@@ -24,7 +27,7 @@ from distdiag.check.launched import LAUNCH_ID_ENV, VERDICT_NOTE_ENV, read_verdic
 from distdiag.errors import ReportError, print_line
 from distdiag.report.model import EXIT_BAD_INPUT, EXIT_HANG, Report, read_report, write_report
 
-__all__ = ["Launch", "exit_code_after_run", "remove_stale_report"]
+__all__ = ["Launch", "exit_code_after_run", "remove_stale_report", "lost_rank_words"]
 
 
 def remove_stale_report(path: str) -> None:
@@ -47,7 +50,7 @@ class Launch:
         self.id = uuid.uuid4().hex
         self.folder = tempfile.mkdtemp(prefix="distdiag-launch-")
         self.note_path = os.path.join(self.folder, "verdict.json")
-        self.watch = JobWatch(lambda: os.path.exists(self.note_path))
+        self.watch = JobWatch(lambda: os.path.exists(self.note_path), self.noted_pids)
         remove_stale_report(report_path)
 
     def __enter__(self) -> Launch:
@@ -79,6 +82,18 @@ class Launch:
             return None
         return report if report.launch_id == self.id else None
 
+    def noted_pids(self) -> list[int]:
+        """The pids of the ranks that noted a phase (launched.note_phase)."""
+        from distdiag.check.launched import read_json
+
+        pids = []
+        for name in os.listdir(self.folder):
+            if name.startswith("rank-") and name.endswith(".json"):
+                pid = (read_json(os.path.join(self.folder, name)) or {}).get("pid")
+                if isinstance(pid, int) and pid > 0:
+                    pids.append(pid)
+        return pids
+
     def note(self) -> dict[str, Any] | None:
         return read_verdict_note(self.note_path, self.id)
 
@@ -98,7 +113,49 @@ def _signal_words(name: str) -> str:
     return "SIGINT (Ctrl-C)" if name == "SIGINT" else name
 
 
-def exit_code_after_run(launch: Launch, end: Any) -> int:
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank")
+_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+_ROOT_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
+
+
+def _first_failure_in(lines: list[str]) -> dict[str, Any] | None:
+    """The root cause of torchrun's ChildFailedError summary on its stderr (--launch torchrun):
+    {rank, pid, exitcode, host}, or None."""
+    found: dict[str, Any] = {}
+    after = False
+    for line in lines:
+        after = after or "Root Cause (first observed failure)" in line
+        if not after:
+            continue
+        for key, pattern in (("host", _ROOT_HOST), ("rank", _ROOT_RANK), ("exit", _ROOT_EXIT)):
+            match = pattern.match(line)
+            if match and key not in found:
+                found[key] = match.groups()
+        if len(found) == 3:
+            return {"rank": int(found["rank"][0]), "exitcode": int(found["exit"][0]), "pid": int(found["exit"][1]),
+                    "host": found["host"][0]}
+    return None
+
+
+def lost_rank_words(launch: Launch, lines: list[str]) -> str | None:
+    """'rank 1 (pid 42 on host h) ended first (killed by SIGKILL) while importing torch and the
+    check': the rank torchrun saw fail first and what it noted it was doing; None if unknown."""
+    from distdiag.check.launched import read_json
+
+    failure = read_json(os.path.join(launch.folder, "first_failure.json")) or _first_failure_in(lines)
+    if not failure:
+        return None
+    code = int(failure["exitcode"])
+    try:
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+    except ValueError:
+        how = f"exit {code}"
+    noted = read_json(os.path.join(launch.folder, f"rank-{failure['rank']}.json")) or {}
+    doing = f" while {noted['phase']}" if noted.get("phase") else " while starting, before it imported the check"
+    return f"rank {failure['rank']} (pid {failure['pid']} on host {failure['host']}) ended first ({how}){doing}"
+
+
+def exit_code_after_run(launch: Launch, end: Any, lines: list[str] | None = None) -> int:
     """The launcher's exit code: this run's report's, kept only when torchrun agrees (a pass
     with torchrun failing is 3: a rank failed after the verdict); the verdict note's when its
     report could not be written; 2 for bad input said before any rank started; else 3. Says
@@ -127,9 +184,10 @@ def exit_code_after_run(launch: Launch, end: Any) -> int:
         # options): the one line saying what is wrong is on stderr already.
         launch.leave_report(EXIT_BAD_INPUT, "bad_input", "bad input: nothing ran (see the error line on stderr)")
         return EXIT_BAD_INPUT
-    why = end.killed_why or _no_report_why(end.rc)
-    print_line(f"distdiag: error: {why}; no report of this run was written; exiting {EXIT_HANG} (rerun with "
-               "DISTDIAG_DEBUG=1 for torchrun's log)")
+    lost = None if end.killed_why or end.rc == 0 else lost_rank_words(launch, lines or [])
+    why = end.killed_why or (f"{lost}, before the check could report" if lost else _no_report_why(end.rc))
+    print_line(f"distdiag: error: {why}; no rank could write the report (it says so now); exiting {EXIT_HANG} "
+               "(rerun with DISTDIAG_DEBUG=1 for torchrun's log)")
     launch.leave_report(EXIT_HANG, "lost_rank", why)
     return EXIT_HANG
 

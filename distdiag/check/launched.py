@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = [
     "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
-    "report_path_in", "cancelled_by",
+    "report_path_in", "cancelled_by", "note_phase", "note_first_failure", "read_json",
 ]
 
 LAUNCH_ID_ENV = "DISTDIAG_LAUNCH_ID"
@@ -43,13 +43,46 @@ def note_verdict(exit_code: int, report_written: bool) -> None:
     path = os.environ.get(VERDICT_NOTE_ENV)
     if not path:
         return
-    note = {"launch_id": launch_id(), "exit_code": int(exit_code), "report_written": bool(report_written)}
+    _write_json(path, {"launch_id": launch_id(), "exit_code": int(exit_code), "report_written": bool(report_written)})
+
+
+def _folder() -> str | None:
+    path = os.environ.get(VERDICT_NOTE_ENV)
+    return os.path.dirname(path) if path else None
+
+
+def _write_json(path: str, value: dict[str, Any]) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        Path(tmp).write_text(json.dumps(note), encoding="utf-8")
+        Path(tmp).write_text(json.dumps(value), encoding="utf-8")
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def note_phase(phase: str) -> None:
+    """Tell the launcher what this rank is doing ('importing torch and the check', 'in probe
+    'env'', ...): a rank lost before the ranks could report is named with it."""
+    folder = _folder()
+    if folder:
+        rank = os.environ.get("RANK", "0")
+        _write_json(os.path.join(folder, f"rank-{rank}.json"), {"phase": phase, "pid": os.getpid()})
+
+
+def note_first_failure(rank: int, pid: int, exitcode: int, host: str) -> None:
+    """distdiag.check.forkrun: the rank torchrun saw fail first, for the launcher to name."""
+    folder = _folder()
+    if folder:
+        _write_json(os.path.join(folder, "first_failure.json"),
+                    {"rank": rank, "pid": pid, "exitcode": exitcode, "host": host})
 
 
 def cancelled_by() -> str | None:
@@ -66,11 +99,8 @@ def cancelled_by() -> str | None:
 
 def read_verdict_note(path: str | os.PathLike[str], expected_id: str) -> dict[str, Any] | None:
     """The note a rank left for launch `expected_id`, or None (none yet, or not ours)."""
-    try:
-        note = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(note, dict) or note.get("launch_id") != expected_id or not isinstance(note.get("exit_code"), int):
+    note = read_json(path)
+    if note is None or note.get("launch_id") != expected_id or not isinstance(note.get("exit_code"), int):
         return None
     return note
 

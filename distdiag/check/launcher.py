@@ -215,7 +215,7 @@ def run_torchrun_check(
             # torchrun's lines about the signal are noise then (shown with DISTDIAG_DEBUG=1).
             for line in filter_torchrun_stderr(lines):
                 sys.stderr.write(line)
-        return exit_code_after_run(launch_, end)
+        return exit_code_after_run(launch_, end, lines)
 
 
 GATE_USAGE = "usage: distdiag gate [torchrun options] -- TRAINING COMMAND..."

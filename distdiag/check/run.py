@@ -19,6 +19,7 @@ from typing import Any
 
 from distdiag.check.config import CheckConfig
 from distdiag.check.finish import RunEnd
+from distdiag.check.launched import note_phase
 from distdiag.check.plan import Plan, make_plan, parse_config
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
 from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo
@@ -80,6 +81,7 @@ class CheckRun:
 
         info = self.info
         install_sigterm_wakeup()
+        note_phase("connecting to the job's store")
         if not self._connect():
             return 3
         setup_exc = None
@@ -92,8 +94,10 @@ class CheckRun:
         if setup_exc is not None:
             self._setup_failed(setup_exc, "could not select its device")
 
+        note_phase("checking in (waiting for every rank to reach the store)")
         self.ex.post("info", RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
         self._wait_for_checkin()
+        note_phase("setting up (the target, the process groups)")
         self.tracker.enter_phase("setup")
         target = self._load_target_everywhere()
         side_group = self._init_process_groups(backend, device)
@@ -225,6 +229,7 @@ class CheckRun:
 
     def _run_probe(self, ctx: Any, index: int, planned: Any) -> None:
         probe = planned.probe
+        note_phase(f"in probe '{probe.name}'")
         self.progress.show(index, len(self.plan.probes), probe.name)
         self.tracker.enter_phase("probe", index, probe.name)
         started = time.perf_counter()
@@ -287,6 +292,7 @@ class CheckRun:
         """After the last probe: rank 0 consolidates, writes the report and publishes the
         verdict; the others wait for it and acknowledge; then every rank leaves together."""
         info = self.info
+        note_phase("reaching the verdict")
         self.tracker.enter_phase("final")
         self.faults.at("final", 0)
         if info.rank == 0:

@@ -120,7 +120,7 @@ def test_every_rank_leaving_with_0_before_the_verdict_is_not_a_pass(cli_env, tmp
     target.write_text("import os\nos._exit(0)\n")
     out = _run(["--probes", "env", "--target", str(target), "--launch", launch], cli_env, tmp_path, timeout=200)
     assert out.returncode == 3, out.stderr[-2000:]
-    assert "no report of this run was written" in out.stderr, out.stderr[-2000:]
+    assert "no rank could write the report" in out.stderr, out.stderr[-2000:]
     assert json.loads((tmp_path / "distdiag-report.json").read_text())["exit_code"] == 3
 
 
@@ -224,3 +224,17 @@ def test_the_job_ends_when_the_launcher_is_killed_or_the_agent_stopped(cli_env, 
         _cleanup([*seen, *agent, root])
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(180)
+def test_a_rank_lost_while_starting_is_named_with_its_host_and_what_it_was_doing(cli_env, tmp_path):
+    """Rank 1 SIGKILLed while the ranks import (nobody can report): the one line names rank 1,
+    its pid and host, the signal and its phase; the report left says the same."""
+    env = dict(cli_env, DISTDIAG_TEST_DIE_AT_START="1")
+    env["PYTHONPATH"] = str(HERE / "die_at_start") + os.pathsep + env["PYTHONPATH"]
+    out = _run(["--probes", "env", "--launch", "torchrun"], env, tmp_path)
+    assert out.returncode == 3, out.stderr[-2000:]
+    (line,) = _lines(out.stderr)
+    assert "rank 1 (pid " in line and " on host " in line and "ended first (killed by SIGKILL) while " in line, line
+    assert "rank 1 (pid" in json.loads((tmp_path / "distdiag-report.json").read_text())["summary"]
