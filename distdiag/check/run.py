@@ -69,8 +69,10 @@ class CheckRun:
     # -- store and sentinel ---------------------------------------------------------------
     def _store(self) -> Any:
         from distdiag.runtime.context import connect_store
+        from distdiag.runtime.exchange import bounded
 
-        return connect_store(self.info, timedelta(seconds=max(30.0, self.config.timeout_s)))
+        with bounded("connect"):  # the sentinel's own client, made while the host may be frozen
+            return connect_store(self.info, timedelta(seconds=max(30.0, self.config.timeout_s)))
 
     def execute(self) -> int:
         import torch
@@ -121,6 +123,11 @@ class CheckRun:
             where = f"{info.master_addr}:{info.master_port}" if info.distributed else "in-process"
             print_line(f"distdiag[rank {info.rank}]: cannot reach the job's store at {where}: {exc}")
             return False
+        from distdiag.runtime.exchange import bound_store_calls
+        from distdiag.runtime.sentinel import flush_and_exit
+
+        # A stopped or frozen store host answers no call, whatever the store's timeout.
+        bound_store_calls(info.rank, lambda: flush_and_exit(3))
         self.ex = Exchange(self.store, info.rank, info.world_size)
         from distdiag.errors import set_caught_publisher
 

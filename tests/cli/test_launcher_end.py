@@ -19,6 +19,7 @@ from distdiag.check.launch_end import Launch, exit_code_after_run
 from distdiag.check.launched import VERDICT_NOTE_ENV, note_verdict
 from distdiag.check.launcher import JobEnd
 from distdiag.report.model import Report, read_report, write_report
+from distdiag.runtime.exchange import STORE_STALL_S
 from tests.cli.test_launcher_run import _alive, _connected, _workers
 
 HERE = Path(__file__).resolve().parent
@@ -198,11 +199,12 @@ def test_a_rank_stopped_after_a_passing_verdict_is_ended(cli_env, tmp_path):
 
 
 @pytest.mark.torchrun
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("fault", ["kill-launcher", "stop-agent"])
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", ["kill-launcher", "stop-agent", "stop-agent-kill-launcher"])
 def test_the_job_ends_when_the_launcher_is_killed_or_the_agent_stopped(cli_env, tmp_path, fault):
     """SIGKILL of `distdiag check` mid-probe: the agent and ranks end by themselves. SIGSTOP of
-    torchrun's agent: the launcher ends the job (exit 3, one line naming the agent)."""
+    torchrun's agent: the launcher ends the job (exit 3, one line naming the agent). Both: the
+    store answers no rank, and each rank leaves once a store call waited STORE_STALL_S."""
     env = dict(cli_env, DISTDIAG_INJECT="sleep:collectives:1:seconds=90")
     proc, root = _start(["--probes", "env,collectives", "--timeout-s", "120"], env, tmp_path)
     seen, agent = [], []
@@ -210,6 +212,15 @@ def test_the_job_ends_when_the_launcher_is_killed_or_the_agent_stopped(cli_env, 
         seen = _wait_workers(proc, root, connected=True)
         agent = root.children()
         time.sleep(1)
+        if fault == "stop-agent-kill-launcher":
+            agent[0].suspend()
+            proc.kill()
+            deadline = time.monotonic() + STORE_STALL_S + 60
+            while any(map(_alive, seen)) and time.monotonic() < deadline:
+                time.sleep(0.5)  # ended ranks stay zombies: their stopped agent cannot reap them
+            alive = [p.pid for p in seen if _alive(p)]
+            assert alive == [], f"ranks left behind with their store host stopped: {alive}"
+            return
         if fault == "kill-launcher":
             proc.kill()
             proc.communicate(timeout=30)
