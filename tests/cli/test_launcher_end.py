@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distdiag.check.launch_end import Launch, exit_code_after_run
+from distdiag.check.launch_end import Launch, exit_code_after_run, lost_rank_words
 from distdiag.check.launched import VERDICT_NOTE_ENV, note_verdict
 from distdiag.check.launcher import JobEnd
 from distdiag.report.model import Report, read_report, write_report
@@ -78,6 +78,19 @@ def test_a_signal_before_any_report_is_one_cancellation_line(tmp_path, capsys):
         (line,) = _lines(capsys.readouterr().err)
         assert line.startswith("distdiag: cancelled by SIGINT (Ctrl-C)"), line
         assert read_report(launch.report_path).outcome == "cancelled"
+
+
+def test_the_rank_torchrun_saw_fail_first_is_named_with_what_it_noted(tmp_path):
+    """torchrun's root-cause block and the rank's phase note give one clause naming rank, pid, host, signal, phase."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failure = ProcessFailure(local_rank=1, pid=4242, exitcode=-9, error_file="/nonexistent")
+    text = ChildFailedError("distdiag.check", {1: failure}).format_msg()
+    with Launch(str(tmp_path / "r.json"), 2) as launch:
+        (Path(launch.folder) / "rank-1.json").write_text(json.dumps({"phase": "importing torch and the check", "pid": 4242}))
+        words = lost_rank_words(launch, text.splitlines(keepends=True))
+    assert words is not None and words.startswith("rank 1 (pid 4242 on host ")
+    assert words.endswith("ended first (killed by SIGKILL) while importing torch and the check"), words
 
 
 # -- real runs ---------------------------------------------------------------------------------
