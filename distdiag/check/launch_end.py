@@ -206,6 +206,12 @@ def _code_of_report(report: Report, end: Any, where: str) -> int:
         print_line(f"distdiag: cancelled by {_signal_words(end.stopped_by)}: {report.summary}; report: {where} "
                    f"(exit {code})")
         return code
+    if code == 0 and end.stopped_by and end.rc == 0 and not end.killed_why:
+        # The signal came too late to stop anything: the run passed, but the user asked to
+        # stop, and a script (the gate) must not go on as if nothing happened.
+        print_line(f"distdiag: cancelled by {_signal_words(end.stopped_by)} as the run finished (its report "
+                   f"says pass: {where}); exit {EXIT_HANG}")
+        return EXIT_HANG
     if code == 0 and (end.rc != 0 or end.killed_why or end.stopped_by):
         # The verdict passed, then a rank died (or the job had to be ended) before it was over.
         why = f"stopped by {end.stopped_by}; " if end.stopped_by else f"{end.killed_why}; " if end.killed_why else ""

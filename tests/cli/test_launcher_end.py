@@ -93,6 +93,15 @@ def test_the_rank_torchrun_saw_fail_first_is_named_with_what_it_noted(tmp_path):
     assert words.endswith("ended first (killed by SIGKILL) while importing torch and the check"), words
 
 
+def test_a_signal_as_a_passing_run_finishes_is_still_a_cancellation(tmp_path, capsys):
+    """Ctrl-C that came too late to stop a passing run: one line, exit 3 (a gate must not start the job)."""
+    with Launch(str(tmp_path / "r.json"), 2) as launch:
+        write_report(Report(world_size=2, launch_id=launch.id), launch.report_path)
+        assert exit_code_after_run(launch, JobEnd(0, "SIGINT")) == 3
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.startswith("distdiag: cancelled by SIGINT (Ctrl-C) as the run finished") and line.endswith("exit 3")
+
+
 # -- real runs ---------------------------------------------------------------------------------
 
 @pytest.mark.torchrun
