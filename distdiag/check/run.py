@@ -379,6 +379,8 @@ def run_check(argv: list[str]) -> int:
         FaultPlan.from_env(info.rank)  # a malformed DISTDIAG_INJECT is bad input too
     except ConfigError as exc:
         return _bad_input(exc, argv)
+    except SystemExit as exc:  # argparse's --version: the only exit of ours before the run
+        return exc.code if isinstance(exc.code, int) else 0
     return CheckRun(config, plan, info).execute()
 
 
