@@ -11,6 +11,9 @@
                     publish the verdict, leave together; the report of a broken run)
     consolidate.py  what every rank posted -> one Report and its verdict (on the writing rank)
     launcher.py     `distdiag check` / `distdiag gate`: torchrun run for the user, exact codes
+    launch_end.py   the launcher's side of one launch: its id, and the exit code of this run alone
+    launched.py     what the ranks share with their launcher (the launch id, the verdict note)
+    jobwatch.py     the launcher's outside view of the job: ends what nobody inside can end
     forkrun.py      what they run by default: torch and the planned probes' modules imported
                     once, then torchrun's agent in-process forks the ranks (--run-path)
     forked_rank.py  the file each forked rank starts in (made like a fresh rank, then run.main)
@@ -24,7 +27,8 @@ as `distdiag.check.main` before the check became a package, load run.py on first
 from typing import Any
 
 __all__ = [
-    "config", "consolidate", "finish", "forked_rank", "forkrun", "launcher", "options", "plan", "run", "target",
+    "config", "consolidate", "finish", "forked_rank", "forkrun", "jobwatch", "launch_end", "launched", "launcher",
+    "options", "plan", "run", "target",
     "main", "run_check",
 ]
 

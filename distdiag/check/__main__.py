@@ -2,7 +2,11 @@
 
 import threading
 
-from distdiag.check.run import main
+from distdiag.check.launched import note_phase
 
 if threading.current_thread() is threading.main_thread():
+    # Before torch: a rank lost while importing is named so by distdiag check (launch_end.py).
+    note_phase("importing torch and the check")
+    from distdiag.check.run import main
+
     main()

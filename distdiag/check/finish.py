@@ -18,6 +18,7 @@ from typing import Any
 
 from distdiag.check.config import CheckConfig
 from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
+from distdiag.check.launched import cancelled_by, launch_id, note_verdict
 from distdiag.check.plan import Plan
 from distdiag.errors import print_line
 from distdiag.probes.base import ConsolidationView
@@ -72,6 +73,15 @@ class RunEnd:
             for r in range(self.info.world_size)
         ]
 
+    def _checked_in(self) -> dict[int, RankInfo]:
+        """The rank table's real entries (a rank that never posted its row has a placeholder
+        with host '?', which read as "no answer from host ?")."""
+        return {r: i for r, i in enumerate(self.rank_infos) if i.pid > 0}
+
+    def _one_host(self) -> str | None:
+        """This host, when every rank of the job starts on it (one node)."""
+        return self.info.host if self.info.local_world_size == self.info.world_size else None
+
     def _completed(self, ex: Exchange, count: int) -> list[ProbeResult]:
         """The consolidated results of the plan's first `count` probes, from the store."""
         return [
@@ -87,7 +97,7 @@ class RunEnd:
 
     def _report(self, results: list[ProbeResult], not_run: list[str], *, outcome: str, hung: bool, writer: int) -> Report:
         cfg = self.config.to_dict()
-        return build_report(
+        report = build_report(
             world_size=self.info.world_size,
             ranks=self.rank_infos,
             probes=results,
@@ -100,6 +110,8 @@ class RunEnd:
             config=cfg,
             written_by=writer,
         )
+        report.launch_id = launch_id()
+        return report
 
     # -- write and publish ------------------------------------------------------------------
     def emit(self, report: Report, ex: Exchange, *, show: bool = True) -> None:
@@ -112,12 +124,15 @@ class RunEnd:
         except OSError as exc:
             where = None
             print_line(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
+        note_verdict(report.exit_code, where is not None)
         self._write_junit(report)
         try:
             ex.publish("report", {"json": text, "host": self.info.host, "node": self.info.node})
         except Exception as exc:  # noqa: BLE001 - the local copy is written already
             log.warning("could not share the report through the store: %s", exc)
         self.progress.clear()
+        if report.outcome == "cancelled" and cancelled_by():
+            show = False  # the user stopped distdiag check, which says so in one line
         if show:
             self._print(report, text, where)
         sys.stdout.flush()
@@ -147,11 +162,17 @@ class RunEnd:
 
             from distdiag.report.model import write_json_atomic
 
+            # This node's copy carries this node's launch id: its launcher takes only that.
+            data = json.loads(shared["json"])
+            data["launch_id"] = launch_id()
             try:
-                write_json_atomic(self.config.report, shared["json"].rstrip("\n"))
+                write_json_atomic(self.config.report, json.dumps(data, indent=2))
             except OSError as exc:  # e.g. a link planted at the path since the check began
+                note_verdict(int(data.get("exit_code", EXIT_HANG)), False)
                 print_line(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
-            self._write_junit(Report.from_dict(json.loads(shared["json"])))
+                return
+            note_verdict(int(data.get("exit_code", EXIT_HANG)), True)
+            self._write_junit(Report.from_dict(data))
 
     def _write_junit(self, report: Report) -> None:
         if not self.config.junit:
@@ -187,8 +208,8 @@ class RunEnd:
             return code
         missing = sorted(set(range(world)) - set(ex.present("left")))
         self._load_rank_infos(ex)
-        infos = dict(enumerate(self.rank_infos))
-        reasons = silent_rank_reasons(missing, infos, self.info.host)
+        infos = self._checked_in()
+        reasons = silent_rank_reasons(missing, infos, self.info.host, starting_host=self._one_host())
         kill_stopped_local(reasons, infos, self.info.host)
         definite = {r: why for r, why in reasons.items() if "is gone" in why or "stopped" in why}
         if report is None or not definite:
@@ -217,8 +238,9 @@ class RunEnd:
         self._load_rank_infos(ex)
         snaps = {int(r): s for r, s in ex.collect("snap").items()}
         reasons = {int(r): v for r, v in ex.collect("abort_reason").items()}
-        infos = {r: self.rank_infos[r] for r in range(world)}
-        lost = silent_rank_reasons([r for r in range(world) if r not in snaps], infos, self.info.host)
+        infos = self._checked_in()
+        silent = [r for r in range(world) if r not in snaps]
+        lost = silent_rank_reasons(silent, infos, self.info.host, starting_host=self._one_host())
         # Where did the run stop? The lowest step any live rank was still in.
         indices = [s["probe_index"] for s in snaps.values() if s.get("phase") in ("probe", "barrier")]
         final = all(s.get("phase") == "final" for s in snaps.values()) and snaps
@@ -233,7 +255,9 @@ class RunEnd:
         kinds = {r.get("kind") for r in reasons.values()} or {reason.get("kind")}
         # Every rank that said why it stopped was told to by a signal, and none is lost or
         # raised: the run was cancelled (Ctrl-C, scancel, a preemption), nobody is at fault.
-        cancelled = kinds == {"terminated"} and not lost and not errors
+        # Ranks still starting when the user's Ctrl-C reached distdiag check died of the signal
+        # before they could check in: that is the cancellation too, not a lost rank.
+        cancelled = kinds == {"terminated"} and not errors and (not lost or cancelled_by() is not None)
         duration = time.monotonic() - self.started
         if cancelled:
             result = cancel_result(name, snaps, world, reason=detail, duration_s=duration)

@@ -36,6 +36,9 @@ def as_a_fresh_rank() -> None:
 
 
 if __name__ == "__main__":
+    from distdiag.check.launched import note_phase
+
+    note_phase("starting (forked by torchrun's agent)")
     as_a_fresh_rank()
     from distdiag.check.run import main
 

@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main", "split_argv", "world_size", "plan_preloads", "start_method", "RANK_ENTRY"]
 
@@ -74,6 +75,32 @@ def plan_preloads(check_args: list[str], world: int | None) -> list[str]:
     return list(names)
 
 
+def _leave_bad_input_report(message: str, check_args: list[str], world: int) -> None:
+    """Where the check's report goes (the config's or profile's path when they parse, else
+    --report or the default), leave one saying nothing ran: an earlier run's must not stay."""
+    from distdiag.check.launched import report_path_in, write_bad_input_report
+    from distdiag.check.plan import parse_config
+    from distdiag.errors import ConfigError
+
+    try:
+        path = parse_config(check_args).report
+    except ConfigError:
+        path = report_path_in(check_args)
+    write_bad_input_report(message, path, world)
+
+
+def _note_first_failure(exc: Any) -> None:
+    import socket
+
+    from distdiag.check.launched import note_first_failure
+
+    try:
+        rank, failure = exc.get_first_failure()
+        note_first_failure(int(rank), int(failure.pid), int(failure.exitcode), socket.gethostname())
+    except Exception as err:  # noqa: BLE001 - only a better message is lost
+        log.debug("could not note the first failure: %s", err)
+
+
 def start_method() -> str:
     """fork, unless a forked rank could not use CUDA: torch poisons fork once this process has
     asked the CUDA driver anything (`torch.cuda.is_available()` does), and a forked rank then
@@ -111,10 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     import distdiag.check.run  # noqa: F401 - the ranks' own code
     from distdiag.errors import ConfigError
 
+    world = world_size(torchrun_args)
     try:
-        preloads = plan_preloads(check_args, world_size(torchrun_args))
+        preloads = plan_preloads(check_args, world)
     except ConfigError as exc:
         sys.stderr.write(f"distdiag: error: {exc}\n")
+        _leave_bad_input_report(str(exc), check_args, world or 1)
         return 2
     for name in preloads:
         try:
@@ -132,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         torchrun.main(command)
     except ChildFailedError as exc:
         # A rank exited non-zero: the verdict (or why none came) is in the report and on the
-        # ranks' stderr already; torchrun's summary of it only with DISTDIAG_DEBUG=1.
+        # ranks' stderr already; torchrun's summary of it only with DISTDIAG_DEBUG=1. The rank
+        # that failed first goes to the launcher, which names it when no report came.
         if os.environ.get("DISTDIAG_DEBUG") == "1":
             sys.stderr.write(f"{exc}\n")
+        _note_first_failure(exc)
         return 1
     except SignalException as exc:
         # The agent was told to stop and stopped the ranks (they wrote a 'terminated' report).

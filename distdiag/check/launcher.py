@@ -15,8 +15,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import IO, Any
+
+from distdiag.check.jobwatch import JobWatch, die_with_parent, kill_tree
+from distdiag.check.launch_end import Launch, exit_code_after_run
+from distdiag.errors import print_line
 
 __all__ = [
     "run_torchrun_check",
@@ -28,6 +32,7 @@ __all__ = [
     "run_gate",
     "run_filtered",
     "STOP_WAIT_S",
+    "JobEnd",
 ]
 
 _GLOG = re.compile(r"^([WEIF]\d{4} \d\d:\d\d:\d\d|\*+\s*$|Setting OMP_NUM_THREADS environment variable)")
@@ -88,47 +93,48 @@ STOP_WAIT_S = 60.0
 before its own SIGKILL) before the launcher kills what is left of the job."""
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL torchrun and every process under it. Its workers run in sessions of their own
-    (docs/facts.md), so killing torchrun alone would orphan them: collect them first."""
-    import psutil
+@dataclass
+class JobEnd:
+    """How the launched job ended, as the launcher saw it."""
 
-    try:
-        root = psutil.Process(pid)
-        procs = [*root.children(recursive=True), root]
-    except psutil.Error:
-        return
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=10)
+    rc: int
+    """torchrun's exit code (negative: the signal that ended it)."""
+    stopped_by: str | None = None
+    """The signal the launcher got (SIGINT: the user's Ctrl-C), if any."""
+    killed_why: str | None = None
+    """Why the launcher killed the job itself (JobWatch), if it did."""
+    notes: list[str] = field(default_factory=list)
+    """What the launcher did to single ranks (a rank stopped after the verdict, ended)."""
 
 
 def run_forwarding_signals(
     cmd: list[str],
     env: dict[str, str],
     on_start: Callable[[subprocess.Popen[str]], None] | None = None,
+    launch: Launch | None = None,
     **popen: Any,
-) -> tuple[int, str | None]:
-    """Run torchrun, passing our SIGTERM/SIGINT on to it; (exit code, name of the signal we got).
+) -> JobEnd:
+    """Run torchrun, passing our SIGTERM/SIGINT on to it, until it ends.
 
     torchrun runs in a session of its own, so that it gets one signal, ours, not also the
-    terminal's Ctrl-C. SIGINT goes on as SIGTERM: the check's sentinels turn SIGTERM into a
-    'terminated' report, while SIGINT would only interrupt a rank's main thread once its
-    collective returned. After a signal the wait is bounded (STOP_WAIT_S); a second signal
-    kills the job at once.
+    terminal's Ctrl-C; it gets SIGTERM should this process die (jobwatch.die_with_parent).
+    SIGINT goes on as SIGTERM: the check's sentinels turn SIGTERM into a 'terminated' report,
+    while SIGINT would only interrupt a rank's main thread once its collective returned. After
+    a signal the wait is bounded (STOP_WAIT_S); a second signal kills the job at once; so does
+    `launch`'s JobWatch when it sees a job nobody inside can end (jobwatch.py).
     """
+    watch = launch.watch if launch is not None else None
     got: list[int] = []
     started: list[subprocess.Popen[str]] = []
 
     def forward(signum: int, frame: Any) -> None:
         got.append(signum)
+        if launch is not None and len(got) == 1:
+            launch.mark_cancelled(signal.Signals(signum).name)
         if not started:
             return  # not launched yet: forwarded right after the launch
         if len(got) > 1:
-            _kill_tree(started[0].pid)
+            kill_tree(started[0].pid)
             return
         try:
             started[0].send_signal(signal.SIGTERM)
@@ -139,40 +145,51 @@ def run_forwarding_signals(
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, forward)
+    killed_why = None
     try:
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, **popen)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent(), **popen)
         started.append(proc)
         if got:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)  # the marker was left by forward() already
         if on_start is not None:
             on_start(proc)
-        forwarded_at: float | None = None
-        while True:
-            try:
-                rc = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                if got and forwarded_at is None:
-                    forwarded_at = time.monotonic()
-                if forwarded_at is not None and time.monotonic() - forwarded_at > STOP_WAIT_S:
-                    sys.stderr.write(f"distdiag: torchrun did not stop within {STOP_WAIT_S:g}s of SIGTERM; killing the job\n")
-                    _kill_tree(proc.pid)
-                    rc = proc.wait(timeout=30)
-                    break
+        killed_why = _wait_bounded(proc, got, watch)
+        rc = proc.wait(timeout=30)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return rc, (signal.Signals(got[0]).name if got else None)
+    name = signal.Signals(got[0]).name if got else None
+    return JobEnd(rc, name, killed_why, list(watch.ended) if watch is not None else [])
+
+
+def _wait_bounded(proc: subprocess.Popen[str], got: list[int], watch: JobWatch | None) -> str | None:
+    """Wait for torchrun to end; kill the job (returning why) when it outlives a signal by
+    STOP_WAIT_S, or when `watch` sees it cannot end by itself."""
+    forwarded_at: float | None = None
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        if got and forwarded_at is None:
+            forwarded_at = time.monotonic()
+        why = None
+        if forwarded_at is not None and time.monotonic() - forwarded_at > STOP_WAIT_S:
+            why = f"torchrun did not stop within {STOP_WAIT_S:g}s of SIGTERM"
+        elif watch is not None:
+            why = watch.tick(proc.pid)
+        if why is not None:
+            print_line(f"distdiag: {why}; killing the job")
+            kill_tree(proc.pid)
+            return why
 
 
 def run_torchrun_check(
     nproc: int, check_args: list[str], report_path: str, torchrun_args: list[str] | None = None, launch: str = "fork"
 ) -> int:
-    """Launch, wait, and return the exit code recorded in the report (3 when none was written,
-    or when torchrun failed although the report passed: a rank died after the verdict)."""
-    debug = os.environ.get("DISTDIAG_DEBUG") == "1"
+    """Launch, wait, and return the exit code of this run's report (see exit_code_after_run)."""
     cmd = torchrun_command(check_args, [f"--nproc-per-node={nproc}", *(torchrun_args or [])], launch)
-    started = time.time()
     env = dict(os.environ)
     # torchrun sets OMP_NUM_THREADS=1 for nproc > 1 anyway, with a banner; say it quietly.
     if nproc > 1:
@@ -181,59 +198,10 @@ def run_torchrun_check(
         from distdiag.report.render import PROGRESS_ENV
 
         env[PROGRESS_ENV] = "stdout"  # the ranks' stderr is our pipe: rank 0 shows progress on stdout
-    lines: list[str] = []
-    pumps: list[threading.Thread] = []
-
-    def pump_stderr(proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        thread = threading.Thread(target=_pump, args=(proc.stderr, lines, debug), name="distdiag-stderr", daemon=True)
-        thread.start()
-        pumps.append(thread)
-
-    rc, stopped_by = run_forwarding_signals(cmd, env, pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
-    for thread in pumps:
-        thread.join(timeout=5)
-    if not debug:
-        for line in filter_torchrun_stderr(lines):
-            sys.stderr.write(line)
-    return exit_code_after_run(report_path, started, rc, stopped_by)
-
-
-def exit_code_after_run(report_path: str, started: float, rc: int, stopped_by: str | None = None) -> int:
-    """The check's exit code from the report it wrote (when written after `started`) and
-    torchrun's exit code `rc` (2: bad input, said before any rank started); prints one line
-    when they disagree or no report came."""
-    from distdiag.errors import ReportError
-    from distdiag.report.model import read_report
-
-    path = Path(report_path)
-    fresh = path.exists() and path.stat().st_mtime >= started - 1
-    why = f"stopped by {stopped_by}; " if stopped_by else ""
-    if fresh:
-        try:
-            code = read_report(path).exit_code
-        except ReportError as exc:
-            sys.stderr.write(f"distdiag: error: {exc}\n")
-            return 3
-        if code == 0 and rc != 0:
-            # The verdict passed, then a rank died (or torchrun failed) before the job ended.
-            sys.stderr.write(
-                f"distdiag: error: {why}the report says pass but torchrun exited {rc}: a rank failed after the "
-                "verdict; exiting 3 (rerun with DISTDIAG_DEBUG=1 for torchrun's log)\n"
-            )
-            return 3
-        return code
-    if rc == 0:
-        return 0
-    if rc == 2 and not stopped_by:
-        # Bad input caught before any rank started (distdiag.check.forkrun, or torchrun's own
-        # options): the one line saying what is wrong is on stderr already.
-        return 2
-    sys.stderr.write(
-        f"distdiag: error: {why}torchrun exited {rc} and no report was written to {path}; "
-        "a rank died before the check could report (rerun with DISTDIAG_DEBUG=1 for torchrun's log)\n"
-    )
-    return 3
+    with Launch(report_path, nproc) as launch_:
+        env.update(launch_.env())
+        end, lines = run_filtered(cmd, env, launch_)
+        return exit_code_after_run(launch_, end, lines)
 
 
 GATE_USAGE = "usage: distdiag gate [torchrun options] -- TRAINING COMMAND..."
@@ -283,10 +251,13 @@ def _gate_check_args(report: str) -> list[str]:
         raise ConfigError(f"DISTDIAG_CHECK_ARGS: {exc}") from None
 
 
-def run_filtered(cmd: list[str], env: dict[str, str]) -> tuple[int, str | None]:
-    """run_forwarding_signals with torchrun's stderr through the filter `distdiag check` uses
-    (its log lines, the OMP_NUM_THREADS banner and its ChildFailedError traceback dropped, the
-    ranks' own lines kept, written when the job ended); DISTDIAG_DEBUG=1 shows all of it live."""
+def run_filtered(cmd: list[str], env: dict[str, str], launch: Launch) -> tuple[JobEnd, list[str]]:
+    """run_forwarding_signals with torchrun's stderr collected and, once the job ended, written
+    through filter_torchrun_stderr (its log lines, the OMP_NUM_THREADS banner and its
+    ChildFailedError traceback dropped, the ranks' own lines kept): `distdiag check` and
+    `distdiag gate` alike. DISTDIAG_DEBUG=1 shows all of it live. A cancelled run is said in
+    one line (launch_end.exit_code_after_run); the ranks' and torchrun's lines about the signal
+    are noise then. Returns how the job ended and every stderr line."""
     debug = os.environ.get("DISTDIAG_DEBUG") == "1"
     lines: list[str] = []
     pumps: list[threading.Thread] = []
@@ -297,12 +268,12 @@ def run_filtered(cmd: list[str], env: dict[str, str]) -> tuple[int, str | None]:
         thread.start()
         pumps.append(thread)
 
-    result = run_forwarding_signals(cmd, env, pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
+    end = run_forwarding_signals(cmd, env, pump_stderr, launch, stderr=subprocess.PIPE, text=True, bufsize=1)
     for thread in pumps:
         thread.join(timeout=5)
-    if not debug:
+    if not debug and not end.stopped_by:
         sys.stderr.writelines(filter_torchrun_stderr(lines))
-    return result
+    return end, lines
 
 
 def _check_gate_report_path(report: str) -> None:
@@ -316,6 +287,29 @@ def _check_gate_report_path(report: str) -> None:
         check_output_path(report, "set DISTDIAG_REPORT to a file path")
     except RefusedFile as exc:
         raise ConfigError(f"DISTDIAG_REPORT: {exc}") from None
+
+
+def _gate_world(torchrun_args: list[str]) -> int:
+    """This node's ranks, for a report the gate itself must leave (1 when not given as a number)."""
+    value = ""
+    for i, arg in enumerate(torchrun_args):
+        name, _, attached = arg.partition("=")
+        if name.replace("_", "-") == "--nproc-per-node":
+            value = attached or (torchrun_args[i + 1] if i + 1 < len(torchrun_args) else "")
+    return int(value) if value.isdigit() else 1
+
+
+def _gate_bad_input(message: str, report: str, *, leave_report: bool = True) -> int:
+    """One line, exit 2, and a report saying nothing ran in place of an earlier run's (for a
+    mistyped gate command line, just no earlier run's report)."""
+    from distdiag.check.launch_end import remove_stale_report
+    from distdiag.check.launched import write_bad_input_report
+
+    print_line(f"distdiag: error: {message}")
+    remove_stale_report(report)
+    if leave_report:
+        write_bad_input_report(message, report, 1)
+    return 2
 
 
 def run_gate(argv: list[str]) -> int:
@@ -332,25 +326,21 @@ def run_gate(argv: list[str]) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(GATE_HELP)
         return 0
+    report = os.environ.get("DISTDIAG_REPORT") or "distdiag-gate-report.json"
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        sys.stderr.write(f"distdiag: error: {GATE_USAGE}\n")
-        return 2
+        return _gate_bad_input(GATE_USAGE, report, leave_report=False)
     split = argv.index("--")
     torchrun_args, command = argv[:split], argv[split + 1 :]
-    report = os.environ.get("DISTDIAG_REPORT") or "distdiag-gate-report.json"
     try:
         _check_gate_report_path(report)
         cmd = torchrun_command(_gate_check_args(report), torchrun_args, launch_mode(None))
     except ConfigError as exc:
-        sys.stderr.write(f"distdiag: error: {exc}\n")
-        return 2
-    # A report left by an earlier run must not pass for this one (exit_code_after_run also
-    # ignores a report older than this run, e.g. behind a symlink).
-    if os.path.isfile(report) and not os.path.islink(report):
-        os.unlink(report)
-    started = time.time()
-    rc, stopped_by = run_filtered(cmd, dict(os.environ))  # as quiet as `distdiag check`
-    code = exit_code_after_run(report, started, rc, stopped_by)
+        return _gate_bad_input(str(exc), report)
+    with Launch(report, _gate_world(torchrun_args)) as launch:
+        env = dict(os.environ, **launch.env())
+        end, lines = run_filtered(cmd, env, launch)  # as quiet as `distdiag check`
+        code = exit_code_after_run(launch, end, lines)
+    rc, stopped_by = end.rc, end.stopped_by
     host = socket.gethostname()
     if code != 0 or stopped_by:
         code = code or 3

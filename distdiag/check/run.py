@@ -19,9 +19,10 @@ from typing import Any
 
 from distdiag.check.config import CheckConfig
 from distdiag.check.finish import RunEnd
+from distdiag.check.launched import note_phase
 from distdiag.check.plan import Plan, make_plan, parse_config
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
-from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo, Report, write_report
+from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo
 from distdiag.report.render import ProgressLine
 from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.faults import FaultPlan
@@ -68,8 +69,10 @@ class CheckRun:
     # -- store and sentinel ---------------------------------------------------------------
     def _store(self) -> Any:
         from distdiag.runtime.context import connect_store
+        from distdiag.runtime.exchange import bounded
 
-        return connect_store(self.info, timedelta(seconds=max(30.0, self.config.timeout_s)))
+        with bounded("connect"):  # the sentinel's own client, made while the host may be frozen
+            return connect_store(self.info, timedelta(seconds=max(30.0, self.config.timeout_s)))
 
     def execute(self) -> int:
         import torch
@@ -80,6 +83,7 @@ class CheckRun:
 
         info = self.info
         install_sigterm_wakeup()
+        note_phase("connecting to the job's store")
         if not self._connect():
             return 3
         setup_exc = None
@@ -92,8 +96,10 @@ class CheckRun:
         if setup_exc is not None:
             self._setup_failed(setup_exc, "could not select its device")
 
+        note_phase("checking in (waiting for every rank to reach the store)")
         self.ex.post("info", RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
         self._wait_for_checkin()
+        note_phase("setting up (the target, the process groups)")
         self.tracker.enter_phase("setup")
         target = self._load_target_everywhere()
         side_group = self._init_process_groups(backend, device)
@@ -117,6 +123,11 @@ class CheckRun:
             where = f"{info.master_addr}:{info.master_port}" if info.distributed else "in-process"
             print_line(f"distdiag[rank {info.rank}]: cannot reach the job's store at {where}: {exc}")
             return False
+        from distdiag.runtime.exchange import bound_store_calls
+        from distdiag.runtime.sentinel import flush_and_exit
+
+        # A stopped or frozen store host answers no call, whatever the store's timeout.
+        bound_store_calls(info.rank, lambda: flush_and_exit(3))
         self.ex = Exchange(self.store, info.rank, info.world_size)
         from distdiag.errors import set_caught_publisher
 
@@ -225,6 +236,7 @@ class CheckRun:
 
     def _run_probe(self, ctx: Any, index: int, planned: Any) -> None:
         probe = planned.probe
+        note_phase(f"in probe '{probe.name}'")
         self.progress.show(index, len(self.plan.probes), probe.name)
         self.tracker.enter_phase("probe", index, probe.name)
         started = time.perf_counter()
@@ -287,6 +299,7 @@ class CheckRun:
         """After the last probe: rank 0 consolidates, writes the report and publishes the
         verdict; the others wait for it and acknowledge; then every rank leaves together."""
         info = self.info
+        note_phase("reaching the verdict")
         self.tracker.enter_phase("final")
         self.faults.at("final", 0)
         if info.rank == 0:
@@ -314,23 +327,17 @@ class CheckRun:
         return code
 
 
-def _bad_input(exc: ConfigError, argv: list[str], report_path: str = "distdiag-report.json") -> int:
+def _bad_input(exc: ConfigError, argv: list[str], report_path: str | None = None) -> int:
     """Every rank prints the same line; rank 0 also leaves a report saying nothing ran."""
+    from distdiag.check.launched import note_verdict, report_path_in, write_bad_input_report
+
     print_line(f"distdiag: error: {exc}")
     # Local rank 0 of every node leaves the report there (no shared filesystem assumed), so a
     # gate on any node reads exit code 2, not "no report" (3).
     if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":
-        for i, arg in enumerate(argv):
-            if arg == "--report" and i + 1 < len(argv):
-                report_path = argv[i + 1]
-            elif arg.startswith("--report="):
-                report_path = arg.split("=", 1)[1]
         world = int(os.environ.get("WORLD_SIZE", "1") or 1) if os.environ.get("WORLD_SIZE", "1").isdigit() else 1
-        report = Report(world_size=world, exit_code=EXIT_BAD_INPUT, verdict="error", outcome="bad_input", summary=str(exc))
-        try:
-            write_report(report, report_path)
-        except OSError:
-            pass
+        written = write_bad_input_report(str(exc), report_path or report_path_in(argv), world)
+        note_verdict(EXIT_BAD_INPUT, written)
     _wait_for_peers_to_say_it()
     return EXIT_BAD_INPUT
 
@@ -372,6 +379,8 @@ def run_check(argv: list[str]) -> int:
         FaultPlan.from_env(info.rank)  # a malformed DISTDIAG_INJECT is bad input too
     except ConfigError as exc:
         return _bad_input(exc, argv)
+    except SystemExit as exc:  # argparse's --version: the only exit of ours before the run
+        return exc.code if isinstance(exc.code, int) else 0
     return CheckRun(config, plan, info).execute()
 
 
@@ -387,7 +396,14 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
         level=logging.DEBUG if os.environ.get("DISTDIAG_DEBUG") == "1" else logging.WARNING,
         format="distdiag %(levelname)s %(name)s: %(message)s",
     )
-    code = run_check(sys.argv[1:] if argv is None else argv)
+    try:
+        code = run_check(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:
+        # sys.exit from the user's target or hook: the check never reached its verdict, so
+        # leaving with the code asked for (0, often) would pass for a passing rank.
+        print_line(f"distdiag[rank {os.environ.get('RANK', '0')}]: the check was ended by sys.exit({exc.code!r}) "
+                   "from inside (the target?) before its verdict; exiting 3")
+        code = 3
     sys.stdout.flush()
     sys.stderr.flush()
     if forked and code == 0:

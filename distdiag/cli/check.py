@@ -18,12 +18,14 @@ __all__ = ["register"]
 def check(ctx: typer.Context) -> None:
     """Run the probe suite on N local ranks through torchrun; exit with the verdict's code (see: distdiag check -h)."""
     from distdiag.check.config import layered_config
+    from distdiag.check.launched import report_path_in
     from distdiag.check.launcher import launch_mode, run_torchrun_check
     from distdiag.check.options import build_parser, to_check_argv
     from distdiag.errors import ConfigError
 
     # Bad input is one line and exit 2 before any rank starts: checked in full here for
     # --launch torchrun (before paying for N torch imports), or split with forkrun (below).
+    merged = None
     try:
         args = build_parser(launcher=True).parse_args(ctx.args)
         launch = launch_mode(args.launch)
@@ -37,9 +39,20 @@ def check(ctx: typer.Context) -> None:
             merged = config_from_args(args)
             make_plan(merged, args.nproc_per_node)
     except ConfigError as exc:
+        _leave_bad_input_report(str(exc), merged.report if merged is not None else report_path_in(ctx.args))
         raise fail(str(exc)) from None
     # The report the ranks write: the flag, else the config's or profile's, else the default.
     raise typer.Exit(run_torchrun_check(args.nproc_per_node, to_check_argv(args), merged.report, launch=launch))
+
+
+def _leave_bad_input_report(message: str, path: str) -> None:
+    """The report a script reads must say this run's bad input, not an earlier run's verdict
+    (written where the check's report goes; when that path is the bad input, nothing is)."""
+    from distdiag.check.launch_end import remove_stale_report
+    from distdiag.check.launched import write_bad_input_report
+
+    remove_stale_report(path)
+    write_bad_input_report(message, path, 1)
 
 
 def register(app: typer.Typer) -> None:

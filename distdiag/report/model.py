@@ -267,13 +267,17 @@ class Report:
     exit_code: int = EXIT_PASS
     verdict: str = "pass"
     outcome: str = "completed"
-    """completed | hang | lost_rank | stranded | deadline | terminated | bad_input."""
+    """completed | hang | lost_rank | stranded | deadline | terminated | cancelled | bad_input."""
     summary: str = ""
     """The one-line verdict rank 0 prints."""
     not_run: list[str] = field(default_factory=list)
     """Probes of the plan that never ran because the run ended early."""
     restart_count: int = 0
     run_id: str = ""
+    launch_id: str = ""
+    """The id of the `distdiag check`/`gate` run that launched this check (its ranks get it as
+    DISTDIAG_LAUNCH_ID); the launcher takes only a report carrying its own id. Empty under a
+    bare torchrun."""
     created: str = ""
     duration_s: float = 0.0
     config: dict[str, Any] = field(default_factory=dict)
@@ -303,6 +307,7 @@ class Report:
             "world_size": self.world_size,
             "restart_count": self.restart_count,
             "run_id": self.run_id,
+            "launch_id": self.launch_id,
             "created": self.created,
             "duration_s": round(float(self.duration_s), 3),
             "written_by": self.written_by,
@@ -331,6 +336,7 @@ class Report:
             not_run=list(data.get("not_run", [])),
             restart_count=int(data.get("restart_count", 0)),
             run_id=data.get("run_id", ""),
+            launch_id=data.get("launch_id", ""),
             created=data.get("created", ""),
             duration_s=float(data.get("duration_s", 0.0)),
             config=dict(data.get("config", {})),

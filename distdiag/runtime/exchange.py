@@ -4,16 +4,72 @@ Nothing here touches a process group, so it keeps working when a collective is h
 peer is dead. Each rank posts JSON under `KEY/RANK` and bumps a counter `KEY/n`; a reader
 polls the counter (one round trip) and fetches the values once they are all there. A rank
 that never posts becomes a missing entry for the reader to report, never a hang.
+
+Every call is bounded: a c10d TCPStore client waits forever for a server that is stopped
+(SIGSTOP of torchrun's agent, a frozen host), whatever timeout the store was made with (seen
+with torch 2.13: `add` on a client with a 2 s timeout was still waiting after 100 s). A rank
+in that state can report nothing, so once `bound_store_calls` was called (the check does; an
+embedded watchdog must never end its training process for this) a watcher thread ends the
+process (exit 3, one line) when a call has been waiting STORE_STALL_S.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Exchange"]
+__all__ = ["Exchange", "STORE_STALL_S", "bound_store_calls", "bounded"]
+
+STORE_STALL_S = 30.0
+"""How long one call to the job's store may wait for an answer before the rank gives up on
+the store and leaves with exit 3 (a round trip takes milliseconds; seconds on a loaded node)."""
+
+_inflight: dict[int, tuple[float, str]] = {}
+_watcher: list[threading.Thread] = []
+_watcher_lock = threading.Lock()
+
+
+def _watch(rank: int, leave: Callable[[], None]) -> None:
+    from distdiag.errors import print_line
+
+    while True:
+        time.sleep(0.5)
+        now = time.monotonic()
+        stalled = [(now - start, op) for start, op in list(_inflight.values()) if now - start > STORE_STALL_S]
+        if stalled:
+            waited, op = max(stalled)
+            try:
+                print_line(f"distdiag[rank {rank}]: the job's store has not answered '{op}' for {waited:.0f}s (its "
+                           "host stopped or frozen?); nothing can be reported through it; exiting 3")
+            except OSError:
+                pass  # stderr was a pipe to a launcher that is gone: leave all the same
+            leave()
+            return
+
+
+def bound_store_calls(rank: int, leave: Callable[[], None]) -> None:
+    """From now on, a store call of this process that waits STORE_STALL_S makes the process
+    say so and call `leave` (which must end it: the sentinel's flush_and_exit(3))."""
+    with _watcher_lock:
+        if not _watcher or not _watcher[0].is_alive():
+            thread = threading.Thread(target=_watch, args=(rank, leave), name="distdiag-store-watch", daemon=True)
+            thread.start()
+            _watcher[:] = [thread]
+
+
+@contextmanager
+def bounded(op: str) -> Iterator[None]:
+    """Count the block as one store call `op`, bounded once bound_store_calls was called."""
+    key = threading.get_ident()
+    _inflight[key] = (time.monotonic(), op)
+    try:
+        yield
+    finally:
+        _inflight.pop(key, None)
 
 
 class Exchange:
@@ -26,11 +82,13 @@ class Exchange:
 
     def post(self, key: str, value: Any) -> None:
         """Publish this rank's value under key and count it."""
-        self.store.set(f"{key}/{self.rank}", json.dumps(value, default=str))
-        self.store.add(f"{key}/n", 1)
+        with bounded(f"set {key}"):
+            self.store.set(f"{key}/{self.rank}", json.dumps(value, default=str))
+            self.store.add(f"{key}/n", 1)
 
     def count(self, key: str) -> int:
-        return int(self.store.add(f"{key}/n", 0))
+        with bounded(f"add {key}/n"):
+            return int(self.store.add(f"{key}/n", 0))
 
     def wait_count(
         self,
@@ -49,25 +107,29 @@ class Exchange:
             ranks = list(range(self.world_size))
             if self.count(key) >= self.world_size:  # everyone posted: one round trip
                 return ranks
-        return [r for r in ranks if self.store.check([f"{key}/{r}"])]
+        with bounded(f"check {key}"):
+            return [r for r in ranks if self.store.check([f"{key}/{r}"])]
 
     def collect(self, key: str, ranks: list[int] | None = None) -> dict[int, Any]:
         """The values posted so far under key, by rank (missing ranks are absent)."""
         have = self.present(key, ranks)
         if not have:
             return {}
-        raw = self.store.multi_get([f"{key}/{r}" for r in have])
+        with bounded(f"multi_get {key}"):
+            raw = self.store.multi_get([f"{key}/{r}" for r in have])
         return {r: json.loads(v) for r, v in zip(have, raw, strict=True)}
 
     def publish(self, key: str, value: Any) -> None:
         """Set one job-wide value (e.g. the verdict)."""
-        self.store.set(key, json.dumps(value, default=str))
+        with bounded(f"set {key}"):
+            self.store.set(key, json.dumps(value, default=str))
 
     def read(self, key: str) -> Any | None:
         """A job-wide value, or None when nobody set it yet."""
-        if not self.store.check([key]):
-            return None
-        return json.loads(self.store.get(key))
+        with bounded(f"get {key}"):
+            if not self.store.check([key]):
+                return None
+            return json.loads(self.store.get(key))
 
     def wait_read(
         self, key: str, deadline: float, *, poll_s: float = 0.02, stop: Callable[[], bool] | None = None
@@ -82,11 +144,13 @@ class Exchange:
         a token of the rank alone would let both win).
         """
         token = f"{self.rank}:{who}" if who else str(self.rank)
-        got = self.store.compare_set(key, "", token)
+        with bounded(f"compare_set {key}"):
+            got = self.store.compare_set(key, "", token)
         return bytes(got).decode() == token
 
     def bump(self, key: str, amount: int = 1) -> int:
-        return int(self.store.add(key, amount))
+        with bounded(f"add {key}"):
+            return int(self.store.add(key, amount))
 
 
 def _poll(probe: Callable[[], Any], deadline: float, poll_s: float, stop: Callable[[], bool] | None) -> Any | None:

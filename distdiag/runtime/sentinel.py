@@ -146,11 +146,14 @@ def flush_and_exit(code: int) -> None:
     os._exit(code)
 
 
-def silent_rank_reasons(missing: list[int], infos: dict[int, Any], host: str, who: str = "sentinel") -> dict[int, str]:
+def silent_rank_reasons(
+    missing: list[int], infos: dict[int, Any], host: str, who: str = "sentinel", starting_host: str | None = None,
+) -> dict[int, str]:
     """Why each rank that posted nothing is silent, as far as this host can tell.
 
-    `infos` maps rank -> an object with `host` and `pid` (RankInfo); same-host ranks are
-    looked at by pid, the others can only be "no answer".
+    `infos` maps rank -> an object with `host` and `pid` (RankInfo) for the ranks that checked
+    in; same-host ranks are looked at by pid, the others can only be "no answer". A rank with
+    no entry never checked in; `starting_host` names its host when every rank starts on one.
     """
     lost: dict[int, str] = {}
     for r in missing:
@@ -163,9 +166,10 @@ def silent_rank_reasons(missing: list[int], infos: dict[int, Any], host: str, wh
                 "alive": f"its process (pid {info.pid}) is alive but its {who} did not answer (holding the GIL?)",
             }.get(state, f"its process (pid {info.pid}) is in state {state}")
         elif info is None:
+            on = f" on host {starting_host}" if starting_host else ""
             lost[r] = (
-                "it never checked in (no rank table entry): it was still starting - importing torch or the "
-                "target - or it died before connecting"
+                f"it never checked in (no rank table entry){on}: it was still starting - importing torch or the "
+                "target, or connecting to the job's store - or it died before connecting"
             )
         else:
             lost[r] = f"no answer from host {info.host} (dead, stopped or unreachable)"

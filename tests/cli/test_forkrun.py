@@ -118,7 +118,9 @@ def test_bad_input_is_said_once_before_any_rank_starts(cli_env, tmp_path) -> Non
         "distdiag: error: check.probes: unknown probe 'nope'; available: env, collectives, gpu, bandwidth, fsdp_plan, "
         "loss_parity, param_sync, determinism, sequence_parallel, moe_routing, checkpoint"
     ], out.stderr
-    assert not (tmp_path / "distdiag-report.json").exists()
+    # The report says this run's bad input (an earlier run's verdict must not stay there).
+    report = json.loads((tmp_path / "distdiag-report.json").read_text())
+    assert report["exit_code"] == 2 and report["outcome"] == "bad_input" and "'nope'" in report["summary"]
 
 
 @pytest.mark.torchrun

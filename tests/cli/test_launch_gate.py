@@ -58,7 +58,9 @@ def test_two_nodes_on_one_machine_one_report_grouped_per_node(tmp_path, cli_env)
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs
     reports = [json.loads((tmp_path / f"node{n}" / "distdiag-gate-report.json").read_text()) for n in (0, 1)]
-    assert reports[0] == reports[1]
+    # The same report on both nodes, each carrying its own node's launch id (its gate takes only that).
+    ids = [r.pop("launch_id") for r in reports]
+    assert reports[0] == reports[1] and ids[0] != ids[1] and all(len(i) == 32 for i in ids)
     assert (tmp_path / "node1" / "gate.xml").exists()
     assert [(tmp_path / f"node{n}" / "trained").read_text() for n in (0, 1)] == ["0", "1"]
     nodes = {n["node"]: n for n in reports[0]["by_node"]["nodes"]}

@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distdiag.check.launcher import exit_code_after_run
+from distdiag.check.launch_end import Launch, exit_code_after_run
+from distdiag.check.launcher import JobEnd
 from distdiag.report.model import Report, write_report
 
 HERE = Path(__file__).resolve().parent
@@ -77,6 +78,11 @@ def test_signal_to_distdiag_check_stops_torchrun_and_every_worker(cli_env, tmp_p
         assert proc.returncode == 3, err[-2000:]
         report = json.loads((tmp_path / "distdiag-report.json").read_text())
         assert report["outcome"] == "cancelled" and "cancelled" in report["summary"], report["summary"]
+        # Said in one line by the launcher; no rank prints the report about its signal.
+        name = "SIGINT (Ctrl-C)" if sig == signal.SIGINT else "SIGTERM"
+        assert err.strip().splitlines() == [f"distdiag: cancelled by {name}: {report['summary']}; "
+                                            f"report: {tmp_path / 'distdiag-report.json'} (exit 3)"], err
+        assert out == "", out
     finally:
         for p in [root, *seen]:
             if _alive(p):
@@ -86,13 +92,13 @@ def test_signal_to_distdiag_check_stops_torchrun_and_every_worker(cli_env, tmp_p
 
 
 def test_pass_report_with_failed_torchrun_is_exit_3(tmp_path, capsys):
-    """The report says 0, torchrun says 1 (a rank died after the verdict): one line, exit 3."""
-    started = time.time()
-    path = write_report(Report(world_size=2), tmp_path / "r.json")
-    assert exit_code_after_run(str(path), started, 1) == 3
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "the report says pass but torchrun exited 1: a rank failed after the verdict" in err
-    assert exit_code_after_run(str(path), started, 0) == 0
+    """This run's report says 0, torchrun says 1 (a rank died after the verdict): one line, exit 3."""
+    with Launch(str(tmp_path / "r.json"), 2) as launch:
+        write_report(Report(world_size=2, launch_id=launch.id), launch.report_path)
+        assert exit_code_after_run(launch, JobEnd(1)) == 3
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "the report says pass but torchrun exited 1: a rank failed after the verdict" in err
+        assert exit_code_after_run(launch, JobEnd(0)) == 0
 
 
 @pytest.mark.torchrun

@@ -226,3 +226,19 @@ def test_library_exception_caught_on_one_rank_leads_and_names_the_stranded_ranks
     assert "ranks 1,2 were left waiting in" in lead.issue or "ranks 1-2 were left waiting in" in lead.issue
     assert "numpy" in lead.fix
     assert result.elapsed < 15 + 25
+
+
+
+def test_sys_exit_0_from_inside_the_run_is_not_a_passing_rank(cli_env, tmp_path):
+    """sys.exit(0) raised inside the run (a user hook mid-probe; bare torchrun has no launcher to
+    notice): the rank leaves with 3 and says why, never with the 0 that would pass for a verdict."""
+    import subprocess
+    import sys
+
+    code = ("import distdiag.check.run as r\n"
+            "def run_check(argv):\n    raise SystemExit(0)\n"
+            "r.run_check = run_check\nr.main([])\n")
+    out = subprocess.run([sys.executable, "-c", code], env=cli_env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "ended by sys.exit(0) from inside (the target?) before its verdict; exiting 3" in out.stderr

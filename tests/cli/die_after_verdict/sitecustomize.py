@@ -1,5 +1,6 @@
 """Test helper, put on PYTHONPATH: the rank named by DISTDIAG_TEST_DIE_AFTER_VERDICT dies by
-SIGKILL where it would have exited 0 after the verdict (a worker lost after the report).
+SIGKILL where it would have exited 0 after the verdict (a worker lost after the report); with
+DISTDIAG_TEST_AFTER_VERDICT_SIGNAL=SIGSTOP it stops there instead (a worker frozen after it).
 
 The rank is looked up when the process leaves, not when this file loads: ranks forked by
 `distdiag check` (distdiag.check.forkrun) load it once, in the parent, before any RANK is set;
@@ -13,7 +14,8 @@ if os.environ.get("DISTDIAG_TEST_DIE_AFTER_VERDICT"):
 
     def _die(code: int) -> None:
         if code == 0 and os.environ.get("DISTDIAG_TEST_DIE_AFTER_VERDICT") == os.environ.get("RANK", "-"):
-            os.kill(os.getpid(), signal.SIGKILL)
+            sig = os.environ.get("DISTDIAG_TEST_AFTER_VERDICT_SIGNAL", "SIGKILL")
+            os.kill(os.getpid(), getattr(signal, sig))
         _exit(code)
 
     os._exit = _die
