@@ -125,7 +125,7 @@ def hang_report(
                 raise fail(str(exc)) from None
             report = None
         if report is not None:
-            typer.echo(report.to_json() if format == "json" else render_hang_report(report))
+            typer.echo(report.to_json() if format == "json" else render_hang_report(report, report.exit_code if exit_code else 0))
             if exit_code:
                 raise typer.Exit(report.exit_code)
             return
@@ -150,7 +150,7 @@ def hang_report(
         report = report_from_dumps(dumps)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    typer.echo(report.to_json() if format == "json" else render_hang_report(report))
+    typer.echo(report.to_json() if format == "json" else render_hang_report(report, report.exit_code if exit_code else 0))
     if exit_code:
         raise typer.Exit(report.exit_code)
 

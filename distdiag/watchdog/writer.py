@@ -104,8 +104,9 @@ def _step_summary(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def render_hang_report(report: Report) -> str:
-    lines = render_report(report).splitlines()
+def render_hang_report(report: Report, exit_code: int | None = None) -> str:
+    """The report as text (`exit_code`: the code the command returns, when not the report's)."""
+    lines = render_report(report, exit_code=exit_code).splitlines()
     hosts = sorted({r.host for r in report.ranks})
     if report.probes and report.probes[0].name == "flight_recorder":
         lines[0] = "distdiag hang-report: from flight-recorder dumps"
