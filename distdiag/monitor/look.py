@@ -122,8 +122,10 @@ class LookReader:
         self.history: deque[float] = deque(maxlen=config.spike_window)
         self.last_grad_norm = math.nan
 
-    def read(self, step: int, values: list[float], K: int, G: int, window: list, comp_names: list[str]) -> Look:
-        """The look at `step`; window: its (step, local loss) pairs, comp_names: the components packed."""
+    def read(self, step: int, values: list[float], K: int, G: int, window: list, comp_names: list[str], *, final: bool = False) -> Look:
+        """The look at `step`; window: its (step, local loss) pairs, comp_names: the components packed.
+        `final`: close()'s look after the last step, whose gradients are no longer that step's
+        (stepped, maybe zeroed): the losses are checked, the gradient norms neither judged nor logged."""
         cfg = self.config
         sums = _Sums.unpack(values, len(self.ranks), K, G, cfg.num_codes)
         slots = sums.slots
@@ -133,13 +135,14 @@ class LookReader:
         traces = self._traces(slots, step)
         found = [*nonfinite, *traces, *self._agreement(slots, len(window), step)]
         group_norms = {name: math.sqrt(v) for name, v in zip(self.groups.names, sums.grad, strict=True) if math.isfinite(v)}
-        found += checks.grad_checks(grad_total, self._with_grad(group_norms), cfg, step)
+        if not final:
+            found += checks.grad_checks(grad_total, self._with_grad(group_norms), cfg, step)
         param_norm = math.sqrt(sum(sums.param)) if all(math.isfinite(x) for x in sums.param) else math.nan
         update_ratio = math.nan
         if sums.has_update > 0.5 and param_norm > 0:
             update_ratio = math.sqrt(sum(sums.update)) / param_norm
             found += checks.update_checks(update_ratio, cfg, int(round(sums.update_step)))
-        found += self._spikes(window, per_step, grad_total, step)
+        found += self._spikes(window, per_step, math.nan if final else grad_total, step)
         comps = {k: sum(s[HEAD + cfg.every + i] for s in slots) / len(slots) for i, k in enumerate(comp_names)}
         if comps:
             found += checks.component_checks(comps, cfg, step)
@@ -150,11 +153,13 @@ class LookReader:
         if sums.ent and sums.ent[1] > 0:
             entropy, vocab = sums.ent[0] / sums.ent[1], int(round(sums.ent[2] / sums.ent[1]))
             found += checks.entropy_checks(entropy, vocab, cfg, step)
-        self.last_grad_norm = grad_total
-        rec: dict[str, Any] = {"step": step, "loss": per_step[-1] if per_step else math.nan, "grad_norm": grad_total, "param_norm": param_norm}
+        rec: dict[str, Any] = {"step": step, "loss": per_step[-1] if per_step else math.nan, "param_norm": param_norm}
+        if not final:
+            self.last_grad_norm = rec["grad_norm"] = grad_total
         if len(self.ranks) > 1 and window:
             rec["loss_by_rank"] = {str(self.ranks[r]): s[HEAD + len(window) - 1] for r, s in enumerate(slots)}
-        rec["grad_norm_by_module"] = group_norms
+        if not final:
+            rec["grad_norm_by_module"] = group_norms
         if sums.has_update > 0.5:
             rec["update_ratio"] = update_ratio
             rec["update_step"] = int(round(sums.update_step))
@@ -233,7 +238,7 @@ class LookReader:
             if math.isfinite(x) and len(history) >= min(10, cfg.spike_window):
                 spike, base, _ = spike_score(list(history), x, cfg.spike_factor)
                 if spike:
-                    gn = f"; gradient norm {grad_total:.4g} (last look {self.last_grad_norm:.4g})" if st == step else ""
+                    gn = f"; gradient norm {grad_total:.4g} (last look {self.last_grad_norm:.4g})" if st == step and not math.isnan(grad_total) else ""
                     out.append((f"spike:{st}", Finding("warning", f"loss spiked at step {st} to {x:.4g} ({x / base:.1f}x the median {base:.4g} of the {len(history)} steps before)",
                                                        f"loss averaged over {len(self.ranks)} rank(s){gn}", fix="Check the batch at that step; clip gradients if the gradient norm jumped too.", confidence=0.8)))
             if math.isfinite(x):

@@ -84,7 +84,7 @@ class TrainingMonitor:
         self._components: list[str] | None = None
         self._hooks: list[Any] = []
         self.last: dict[str, Any] = {}
-        """The values of the last look (what rank 0 logged)."""
+        """The values of the last look (what rank 0 logged; close() adds the last step's loss)."""
         if optimizer is not None:
             self._hooks.append(optimizer.register_step_pre_hook(self._opt_pre))
             self._hooks.append(optimizer.register_step_post_hook(self._opt_post))
@@ -138,8 +138,15 @@ class TrainingMonitor:
     def result(self) -> ProbeResult:
         return ProbeResult.from_findings("monitor", self.findings, metrics={k: v for k, v in self.last.items() if isinstance(v, int | float)})
 
-    def close(self) -> list[Finding]:
-        """Remove every hook and close the log; returns the findings."""
+    def close(self, *, look: bool = True) -> list[Finding]:
+        """Look at the steps after the last look (their losses written and checked: a NaN at the
+        last step is found), remove every hook and close the log; returns the findings.
+
+        That last look is one all_reduce like any other: call close() on every rank. `look=False`
+        (what leaving a `with` block by an exception does) skips it: ranks that stopped at
+        different points must not wait for each other."""
+        if look:
+            self._final_look()
         self.tracer.disarm()
         for h in self._hooks:
             h.remove()
@@ -155,8 +162,8 @@ class TrainingMonitor:
     def __enter__(self) -> TrainingMonitor:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(look=exc_type is None)
 
     # ---------------------------------------------------------------- internals
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -208,7 +215,26 @@ class TrainingMonitor:
                 fix="The model's capacity sits in a lookup table: consider tying input/output embeddings, a smaller vocabulary, or a deeper body.",
                 confidence=0.7), 0)
 
-    def _look(self, step: int, components: dict | None, codes: torch.Tensor | None, logits: torch.Tensor | None) -> None:
+    def _final_look(self) -> None:
+        """The steps after the last look: a look at the last of them, whose gradients are left out
+        (the optimizer has stepped and may have zeroed them: not the step's gradients any more)."""
+        import torch.distributed as dist
+
+        if not self._pending:
+            return
+        if self.distributed and not dist.is_initialized():
+            if self.rank == 0:
+                log.warning(
+                    "the last %d step(s) (%d..%d) were not checked: the process group was destroyed before "
+                    "TrainingMonitor.close(); close it first", len(self._pending), self._pending[0][0], self._pending[-1][0],
+                )
+            self._pending.clear()
+            return
+        self._look(self._pending[-1][0], None, None, None, final=True)
+
+    def _look(
+        self, step: int, components: dict | None, codes: torch.Tensor | None, logits: torch.Tensor | None, *, final: bool = False
+    ) -> None:
         """Pack this rank's slot and its share of the sums (layout: distdiag.monitor.look), all_reduce, decode."""
         import torch.distributed as dist
 
@@ -240,13 +266,13 @@ class TrainingMonitor:
         self._update = None
         if codes is not None and cfg.num_codes == 0:
             log.warning("codes= passed without num_codes=: code statistics are off")
-        self._decode(step, values, K, G, window, comp_names)
-        self._snapshot_next, self._snapshot_step = True, step
+        self._decode(step, values, K, G, window, comp_names, final)
+        self._snapshot_next, self._snapshot_step = not final, step
 
-    def _decode(self, step: int, values: list[float], K: int, G: int, window: list, comp_names: list[str]) -> None:
+    def _decode(self, step: int, values: list[float], K: int, G: int, window: list, comp_names: list[str], final: bool) -> None:
         """Note what the ranks' sum says, plan the tracing from it, and record the look."""
         cfg = self.config
-        look = self._reader.read(step, values, K, G, window, comp_names)
+        look = self._reader.read(step, values, K, G, window, comp_names, final=final)
         for key, f in look.findings:
             self._note(key, f, step)
         if look.nonfinite and cfg.trace == "auto" and self._trace_local is None:
@@ -254,11 +280,12 @@ class TrainingMonitor:
         if look.traced:
             self._trace_done, self._trace_until = True, -1
         self._trace_local = None  # shipped in this look's vector
-        self._record(step, window, look.losses, look.record)
+        self._record(step, window, look.losses, look.record, final)
 
-    def _record(self, step: int, window: list, per_step: list[float], rec: dict[str, Any]) -> None:
-        """Keep the look's values as `last`; rank 0 writes them to the log and TensorBoard."""
-        self.last = rec
+    def _record(self, step: int, window: list, per_step: list[float], rec: dict[str, Any], final: bool = False) -> None:
+        """Keep the look's values as `last`; rank 0 writes them to the log and TensorBoard.
+        close()'s look measures fewer things (no gradients, codes, ...): it updates `last`."""
+        self.last = {**self.last, **rec} if final else rec
         if self.rank != 0:
             return
         for j, (st, _) in enumerate(window[:-1]):
