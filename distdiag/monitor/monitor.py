@@ -39,6 +39,14 @@ log = logging.getLogger("distdiag.monitor")
 
 METRICS_SCHEMA = "distdiag.metrics/1"
 
+CLOSE_WAIT_S = 5.0
+"""How long close() waits for every rank of the group to reach it before its last look (an
+all_reduce): ranks that do not all arrive skip that look together instead of hanging."""
+
+_created = [0]
+"""Distributed monitors this process made: every rank makes them in the same order, so the
+count names the store keys with which the ranks agree on close()'s last look."""
+
 
 class TrainingMonitor:
     """Loss, gradient norms per module group, non-finite origins, spikes, update ratios,
@@ -66,6 +74,8 @@ class TrainingMonitor:
         self.model = model
         self.group = group
         self.distributed, self.world, self.global_ranks, self.rank = _placement(group)
+        self._index = _created[0]
+        _created[0] += int(self.distributed)
         # DDP's wrapper adds a "module." prefix to every name: report the user's names
         inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
         self.groups = ParamGroups(inner, cfg.depth, self.world)
@@ -222,12 +232,17 @@ class TrainingMonitor:
 
         if not self._pending:
             return
+        why = None
         if self.distributed and not dist.is_initialized():
+            why = "the process group was destroyed before TrainingMonitor.close(); close it first"
+        elif self.distributed and self.world > 1 and not _all_ranks_closing(self._index, self.global_ranks, CLOSE_WAIT_S):
+            # A rank that left its loop early (uneven data) must not be held in an all_reduce
+            # its peers, still training, pair with their own collectives.
+            why = f"the ranks did not all reach TrainingMonitor.close() within {CLOSE_WAIT_S:g}s"
+        if why is not None:
             if self.rank == 0:
-                log.warning(
-                    "the last %d step(s) (%d..%d) were not checked: the process group was destroyed before "
-                    "TrainingMonitor.close(); close it first", len(self._pending), self._pending[0][0], self._pending[-1][0],
-                )
+                first, last = self._pending[0][0], self._pending[-1][0]
+                log.warning("the last %d step(s) (%d..%d) were not checked: %s", len(self._pending), first, last, why)
             self._pending.clear()
             return
         self._look(self._pending[-1][0], None, None, None, final=True)
@@ -321,6 +336,35 @@ def _placement(group: Any) -> tuple[bool, int, list[int], int]:
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         return True, world, ranks, dist.get_rank(group)
     return False, 1, [0], 0
+
+
+def _all_ranks_closing(index: int, ranks: list[int], wait_s: float) -> bool:
+    """Whether every rank of the group reached close() (True: all of them do the last look).
+
+    Each rank posts its arrival in the job's store and waits up to `wait_s` for the others;
+    the outcome is ONE key set with compare_set by the first rank to decide - "look" when it
+    saw every arrival, "skip" when its wait ran out - so a rank arriving after another gave up
+    reads "skip" and no rank is left alone in the all_reduce."""
+    import time
+    import zlib
+
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    me = dist.get_rank()
+    base = f"distdiag/monitor{index}/close/{zlib.crc32(','.join(map(str, ranks)).encode()):08x}"
+    decision = f"{base}/decision"
+    store.set(f"{base}/{me}", "1")
+    arrivals = [f"{base}/{r}" for r in ranks]
+    end = time.monotonic() + wait_s
+    while True:
+        if store.check([decision]):
+            return store.get(decision) == b"look"
+        if store.check(arrivals):
+            return store.compare_set(decision, "", "look") == b"look"
+        if time.monotonic() >= end:
+            return store.compare_set(decision, "", "skip") == b"look"
+        time.sleep(0.02)
 
 
 def _open_log(log: str | Path) -> Any:
