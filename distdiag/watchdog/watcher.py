@@ -164,7 +164,7 @@ class Watcher(threading.Thread):
         assert self.ex is not None
         self.stall.read_engine(self.ex)
         self.phase_board.hook_compile(self.config.compile_timeout)
-        self.phase_board.publish(self.ex)
+        self.phase_board.publish(self.ex, self.config.startup_timeout.total_seconds())
         if self.config.compare_steps and not self.desync_reported:
             self._compare_marks()
         if self.ex.store.check([f"event/{self.handled + 1}"]):
