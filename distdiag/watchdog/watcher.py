@@ -225,13 +225,24 @@ class Watcher(threading.Thread):
                     ex, epoch=epoch, event=event, world=self.world, host=self.info.host, rank=self.rank,
                     timeout_s=self.config.timeout_s, grace_s=self.config.snapshot_grace.total_seconds(),
                     dump_dir=self.config.dump_dir, config=self.extra_config, started=self.started,
+                    own_snapshot=lambda: self._snapshot(event),
                 )
             except Exception as exc:  # noqa: BLE001 - still act on the hang
                 print_line(f"distdiag[rank {self.rank}]: failed to write the hang report: {exc}")
                 traceback.print_exc()
             ex.publish(f"verdict/{epoch}", {"writer": self.rank, "host": self.info.host})
         else:
-            verdict = ex.wait_read(f"verdict/{epoch}", time.monotonic() + VERDICT_WAIT_S, poll_s=0.05)
+            answered: list[bool] = []
+
+            def reread() -> bool:
+                # The writer asks again when this rank's snapshot contradicts itself (see
+                # writer.inconsistent_ranks): re-read once, keeping the snapshot count as it is.
+                if not answered and ex.store.check([f"again/{epoch}/{self.rank}"]):
+                    answered.append(True)
+                    ex.store.set(f"snap/{epoch}/{self.rank}", json.dumps({**self._snapshot(event), "reread": 1}, default=str))
+                return False
+
+            verdict = ex.wait_read(f"verdict/{epoch}", time.monotonic() + VERDICT_WAIT_S, poll_s=0.05, stop=reread)
             if verdict is not None:
                 self._mirror(epoch, verdict)
         self.handled = epoch

@@ -158,6 +158,68 @@ def _gather(
     return merged, lost, errors
 
 
+REREAD_WAIT_S = 3.0
+"""How long the writer waits for the new snapshot of a rank it asked to re-read."""
+
+
+def inconsistent_ranks(merged: dict[int, dict[str, Any]]) -> list[int]:
+    """Ranks whose recorder shows them inside collective #k of a group on which another rank
+    has completed #k or later. A collective completes on no rank before every rank entered it,
+    so the snapshot contradicts itself (a read while the recorder was being updated, gloo
+    marking completions late): it must be re-read, not judged."""
+    done: dict[str, dict[int, int]] = {}
+    for rank, snap in merged.items():
+        engine = snap.get("engine") or {}
+        if engine.get("state") == "ok":
+            for g in engine.get("groups", []):
+                done.setdefault(str(g.get("group")), {})[rank] = int(g.get("completed", -1))
+    out = []
+    for rank, snap in sorted(merged.items()):
+        engine = snap.get("engine") or {}
+        groups = engine.get("groups", []) if engine.get("state") == "ok" else []
+        for g in groups:
+            seq = int(g.get("enqueued", -1))
+            if seq > int(g.get("completed", -1)) and any(
+                c >= seq for r, c in done.get(str(g.get("group")), {}).items() if r != rank
+            ):
+                out.append(rank)
+                break
+    return out
+
+
+def _reread(
+    ex: Exchange, key: str, merged: dict[int, dict[str, Any]], *, rank: int, own_snapshot: Any, wait_s: float
+) -> None:
+    """Ask each rank whose snapshot contradicts itself for a new one (the writer re-reads its
+    own); a rank still inconsistent after that keeps its snapshot without the recorder's view,
+    so the rules judge it from its stack and the wrappers' records, never from a stale count."""
+    bad = inconsistent_ranks(merged)
+    if not bad:
+        return
+    for r in bad:
+        if r == rank and own_snapshot is not None:
+            merged[r] = own_snapshot()
+        elif r != rank:
+            ex.store.set(f"again/{key.split('/', 1)[1]}/{r}", "1")
+    end = time.monotonic() + wait_s
+    waiting = [r for r in bad if r != rank]
+    while waiting and time.monotonic() < end:
+        time.sleep(0.05)
+        fresh = ex.collect(key, waiting)
+        for r, snap in fresh.items():
+            if snap.get("reread"):
+                merged[r] = snap
+                waiting.remove(r)
+    for r in inconsistent_ranks(merged):
+        if r in bad:
+            merged[r]["engine"] = {
+                "state": "stale",
+                "reason": "the flight recorder's counts contradicted the other ranks' twice (a rank inside a "
+                "collective its peers had completed): left out of the analysis",
+                "groups": [],
+            }
+
+
 def _details(
     event: dict[str, Any],
     merged: dict[int, dict[str, Any]],
@@ -224,11 +286,14 @@ def gather_and_write(
     dump_dir: str,
     config: dict[str, Any],
     started: float,
+    own_snapshot: Any = None,
 ) -> tuple[Report, dict[int, str]]:
-    """Wait (bounded) for snapshots, analyse, write the report and publish it; (report, lost)."""
+    """Wait (bounded) for snapshots, re-read the inconsistent ones, analyse, write the report
+    and publish it; (report, lost). `own_snapshot()` takes the writer's snapshot again."""
 
     infos = {r: RankInfo.from_dict(v) for r, v in ex.collect("info").items()}
     merged, lost, errors = _gather(ex, f"snap/{epoch}", infos, world=world, host=host, grace_s=grace_s)
+    _reread(ex, f"snap/{epoch}", merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S)
     findings = analyse(event, merged, lost, errors, world, timeout_s)
     details = _details(event, merged, lost, errors, world)
     ensure_critical(
