@@ -28,12 +28,15 @@ BUSY = 3
         (ENGINE, 3, ["kind=ddp", "compute=4.5"]),
         (WORKERS, 2, ["fault=checkpoint", "rank=1", "step=2", "steps=5"]),
         (WORKERS, 2, ["fault=slow_step", "rank=1", "step=2", "steps=5"]),
+        (ENGINE, 3, ["kind=ddp", "import=5", "rank=2"]),
     ],
-    ids=["ddp-checkpoint-phase", "ddp-long-compute", "checkpoint-phase", "slow-step"],
+    ids=["ddp-checkpoint-phase", "ddp-long-compute", "checkpoint-phase", "slow-step", "ddp-rank-still-importing"],
 )
 @pytest.mark.timeout(150)
 def test_healthy_twins_stay_silent_beside_busy_loops(tmp_path, entry, world, words):
-    """A declared checkpoint, long compute, a slower step: every rank exits 0, no report."""
+    """A declared checkpoint, long compute, a slower step, and rank 2 importing for 5 s (the 3 s
+    timeout) while ranks 0-1 wait in DDP's first all_gather - the starting rank is not hung
+    (this one failed every time before the fix, load or not): every rank exits 0, no report."""
     with busy_cpus(BUSY):
         result = run_ranks(world, words, tmp_path, entry=entry, timeout=HARD)
     assert not result.timed_out and result.codes == [0] * world, (result.codes, result.stderr[-3000:])
