@@ -28,7 +28,7 @@ from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Rep
 from distdiag.report.render import render_report
 from distdiag.runtime.exchange import Exchange
 
-__all__ = ["gather_and_write", "render_hang_report", "REPORT_NAME"]
+__all__ = ["gather_and_write", "render_hang_report", "excused", "inconsistent_ranks", "REPORT_NAME"]
 
 REPORT_NAME = "hang-report.json"
 
@@ -156,6 +156,25 @@ def _gather(
     merged = dict(final_snaps)
     merged.update(snaps)
     return merged, lost, errors
+
+
+def excused(event: dict[str, Any], merged: dict[int, dict[str, Any]]) -> str | None:
+    """Why a declared timeout is no hang once every rank's snapshot is in, else None: a live
+    rank inside a declared phase with budget left (a checkpoint excuses its own slowness) or
+    still importing (a job still starting). The declaring rank may have missed it: phases and
+    imports reach the store on the watchdog thread's next tick, later still on a busy CPU.
+    A phase over its budget anywhere keeps the hang."""
+    if event.get("kind") != "timeout":
+        return None
+    live = {r: s for r, s in sorted(merged.items()) if s.get("phase") != "barrier"}
+    if any(ph["for_s"] > ph["budget_s"] for s in live.values() for ph in s.get("phases") or []):
+        return None
+    for rank, snap in live.items():
+        if snap.get("importing"):
+            return f"rank {rank} is still importing modules (the job is starting)"
+        for ph in snap.get("phases") or []:
+            return f"rank {rank} is in phase '{ph['name']}' ({ph['for_s']:.1f}s of its {ph['budget_s']:g}s budget)"
+    return None
 
 
 REREAD_WAIT_S = 3.0
@@ -287,13 +306,17 @@ def gather_and_write(
     config: dict[str, Any],
     started: float,
     own_snapshot: Any = None,
-) -> tuple[Report, dict[int, str]]:
+) -> tuple[Report | None, dict[int, str], str | None]:
     """Wait (bounded) for snapshots, re-read the inconsistent ones, analyse, write the report
-    and publish it; (report, lost). `own_snapshot()` takes the writer's snapshot again."""
+    and publish it; (report, lost, None), or (None, {}, why) when the snapshots excuse the
+    declared timeout (`excused`). `own_snapshot()` takes the writer's snapshot again."""
 
     infos = {r: RankInfo.from_dict(v) for r, v in ex.collect("info").items()}
     merged, lost, errors = _gather(ex, f"snap/{epoch}", infos, world=world, host=host, grace_s=grace_s)
     _reread(ex, f"snap/{epoch}", merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S)
+    reason = excused(event, merged)
+    if reason is not None:
+        return None, {}, reason
     findings = analyse(event, merged, lost, errors, world, timeout_s)
     details = _details(event, merged, lost, errors, world)
     ensure_critical(
@@ -310,4 +333,4 @@ def gather_and_write(
         duration_s=time.monotonic() - started, config=config, written_by=rank,
     )
     _write_and_publish(ex, report, epoch=epoch, dump_dir=dump_dir, host=host)
-    return report, lost
+    return report, lost, None

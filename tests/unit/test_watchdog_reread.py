@@ -91,3 +91,25 @@ def test_a_snapshot_still_inconsistent_is_not_judged_on_its_recorder(engine_view
     thread.join(5)
     assert merged[1]["engine"]["state"] == "stale" and pending_groups(merged[1]["engine"]) == []
     assert merged[0]["engine"]["state"] == "ok"
+
+
+def test_a_timeout_is_excused_by_a_rank_in_a_phase_with_budget_left():
+    """Rank 0 saves in a declared checkpoint phase (budget left) while the others wait: the
+    declared timeout is no hang (the declaring rank had not seen the phase yet); a phase over
+    its budget, another kind of event, or no phase at all keeps it."""
+    from distdiag.watchdog.progress import Progress
+    from distdiag.watchdog.writer import excused
+
+    saving, waiting = Progress(history=16), Progress(history=16)
+    saving.enter_phase("checkpoint", 15.0)
+    snaps = {0: saving.snapshot(16), 1: waiting.snapshot(16), 2: waiting.snapshot(16)}
+    timeout = {"kind": "timeout", "rank": 1}
+    assert excused(timeout, snaps).startswith("rank 0 is in phase 'checkpoint' (")
+    assert excused({"kind": "desync", "rank": 1}, snaps) is None
+    over = Progress(history=16)
+    over.enter_phase("eval", 0.001)
+    time.sleep(0.01)
+    assert excused(timeout, {**snaps, 1: over.snapshot(16)}) is None
+    assert excused(timeout, {1: waiting.snapshot(16), 2: waiting.snapshot(16)}) is None
+    importing = {**waiting.snapshot(16), "importing": True}
+    assert excused(timeout, {1: waiting.snapshot(16), 2: importing}) == "rank 2 is still importing modules (the job is starting)"
