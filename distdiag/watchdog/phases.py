@@ -48,7 +48,7 @@ class PhaseBoard:
         self.progress = progress
         self.published: tuple[Any, ...] = ()
         self._compile_hooked = False
-        self._import_since = 0.0
+        self.import_since = 0.0
         self.started = time.monotonic()
         self._all_in = False
 
@@ -63,11 +63,11 @@ class PhaseBoard:
         phases = list(self.progress.phases)
         current = tuple(phases[-1]) if phases else ()
         if not current and import_budget_s > 0 and importing(self.progress.thread_ident):
-            since = self._import_since or time.monotonic()
-            self._import_since = since
+            since = self.import_since or time.monotonic()
+            self.import_since = since
             current = ("import", import_budget_s, since)
         elif not current:
-            self._import_since = 0.0
+            self.import_since = 0.0
         if current == self.published:
             return
         if current:

@@ -206,7 +206,10 @@ class Watcher(threading.Thread):
     def _snapshot(self, event: dict[str, Any]) -> dict[str, Any]:
         snap = self.progress.snapshot(self.config.history)
         snap.update({"rank": self.rank, "host": self.info.host, "pid": os.getpid(), "event": event})
-        snap["importing"] = importing(self.progress.thread_ident)
+        # importing within the startup budget (an import stuck longer is a hang like any other)
+        since = self.phase_board.import_since
+        budget = self.config.startup_timeout.total_seconds()
+        snap["importing"] = importing(self.progress.thread_ident) and (not since or time.monotonic() - since <= budget)
         if self.engine is not None:
             snap["engine"] = self.engine.read(details=True, tail=16)
         return snap
