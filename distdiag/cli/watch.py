@@ -17,7 +17,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from typing import IO
 
 import typer
@@ -140,15 +139,25 @@ def _pump(src: IO[str], output: WatchOutput) -> None:
     output.close()
 
 
-def _exit_code(report_path: str, started: float, rc: int, output: WatchOutput) -> int:
-    """The report's code when the watchdog ended the job (a report newer than this run),
-    else 0 when torchrun succeeded, else the failed worker's own code."""
+def _stamp(path: str) -> int | None:
+    """The file's modification time (ns), None when there is none."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _exit_code(report_path: str, before: int | None, rc: int, output: WatchOutput) -> int:
+    """The report's code when the watchdog ended the job (a report written by this run: its
+    stamp differs from `before`, taken at launch), else 0 when torchrun succeeded, else the
+    failed worker's own code."""
     from distdiag.errors import ReportError
     from distdiag.report.model import read_report
 
     if rc == 0:
         return 0
-    if os.path.isfile(report_path) and os.stat(report_path).st_mtime >= started - 1:
+    stamp = _stamp(report_path)
+    if stamp is not None and stamp != before:
         try:
             return read_report(report_path).exit_code
         except ReportError as exc:
@@ -186,11 +195,12 @@ def run_watch(argv: list[str]) -> int:
         thread.start()
         pumps.append(thread)
 
-    started = time.time()
+    report = os.path.join(config.dump_dir, REPORT_NAME)
+    before = _stamp(report)  # a report left by an earlier run is not this run's verdict
     rc, _stopped_by = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
     for thread in pumps:
         thread.join(timeout=5)
-    return _exit_code(os.path.join(config.dump_dir, REPORT_NAME), started, rc, output)
+    return _exit_code(report, before, rc, output)
 
 
 def _raw_args(ctx: typer.Context) -> list[str]:

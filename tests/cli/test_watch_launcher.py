@@ -69,6 +69,7 @@ def test_script_failing_by_itself_keeps_its_code_and_its_traceback(cli_env, tmp_
     assert raised.returncode == 3, raised.stderr[-3000:]
     assert read_report(tmp_path / "hang-report" / "hang-report.json").outcome == "raised"
     assert "ValueError: boom from the script" in raised.stderr and "ChildFailedError" not in raised.stderr
+    # in the same folder, seconds later: the raise run's report is not this run's verdict
     exited = _watch(cli_env, tmp_path, "--", str(script), "exit")
     assert exited.returncode == 5, exited.stderr[-3000:]
     assert "ChildFailedError" not in exited.stderr
