@@ -2,7 +2,7 @@
 
 Results go to stdout, hints and errors to stderr; a user mistake is one line and exit 2;
 a traceback only with DISTDIAG_DEBUG=1. Modules: check, gate, probes, report, analyze,
-hang_report (one per command group) and options (the option types they share). The top of
+hang_report, watch (one per command group) and options (the option types they share). The top of
 the house: it may import any distdiag package, but only inside the command that needs it,
 so `distdiag --help` does not import torch.
 """
@@ -21,6 +21,7 @@ from distdiag.cli import gate as _gate
 from distdiag.cli import hang_report as _hang_report
 from distdiag.cli import probes as _probes
 from distdiag.cli import report as _report
+from distdiag.cli import watch as _watch
 
 __all__ = ["app", "main"]
 
@@ -58,6 +59,7 @@ _probes.register(app)
 _report.register(app)
 _analyze.register(app)
 _hang_report.register(app)
+_watch.register(app)
 
 
 def _click_class(name: str) -> type[BaseException]:

@@ -69,7 +69,12 @@ def analyze(
     else:
         # the title says what was read (render_report's own first line describes a check's ranks)
         sources = ", ".join(f"{r.label} ({r.source}, {max((len(s) for s in r.series.values()), default=0)} points)" for r in runs)
-        typer.echo(render_report(report, min_severity=min_severity, title=f"distdiag analyze: {sources}"))
+        typer.echo(
+            render_report(
+                report, min_severity=min_severity, title=f"distdiag analyze: {sources}",
+                exit_code=report.exit_code if exit_code else 0,
+            )
+        )
     if exit_code:
         raise typer.Exit(report.exit_code)
 

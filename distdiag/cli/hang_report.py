@@ -76,7 +76,7 @@ def hang_report(
                 raise fail(str(exc)) from None
             report = None
         if report is not None:
-            typer.echo(report.to_json() if format == "json" else render_hang_report(report))
+            typer.echo(report.to_json() if format == "json" else render_hang_report(report, report.exit_code if exit_code else 0))
             if exit_code:
                 raise typer.Exit(report.exit_code)
             return
@@ -90,7 +90,7 @@ def hang_report(
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot read a dump in {path}: {exc.strerror}") from None
-    typer.echo(report.to_json() if format == "json" else render_hang_report(report))
+    typer.echo(report.to_json() if format == "json" else render_hang_report(report, report.exit_code if exit_code else 0))
     if exit_code:
         raise typer.Exit(report.exit_code)
 

@@ -54,7 +54,12 @@ def show(
     if format == "json":
         typer.echo(report.to_json())
     else:
-        typer.echo(render_report(report, verbose=verbose or full, min_severity=min_severity, max_rows=None if full else 12))
+        typer.echo(
+            render_report(
+                report, verbose=verbose or full, min_severity=min_severity, max_rows=None if full else 12,
+                exit_code=report.exit_code if exit_code else 0,
+            )
+        )
     if exit_code:
         raise typer.Exit(report.exit_code)
 

@@ -93,9 +93,11 @@ class TrainerDiagnostics:
             return self.findings()
         self.active = False
         self.leave_phase(None)
-        found = self.findings()
         if self.monitor is not None:
-            self.monitor.close()
+            # the steps after the last look are looked at too (one all_reduce, every rank gets
+            # here), unless the run failed: its ranks may have stopped at different points
+            self.monitor.close(look=error is None)
+        found = self.findings()
         if self.watchdog is not None and self._own_watchdog:
             self.watchdog.close(error)
         self.watchdog = None

@@ -128,8 +128,10 @@ class LookReader:
         self._candidate: tuple[int, float, float, float] | None = None
         """A loss above the spike threshold at the last step seen: (step, loss, baseline, threshold)."""
 
-    def read(self, step: int, values: list[float], K: int, G: int, window: list, comp_names: list[str]) -> Look:
-        """The look at `step`; window: its (step, local loss) pairs, comp_names: the components packed."""
+    def read(self, step: int, values: list[float], K: int, G: int, window: list, comp_names: list[str], *, final: bool = False) -> Look:
+        """The look at `step`; window: its (step, local loss) pairs, comp_names: the components packed.
+        `final`: close()'s look after the last step, whose gradients are no longer that step's
+        (stepped, maybe zeroed): the losses are checked, the gradient norms neither judged nor logged."""
         cfg = self.config
         sums = _Sums.unpack(values, len(self.ranks), K, G, cfg.num_codes)
         slots = sums.slots
@@ -141,14 +143,15 @@ class LookReader:
         traces = self._traces(slots, step)
         found = [*nonfinite, *traces, *self._agreement(slots, len(window), step)]
         group_norms = {name: math.sqrt(v) for name, v in zip(self.groups.names, sums.grad, strict=True) if math.isfinite(v)}
-        found += checks.grad_checks(grad_total, self._with_grad(group_norms), cfg, step, first=self.components.looks == 0)
-        found += checks.kind_imbalance(self._kinds(unit_sq), cfg, step)
+        if not final:  # close()'s look: the gradients are no longer the step's
+            found += checks.grad_checks(grad_total, self._with_grad(group_norms), cfg, step, first=self.components.looks == 0)
+            found += checks.kind_imbalance(self._kinds(unit_sq), cfg, step)
         param_norm = math.sqrt(sum(sums.param)) if all(math.isfinite(x) for x in sums.param) else math.nan
         update_ratio = math.nan
         if sums.has_update > 0.5 and param_norm > 0:
             update_ratio = math.sqrt(sum(sums.update)) / param_norm
             found += checks.update_checks(update_ratio, cfg, int(round(sums.update_step)))
-        found += self._spikes(window, per_step, grad_total, step)
+        found += self._spikes(window, per_step, math.nan if final else grad_total, step)
         comps = {k: sum(s[HEAD + cfg.every + i] for s in slots) / len(slots) for i, k in enumerate(comp_names)}
         if comps:
             found += checks.component_checks(comps, cfg, step, self.components)
@@ -160,11 +163,13 @@ class LookReader:
             entropy, vocab = sums.ent[0] / sums.ent[1], int(round(sums.ent[2] / sums.ent[1]))
             marginal = sums.ent[3] / sums.ent[1]
             found += checks.entropy_checks(entropy, vocab, cfg, step, marginal)
-        self.last_grad_norm = grad_total
-        rec: dict[str, Any] = {"step": step, "loss": per_step[-1] if per_step else math.nan, "grad_norm": grad_total, "param_norm": param_norm}
+        rec: dict[str, Any] = {"step": step, "loss": per_step[-1] if per_step else math.nan, "param_norm": param_norm}
+        if not final:
+            self.last_grad_norm = rec["grad_norm"] = grad_total
         if len(self.ranks) > 1 and window:
             rec["loss_by_rank"] = {str(self.ranks[r]): s[HEAD + len(window) - 1] for r, s in enumerate(slots)}
-        rec["grad_norm_by_module"] = group_norms
+        if not final:
+            rec["grad_norm_by_module"] = group_norms
         if sums.has_update > 0.5:
             rec["update_ratio"] = update_ratio
             rec["update_step"] = int(round(sums.update_step))
@@ -276,7 +281,7 @@ class LookReader:
         return out
 
     def _spike_finding(self, st: int, x: float, base: float, why: str, grad_total: float, step: int) -> tuple[str, Finding]:
-        gn = f"; gradient norm {grad_total:.4g} at step {step} (last look {self.last_grad_norm:.4g})"
+        gn = "" if math.isnan(grad_total) else f"; gradient norm {grad_total:.4g} at step {step} (last look {self.last_grad_norm:.4g})"
         return (f"spike:{st}", Finding("warning", f"loss spiked at step {st} to {x:.4g} ({x / base:.1f}x the median {base:.4g} of the {len(self.history)} steps before) {why}",
                                        f"loss averaged over {len(self.ranks)} rank(s){gn}; a spike must persist a second step or exceed "
                                        f"{self.config.spike_factor:g}x the highest loss of the {5 * self.config.spike_window} steps before: one batch's noise does neither",

@@ -40,6 +40,14 @@ log = logging.getLogger("distdiag.monitor")
 
 METRICS_SCHEMA = "distdiag.metrics/1"
 
+CLOSE_WAIT_S = 5.0
+"""How long close() waits for every rank of the group to reach it before its last look (an
+all_reduce): ranks that do not all arrive skip that look together instead of hanging."""
+
+_created = [0]
+"""Distributed monitors this process made: every rank makes them in the same order, so the
+count names the store keys with which the ranks agree on close()'s last look."""
+
 
 class TrainingMonitor:
     """Loss, gradient norms per module group, non-finite origins, spikes, update ratios,
@@ -67,6 +75,8 @@ class TrainingMonitor:
         self.model = model
         self.group = group
         self.distributed, self.world, self.global_ranks, self.rank = _placement(group)
+        self._index = _created[0]
+        _created[0] += int(self.distributed)
         # DDP's wrapper adds a "module." prefix to every name: report the user's names
         inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
         self.groups = ParamGroups(inner, cfg.depth, self.world)
@@ -90,7 +100,7 @@ class TrainingMonitor:
         self._components: list[str] | None = None
         self._hooks: list[Any] = []
         self.last: dict[str, Any] = {}
-        """The values of the last look (what rank 0 logged)."""
+        """The values of the last look (what rank 0 logged; close() adds the last step's loss)."""
         # the log first: a path it refuses (a link, a FIFO) must leave no hook on the optimizer
         self._log = _open_log(log) if self.rank == 0 and log is not None else None
         if optimizer is not None:
@@ -149,8 +159,15 @@ class TrainingMonitor:
     def result(self) -> ProbeResult:
         return ProbeResult.from_findings("monitor", self.findings, metrics={k: v for k, v in self.last.items() if isinstance(v, int | float)})
 
-    def close(self) -> list[Finding]:
-        """Remove every hook and close the log; returns the findings."""
+    def close(self, *, look: bool = True) -> list[Finding]:
+        """Look at the steps after the last look (their losses written and checked: a NaN at the
+        last step is found), remove every hook and close the log; returns the findings.
+
+        That last look is one all_reduce like any other: call close() on every rank. `look=False`
+        (what leaving a `with` block by an exception does) skips it: ranks that stopped at
+        different points must not wait for each other."""
+        if look:
+            self._final_look()
         self.tracer.disarm()
         for h in self._hooks:
             h.remove()
@@ -166,8 +183,8 @@ class TrainingMonitor:
     def __enter__(self) -> TrainingMonitor:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(look=exc_type is None)
 
     # ---------------------------------------------------------------- internals
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -225,7 +242,31 @@ class TrainingMonitor:
         for key, finding in param_findings(counts, *emb):
             self._note(key, finding, 0)
 
-    def _look(self, step: int, components: dict | None, codes: torch.Tensor | None, logits: torch.Tensor | None) -> None:
+    def _final_look(self) -> None:
+        """The steps after the last look: a look at the last of them, whose gradients are left out
+        (the optimizer has stepped and may have zeroed them: not the step's gradients any more)."""
+        import torch.distributed as dist
+
+        if not self._pending:
+            return
+        why = None
+        if self.distributed and not dist.is_initialized():
+            why = "the process group was destroyed before TrainingMonitor.close(); close it first"
+        elif self.distributed and self.world > 1 and not _all_ranks_closing(self._index, self.global_ranks, CLOSE_WAIT_S):
+            # A rank that left its loop early (uneven data) must not be held in an all_reduce
+            # its peers, still training, pair with their own collectives.
+            why = f"the ranks did not all reach TrainingMonitor.close() within {CLOSE_WAIT_S:g}s"
+        if why is not None:
+            if self.rank == 0:
+                first, last = self._pending[0][0], self._pending[-1][0]
+                log.warning("the last %d step(s) (%d..%d) were not checked: %s", len(self._pending), first, last, why)
+            self._pending.clear()
+            return
+        self._look(self._pending[-1][0], None, None, None, final=True)
+
+    def _look(
+        self, step: int, components: dict | None, codes: torch.Tensor | None, logits: torch.Tensor | None, *, final: bool = False
+    ) -> None:
         """Pack this rank's slot and its share of the sums (layout: distdiag.monitor.look), all_reduce, decode."""
         import torch.distributed as dist
 
@@ -257,13 +298,13 @@ class TrainingMonitor:
         self._update = None
         if codes is not None and cfg.num_codes == 0:
             log.warning("codes= passed without num_codes=: code statistics are off")
-        self._decode(step, values, K, G, window, comp_names)
-        self._snapshot_next, self._snapshot_step = True, step
+        self._decode(step, values, K, G, window, comp_names, final)
+        self._snapshot_next, self._snapshot_step = not final, step
 
-    def _decode(self, step: int, values: list[float], K: int, G: int, window: list, comp_names: list[str]) -> None:
+    def _decode(self, step: int, values: list[float], K: int, G: int, window: list, comp_names: list[str], final: bool) -> None:
         """Note what the ranks' sum says, plan the tracing from it, and record the look."""
         cfg = self.config
-        look = self._reader.read(step, values, K, G, window, comp_names)
+        look = self._reader.read(step, values, K, G, window, comp_names, final=final)
         for key, f in look.findings:
             self._note(key, f, step)
         if look.nonfinite and cfg.trace == "auto" and self._trace_local is None:
@@ -271,11 +312,12 @@ class TrainingMonitor:
         if look.traced:
             self._trace_done, self._trace_until = True, -1
         self._trace_local = None  # shipped in this look's vector
-        self._record(step, window, look.losses, look.record)
+        self._record(step, window, look.losses, look.record, final)
 
-    def _record(self, step: int, window: list, per_step: list[float], rec: dict[str, Any]) -> None:
-        """Keep the look's values as `last`; rank 0 writes them to the log and TensorBoard."""
-        self.last = rec
+    def _record(self, step: int, window: list, per_step: list[float], rec: dict[str, Any], final: bool = False) -> None:
+        """Keep the look's values as `last`; rank 0 writes them to the log and TensorBoard.
+        close()'s look measures fewer things (no gradients, codes, ...): it updates `last`."""
+        self.last = {**self.last, **rec} if final else rec
         if self.rank != 0:
             return
         for j, (st, _) in enumerate(window[:-1]):
@@ -311,6 +353,35 @@ def _placement(group: Any) -> tuple[bool, int, list[int], int]:
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         return True, world, ranks, dist.get_rank(group)
     return False, 1, [0], 0
+
+
+def _all_ranks_closing(index: int, ranks: list[int], wait_s: float) -> bool:
+    """Whether every rank of the group reached close() (True: all of them do the last look).
+
+    Each rank posts its arrival in the job's store and waits up to `wait_s` for the others;
+    the outcome is ONE key set with compare_set by the first rank to decide - "look" when it
+    saw every arrival, "skip" when its wait ran out - so a rank arriving after another gave up
+    reads "skip" and no rank is left alone in the all_reduce."""
+    import time
+    import zlib
+
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    me = dist.get_rank()
+    base = f"distdiag/monitor{index}/close/{zlib.crc32(','.join(map(str, ranks)).encode()):08x}"
+    decision = f"{base}/decision"
+    store.set(f"{base}/{me}", "1")
+    arrivals = [f"{base}/{r}" for r in ranks]
+    end = time.monotonic() + wait_s
+    while True:
+        if store.check([decision]):
+            return store.get(decision) == b"look"
+        if store.check(arrivals):
+            return store.compare_set(decision, "", "look") == b"look"
+        if time.monotonic() >= end:
+            return store.compare_set(decision, "", "skip") == b"look"
+        time.sleep(0.02)
 
 
 def _open_log(log: str | Path) -> Any:

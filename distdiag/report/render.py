@@ -106,6 +106,7 @@ def render_report(
     min_severity: str | None = None,
     max_rows: int | None = 12,
     title: str | None = None,
+    exit_code: int | None = None,
 ) -> str:
     """The consolidated verdict as text: one row per probe, findings under it, one verdict line.
 
@@ -115,6 +116,9 @@ def render_report(
     overrides the floor either way (default: info when verbose, else warning). Tables are
     cut at `max_rows` rows (None: all); the JSON report always has everything.
     `title` replaces the first line (which otherwise describes the ranks of a check).
+    `exit_code` is the code the command will return when it is not the report's own (a
+    command that exits 0 unless asked for `--exit-code`): the verdict line prints that one and
+    says which flag returns the report's, so a printed exit code is always the one returned.
     """
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
     # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
@@ -141,7 +145,10 @@ def render_report(
     if report.not_run:
         out.append(f"not run: {', '.join(report.not_run)} (the run ended early)")
     out.append("")
-    out.append(f"verdict: {report.verdict.upper()} (exit {report.exit_code}) - {report.summary}")
+    code = f"exit {report.exit_code}"
+    if exit_code is not None and exit_code != report.exit_code:
+        code = f"exit {exit_code}; --exit-code exits {report.exit_code}"
+    out.append(f"verdict: {report.verdict.upper()} ({code}) - {report.summary}")
     return printable("\n".join(out))  # the title too
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "WATCHDOG_HISTORY",
     "WATCHDOG_WRAP",
     "WATCHDOG_COMPILE_TIMEOUT_S",
+    "WATCHDOG_STARTUP_TIMEOUT_S",
     "EXIT_WATCHDOG",
     "MAX_TIMEOUT_S",
 ]
@@ -40,6 +41,8 @@ WATCHDOG_WRAP = "DISTDIAG_WATCHDOG_WRAP"
 """1 (default) or 0: wrap torch.distributed's Python collectives for call sites and desync fingerprints."""
 WATCHDOG_COMPILE_TIMEOUT_S = "DISTDIAG_WATCHDOG_COMPILE_TIMEOUT_S"
 """Budget in seconds of a torch.compile compilation, a phase of its own (default 1800)."""
+WATCHDOG_STARTUP_TIMEOUT_S = "DISTDIAG_WATCHDOG_STARTUP_TIMEOUT_S"
+"""Budget in seconds of a job's start: a rank not checked in yet, an import (default 600)."""
 
 ACTIONS = ("abort", "raise", "report")
 
@@ -99,6 +102,10 @@ class WatchdogConfig:
     compile_timeout: timedelta = timedelta(minutes=30)
     """torch.compile's compilation is a phase with this budget: peers waiting for a rank that
     (re)compiles are not hung until it runs out."""
+    startup_timeout: timedelta = timedelta(minutes=10)
+    """A job still starting is not hung: for this long after arming, peers wait for a rank
+    whose watchdog has not checked in yet, and an import (torch loads parts of itself lazily,
+    slow on a busy CPU) is a phase of this budget."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.timeout, timedelta) or not 0 < self.timeout.total_seconds() <= MAX_TIMEOUT_S:
@@ -118,6 +125,8 @@ class WatchdogConfig:
             raise ConfigError(f"watchdog.wrap must be True or False, got {self.wrap!r}")
         if not isinstance(self.compile_timeout, timedelta) or self.compile_timeout.total_seconds() <= 0:
             raise ConfigError(f"watchdog.compile_timeout must be a positive timedelta, got {self.compile_timeout!r}")
+        if not isinstance(self.startup_timeout, timedelta) or self.startup_timeout.total_seconds() <= 0:
+            raise ConfigError(f"watchdog.startup_timeout must be a positive timedelta, got {self.startup_timeout!r}")
 
     @property
     def timeout_s(self) -> float:
@@ -155,5 +164,10 @@ class WatchdogConfig:
             if not 0 < compile_s <= MAX_TIMEOUT_S:
                 raise ConfigError(f"{WATCHDOG_COMPILE_TIMEOUT_S} must be > 0 seconds, got {compile_s:g}")
             values["compile_timeout"] = timedelta(seconds=compile_s)
+        startup_s = _env_float(WATCHDOG_STARTUP_TIMEOUT_S)
+        if startup_s is not None:
+            if not 0 < startup_s <= MAX_TIMEOUT_S:
+                raise ConfigError(f"{WATCHDOG_STARTUP_TIMEOUT_S} must be > 0 seconds, got {startup_s:g}")
+            values["startup_timeout"] = timedelta(seconds=startup_s)
         values.update({k: v for k, v in explicit.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -4,6 +4,12 @@ Each rank publishes its innermost phase (distdiag.watchdog.progress) under `phas
 the wall-clock time its budget runs out, and keeps `phase_n`, the number of ranks in a phase,
 so the common case (none) costs one store read. torch.compile's compilation becomes a phase
 of its own through dynamo's callbacks, hooked once dynamo is imported.
+
+A job that is still starting is not hung either (issue 24: healthy jobs were aborted on a
+loaded machine): a rank whose training thread is importing modules (torch imports parts of
+itself lazily, e.g. in DDP's constructor; 10 s and more on a busy CPU) publishes an
+`import` phase, and until every rank's watchdog has checked in, a waiting rank is excused -
+both within the startup budget (WatchdogConfig.startup_timeout).
 """
 
 from __future__ import annotations
@@ -18,9 +24,19 @@ from typing import Any
 from distdiag.runtime.exchange import Exchange
 from distdiag.watchdog.progress import Progress
 
-__all__ = ["PhaseBoard"]
+__all__ = ["PhaseBoard", "importing"]
 
 log = logging.getLogger("distdiag.watchdog")
+
+
+def importing(thread_ident: int) -> bool:
+    """Whether that thread is executing an import (importlib's frames are on its stack)."""
+    frame = sys._current_frames().get(thread_ident)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class PhaseBoard:
@@ -32,15 +48,26 @@ class PhaseBoard:
         self.progress = progress
         self.published: tuple[Any, ...] = ()
         self._compile_hooked = False
+        self.import_since = 0.0
+        self.started = time.monotonic()
+        self._all_in = False
 
     def start(self, ex: Exchange) -> None:
         """No phase yet: peers read an empty one."""
         ex.store.set(f"phase/{self.rank}", "{}")
+        self.started = time.monotonic()
 
-    def publish(self, ex: Exchange) -> None:
-        """Post this rank's innermost phase when it changed (and count it in `phase_n`)."""
+    def publish(self, ex: Exchange, import_budget_s: float = 0.0) -> None:
+        """Post this rank's innermost phase when it changed (and count it in `phase_n`); with
+        `import_budget_s`, an import in the training thread is a phase of that budget."""
         phases = list(self.progress.phases)
         current = tuple(phases[-1]) if phases else ()
+        if not current and import_budget_s > 0 and importing(self.progress.thread_ident):
+            since = self.import_since or time.monotonic()
+            self.import_since = since
+            current = ("import", import_budget_s, since)
+        elif not current:
+            self.import_since = 0.0
         if current == self.published:
             return
         if current:
@@ -70,6 +97,17 @@ class PhaseBoard:
             if r != self.rank and ph.get("until", 0) > now:
                 return f"rank {r} in phase '{ph['name']}'"
         return None
+
+    def peer_starting(self, ex: Exchange, budget_s: float) -> str | None:
+        """A rank whose watchdog has not checked in yet (still importing torch or the script,
+        before arming), while this rank's startup budget lasts; None once all have."""
+        if self._all_in or time.monotonic() - self.started > budget_s:
+            return None
+        if ex.count("info") >= self.world:
+            self._all_in = True
+            return None
+        missing = [r for r in range(self.world) if r not in ex.present("info")]
+        return f"rank {missing[0]} still starting (its watchdog has not checked in)" if missing else None
 
     def hook_compile(self, compile_timeout: timedelta) -> None:
         """torch.compile's compilation is a phase with its own budget: ranks that wait for a

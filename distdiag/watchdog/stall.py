@@ -5,8 +5,8 @@ distdiag.watchdog.progress) or torch's own: a collective that completed on any g
 flight recorder (distdiag.hang.recorder), which also tells whether one is enqueued and not
 completed, whoever issued it (DDP's reducer, FSDP, a compiled graph, NCCL). The limit is the
 timeout, or the budget of the phase the rank is in. Long compute with no collective waiting is
-never a hang by itself, and a peer inside a declared phase with budget left excuses the wait
-(distdiag.watchdog.phases).
+never a hang by itself, and a peer inside a declared phase with budget left excuses the wait,
+as does a peer still starting: importing, or not checked in yet (distdiag.watchdog.phases).
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ class StallCheck:
             # rank. Ranks waiting for this one declare it, and the report names this rank.
             return None
         if not phases:
-            peer = self.phase_board.peer_in_phase(ex)
+            board = self.phase_board
+            peer = board.peer_in_phase(ex) or board.peer_starting(ex, self.config.startup_timeout.total_seconds())
             if peer is not None:
                 self.excused = now  # waiting on a declared phase: not hung until its budget runs out
                 return None
@@ -132,12 +133,14 @@ class StallCheck:
     def _recorder_lags(self, ex: Exchange) -> bool:
         """True when the only wait is the recorder's and, on every group it shows open, another
         rank has already completed that collective (a collective one rank completed cannot be
-        waiting for this one). False when unsure: a peer that has not published, a wrapper's wait."""
+        waiting for this one). One peer's counts are enough: on a loaded machine a peer busy
+        importing may not have published yet. False when unsure: no peer published, a wrapper's wait."""
         prog = self.progress
         if prog.current is not None or prog.pending_async or not self._pending:
             return False
         keys = [f"eng/{r}" for r in range(self.phase_board.world) if r != self.rank]
-        if not keys or not ex.store.check(keys):
+        keys = [k for k in keys if ex.store.check([k])]
+        if not keys:
             return False
         peers = [json.loads(v) for v in ex.store.multi_get(keys)]
         return all(any(p.get(group, -1) >= seq for p in peers) for group, seq in self._pending.items())

@@ -44,7 +44,7 @@ from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.sentinel import flush_and_exit
 from distdiag.watchdog.config import EXIT_WATCHDOG, WatchdogConfig
 from distdiag.watchdog.marks import MarkComparer
-from distdiag.watchdog.phases import PhaseBoard
+from distdiag.watchdog.phases import PhaseBoard, importing
 from distdiag.watchdog.progress import Progress
 from distdiag.watchdog.stall import StallCheck
 from distdiag.watchdog.writer import REPORT_NAME, gather_and_write
@@ -164,7 +164,7 @@ class Watcher(threading.Thread):
         assert self.ex is not None
         self.stall.read_engine(self.ex)
         self.phase_board.hook_compile(self.config.compile_timeout)
-        self.phase_board.publish(self.ex)
+        self.phase_board.publish(self.ex, self.config.startup_timeout.total_seconds())
         if self.config.compare_steps and not self.desync_reported:
             self._compare_marks()
         if self.ex.store.check([f"event/{self.handled + 1}"]):
@@ -206,6 +206,10 @@ class Watcher(threading.Thread):
     def _snapshot(self, event: dict[str, Any]) -> dict[str, Any]:
         snap = self.progress.snapshot(self.config.history)
         snap.update({"rank": self.rank, "host": self.info.host, "pid": os.getpid(), "event": event})
+        # importing within the startup budget (an import stuck longer is a hang like any other)
+        since = self.phase_board.import_since
+        budget = self.config.startup_timeout.total_seconds()
+        snap["importing"] = importing(self.progress.thread_ident) and (not since or time.monotonic() - since <= budget)
         if self.engine is not None:
             snap["engine"] = self.engine.read(details=True, tail=16)
         return snap
@@ -218,24 +222,42 @@ class Watcher(threading.Thread):
             self.desync_reported = True
         ex.post(f"snap/{epoch}", self._snapshot(event))
         lost: dict[int, str] = {}
+        excuse = None
         writer = ex.claim(f"writer/{epoch}")
         if writer:
             try:
-                _report, lost = gather_and_write(
+                _report, lost, excuse = gather_and_write(
                     ex, epoch=epoch, event=event, world=self.world, host=self.info.host, rank=self.rank,
                     timeout_s=self.config.timeout_s, grace_s=self.config.snapshot_grace.total_seconds(),
                     dump_dir=self.config.dump_dir, config=self.extra_config, started=self.started,
+                    own_snapshot=lambda: self._snapshot(event),
                 )
             except Exception as exc:  # noqa: BLE001 - still act on the hang
                 print_line(f"distdiag[rank {self.rank}]: failed to write the hang report: {exc}")
                 traceback.print_exc()
-            ex.publish(f"verdict/{epoch}", {"writer": self.rank, "host": self.info.host})
+            ex.publish(f"verdict/{epoch}", {"writer": self.rank, "host": self.info.host, "excused": excuse})
+            if excuse:
+                print_line(f"distdiag[rank {self.rank}]: watchdog: no hang after all: {excuse}; watching on")
         else:
-            verdict = ex.wait_read(f"verdict/{epoch}", time.monotonic() + VERDICT_WAIT_S, poll_s=0.05)
-            if verdict is not None:
+            answered: list[bool] = []
+
+            def reread() -> bool:
+                # The writer asks again when this rank's snapshot contradicts itself (see
+                # writer.inconsistent_ranks): re-read once, keeping the snapshot count as it is.
+                if not answered and ex.store.check([f"again/{epoch}/{self.rank}"]):
+                    answered.append(True)
+                    ex.store.set(f"snap/{epoch}/{self.rank}", json.dumps({**self._snapshot(event), "reread": 1}, default=str))
+                return False
+
+            verdict = ex.wait_read(f"verdict/{epoch}", time.monotonic() + VERDICT_WAIT_S, poll_s=0.05, stop=reread)
+            excuse = verdict.get("excused") if verdict is not None else None
+            if verdict is not None and not excuse:
                 self._mirror(epoch, verdict)
         self.handled = epoch
         self.acted.set()
+        if excuse:
+            self.reported_at = time.monotonic()  # as after a report-only event: watch again after new progress
+            return
         self._act(event, writer, lost)
 
     def _mirror(self, epoch: int, verdict: dict[str, Any]) -> None:

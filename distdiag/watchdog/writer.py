@@ -29,7 +29,7 @@ from distdiag.report.render import render_report
 from distdiag.report.safefile import printable
 from distdiag.runtime.exchange import Exchange
 
-__all__ = ["gather_and_write", "render_hang_report", "REPORT_NAME"]
+__all__ = ["gather_and_write", "render_hang_report", "excused", "inconsistent_ranks", "REPORT_NAME"]
 
 REPORT_NAME = "hang-report.json"
 
@@ -105,8 +105,9 @@ def _step_summary(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def render_hang_report(report: Report) -> str:
-    lines = render_report(report).splitlines()
+def render_hang_report(report: Report, exit_code: int | None = None) -> str:
+    """The report as text (`exit_code`: the code the command returns, when not the report's)."""
+    lines = render_report(report, exit_code=exit_code).splitlines()
     hosts = sorted({r.host for r in report.ranks})
     if report.probes and report.probes[0].name == "flight_recorder":
         lines[0] = "distdiag hang-report: from flight-recorder dumps"
@@ -156,6 +157,87 @@ def _gather(
     merged = dict(final_snaps)
     merged.update(snaps)
     return merged, lost, errors
+
+
+def excused(event: dict[str, Any], merged: dict[int, dict[str, Any]]) -> str | None:
+    """Why a declared timeout is no hang once every rank's snapshot is in, else None: a live
+    rank inside a declared phase with budget left (a checkpoint excuses its own slowness) or
+    still importing (a job still starting). The declaring rank may have missed it: phases and
+    imports reach the store on the watchdog thread's next tick, later still on a busy CPU.
+    A phase over its budget anywhere keeps the hang."""
+    if event.get("kind") != "timeout":
+        return None
+    live = {r: s for r, s in sorted(merged.items()) if s.get("phase") != "barrier"}
+    if any(ph["for_s"] > ph["budget_s"] for s in live.values() for ph in s.get("phases") or []):
+        return None
+    for rank, snap in live.items():
+        if snap.get("importing"):
+            return f"rank {rank} is still importing modules (the job is starting)"
+        for ph in snap.get("phases") or []:
+            return f"rank {rank} is in phase '{ph['name']}' ({ph['for_s']:.1f}s of its {ph['budget_s']:g}s budget)"
+    return None
+
+
+REREAD_WAIT_S = 3.0
+"""How long the writer waits for the new snapshot of a rank it asked to re-read."""
+
+
+def inconsistent_ranks(merged: dict[int, dict[str, Any]]) -> list[int]:
+    """Ranks whose recorder shows them inside collective #k of a group on which another rank
+    has completed #k or later. A collective completes on no rank before every rank entered it,
+    so the snapshot contradicts itself (a read while the recorder was being updated, gloo
+    marking completions late): it must be re-read, not judged."""
+    done: dict[str, dict[int, int]] = {}
+    for rank, snap in merged.items():
+        engine = snap.get("engine") or {}
+        if engine.get("state") == "ok":
+            for g in engine.get("groups", []):
+                done.setdefault(str(g.get("group")), {})[rank] = int(g.get("completed", -1))
+    out = []
+    for rank, snap in sorted(merged.items()):
+        engine = snap.get("engine") or {}
+        groups = engine.get("groups", []) if engine.get("state") == "ok" else []
+        for g in groups:
+            seq = int(g.get("enqueued", -1))
+            if seq > int(g.get("completed", -1)) and any(
+                c >= seq for r, c in done.get(str(g.get("group")), {}).items() if r != rank
+            ):
+                out.append(rank)
+                break
+    return out
+
+
+def _reread(
+    ex: Exchange, key: str, merged: dict[int, dict[str, Any]], *, rank: int, own_snapshot: Any, wait_s: float
+) -> None:
+    """Ask each rank whose snapshot contradicts itself for a new one (the writer re-reads its
+    own); a rank still inconsistent after that keeps its snapshot without the recorder's view,
+    so the rules judge it from its stack and the wrappers' records, never from a stale count."""
+    bad = inconsistent_ranks(merged)
+    if not bad:
+        return
+    for r in bad:
+        if r == rank and own_snapshot is not None:
+            merged[r] = own_snapshot()
+        elif r != rank:
+            ex.store.set(f"again/{key.split('/', 1)[1]}/{r}", "1")
+    end = time.monotonic() + wait_s
+    waiting = [r for r in bad if r != rank]
+    while waiting and time.monotonic() < end:
+        time.sleep(0.05)
+        fresh = ex.collect(key, waiting)
+        for r, snap in fresh.items():
+            if snap.get("reread"):
+                merged[r] = snap
+                waiting.remove(r)
+    for r in inconsistent_ranks(merged):
+        if r in bad:
+            merged[r]["engine"] = {
+                "state": "stale",
+                "reason": "the flight recorder's counts contradicted the other ranks' twice (a rank inside a "
+                "collective its peers had completed): left out of the analysis",
+                "groups": [],
+            }
 
 
 def _details(
@@ -224,11 +306,18 @@ def gather_and_write(
     dump_dir: str,
     config: dict[str, Any],
     started: float,
-) -> tuple[Report, dict[int, str]]:
-    """Wait (bounded) for snapshots, analyse, write the report and publish it; (report, lost)."""
+    own_snapshot: Any = None,
+) -> tuple[Report | None, dict[int, str], str | None]:
+    """Wait (bounded) for snapshots, re-read the inconsistent ones, analyse, write the report
+    and publish it; (report, lost, None), or (None, {}, why) when the snapshots excuse the
+    declared timeout (`excused`). `own_snapshot()` takes the writer's snapshot again."""
 
     infos = {r: RankInfo.from_dict(v) for r, v in ex.collect("info").items()}
     merged, lost, errors = _gather(ex, f"snap/{epoch}", infos, world=world, host=host, grace_s=grace_s)
+    _reread(ex, f"snap/{epoch}", merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S)
+    reason = excused(event, merged)
+    if reason is not None:
+        return None, {}, reason
     findings = analyse(event, merged, lost, errors, world, timeout_s)
     details = _details(event, merged, lost, errors, world)
     ensure_critical(
@@ -245,4 +334,4 @@ def gather_and_write(
         duration_s=time.monotonic() - started, config=config, written_by=rank,
     )
     _write_and_publish(ex, report, epoch=epoch, dump_dir=dump_dir, host=host)
-    return report, lost
+    return report, lost, None

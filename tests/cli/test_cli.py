@@ -38,8 +38,10 @@ def test_report_show_renders_like_rank0(cli_env, tmp_path):
     path = write_report(report, tmp_path / "r.json")
     out = distdiag(["report", "show", str(path)], cli_env, tmp_path)
     assert out.returncode == 0
-    assert out.stdout.rstrip("\n") == render_report(report, verbose=False)
-    assert distdiag(["report", "show", str(path), "--exit-code"], cli_env, tmp_path).returncode == 1
+    assert out.stdout.rstrip("\n") == render_report(report, verbose=False, exit_code=0)
+    assert "verdict: FAIL (exit 0; --exit-code exits 1)" in out.stdout
+    strict = distdiag(["report", "show", str(path), "--exit-code"], cli_env, tmp_path)
+    assert strict.returncode == 1 and "verdict: FAIL (exit 1) - x" in strict.stdout
 
 
 def test_report_show_verbose_and_full(cli_env, tmp_path):

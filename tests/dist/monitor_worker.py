@@ -7,6 +7,9 @@ argv: SCENARIO WORKDIR. Scenarios:
             nudged at step 3, so replicas differ
   hand_reduce  param_drift's twin: the same no-DDP loop and hand all-reduce, nothing nudged
   healthy   the same loop with nothing injected (the healthy twin)
+  late_nan  rank 1's loss is NaN at step 22 only, after the last look (at 20): close() finds it
+  close_apart  healthy, but rank 1 reaches close() CLOSE_WAIT_S + 2 s after rank 0: both skip
+            close()'s last look instead of one waiting alone in its all_reduce
 Each rank writes its findings as JSON to WORKDIR/findings{rank}.json.
 """
 
@@ -78,6 +81,8 @@ def main(argv: list[str]) -> int:
             x = torch.randn(16, 8, generator=gen)
             y = x.sum(1, keepdim=True)
             loss = torch.nn.functional.mse_loss(model(x), y)
+            if scenario == "late_nan" and rank == 1 and step == 22:
+                loss = loss * float("nan")
             loss.backward()
             if hand:
                 for p in net.parameters():
@@ -92,7 +97,14 @@ def main(argv: list[str]) -> int:
             if scenario == "param_drift" and step == 3 and rank == world - 1:
                 with torch.no_grad():
                     net.head.weight.add_(0.5)
+        if scenario == "close_apart" and rank == 1:
+            import time
+
+            from distdiag.monitor.monitor import CLOSE_WAIT_S
+
+            time.sleep(CLOSE_WAIT_S + 2)
         findings = [f.to_dict() for f in monitor.close()]
+        dist.barrier()
         with open(os.path.join(workdir, f"findings{rank}.json"), "w") as fh:
             json.dump(findings, fh)
     finally:

@@ -73,3 +73,27 @@ def test_healthy_twin_is_quiet(tmp_path):
     """The same DDP loop with nothing injected: no finding above info on any rank."""
     per_rank = _run(tmp_path, "healthy")
     assert [_issues(f) for f in per_rank] == [[], []]
+
+
+def _logged_steps(tmp_path):
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in lines if "loss" in r and r.get("kind") is None]
+
+
+@pytest.mark.timeout(120)
+def test_nan_after_the_last_look_is_found_by_close(tmp_path):
+    """24 steps, looks every 5 (the last at 20); rank 1's loss is NaN at step 22: close()'s last
+    look (both ranks) names step 22 and rank 1, and the log reaches step 23."""
+    per_rank = _run(tmp_path, "late_nan")
+    assert per_rank[0] == per_rank[1]
+    assert ("loss became non-finite at step 22 on rank(s) 1", [1]) in _issues(per_rank[0]), _issues(per_rank[0])
+    assert _logged_steps(tmp_path) == list(range(24))
+
+
+@pytest.mark.timeout(120)
+def test_ranks_reaching_close_apart_skip_the_last_look_together(tmp_path):
+    """Rank 1 reaches close() long after rank 0 gave up waiting: neither is left alone in an
+    all_reduce (both exit 0); the log ends at the last look, 20."""
+    per_rank = _run(tmp_path, "close_apart")
+    assert [_issues(f) for f in per_rank] == [[], []]
+    assert _logged_steps(tmp_path) == list(range(21))

@@ -15,7 +15,9 @@ Words (key=value):
   rank=K step=S steps=N timeout=T (watchdog seconds) pg_timeout=T wd=code|none marks=0|1
   healthy variations at step S:  eval=SEC (rank 0 evaluates alone while the others go on to
   the next all-reduce), compute=SEC (every rank computes, no collective), ckpt=SEC (rank 0
-  saves inside wd.phase('checkpoint'); in-code only)
+  saves inside wd.phase('checkpoint'); in-code only), import=SEC (before building its model,
+  rank K imports a module that takes SEC to load, as torch's lazy imports do on a busy CPU,
+  while the others wait in DDP's first all_gather)
 Each fault is one line with a marker comment, so tests can find its line.
 """
 
@@ -41,7 +43,8 @@ __all__ = ["train"]
 
 def _opts(argv: list[str]) -> dict[str, str]:
     out = {"kind": "ddp", "fault": "none", "rank": "1", "step": "2", "steps": "6", "timeout": "3", "wd": "code",
-           "marks": "0", "eval": "0", "compute": "0", "ckpt": "0", "step_s": "0.1", "pg_timeout": "120"}
+           "marks": "0", "eval": "0", "compute": "0", "ckpt": "0", "step_s": "0.1", "pg_timeout": "120",
+           "import": "0"}
     for word in argv:
         key, _, value = word.partition("=")
         out[key] = value
@@ -130,6 +133,21 @@ def _compiled_gather_step() -> Any:
     return gather_step
 
 
+def _slow_import(seconds: float) -> None:
+    """Import a module (written to the working directory) whose body takes `seconds`."""
+    import importlib
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="slow_import", dir=".")
+    with open(os.path.join(folder, "slow_module.py"), "w") as fh:
+        fh.write(f"import time\ntime.sleep({seconds})\n")
+    sys.path.insert(0, folder)
+    try:
+        importlib.import_module("slow_module")
+    finally:
+        sys.path.remove(folder)
+
+
 def _loop(o: dict[str, str], wd: Any, me: int, world: int) -> None:
     kind, k, s = o["kind"], int(o["rank"]), int(o["step"])
     steps = int(o["steps"])
@@ -143,6 +161,8 @@ def _loop(o: dict[str, str], wd: Any, me: int, world: int) -> None:
         opt = torch.optim.SGD([w], lr=0.01)
         grad_step = _compiled_step()
     else:
+        if float(o["import"]) and me == k:
+            _slow_import(float(o["import"]))
         model = _parallel(kind, _model(kind))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for i in range(len(mine)):

@@ -186,6 +186,16 @@ def test_json_output_is_a_report_and_exit_code(tmp_path):
     assert report.probe("nonfinite").details["events"][0]["step"] == 80
 
 
+def test_printed_exit_code_is_the_one_returned(tmp_path):
+    """A failing analysis prints the exit code it returns, with and without --exit-code."""
+    loss = [v if i < 80 else math.nan for i, v in enumerate(clean_curve(100))]
+    p = write_jsonl(tmp_path / "nan.jsonl", loss=loss)
+    code, out, _ = _cli(str(p))
+    assert code == 0 and "verdict: FAIL (exit 0; --exit-code exits 1)" in out, out
+    code, out, _ = _cli(str(p), "--exit-code")
+    assert code == 1 and "verdict: FAIL (exit 1) -" in out, out
+
+
 def test_plot_written(tmp_path):
     """--plot writes a PNG (matplotlib installed as the plot extra)."""
     pytest.importorskip("matplotlib")

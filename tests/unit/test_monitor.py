@@ -192,3 +192,37 @@ def test_leave_one_out_medians_match_the_direct_median():
         d = dict(enumerate(vals))
         got = checks._leave_one_out_medians(d)
         assert got == {r: median([x for q, x in d.items() if q != r]) for r in d}
+
+
+def _nan_at(step_of_nan, steps, tmp_path, *, every=10, set_to_none=True):
+    """A linear model trained `steps` steps, its loss NaN at `step_of_nan` only; (findings, logged steps)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainingMonitor(model, optimizer=opt, every=every, log=tmp_path / "m.jsonl")
+    for step in range(steps):
+        loss = model(torch.randn(8, 4)).pow(2).mean() * (math.nan if step == step_of_nan else 1.0)
+        loss.backward()
+        mon.after_backward(loss, step)
+        if torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e3)):
+            opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+    findings = mon.close()
+    lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    return findings, [r["step"] for r in lines if "loss" in r and r.get("kind") is None]
+
+
+def test_close_checks_and_logs_the_steps_after_the_last_look(tmp_path):
+    """every=10 over 100 steps, NaN at step 95 (after the last look, at 90): close() finds it; the log reaches step 99."""
+    findings, logged = _nan_at(95, 100, tmp_path)
+    issues = [f.issue for f in findings]
+    assert "loss became non-finite at step 95 on rank(s) 0" in issues, issues
+    assert logged == list(range(100)), logged
+
+
+def test_close_on_a_healthy_run_adds_no_finding(tmp_path):
+    """The twin: no NaN, gradients zeroed in place after the last step: close() logs steps 91..99 and finds nothing
+    (the zeroed gradients it sees then are not judged as vanishing)."""
+    findings, logged = _nan_at(-1, 100, tmp_path, set_to_none=False)
+    assert [f.issue for f in findings if f.severity != "info"] == []
+    assert logged == list(range(100)), logged

@@ -131,7 +131,69 @@ def _stall(timeout_s: float = 3.0):
     store = dist.HashStore()
     for rank in (0, 1):
         store.set(f"phase/{rank}", "{}")
+        Exchange(store, rank, 2).post("info", {"rank": rank})  # both watchdogs checked in
     return progress, check, Exchange(store, 0, 2)
+
+
+def test_a_peer_not_checked_in_excuses_the_wait_within_the_startup_budget():
+    """Rank 1's watchdog never checked in (still importing torch on a busy machine): rank 0,
+    waiting past the timeout, is not hung while its startup budget lasts; it is after."""
+    import torch.distributed as dist
+
+    from distdiag.runtime.exchange import Exchange
+    from distdiag.watchdog.phases import PhaseBoard
+    from distdiag.watchdog.stall import StallCheck
+
+    progress = Progress(history=16)
+    config = WatchdogConfig(timeout=timedelta(seconds=3), startup_timeout=timedelta(seconds=60))
+    check = StallCheck(0, progress, config, PhaseBoard(0, 2, progress))
+    store = dist.HashStore()
+    ex = Exchange(store, 0, 2)
+    check.phase_board.start(ex)
+    ex.post("info", {"rank": 0})
+    rec = progress.begin("all_reduce", "0", (4,), "float32", "train.py:1", False)
+    rec.t0 -= 3.5
+    progress.last_progress -= 3.5
+    assert check.overdue(ex, 0.0) is None
+    check.phase_board.started -= 61  # the startup budget ran out: now it is a hang
+    check.excused = 0.0
+    assert "made no progress" in check.overdue(ex, 0.0)
+
+
+def test_an_import_in_the_training_thread_is_published_as_a_phase(tmp_path, monkeypatch):
+    """A thread inside an import (a module whose body waits for a file) is `importing`; the
+    board publishes an `import` phase for it, which a waiting peer reads as an excuse."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from distdiag.runtime.exchange import Exchange
+    from distdiag.watchdog.phases import PhaseBoard, importing
+
+    done = tmp_path / "done"
+    body = f"import os, time\nend = time.monotonic() + 30\nwhile not os.path.exists({str(done)!r}) and time.monotonic() < end:\n    time.sleep(0.01)\n"
+    (tmp_path / "wd_slow_import.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    thread = threading.Thread(target=lambda: __import__("wd_slow_import"), daemon=True)
+    thread.start()
+    store = dist.HashStore()
+    try:
+        end = time.monotonic() + 20
+        while not importing(thread.ident) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert importing(thread.ident)
+        progress = Progress(history=16, thread_ident=thread.ident)
+        board = PhaseBoard(1, 2, progress)
+        board.start(Exchange(store, 1, 2))
+        board.publish(Exchange(store, 1, 2), 600.0)
+        peer = PhaseBoard(0, 2, Progress(history=16))
+        peer.start(Exchange(store, 0, 2))
+        assert peer.peer_in_phase(Exchange(store, 0, 2)) == "rank 1 in phase 'import'"
+    finally:
+        done.write_text("")
+        thread.join(10)
+    assert not importing(threading.get_ident())
 
 
 def test_a_wait_counts_from_when_it_began_not_from_the_last_progress():

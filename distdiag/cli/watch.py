@@ -1,0 +1,223 @@
+"""`distdiag watch [torchrun options] [watch options] -- train.py ARGS...`: the zero-code
+watchdog, launched for the user.
+
+`torchrun -m distdiag.watch -- train.py` works as before, but torchrun exits 1 for any failed
+worker and ends a hang report with its own `ChildFailedError` traceback (FACTS.md). This runs
+the same torchrun command, shows the ranks' output as it comes, keeps torchrun's log lines and
+its traceback out of the way (all of it with DISTDIAG_DEBUG=1), so the hang report is the
+last thing on the terminal, and exits with the verdict's code: the report's (3) when the
+watchdog ended the job, else the script's own (read from torchrun's failure summary).
+Arguments are taken as typed, from sys.argv (click would drop the `--`), as `distdiag gate`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from typing import IO
+
+import typer
+
+__all__ = ["register", "run_watch", "WatchOutput"]
+
+USAGE = "usage: distdiag watch [torchrun options] [watch options] -- train.py ARGS... (or -- -m module ARGS...)"
+
+HELP = f"""{USAGE}
+
+Runs `torchrun [torchrun options] -m distdiag.watch [watch options] -- train.py ARGS...`:
+the training script unchanged, with distdiag's hang watchdog armed at init_process_group.
+Watch options (python -m distdiag.watch -h): --timeout-s S, --action abort|raise|report,
+--dump-dir DIR, --flight-recorder N, --no-wrap; every other option before `--` is torchrun's
+(--nproc-per-node, --standalone, --nnodes, --rdzv-*, ...).
+
+Output: the ranks' stdout and stderr as they come, without torchrun's log lines and its
+closing traceback (DISTDIAG_DEBUG=1 shows everything). Exit codes: 0 the script finished,
+3 the watchdog found a hang or a lost rank (the report is the last thing printed), 2 bad
+input, else the script's own exit code.
+
+Example: distdiag watch --nproc-per-node 8 --timeout-s 300 -- train.py --lr 3e-4"""
+
+_WATCH_VALUED = ("--timeout-s", "--action", "--dump-dir", "--flight-recorder")
+_WATCH_FLAGS = ("--no-wrap",)
+_TORCHRUN_FRAME = re.compile(r'^\s*File ".*torch/distributed/(run|launch|elastic/|launcher/)')
+_ENDING = re.compile(r"^distdiag\[rank \d+\]: watchdog ending the process")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(torchrun's options, the watch options, the command after `--`)."""
+    split = argv.index("--")
+    ours, command = argv[:split], argv[split + 1 :]
+    torchrun: list[str] = []
+    watch: list[str] = []
+    i = 0
+    while i < len(ours):
+        word = ours[i]
+        name = word.split("=", 1)[0]
+        if name in _WATCH_VALUED:
+            take = 1 if "=" in word else 2
+            watch += ours[i : i + take]
+            i += take
+        elif word in _WATCH_FLAGS:
+            watch.append(word)
+            i += 1
+        else:
+            torchrun.append(word)
+            i += 1
+    if command[:1] == ["-m"] and len(command) > 1:
+        watch += ["-m", command[1]]
+        command = command[2:]
+    return torchrun, watch, command
+
+
+class WatchOutput:
+    """The ranks' stderr, line by line, as the user should see it: torchrun's log lines, the
+    ranks' 'watchdog ending the process' lines and torchrun's own closing traceback are held
+    back (`dropped`); a worker's traceback goes through once its first frame shows it is not
+    torchrun's. `debug` passes everything."""
+
+    def __init__(self, out: IO[str], debug: bool = False) -> None:
+        self.out = out
+        self.debug = debug
+        self.held: list[str] = []
+        self.holding = ""
+        """'' passing lines, 'undecided' inside a traceback not yet placed, 'torchrun' in its."""
+        self.dropped: list[str] = []
+
+    def line(self, line: str) -> None:
+        from distdiag.check.launcher import _GLOG
+
+        if self.debug:
+            self._write(line)
+        elif self.holding == "torchrun":
+            self.dropped.append(line)
+        elif self.holding == "undecided":
+            self.held.append(line)
+            if line.lstrip().startswith("File ") and "<frozen runpy>" not in line:
+                if _TORCHRUN_FRAME.match(line):
+                    self.holding, self.dropped = "torchrun", self.dropped + self.held
+                else:
+                    self._release()
+        elif line.startswith("Traceback (most recent call last):"):
+            self.holding, self.held = "undecided", [line]
+        elif _GLOG.match(line) or _ENDING.match(line):
+            self.dropped.append(line)
+        else:
+            self._write(line)
+
+    def close(self) -> None:
+        if self.holding == "undecided":
+            self._release()
+
+    def worker_exit_code(self) -> int | None:
+        """The root-cause worker's exit code, from torchrun's failure summary (its other
+        failures, listed first, are mostly ranks torchrun itself ended with SIGTERM)."""
+        root = next((i for i, line in enumerate(self.dropped) if "Root Cause" in line), 0)
+        for line in self.dropped[root:]:
+            m = _EXITCODE.search(line)
+            if m:
+                code = int(m.group(1))
+                return 128 - code if code < 0 else code
+        return None
+
+    def _release(self) -> None:
+        for held in self.held:
+            self._write(held)
+        self.held, self.holding = [], ""
+
+    def _write(self, line: str) -> None:
+        self.out.write(line)
+        self.out.flush()
+
+
+def _pump(src: IO[str], output: WatchOutput) -> None:
+    for line in src:
+        output.line(line)
+    output.close()
+
+
+def _stamp(path: str) -> int | None:
+    """The file's modification time (ns), None when there is none."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _exit_code(report_path: str, before: int | None, rc: int, output: WatchOutput) -> int:
+    """The report's code when the watchdog ended the job (a report written by this run: its
+    stamp differs from `before`, taken at launch), else 0 when torchrun succeeded, else the
+    failed worker's own code."""
+    from distdiag.errors import ReportError
+    from distdiag.report.model import read_report
+
+    if rc == 0:
+        return 0
+    stamp = _stamp(report_path)
+    if stamp is not None and stamp != before:
+        try:
+            return read_report(report_path).exit_code
+        except ReportError as exc:
+            sys.stderr.write(f"distdiag: error: {exc}\n")
+            return 3
+    code = output.worker_exit_code()
+    return code if code else rc
+
+
+def run_watch(argv: list[str]) -> int:
+    """Launch torchrun with the watchdog wrapper; the verdict's exit code."""
+    from distdiag.check.launcher import run_forwarding_signals
+    from distdiag.watch import _BadUsage, _parse
+    from distdiag.watchdog.writer import REPORT_NAME
+
+    if argv[:1] in (["-h"], ["--help"]):
+        print(HELP)
+        return 0
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        sys.stderr.write(f"distdiag: error: {USAGE}\n")
+        return 2
+    torchrun, watch, command = _split(argv)
+    try:
+        _ns, config, _entries = _parse([*watch, "--", *command])
+    except _BadUsage as exc:
+        sys.stderr.write(f"distdiag: error: {exc}\n")
+        return 2
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun, "-m", "distdiag.watch", *watch, "--", *command]
+    output = WatchOutput(sys.stderr, debug=os.environ.get("DISTDIAG_DEBUG") == "1")
+    pumps: list[threading.Thread] = []
+
+    def pump_stderr(proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        thread = threading.Thread(target=_pump, args=(proc.stderr, output), name="distdiag-stderr", daemon=True)
+        thread.start()
+        pumps.append(thread)
+
+    report = os.path.join(config.dump_dir, REPORT_NAME)
+    before = _stamp(report)  # a report left by an earlier run is not this run's verdict
+    rc, _stopped_by = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
+    for thread in pumps:
+        thread.join(timeout=5)
+    return _exit_code(report, before, rc, output)
+
+
+def _raw_args(ctx: typer.Context) -> list[str]:
+    argv = sys.argv[1:]
+    if "watch" in argv:
+        return argv[argv.index("watch") + 1 :]
+    return list(ctx.args)  # called in-process (typer's test runner): the best we have
+
+
+def watch(ctx: typer.Context) -> None:
+    """Run a training script under torchrun with the hang watchdog armed (see: distdiag watch -h)."""
+    raise typer.Exit(run_watch(_raw_args(ctx)))
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "watch",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )(watch)

@@ -1,0 +1,85 @@
+"""`distdiag watch`: torchrun with the zero-code watchdog, launched for the user. The hang report
+is the last thing on the terminal (torchrun's log lines and its ChildFailedError traceback are
+held back) and the exit code is the verdict's: 3 on a hang, 0 on a healthy script, the
+script's own code when it fails by itself, 2 on bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distdiag.report.model import read_report
+
+SCRIPT = Path(__file__).resolve().parent.parent / "faults" / "watchdog_script.py"
+
+
+def _watch(cli_env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "distdiag", "watch", "--nproc-per-node", "2", "--standalone", "--timeout-s", "3", *args]
+    return subprocess.run(cmd, cwd=cwd, env=cli_env, capture_output=True, text=True, timeout=150)
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(180)
+def test_hang_report_is_the_last_thing_and_the_exit_code_is_3(cli_env, tmp_path):
+    """Rank 1 blocks outside any collective (hard timeout on the run): exit 3, the report's
+    path is the last line, no traceback of torchrun's and no ranks' 'ending' lines after it."""
+    proc = _watch(cli_env, tmp_path, "--", str(SCRIPT), "fault=block", "rank=1", "step=2")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = _lines(proc.stderr)
+    assert lines[-1] == f"hang report: {tmp_path / 'hang-report' / 'hang-report.json'}", lines[-5:]
+    assert "ChildFailedError" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert any(line.startswith("verdict: FAIL (exit 3) - rank 1 never entered") for line in lines[-3:]), lines[-5:]
+    assert read_report(tmp_path / "hang-report" / "hang-report.json").exit_code == 3
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(180)
+def test_healthy_script_exits_zero_without_report(cli_env, tmp_path):
+    """The twin: a slower step within the timeout: exit 0, no report, no torchrun noise."""
+    proc = _watch(cli_env, tmp_path, "--", str(SCRIPT), "fault=slow_step", "rank=1", "step=1", "steps=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (tmp_path / "hang-report").exists()
+    assert "Traceback" not in proc.stderr and "OMP_NUM_THREADS" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(180)
+def test_script_failing_by_itself_keeps_its_code_and_its_traceback(cli_env, tmp_path):
+    """Rank 1 exits 5 by itself: exit 5, not torchrun's 1. Rank 1 raises while rank 0 waits in a
+    barrier: the watchdog reports the exception that stranded rank 0 (exit 3, outcome raised);
+    the script's traceback is shown, torchrun's is not."""
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import sys\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "if dist.get_rank() == 1:\n"
+        "    if sys.argv[1] == 'raise':\n"
+        "        raise ValueError('boom from the script')\n"
+        "    sys.exit(5)\n"
+        "dist.barrier()\n"
+    )
+    raised = _watch(cli_env, tmp_path, "--", str(script), "raise")
+    assert raised.returncode == 3, raised.stderr[-3000:]
+    assert read_report(tmp_path / "hang-report" / "hang-report.json").outcome == "raised"
+    assert "ValueError: boom from the script" in raised.stderr and "ChildFailedError" not in raised.stderr
+    # in the same folder, seconds later: the raise run's report is not this run's verdict
+    exited = _watch(cli_env, tmp_path, "--", str(script), "exit")
+    assert exited.returncode == 5, exited.stderr[-3000:]
+    assert "ChildFailedError" not in exited.stderr
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_is_one_line_exit_2(cli_env, tmp_path):
+    """No `--`, a missing script, a bad watch option: one line, exit 2, torchrun never started."""
+    for args in ([str(SCRIPT)], ["--", str(tmp_path / "missing.py")], ["--timeout-s", "-1", "--", str(SCRIPT)]):
+        proc = subprocess.run([sys.executable, "-m", "distdiag", "watch", *args], cwd=tmp_path, env=cli_env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert len(_lines(proc.stderr)) == 1 and "error" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
