@@ -55,15 +55,7 @@ def analyze(
         for note in run.notes:
             typer.echo(f"distdiag: note: {note}", err=True)
     if plot is not None:
-        from distdiag.analyze.plot import PlotUnavailable, plot_report
-
-        try:
-            written = plot_report(runs, report, plot, config)
-        except PlotUnavailable as exc:
-            raise fail(str(exc)) from None
-        except OSError as exc:
-            raise fail(f"cannot write the plot: {exc}") from None
-        typer.echo(f"distdiag: plot written to {written}", err=True)
+        _write_plot(runs, report, plot, config)
     if format == "json":
         typer.echo(report.to_json())
     else:
@@ -77,6 +69,19 @@ def analyze(
         )
     if exit_code:
         raise typer.Exit(report.exit_code)
+
+
+def _write_plot(runs: list, report: object, plot: Path, config: object) -> None:
+    """--plot: the curves with the findings marked, as a PNG (bad input: one line, exit 2)."""
+    from distdiag.analyze.plot import PlotUnavailable, plot_report
+
+    try:
+        written = plot_report(runs, report, plot, config)
+    except PlotUnavailable as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"cannot write the plot: {exc}") from None
+    typer.echo(f"distdiag: plot written to {written}", err=True)
 
 
 def _check_plot_path(plot: Path) -> None:

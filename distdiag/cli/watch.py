@@ -197,7 +197,7 @@ def run_watch(argv: list[str]) -> int:
 
     report = os.path.join(config.dump_dir, REPORT_NAME)
     before = _stamp(report)  # a report left by an earlier run is not this run's verdict
-    rc, _stopped_by = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
+    rc = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1).rc
     for thread in pumps:
         thread.join(timeout=5)
     return _exit_code(report, before, rc, output)
