@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from distdiag.cli.options import fail
+from distdiag.cli.options import fail, register_passthrough
 
 __all__ = ["register"]
 
@@ -56,9 +56,4 @@ def _leave_bad_input_report(message: str, path: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    # Every argument goes to the check's own parser, -h/--help included.
-    app.command(
-        "check",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        add_help_option=False,
-    )(check)
+    register_passthrough(app, "check", check)

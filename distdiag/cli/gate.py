@@ -8,30 +8,19 @@ the two.
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
+from distdiag.cli.options import raw_args, register_passthrough
+
 __all__ = ["register"]
-
-
-def _raw_args(ctx: typer.Context) -> list[str]:
-    argv = sys.argv[1:]
-    if "gate" in argv:
-        return argv[argv.index("gate") + 1 :]
-    return list(ctx.args)  # called in-process (typer's test runner): the best we have
 
 
 def gate(ctx: typer.Context) -> None:
     """Run the check on this node (torchrun options before --), then the training command if it passed (see: distdiag gate -h)."""
     from distdiag.check.launcher import run_gate
 
-    raise typer.Exit(run_gate(_raw_args(ctx)))
+    raise typer.Exit(run_gate(raw_args(ctx, "gate")))
 
 
 def register(app: typer.Typer) -> None:
-    app.command(
-        "gate",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        add_help_option=False,
-    )(gate)
+    register_passthrough(app, "gate", gate)

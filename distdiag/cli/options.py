@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
-__all__ = ["FormatOpt", "fail", "check_format", "check_severity"]
+__all__ = ["FormatOpt", "fail", "check_format", "check_severity", "raw_args", "register_passthrough"]
 
 FormatOpt = Annotated[
     str,
@@ -35,3 +37,17 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
     typer.echo(f"distdiag: error: {printable(message, one_line=True)}", err=True)
     return typer.Exit(code)
+
+
+def raw_args(ctx: typer.Context, command: str) -> list[str]:
+    """The arguments after `command` exactly as typed (a launcher command hands them on to its
+    own parser or to torchrun untouched, `--` and all)."""
+    argv = sys.argv[1:]
+    if command in argv:
+        return argv[argv.index(command) + 1 :]
+    return list(ctx.args)  # called in-process (typer's test runner): the best we have
+
+
+def register_passthrough(app: typer.Typer, name: str, command: Callable[..., Any]) -> None:
+    """Register a command whose every argument, -h/--help included, goes to its own parser."""
+    app.command(name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)(command)

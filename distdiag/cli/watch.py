@@ -21,6 +21,8 @@ from typing import IO
 
 import typer
 
+from distdiag.cli.options import raw_args, register_passthrough
+
 __all__ = ["register", "run_watch", "WatchOutput"]
 
 USAGE = "usage: distdiag watch [torchrun options] [watch options] -- train.py ARGS... (or -- -m module ARGS...)"
@@ -203,21 +205,10 @@ def run_watch(argv: list[str]) -> int:
     return _exit_code(report, before, rc, output)
 
 
-def _raw_args(ctx: typer.Context) -> list[str]:
-    argv = sys.argv[1:]
-    if "watch" in argv:
-        return argv[argv.index("watch") + 1 :]
-    return list(ctx.args)  # called in-process (typer's test runner): the best we have
-
-
 def watch(ctx: typer.Context) -> None:
     """Run a training script under torchrun with the hang watchdog armed (see: distdiag watch -h)."""
-    raise typer.Exit(run_watch(_raw_args(ctx)))
+    raise typer.Exit(run_watch(raw_args(ctx, "watch")))
 
 
 def register(app: typer.Typer) -> None:
-    app.command(
-        "watch",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        add_help_option=False,
-    )(watch)
+    register_passthrough(app, "watch", watch)

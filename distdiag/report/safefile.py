@@ -127,16 +127,21 @@ def check_output_path(path: str | os.PathLike[str], hint: str = "pick a file pat
         raise RefusedFile(code, f"{given} is {_kind(mode)}, not a regular file; refusing to replace it ({hint})")
 
 
-def write_atomic(path: str | os.PathLike[str], data: str | bytes, hint: str = "pick a file path") -> Path:
-    """Write `data` to `path` atomically (temp file beside it, then rename), refusing what
-    check_output_path refuses. The file is 0644 minus the umask, like any file the user writes.
-    Its folder is made if missing."""
-    given = Path(path)
+def _checked_with_parent(given: Path, hint: str) -> None:
+    """check_output_path, then the folder made if missing (one that is a file: refused)."""
     check_output_path(given, hint)
     try:
         given.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise RefusedFile(errno.ENOTDIR, f"{given}: {given.parent} is not a directory; {hint}") from None
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes, hint: str = "pick a file path") -> Path:
+    """Write `data` to `path` atomically (temp file beside it, then rename), refusing what
+    check_output_path refuses. The file is 0644 minus the umask, like any file the user writes.
+    Its folder is made if missing."""
+    given = Path(path)
+    _checked_with_parent(given, hint)
     blob = data.encode("utf-8") if isinstance(data, str) else data
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
@@ -170,11 +175,7 @@ def open_append(path: str | os.PathLike[str], hint: str = "pick a file path") ->
     what check_output_path refuses; O_NOFOLLOW|O_NONBLOCK and an fstat close the race with a
     link or FIFO swapped in after the check (a FIFO without a reader would block the open)."""
     given = Path(path)
-    check_output_path(given, hint)
-    try:
-        given.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise RefusedFile(errno.ENOTDIR, f"{given}: {given.parent} is not a directory; {hint}") from None
+    _checked_with_parent(given, hint)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(given, flags, 0o644)
