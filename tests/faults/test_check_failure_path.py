@@ -88,6 +88,10 @@ def test_rank_killed_mid_probe(workdir):
     assert report.outcome == "lost_rank"
     lead = _crit(report)[0]
     assert lead.ranks == [2] and "is gone" in lead.issue
+    # the lost rank's row carries the host and pid it checked in with, not '?'
+    row = report.probe("collectives").details["table:ranks at the end"][2]
+    assert (row["state"], row["host"], row["pid"]) == ("lost", report.ranks[2].host, report.ranks[2].pid), row
+    assert report.ranks[2].pid > 0
     assert result.elapsed < T + 15
 
 
