@@ -206,9 +206,12 @@ def _code_of_report(report: Report, end: Any, where: str) -> int:
         print_line(f"distdiag: cancelled by {_signal_words(end.stopped_by)}: {report.summary}; report: {where} "
                    f"(exit {code})")
         return code
-    if code == 0 and end.stopped_by and end.rc == 0 and not end.killed_why:
-        # The signal came too late to stop anything: the run passed, but the user asked to
-        # stop, and a script (the gate) must not go on as if nothing happened.
+    if code == 0 and end.stopped_by and not end.killed_why:
+        # The signal came too late to stop the probes: the run passed, but the user asked to
+        # stop, and a script (the gate) must not go on as if nothing happened. torchrun may
+        # exit 1 here (the forwarded signal ended ranks that were leaving): that is the
+        # user's signal, not a rank failing - one that died or stopped by itself after the
+        # verdict makes its report say so (exit 3, distdiag/check/finish.py).
         print_line(f"distdiag: cancelled by {_signal_words(end.stopped_by)} as the run finished (its report "
                    f"says pass: {where}); exit {EXIT_HANG}")
         return EXIT_HANG
