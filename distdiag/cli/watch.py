@@ -2,7 +2,7 @@
 watchdog, launched for the user.
 
 `torchrun -m distdiag.watch -- train.py` works as before, but torchrun exits 1 for any failed
-worker and ends a hang report with its own `ChildFailedError` traceback (FACTS.md). This runs
+worker and ends a hang report with its own `ChildFailedError` traceback (docs/facts.md). This runs
 the same torchrun command, shows the ranks' output as it comes, keeps torchrun's log lines and
 its traceback out of the way (all of it with DISTDIAG_DEBUG=1), so the hang report is the
 last thing on the terminal, and exits with the verdict's code: the report's (3) when the
