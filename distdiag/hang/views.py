@@ -124,7 +124,11 @@ def rank_state(snap: dict[str, Any]) -> str:
 
 
 def coll_label(c: dict[str, Any]) -> str:
+    """'all_reduce #3 on world (float32[4])'; a collective without a tensor (a barrier, which the
+    tracker records with dtype 'none') has no parenthesis: 'barrier #1 on world'."""
     shape = "x".join(str(s) for s in c.get("shape") or []) or "-"
+    if c.get("dtype") == "none" and shape == "-":
+        return f"{c['op']} #{c['seq']} on {c['group']}"
     return f"{c['op']} #{c['seq']} on {c['group']} ({c.get('dtype', '?')}[{shape}])"
 
 

@@ -28,7 +28,7 @@ def test_probe_raises_on_one_rank(workdir):
     (lead,) = _crit(report)
     assert lead.ranks == [1]
     assert "RuntimeError: injected fault: raise in collectives on rank 1" in lead.issue
-    assert "rank 0 were left waiting in all_reduce" in lead.issue
+    assert "rank 0 was left waiting in all_reduce" in lead.issue
     assert "Traceback" in lead.evidence
     assert result.elapsed < T + 15
 
