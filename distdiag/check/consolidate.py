@@ -149,8 +149,10 @@ def hang_result(
     timeout_s: float,
     reason: str,
     duration_s: float,
+    infos: dict[int, RankInfo] | None = None,
 ) -> ProbeResult:
-    """The result of the step during which the run ended."""
+    """The result of the step during which the run ended (`infos`: the rank table, for the
+    hosts and pids of lost ranks)."""
     what = f"probe '{name}'" if name not in ("setup", "final") else f"the {name} phase"
     findings = analyze_hang(snaps, lost, errors, world, what=what, timeout_s=timeout_s, raise_ends_run=True)
     ensure_critical(
@@ -159,7 +161,7 @@ def hang_result(
         "ranks' states at the end are in this probe's details",
         "see the other findings and the per-rank stacks",
     )
-    details = {"table:ranks at the end": state_rows(snaps, lost, world), **snapshot_details(snaps)}
+    details = {"table:ranks at the end": state_rows(snaps, lost, world, infos), **snapshot_details(snaps)}
     return ProbeResult(name, status="error", findings=findings, duration_s=duration_s, details=details, reason=reason)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from distdiag.check.config import CheckConfig
 from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
-from distdiag.check.launched import cancelled_by, launch_id, note_verdict
+from distdiag.check.launched import cancelled_by, launch_id, note_verdict, noted_rank
 from distdiag.check.plan import Plan
 from distdiag.errors import print_line
 from distdiag.probes.base import ConsolidationView
@@ -78,6 +78,33 @@ class RunEnd:
         with host '?', which read as "no answer from host ?")."""
         return {r: i for r, i in enumerate(self.rank_infos) if i.pid > 0}
 
+    def _known_rank_infos(self) -> list[RankInfo]:
+        """The report's rank table: each checked-in rank's own row; a rank that never checked
+        in gets its pid and host from its note to this node's launcher, or this host when
+        every rank starts on it; '?' only where nothing is known."""
+        rows = []
+        for r, info in enumerate(self.rank_infos):
+            note = noted_rank(r) if info.pid <= 0 else None
+            if info.pid > 0 or (note is None and self._one_host() is None):
+                rows.append(info)
+            else:
+                pid = note["pid"] if note is not None else -1
+                rows.append(RankInfo(r, self.info.host, self.info.node, -1, "?", pid))
+        return rows
+
+    def _with_last_notes(self, lost: dict[int, str]) -> dict[int, str]:
+        """A rank lost before it checked in: what it last told this node's launcher it was
+        doing (importing, connecting, ...), with its pid and whether that process still lives."""
+        from distdiag.runtime.sentinel import process_state
+
+        infos = self._checked_in()
+        for r in list(lost):
+            note = noted_rank(r) if r not in infos else None
+            if note is not None:
+                state = process_state(note["pid"])
+                lost[r] += f"; its last word to the launcher was '{note['phase']}' (pid {note['pid']}, now {state})"
+        return lost
+
     def _one_host(self) -> str | None:
         """This host, when every rank of the job starts on it (one node)."""
         return self.info.host if self.info.local_world_size == self.info.world_size else None
@@ -99,7 +126,7 @@ class RunEnd:
         cfg = self.config.to_dict()
         report = build_report(
             world_size=self.info.world_size,
-            ranks=self.rank_infos,
+            ranks=self._known_rank_infos(),
             probes=results,
             not_run=not_run,
             outcome=outcome,
@@ -240,7 +267,7 @@ class RunEnd:
         reasons = {int(r): v for r, v in ex.collect("abort_reason").items()}
         infos = self._checked_in()
         silent = [r for r in range(world) if r not in snaps]
-        lost = silent_rank_reasons(silent, infos, self.info.host, starting_host=self._one_host())
+        lost = self._with_last_notes(silent_rank_reasons(silent, infos, self.info.host, starting_host=self._one_host()))
         # Where did the run stop? The lowest step any live rank was still in.
         indices = [s["probe_index"] for s in snaps.values() if s.get("phase") in ("probe", "barrier")]
         final = all(s.get("phase") == "final" for s in snaps.values()) and snaps
@@ -264,6 +291,7 @@ class RunEnd:
         else:
             result = hang_result(
                 name, snaps, lost, errors, world, timeout_s=self.config.timeout_s, reason=detail, duration_s=duration,
+                infos=dict(enumerate(self._known_rank_infos())),
             )
         results.append(result)
         not_run = [p.probe.name for p in self.plan.probes[cur + 1 :]] if cur >= 0 else self.plan.names

@@ -64,7 +64,7 @@ def die_with_parent() -> Callable[[], None] | None:
 
 def kill_tree(pid: int, *, reap_root: bool = False) -> None:
     """SIGKILL a process and every process under it. torchrun's workers run in sessions of
-    their own (FACTS.md), so killing torchrun alone would orphan them: collect them first.
+    their own (docs/facts.md), so killing torchrun alone would orphan them: collect them first.
     The root is not waited for unless `reap_root`: when it is our child, subprocess must reap
     it itself (psutil reaping it first made Popen.wait report exit 0 for a killed job)."""
     try:

@@ -27,7 +27,7 @@ from distdiag.check.launched import LAUNCH_ID_ENV, VERDICT_NOTE_ENV, read_verdic
 from distdiag.errors import ReportError, print_line
 from distdiag.report.model import EXIT_BAD_INPUT, EXIT_HANG, Report, read_report, write_report
 
-__all__ = ["Launch", "exit_code_after_run", "remove_stale_report", "lost_rank_words"]
+__all__ = ["Launch", "exit_code_after_run", "remove_stale_report", "lost_rank_words", "first_failure_in"]
 
 
 def remove_stale_report(path: str) -> None:
@@ -118,7 +118,7 @@ _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
 _ROOT_HOST = re.compile(r"^\s*host\s*:\s*(\S+)")
 
 
-def _first_failure_in(lines: list[str]) -> dict[str, Any] | None:
+def first_failure_in(lines: list[str]) -> dict[str, Any] | None:
     """The root cause of torchrun's ChildFailedError summary on its stderr (--launch torchrun):
     {rank, pid, exitcode, host}, or None."""
     found: dict[str, Any] = {}
@@ -142,7 +142,7 @@ def lost_rank_words(launch: Launch, lines: list[str]) -> str | None:
     check': the rank torchrun saw fail first and what it noted it was doing; None if unknown."""
     from distdiag.check.launched import read_json
 
-    failure = read_json(os.path.join(launch.folder, "first_failure.json")) or _first_failure_in(lines)
+    failure = read_json(os.path.join(launch.folder, "first_failure.json")) or first_failure_in(lines)
     if not failure:
         return None
     code = int(failure["exitcode"])
@@ -206,9 +206,12 @@ def _code_of_report(report: Report, end: Any, where: str) -> int:
         print_line(f"distdiag: cancelled by {_signal_words(end.stopped_by)}: {report.summary}; report: {where} "
                    f"(exit {code})")
         return code
-    if code == 0 and end.stopped_by and end.rc == 0 and not end.killed_why:
-        # The signal came too late to stop anything: the run passed, but the user asked to
-        # stop, and a script (the gate) must not go on as if nothing happened.
+    if code == 0 and end.stopped_by and not end.killed_why:
+        # The signal came too late to stop the probes: the run passed, but the user asked to
+        # stop, and a script (the gate) must not go on as if nothing happened. torchrun may
+        # exit 1 here (the forwarded signal ended ranks that were leaving): that is the
+        # user's signal, not a rank failing - one that died or stopped by itself after the
+        # verdict makes its report say so (exit 3, distdiag/check/finish.py).
         print_line(f"distdiag: cancelled by {_signal_words(end.stopped_by)} as the run finished (its report "
                    f"says pass: {where}); exit {EXIT_HANG}")
         return EXIT_HANG

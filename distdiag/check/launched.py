@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = [
     "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
-    "report_path_in", "cancelled_by", "note_phase", "note_first_failure", "read_json",
+    "report_path_in", "cancelled_by", "note_phase", "noted_rank", "note_first_failure", "read_json",
 ]
 
 LAUNCH_ID_ENV = "DISTDIAG_LAUNCH_ID"
@@ -75,6 +75,17 @@ def note_phase(phase: str) -> None:
     if folder:
         rank = os.environ.get("RANK", "0")
         _write_json(os.path.join(folder, f"rank-{rank}.json"), {"phase": phase, "pid": os.getpid()})
+
+
+def noted_rank(rank: int) -> dict[str, Any] | None:
+    """The last note rank `rank` left this process's launcher (note_phase): {phase, pid}, or
+    None. Only the ranks of this node write to this launcher's folder, so a note found here
+    is a rank on this host."""
+    folder = _folder()
+    note = read_json(os.path.join(folder, f"rank-{rank}.json")) if folder else None
+    if note is None or not isinstance(note.get("pid"), int) or not isinstance(note.get("phase"), str):
+        return None
+    return note
 
 
 def note_first_failure(rank: int, pid: int, exitcode: int, host: str) -> None:

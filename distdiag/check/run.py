@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -348,7 +349,27 @@ def _wait_for_peers_to_say_it(wait_s: float = 10.0) -> None:
     torchrun SIGTERMs the other workers about 0.1 s after the first one exits, so a rank that
     is still importing torch would die without a word; every rank checks in through the
     store first (bounded: a rank that never comes does not hold the others long).
+
+    The store calls run on a daemon thread joined for `wait_s` plus a margin: a c10d client
+    waits forever for a store host that is stopped or frozen, whatever its timeout
+    (distdiag/runtime/exchange.py), and bad input must still end in exit 2 within seconds.
+    When the thread is still stuck, this process leaves at once with exit 2 (its line is
+    printed already; a normal exit would wait on the store client's teardown).
     """
+    done = threading.Event()
+    thread = threading.Thread(target=_say_it_through_the_store, args=(wait_s, done), name="distdiag-bad-input", daemon=True)
+    thread.start()
+    if not done.wait(wait_s + BAD_INPUT_STORE_MARGIN_S):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_BAD_INPUT)
+
+
+BAD_INPUT_STORE_MARGIN_S = 5.0
+"""How much longer than its own wait a rank with bad input waits on a store that does not answer."""
+
+
+def _say_it_through_the_store(wait_s: float, done: threading.Event) -> None:
     from distdiag.runtime.context import LaunchInfo, connect_store
 
     try:
@@ -360,6 +381,8 @@ def _wait_for_peers_to_say_it(wait_s: float = 10.0) -> None:
         ex.wait_count("bad_input", info.world_size, time.monotonic() + wait_s, poll_s=0.05)
     except Exception:  # noqa: BLE001 - best effort: the line is printed already
         return
+    finally:
+        done.set()
 
 
 def run_check(argv: list[str]) -> int:

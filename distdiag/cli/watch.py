@@ -2,7 +2,7 @@
 watchdog, launched for the user.
 
 `torchrun -m distdiag.watch -- train.py` works as before, but torchrun exits 1 for any failed
-worker and ends a hang report with its own `ChildFailedError` traceback (FACTS.md). This runs
+worker and ends a hang report with its own `ChildFailedError` traceback (docs/facts.md). This runs
 the same torchrun command, shows the ranks' output as it comes, keeps torchrun's log lines and
 its traceback out of the way (all of it with DISTDIAG_DEBUG=1), so the hang report is the
 last thing on the terminal, and exits with the verdict's code: the report's (3) when the
@@ -165,8 +165,25 @@ def _exit_code(report_path: str, before: int | None, rc: int, output: WatchOutpu
         except ReportError as exc:
             sys.stderr.write(f"distdiag: error: {exc}\n")
             return 3
-    code = output.worker_exit_code()
-    return code if code else rc
+    code = output.worker_exit_code() or rc
+    _say_who_failed(output, code)
+    return code
+
+
+def _say_who_failed(output: WatchOutput, code: int) -> None:
+    """The script failed by itself (no hang report): one line naming the rank torchrun saw fail
+    first, from the failure summary held back (the script's own output is shown already)."""
+    from distdiag.check.launch_end import first_failure_in
+    from distdiag.errors import print_line
+
+    failure = first_failure_in(output.dropped)
+    if failure is None:
+        print_line(f"distdiag watch: the job failed (torchrun exited non-zero) without a hang report; exiting {code}")
+        return
+    status = failure["exitcode"]
+    how = f"was killed by signal {-status}" if status < 0 else f"exited {status}"
+    print_line(f"distdiag watch: rank {failure['rank']} (pid {failure['pid']} on host {failure['host']}) {how} "
+               f"by itself (no hang report); exiting {code}")
 
 
 def run_watch(argv: list[str]) -> int:

@@ -120,7 +120,8 @@ def raised(a: Analysis) -> None:
             w = _direct_wait(a, stranded, ranks)
             them = "it never entered" if len(ranks) == 1 else "they never entered"
             then = " and went on" if caught else ""
-            left = f"{then}; {format_ranks(stranded)} were left waiting in {_wait_text(w)} that {them}"
+            were = "was" if len(stranded) == 1 else "were"
+            left = f"{then}; {format_ranks(stranded)} {were} left waiting in {_wait_text(w)} that {them}"
         gone = [r for r in ranks if r in a.lost]
         if gone:
             left += f"; then {format_ranks(gone)} was lost ({a.lost[gone[0]]})"

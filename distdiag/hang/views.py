@@ -124,7 +124,11 @@ def rank_state(snap: dict[str, Any]) -> str:
 
 
 def coll_label(c: dict[str, Any]) -> str:
+    """'all_reduce #3 on world (float32[4])'; a collective without a tensor (a barrier, which the
+    tracker records with dtype 'none') has no parenthesis: 'barrier #1 on world'."""
     shape = "x".join(str(s) for s in c.get("shape") or []) or "-"
+    if c.get("dtype") == "none" and shape == "-":
+        return f"{c['op']} #{c['seq']} on {c['group']}"
     return f"{c['op']} #{c['seq']} on {c['group']} ({c.get('dtype', '?')}[{shape}])"
 
 
@@ -243,8 +247,12 @@ def build_views(snaps: dict[int, dict[str, Any]], lost: dict[int, str]) -> dict[
     return views
 
 
-def state_rows(snaps: dict[int, dict[str, Any]], lost: dict[int, str], world: int) -> list[dict[str, Any]]:
-    """One row per rank for the report's table: state and where."""
+def state_rows(
+    snaps: dict[int, dict[str, Any]], lost: dict[int, str], world: int, infos: dict[int, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per rank for the report's table: state and where. `infos` (rank -> an object
+    with `host` and `pid`, RankInfo) gives a lost rank's host and pid where they are known
+    (its check-in, its note to the launcher); '?' only where nothing is."""
     views = build_views(snaps, {})
     rows = []
     for rank in range(world):
@@ -260,7 +268,10 @@ def state_rows(snaps: dict[int, dict[str, Any]], lost: dict[int, str], world: in
                 what = f"{v.state} in '{s.get('probe') or s.get('phase')}' for {s.get('phase_for_s', 0):.1f}s at {where(s.get('stack', []))}"
             rows.append({"rank": rank, "host": s.get("host", "?"), "pid": s.get("pid", "?"), "state": v.state, "where": what})
         else:
-            rows.append({"rank": rank, "host": "?", "pid": "?", "state": "lost", "where": lost.get(rank, "no answer")})
+            info = (infos or {}).get(rank)
+            host = info.host if info is not None and info.host not in ("", "?") else "?"
+            pid = info.pid if info is not None and info.pid > 0 else "?"
+            rows.append({"rank": rank, "host": host, "pid": pid, "state": "lost", "where": lost.get(rank, "no answer")})
     return rows
 
 

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from distdiag.report.model import SEVERITIES, Finding, ProbeResult, Report
 from distdiag.report.safefile import printable
 
-__all__ = ["render_report", "format_ranks", "render_table", "ProgressLine", "PROGRESS_ENV"]
+__all__ = ["render_report", "known_hosts", "format_ranks", "render_table", "ProgressLine", "PROGRESS_ENV"]
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "error": "ERROR"}
 _SEV = {"info": "info", "warning": "WARN", "error": "ERROR", "critical": "CRIT"}
@@ -98,6 +98,12 @@ def _detail_tables(probe: ProbeResult, max_rows: int | None) -> list[str]:
     return out
 
 
+def known_hosts(report: Report) -> list[str]:
+    """The hosts the rank table names; a rank nobody could place ('?': lost before it checked
+    in, on a host nobody knows) is not a host of its own."""
+    return sorted({r.host for r in report.ranks if r.host not in ("", "?")})
+
+
 def render_report(
     report: Report,
     *,
@@ -125,7 +131,7 @@ def render_report(
     # escaped before wrapping and splitting (which would act on a CR or a C1 line break)
     report = Report.from_dict(_printable_tree(report.to_dict()))
     out: list[str] = []
-    hosts = sorted({r.host for r in report.ranks})
+    hosts = known_hosts(report)
     out.append(
         title
         or f"distdiag check: {report.world_size} rank(s) on {len(hosts) or 1} host(s)"

@@ -25,7 +25,7 @@ from distdiag.hang import (
     state_rows,
 )
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
-from distdiag.report.render import render_report
+from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
 from distdiag.runtime.exchange import Exchange
 
@@ -108,7 +108,7 @@ def _step_summary(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
 def render_hang_report(report: Report, exit_code: int | None = None) -> str:
     """The report as text (`exit_code`: the code the command returns, when not the report's)."""
     lines = render_report(report, exit_code=exit_code).splitlines()
-    hosts = sorted({r.host for r in report.ranks})
+    hosts = known_hosts(report)
     if report.probes and report.probes[0].name == "flight_recorder":
         lines[0] = "distdiag hang-report: from flight-recorder dumps"
         return "\n".join(lines)
@@ -246,9 +246,10 @@ def _details(
     lost: dict[int, str],
     errors: dict[int, dict[str, Any]],
     world: int,
+    infos: dict[int, RankInfo] | None = None,
 ) -> dict[str, Any]:
     """The watchdog probe's details: the ranks' table, the event, the snapshots, steps, errors."""
-    rows = state_rows(merged, lost, world)
+    rows = state_rows(merged, lost, world, infos)
     for row in rows:
         s = merged.get(row["rank"])
         row["step"] = "-" if s is None or s.get("step") is None else s.get("step")
@@ -319,7 +320,7 @@ def gather_and_write(
     if reason is not None:
         return None, {}, reason
     findings = analyse(event, merged, lost, errors, world, timeout_s)
-    details = _details(event, merged, lost, errors, world)
+    details = _details(event, merged, lost, errors, world, infos)
     ensure_critical(
         findings, f"no progress for {timeout_s:g}s: {event.get('detail', '')}",
         "ranks' states are in the table below", "see the per-rank stacks",

@@ -36,3 +36,25 @@ def test_bad_input_is_exit_2_on_every_rank(cli_env, tmp_path, make_args, words):
     assert "distdiag/" not in "".join(line for line in out.stderr.splitlines() if line.lstrip().startswith("File "))
     report = json.loads((tmp_path / "distdiag-report.json").read_text())
     assert report["exit_code"] == 2 and report["outcome"] == "bad_input", report
+
+
+def test_bad_input_ends_in_exit_2_when_the_store_host_is_frozen(cli_env, tmp_path):
+    """Rank 1 of 2 with a bad probe name, its job's store a listening socket that never answers
+    (a stopped or frozen store host: the kernel accepts, nobody replies): it says its one line
+    and exits 2 on its own - waiting for its peer through the store is bounded - instead of
+    waiting forever in the store client."""
+    import socket
+
+    frozen = socket.socket()
+    frozen.bind(("127.0.0.1", 0))
+    frozen.listen(16)
+    env = {**cli_env, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(frozen.getsockname()[1]), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    try:
+        out = subprocess.run([sys.executable, "-m", "distdiag.check", "--probes", "no_such_probe"], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        frozen.close()
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    said = [line for line in out.stderr.splitlines() if line.startswith("distdiag: error:")]
+    assert len(said) == 1 and "no_such_probe" in said[0], out.stderr[-3000:]

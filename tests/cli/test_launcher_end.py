@@ -102,6 +102,17 @@ def test_a_signal_as_a_passing_run_finishes_is_still_a_cancellation(tmp_path, ca
     assert line.startswith("distdiag: cancelled by SIGINT (Ctrl-C) as the run finished") and line.endswith("exit 3")
 
 
+def test_a_signal_as_a_passing_run_finishes_is_a_cancellation_when_torchrun_exits_1_for_it(tmp_path, capsys):
+    """The same Ctrl-C where the forwarded signal ended ranks that were leaving (torchrun exits 1,
+    seen with `timeout -s INT 8.5 distdiag check --nproc-per-node 3`): still the cancellation's
+    one line, not 'a rank failed after the verdict'."""
+    with Launch(str(tmp_path / "r.json"), 2) as launch:
+        write_report(Report(world_size=2, launch_id=launch.id), launch.report_path)
+        assert exit_code_after_run(launch, JobEnd(1, "SIGINT")) == 3
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.startswith("distdiag: cancelled by SIGINT (Ctrl-C) as the run finished") and line.endswith("exit 3")
+
+
 # -- real runs ---------------------------------------------------------------------------------
 
 @pytest.mark.torchrun

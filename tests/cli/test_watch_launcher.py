@@ -73,6 +73,9 @@ def test_script_failing_by_itself_keeps_its_code_and_its_traceback(cli_env, tmp_
     exited = _watch(cli_env, tmp_path, "--", str(script), "exit")
     assert exited.returncode == 5, exited.stderr[-3000:]
     assert "ChildFailedError" not in exited.stderr
+    # torchrun's summary is held back, so one line says who failed and the code returned
+    last = _lines(exited.stderr)[-1]
+    assert last.startswith("distdiag watch: rank 1 (pid ") and last.endswith("exited 5 by itself (no hang report); exiting 5"), last
 
 
 @pytest.mark.timeout(60)

@@ -28,7 +28,7 @@ def test_probe_raises_on_one_rank(workdir):
     (lead,) = _crit(report)
     assert lead.ranks == [1]
     assert "RuntimeError: injected fault: raise in collectives on rank 1" in lead.issue
-    assert "rank 0 were left waiting in all_reduce" in lead.issue
+    assert "rank 0 was left waiting in all_reduce" in lead.issue
     assert "Traceback" in lead.evidence
     assert result.elapsed < T + 15
 
@@ -88,6 +88,10 @@ def test_rank_killed_mid_probe(workdir):
     assert report.outcome == "lost_rank"
     lead = _crit(report)[0]
     assert lead.ranks == [2] and "is gone" in lead.issue
+    # the lost rank's row carries the host and pid it checked in with, not '?'
+    row = report.probe("collectives").details["table:ranks at the end"][2]
+    assert (row["state"], row["host"], row["pid"]) == ("lost", report.ranks[2].host, report.ranks[2].pid), row
+    assert report.ranks[2].pid > 0
     assert result.elapsed < T + 15
 
 

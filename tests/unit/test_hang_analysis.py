@@ -70,6 +70,16 @@ def test_raise_that_strands_others_leads():
     assert "ValueError: bad shape" in f.issue and "left waiting in all_reduce #2" in f.issue
 
 
+def test_one_rank_stranded_in_a_barrier_reads_as_one_rank_in_a_barrier():
+    """'rank 0 was left waiting in barrier #1 on world', not 'rank 0 were left waiting in
+    barrier #1 on world (none[-])' (a barrier has no tensor: the tracker's dtype 'none')."""
+    barrier = {**coll("barrier", 1, shape=()), "dtype": "none"}
+    snaps = {0: snap(in_collective=barrier), 1: snap(phase="barrier")}
+    errors = {1: {"type": "RuntimeError", "message": "boom", "traceback": "Traceback..."}}
+    (f,) = run(snaps, errors=errors)
+    assert "; rank 0 was left waiting in barrier #1 on world that it never entered" in f.issue, f.issue
+
+
 def test_slow_step_without_collectives():
     snaps = {0: snap(), 1: snap()}
     (f,) = run(snaps)

@@ -181,3 +181,15 @@ def test_the_check_package_is_light_and_keeps_its_old_entry_points() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PKG.parent)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_comments_cite_facts_inside_the_repository() -> None:
+    """The facts a comment relies on live in docs/facts.md: a comment citing FACTS.md (a file
+    outside the checkout) or ../shared/ points a reader at nothing."""
+    cited = [
+        f"{path.relative_to(PKG.parent)}:{n}"
+        for path in sorted(PKG.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "FACTS.md" in line or "../shared" in line
+    ]
+    assert cited == []

@@ -337,3 +337,23 @@ def test_progress_line_rewrites_one_line_and_clears_it():
         "\rdistdiag [2/2] env ...        \r"  # padded over the longer line before it
         "\r" + " " * len("distdiag [2/2] env ...") + "\r"
     )
+
+
+def test_every_outcome_the_code_writes_is_documented():
+    """report-schema.md's outcome line names every outcome the check, the watchdog and the
+    launcher write (issue 24: every outcome documented)."""
+    from pathlib import Path
+
+    from distdiag.check.finish import _outcome as check_outcome
+    from distdiag.watchdog.writer import _outcome as watchdog_outcome
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "report-schema.md").read_text()
+    line = next(ln for ln in doc.splitlines() if ln.strip().startswith('"outcome":'))
+    documented = {w.strip(' ",') for w in line.split(":", 1)[1].split("|")}
+    written = {"completed", "bad_input", "cancelled", "lost_rank"}  # build_report, the launcher's leave_report
+    for kinds in ({"lost"}, {"stranded"}, {"deadline"}, {"timeout"}, {"terminated"}, set()):
+        written.add(check_outcome(kinds, cancelled=False, lost=None))
+    written.add(check_outcome(set(), cancelled=True, lost=None))
+    for kind in ("desync", "raised", "timeout"):
+        written.add(watchdog_outcome({"kind": kind}, {}))
+    assert written - documented == set(), written - documented
