@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from distdiag.hang.recorder import pending_groups
-from distdiag.report.render import format_ranks
+from distdiag.report.render import compress_numbers, format_ranks
 
 __all__ = [
     "RankView", "build_views", "rank_state", "coll_label", "where", "stack_text", "state_rows",
@@ -125,7 +126,23 @@ def rank_state(snap: dict[str, Any]) -> str:
 
 def coll_label(c: dict[str, Any]) -> str:
     shape = "x".join(str(s) for s in c.get("shape") or []) or "-"
-    return f"{c['op']} #{c['seq']} on {c['group']} ({c.get('dtype', '?')}[{shape}])"
+    return f"{c['op']} #{c['seq']} on {short_group(str(c['group']))} ({c.get('dtype', '?')}[{shape}])"
+
+
+LONG_GROUP = 16
+"""Groups with more members than this are named by their compressed member set in reports."""
+
+
+@lru_cache(maxsize=1 << 12)
+def short_group(label: str) -> str:
+    """'ranks[3,35,67,...]' of a large group as 'ranks[3-16355 step 32] (512 ranks)': a data-parallel
+    group at 16k ranks is 3 KB of digits otherwise. Small groups keep their label as is."""
+    if not label.startswith("ranks[") or label.count(",") < LONG_GROUP:
+        return label
+    members = group_members(label, 0)
+    if members is None:
+        return label
+    return f"ranks[{compress_numbers(members)}] ({len(members)} ranks)"
 
 
 def wait_text(w: dict[str, Any]) -> str:

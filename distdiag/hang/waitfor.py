@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict, deque
-from functools import lru_cache
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from distdiag.hang.views import RankView, coll_label, group_members, where
