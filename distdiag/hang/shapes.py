@@ -56,9 +56,10 @@ def _hosts(a: Analysis, ranks: list[int]) -> str:
     return f"on {'host' if len(names) == 1 else f'{len(names)} hosts'} {format_hosts(names)}, "
 
 
-def shape_lines(a: Analysis, ranks: list[int], limit: int = SHAPE_LINES) -> list[str]:
+def shape_lines(a: Analysis, ranks: list[int], limit: int | None = None) -> list[str]:
     """One line per chain shape among the stranded `ranks`, most ranks first, at most `limit`.
     No more ranks than lines: each rank's own chain (`rank 0 waits for 2 in ...; rank 2 ...`)."""
+    limit = SHAPE_LINES if limit is None else limit
     if len(ranks) <= limit:
         return a.graph.chains(ranks)
     by_shape: dict[tuple[Any, ...], tuple[list[int], set[int]]] = {}
