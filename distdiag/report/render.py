@@ -207,7 +207,7 @@ def render_report(
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
     # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
     # escaped before wrapping and splitting (which would act on a CR or a C1 line break)
-    report = Report.from_dict(_printable_tree(report.to_dict()))
+    report = Report.from_dict(_printable_shown(report.to_dict(), max_rows))
     out: list[str] = []
     hosts = sorted({r.host for r in report.ranks})
     out.append(
@@ -234,6 +234,23 @@ def render_report(
         code = f"exit {exit_code}; --exit-code exits {report.exit_code}"
     out.append(f"verdict: {report.verdict.upper()} ({code}) - {report.summary}")
     return printable("\n".join(out))  # the title too
+
+
+def _printable_shown(data: dict[str, Any], max_rows: int | None) -> dict[str, Any]:
+    """The report's dict with what the text shows made printable: of a probe's details only
+    its tables' first `max_rows` rows are shown (the rest are counted), so only those are
+    copied - a 16k-rank hang report's details are ~100 MB of per-rank records."""
+    out = _printable_tree({k: v for k, v in data.items() if k != "probes"})
+    out["probes"] = []
+    for probe in data.get("probes", []):
+        details = probe.get("details") or {}
+        shown: dict[str, Any] = {}
+        for name, table in details.items():
+            if name.startswith("table:") and isinstance(table, list):
+                cut = len(table) if max_rows is None else max_rows
+                shown[printable(name)] = _printable_tree(table[:cut]) + table[cut:]
+        out["probes"].append({**_printable_tree({k: v for k, v in probe.items() if k != "details"}), "details": shown})
+    return out
 
 
 def _printable_tree(value: Any) -> Any:
