@@ -303,12 +303,23 @@ def _chains(waiting: list[int], edges: dict[int, list[Edge]], end_at: dict[int, 
 # -- from live snapshots (distdiag.hang.views) --------------------------------------------------
 
 
+class _Members(tuple):  # type: ignore[type-arg]
+    """A group's members whose hash is computed once: a tuple hashes all its items on every
+    lookup, 512 of them for a data-parallel group at 16k ranks, for every rank's positions."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_h")
+        if h is None:
+            h = self.__dict__["_h"] = tuple.__hash__(self)
+        return h
+
+
 @lru_cache(maxsize=1 << 16)
 def _members(label: str, world: int) -> Group:
     """The members by a group's label, parsed once per label: every member of a 512-rank group
     names it with the same long label, and the graph compares the one tuple it returns."""
     known = group_members(label, world)
-    return tuple(known) if known is not None else ()
+    return _Members(known) if known is not None else ()
 
 
 def _view_wait(rank: int, w: dict[str, Any], world: int) -> Wait:
