@@ -54,8 +54,8 @@ def label(kind: str, members: list[int]) -> str:
 
 def _record(kind: str, group: str, seq: int, for_s: float | None = None) -> dict[str, Any]:
     c: dict[str, Any] = {
-        "op": OP[kind], "group": group, "seq": seq, "shape": SHAPE[kind], "dtype": "torch.bfloat16",
-        "call_site": SITE[kind], "step": 42, "fp": f"{OP[kind]}|{SHAPE[kind]}|torch.bfloat16|{SITE[kind]}",
+        "op": OP[kind], "group": group, "seq": seq, "shape": SHAPE[kind], "dtype": "bfloat16",
+        "call_site": SITE[kind], "step": 42, "fp": f"{OP[kind]}|{tuple(SHAPE[kind])}|bfloat16|{SITE[kind]}",
     }
     if for_s is None:
         c["duration_s"] = 0.002
@@ -73,11 +73,12 @@ def _history(labels: dict[str, str], done: dict[str, int]) -> list[dict[str, Any
 
 
 def _stack(kind: str | None) -> list[str]:
-    top = ["/job/train.py:160 in <module>", "/job/train.py:122 in train_step"]
+    # as distdiag/watchdog/progress.py writes frames: 'path:line in function: source'
+    top = ["/job/train.py:160 in <module>: main()", "/job/train.py:122 in train_step: batch = load_next_microbatch(it)"]
     if kind is None:
-        return [*top, "/job/data.py:58 in load_next_microbatch"]
-    return [*top, f"/job/{SITE[kind]}",
-            f"/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py:2850 in {OP[kind]}"]
+        return [*top, "/job/data.py:58 in load_next_microbatch: return next(self.iterator)"]
+    return [*top, f"/job/{SITE[kind]}: dist.{OP[kind]}(t, group=g)",
+            f"/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py:2850 in {OP[kind]}: work.wait()"]
 
 
 def _engine(labels: dict[str, str], done: dict[str, int], inside: str | None) -> dict[str, Any]:

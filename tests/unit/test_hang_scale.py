@@ -75,7 +75,7 @@ def test_one_culprit_and_one_line_per_chain_shape():
     assert len({ln.split(" wait", 1)[1] for ln in lines}) == 7  # no shape twice
     counts = [int(re.search(r"(\d+) ranks?\) waits? through", ln).group(1)) for ln in lines]
     assert sum(counts) == WORLD - 1, counts
-    assert all(ln.endswith("rank 3 is at /job/data.py:58 in load_next_microbatch") for ln in lines), lines
+    assert all(ln.endswith("rank 3 is at /job/data.py:58 in load_next_microbatch: return next(self.iterator)") for ln in lines), lines
     dp_direct = next(ln for ln in lines if ln.startswith("ranks 35-995 step 32"))
     assert "(on 31 hosts node[0004-0124 step 4], 31 ranks) wait through all_reduce #11 on a 32-rank group" in dp_direct
     text = render_hang_report(_report(findings, snaps, WORLD))
