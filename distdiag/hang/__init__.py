@@ -6,6 +6,7 @@
     waitfor.py   the wait-for graph across groups: who waits for whom, where the chains end
                  (the culprits), the stranded ranks' chains, cycles (deadlocks)
     group_rules.py  the rules that read the graph: uneven data, deadlock, stranded
+    shapes.py    stranded ranks at scale: one line per chain shape, with their hosts and a count
     desync.py    desyncs from fingerprint histories and from the recorder's entries; with two
                  ranks, the one that departs from its own history
     desync_rules.py  the desync rules (in flight, in the recorder's entries, in histories)

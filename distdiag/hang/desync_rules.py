@@ -32,8 +32,17 @@ Analysis = Any
 """distdiag.hang.rules.Analysis (rules.py imports this module, so not imported back here)."""
 
 
+def _located(a: Analysis) -> dict[str, Any] | None:
+    """find_desync over the histories, once per analysis (two rules read it; it reads every
+    rank's history)."""
+    if not hasattr(a, "_desync_located"):
+        snaps = a_snaps(a)
+        a._desync_located = find_desync(snaps) if has_history(snaps) else None
+    return a._desync_located
+
+
 def desync_in_flight(a: Analysis) -> None:
-    located = find_desync(a_snaps(a)) if has_history(a_snaps(a)) else None
+    located = _located(a)
     for group, waits in a.waiters().items():
         if group == "p2p":
             continue  # send/recv pair by peer, not by a sequence number shared by a group
@@ -106,7 +115,7 @@ def desync_in_records(a: Analysis) -> None:
 def desync_in_histories(a: Analysis) -> None:
     if a.desync_reported or not a.waiters():
         return
-    located = find_desync(a_snaps(a)) if has_history(a_snaps(a)) else None
+    located = _located(a)
     if located is not None and not set(located["odd"]) <= a.explained:
         a.findings.append(desync_finding(located))
         a.desync_reported = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from distdiag.hang.shapes import shape_lines
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -67,7 +68,7 @@ def uneven_data(a: Analysis) -> None:
                        f"{format_ranks(others)} {'waits' if len(others) == 1 else 'wait'} in step {top + 1}{nxt}"),
                 evidence="\n".join(x for x in (
                     f"rank {rank}: {mine} step(s), out of its training loop; the others: {top} step(s), inside it",
-                    *a.graph.chains(others), f"rank {rank} main-thread stack (innermost last):",
+                    *shape_lines(a, others), f"rank {rank} main-thread stack (innermost last):",
                     "\n".join((v.snap.get("stack") or [])[-8:])) if x),
                 ranks=[rank],
                 fix=UNEVEN_FIX.format(rank=rank),
@@ -93,7 +94,7 @@ def deadlock(a: Analysis) -> None:
                 severity="critical",
                 issue=f"deadlock between groups: {cycle}{tail}",
                 evidence="\n".join(["the cycle of waits:", *(f"  rank {e.src} -> {e.dst}: {e.wait.label}" for e in end.cycle),
-                                    *a.graph.chains(behind)]),
+                                    *shape_lines(a, behind)]),
                 ranks=end.ranks,
                 fix=(f"{format_ranks(end.ranks)} issue collectives on these groups in a different order: every member of "
                      "a group must reach its collectives in the same order relative to its other groups (one global "
@@ -123,7 +124,7 @@ def chain_end(a: Analysis) -> None:
                 severity="critical",
                 issue=(f"{format_ranks(waiters)} {'waits' if len(waiters) == 1 else 'wait'} for rank {rank} "
                        f"({direct[0].wait.label}), which never got there: {end.text}"),
-                evidence="\n".join([*a.graph.chains([r for r, e in a.graph.end_of.items() if e is end]),
+                evidence="\n".join([*shape_lines(a, [r for r, e in a.graph.end_of.items() if e is end]),
                                     f"rank {rank} main-thread stack (innermost last):",
                                     *(a.views[rank].snap.get("stack") or [])[-8:]]),
                 ranks=[rank],
@@ -146,13 +147,17 @@ def stranded(a: Analysis) -> None:
     groups = {a.graph.stranded[r][0].wait.group for r in ranks}
     if len(groups) < 2 and all(len(a.graph.stranded[r]) < 2 for r in ranks):
         return  # they all wait in one collective for the culprit: its finding says so
-    ends = sorted({r for r in ranks for r in a.graph.end_of[r].ranks})
+    ends_seen = {id(a.graph.end_of[r]): a.graph.end_of[r] for r in ranks}  # one per end, not per rank
+    ends = sorted({r for e in ends_seen.values() for r in e.ranks})
+    lines = shape_lines(a, ranks)
+    shapes = len(lines) if not lines[-1].startswith("... and ") else len(lines) - 1 + int(lines[-1].split()[2])
     a.findings.append(
         Finding(
             severity="info",
             issue=(f"{format_ranks(ranks)} {'is' if len(ranks) == 1 else 'are'} stranded, not at fault: "
-                   f"{'it waits' if len(ranks) == 1 else 'each waits'} on {format_ranks(ends)} through the chain below"),
-            evidence="\n".join(a.graph.chains(ranks)),
+                   f"{'it waits' if len(ranks) == 1 else 'each waits'} on {format_ranks(ends)} through "
+                   + ("the chain below" if shapes == 1 else f"one of the {shapes} chain shapes below")),
+            evidence="\n".join(lines),
             ranks=[],
             fix="nothing to fix on these ranks: they resume once the rank at the end of their chain does",
             confidence=0.9,

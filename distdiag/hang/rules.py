@@ -41,6 +41,7 @@ from typing import Any
 from distdiag.hang.desync_rules import desync_in_flight, desync_in_histories, desync_in_records
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
 from distdiag.hang.group_rules import UNEVEN_FIX, chain_end, deadlock, stranded, uneven_data
+from distdiag.hang.shapes import SHAPE_LINES, shape_lines
 from distdiag.hang.views import RankView, build_views, group_members, stack_text, wait_text, where
 from distdiag.hang.waitfor import WaitGraph, build_graph, nodes_from_views
 from distdiag.report.model import Finding
@@ -354,9 +355,11 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
             "every rank must reach the same collectives in the same order"
         )
     behind_it = sorted(r for r, e in a.graph.end_of.items() if rank in e.ranks and r in a.graph.stranded)
-    if behind_it:
+    if len(behind_it) > SHAPE_LINES:  # the stranded finding has them, one line per chain shape
+        evidence += f"\n{format_ranks(behind_it)} ({len(behind_it)}) wait on it through others: see the stranded ranks below"
+    elif behind_it:
         evidence += "\nstranded behind it (waiting on it through others):\n" + "\n".join(
-            "  " + c for c in a.graph.chains(behind_it))
+            "  " + c for c in shape_lines(a, behind_it))
     return Finding(severity="critical", issue=issue, evidence=evidence, ranks=[rank], fix=fix, confidence=0.9)
 
 

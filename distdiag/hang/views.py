@@ -17,11 +17,13 @@ the call site when both name the same group; otherwise the wrapper's record is a
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from distdiag.hang.recorder import pending_groups
-from distdiag.report.render import format_ranks
+from distdiag.report.render import compress_numbers, format_ranks
 
 __all__ = [
     "RankView", "build_views", "rank_state", "coll_label", "where", "stack_text", "state_rows",
@@ -127,9 +129,26 @@ def coll_label(c: dict[str, Any]) -> str:
     """'all_reduce #3 on world (float32[4])'; a collective without a tensor (a barrier, which the
     tracker records with dtype 'none') has no parenthesis: 'barrier #1 on world'."""
     shape = "x".join(str(s) for s in c.get("shape") or []) or "-"
+    group = short_group(str(c["group"]))
     if c.get("dtype") == "none" and shape == "-":
-        return f"{c['op']} #{c['seq']} on {c['group']}"
-    return f"{c['op']} #{c['seq']} on {c['group']} ({c.get('dtype', '?')}[{shape}])"
+        return f"{c['op']} #{c['seq']} on {group}"
+    return f"{c['op']} #{c['seq']} on {group} ({c.get('dtype', '?')}[{shape}])"
+
+
+LONG_GROUP = 16
+"""Groups with more members than this are named by their compressed member set in reports."""
+
+
+@lru_cache(maxsize=1 << 12)
+def short_group(label: str) -> str:
+    """'ranks[3,35,67,...]' of a large group as 'ranks[3-16355 step 32] (512 ranks)': a data-parallel
+    group at 16k ranks is 3 KB of digits otherwise. Small groups keep their label as is."""
+    if not label.startswith("ranks[") or label.count(",") < LONG_GROUP:
+        return label
+    members = group_members(label, 0)
+    if members is None:
+        return label
+    return f"ranks[{compress_numbers(members)}] ({len(members)} ranks)"
 
 
 def wait_text(w: dict[str, Any]) -> str:
@@ -275,17 +294,44 @@ def state_rows(
     return rows
 
 
+def _namer(names: dict[str, str]) -> Callable[[str], str]:
+    """A large group's short name for the report's details ('ranks[3-16355 step 32] (512 ranks)'),
+    its full label kept once in `names`: a 512-member label repeated in every rank's records
+    made the report grow with ranks x group size (44 MB at 4096 ranks)."""
+    short_of: dict[str, str] = {}
+
+    def name(label: str) -> str:
+        short = short_of.get(label)
+        if short is None:
+            short = base = short_group(label)
+            k = 1
+            while short != label and names.get(short, label) != label:  # two sets that compress alike
+                k += 1
+                short = f"{base} #{k}"
+            if short != label:
+                names[short] = label
+            short_of[label] = short
+        return short
+
+    return name
+
+
 def snapshot_details(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Per-rank stacks, recent collectives and engine positions for a hang result's details."""
+    """Per-rank stacks, recent collectives and engine positions for a hang result's details.
+    Large groups go by their short names; `group_members` maps each to its full label."""
+    names: dict[str, str] = {}
+    nm = _namer(names)
     details: dict[str, Any] = {
         "stacks": {str(r): s.get("stack", []) for r, s in sorted(snaps.items())},
-        "recent_collectives": {str(r): s.get("recent", []) for r, s in sorted(snaps.items())},
+        "recent_collectives": {str(r): [{**c, "group": nm(str(c.get("group")))} for c in s.get("recent", [])]
+                               for r, s in sorted(snaps.items())},
     }
     engine = {str(r): s["engine"] for r, s in sorted(snaps.items()) if s.get("engine")}
     if engine:
-        details["engine"] = {r: {k: v for k, v in e.items() if k != "entries"} for r, e in engine.items()}
+        details["engine"] = {r: {k: ([{**g, "group": nm(str(g.get("group")))} for g in v] if k == "groups" else v)
+                                 for k, v in e.items() if k != "entries"} for r, e in engine.items()}
         rows = [
-            {"rank": int(r), "group": g["group"], "enqueued": g["enqueued"], "completed": g["completed"],
+            {"rank": int(r), "group": nm(str(g["group"])), "enqueued": g["enqueued"], "completed": g["completed"],
              "started": "-" if g.get("started") is None else g["started"],
              "inside": coll_label({**g["pending"], "group": g["group"]}) if g.get("pending") else "-"}
             for r, e in engine.items() for g in e.get("groups", [])
@@ -296,6 +342,8 @@ def snapshot_details(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
         if states != {"ok"}:
             reasons = sorted({e.get("reason", "") for e in engine.values() if e.get("state") != "ok"})
             details["engine_note"] = "; ".join(r for r in reasons if r)
+    if names:
+        details["group_members"] = names
     return details
 
 

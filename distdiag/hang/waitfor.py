@@ -20,8 +20,9 @@ and flight-recorder dumps feed the same `Node`s. Linear in ranks x groups (plus 
 from __future__ import annotations
 
 import re
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from distdiag.hang.views import RankView, coll_label, group_members, where
@@ -133,12 +134,20 @@ def _pairs(a: Wait, b: Wait) -> bool:
     return ("recv" in str(a.key[0])) != ("recv" in str(b.key[0]))
 
 
-def _blockers(nodes: dict[int, Node], n: Node, world: int) -> list[Edge]:
+def _blockers(nodes: dict[int, Node], n: Node, world: int, missing: dict[tuple[Group, int], list[int]]) -> list[Edge]:
+    """Edges from `n` to the members of its collectives that have not entered them. Which
+    members of a collective have not entered it is the same for every waiter: worked out once
+    per (group, seq) in `missing`, so the cost is the groups' sizes, not waiters x members."""
     out = []
     for w in n.waits:
-        for m in w.group:
-            if m != n.rank and 0 <= m < world and not _entered(nodes.get(m), w, n.rank):
-                out.append(Edge(n.rank, m, w))
+        if w.peer is not None:  # a send/recv: whether the peer pairs depends on who asks
+            late = [m for m in w.group if m != n.rank and 0 <= m < world and not _entered(nodes.get(m), w, n.rank)]
+        else:
+            key = (w.group, w.seq)
+            if key not in missing:
+                missing[key] = [m for m in w.group if 0 <= m < world and not _entered(nodes.get(m), w, -1)]
+            late = [m for m in missing[key] if m != n.rank]
+        out += [Edge(n.rank, m, w) for m in late]
     return out
 
 
@@ -218,7 +227,8 @@ def _cycle(comp: list[int], edges: dict[int, list[Edge]]) -> list[Edge]:
 
 def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
     """Edges from every waiting rank, the ends its chains reach, and the stranded ranks' chains."""
-    edges = {r: _blockers(nodes, n, world) for r, n in nodes.items() if n.state == "waiting"}
+    missing: dict[tuple[Group, int], list[int]] = {}
+    edges = {r: _blockers(nodes, n, world, missing) for r, n in nodes.items() if n.state == "waiting"}
     waiting = sorted(edges)
     reach: set[int] = set()
     todo = deque(waiting)
@@ -256,45 +266,60 @@ def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
 
 
 def _chains(waiting: list[int], edges: dict[int, list[Edge]], end_at: dict[int, End]) -> tuple[dict[int, list[Edge]], dict[int, End]]:
-    """For each waiting rank not at an end: the shortest chain of waits to one (breadth first)."""
+    """For each waiting rank not at an end: the shortest chain of waits to one.
+
+    One breadth-first pass backwards from every end gives each rank its distance to the
+    nearest end; a rank's chain then takes, at each step, its first wait whose rank is one
+    step nearer. Linear in the edges (a search from every rank would be ranks x edges).
+    """
+    into: dict[int, list[int]] = defaultdict(list)
+    for src, es in edges.items():
+        for e in es:
+            into[e.dst].append(src)
+    dist = dict.fromkeys(end_at, 0)
+    todo = deque(sorted(end_at))
+    while todo:
+        v = todo.popleft()
+        for src in into.get(v, ()):
+            if src not in dist:
+                dist[src] = dist[v] + 1
+                todo.append(src)
     stranded: dict[int, list[Edge]] = {}
     end_of: dict[int, End] = {}
     for r in waiting:
-        if r in end_at:
-            continue
-        came: dict[int, Edge | None] = {r: None}
-        todo = deque([r])
-        hit = None
-        while todo and hit is None:
-            v = todo.popleft()
-            for e in edges.get(v, []):
-                if e.dst in came:
-                    continue
-                came[e.dst] = e
-                if e.dst in end_at:
-                    hit = e.dst
-                    break
-                todo.append(e.dst)
-        if hit is None:
+        if r in end_at or r not in dist:
             continue
         chain: list[Edge] = []
-        v = hit
-        while came[v] is not None:
-            e = came[v]
-            assert e is not None
+        v = r
+        while v not in end_at:
+            e = next(e for e in edges[v] if dist.get(e.dst) == dist[v] - 1)
             chain.append(e)
-            v = e.src
-        stranded[r] = chain[::-1]
-        end_of[r] = end_at[hit]
+            v = e.dst
+        stranded[r] = chain
+        end_of[r] = end_at[v]
     return stranded, end_of
 
 
 # -- from live snapshots (distdiag.hang.views) --------------------------------------------------
 
 
+class _Members(tuple):  # type: ignore[type-arg]
+    """A group's members whose hash is computed once: a tuple hashes all its items on every
+    lookup, 512 of them for a data-parallel group at 16k ranks, for every rank's positions."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_h")
+        if h is None:
+            h = self.__dict__["_h"] = tuple.__hash__(self)
+        return h
+
+
+@lru_cache(maxsize=1 << 16)
 def _members(label: str, world: int) -> Group:
+    """The members by a group's label, parsed once per label: every member of a 512-rank group
+    names it with the same long label, and the graph compares the one tuple it returns."""
     known = group_members(label, world)
-    return tuple(known) if known is not None else ()
+    return _Members(known) if known is not None else ()
 
 
 def _view_wait(rank: int, w: dict[str, Any], world: int) -> Wait:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import textwrap
 from typing import Any, TextIO
@@ -10,28 +11,114 @@ from typing import Any, TextIO
 from distdiag.report.model import SEVERITIES, Finding, ProbeResult, Report
 from distdiag.report.safefile import printable
 
-__all__ = ["render_report", "known_hosts", "format_ranks", "render_table", "ProgressLine", "PROGRESS_ENV"]
+__all__ = [
+    "render_report", "known_hosts", "format_ranks", "compress_numbers", "format_hosts", "render_table", "ProgressLine",
+    "PROGRESS_ENV",
+]
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "error": "ERROR"}
 _SEV = {"info": "info", "warning": "WARN", "error": "ERROR", "critical": "CRIT"}
 
 
 def format_ranks(ranks: list[int], world_size: int | None = None) -> str:
-    """[0,1,2,5] -> 'ranks 0-2,5'; every rank -> 'all ranks'."""
+    """[0,1,2,5] -> 'ranks 0-2,5'; every rank -> 'all ranks'; long regular sets compressed
+    (`compress_numbers`): [7,15,...,16383] -> 'ranks 7-16383 step 8'."""
     if not ranks:
         return "job"
     if world_size and len(ranks) == world_size and world_size > 1:
         return "all ranks"
-    spans: list[str] = []
-    start = prev = ranks[0]
-    for r in ranks[1:] + [None]:  # type: ignore[list-item]
-        if r is not None and r == prev + 1:
-            prev = r
+    return ("rank " if len(ranks) == 1 else "ranks ") + compress_numbers(ranks)
+
+
+MIN_REPEATS = 4
+"""A pattern is written as a repeat only from this many repeats on: 'ranks 1,3,5' stays as is."""
+MAX_PARTS = 12
+"""Parts of a compressed set shown before the rest is cut to '...,LAST (N in all)'."""
+
+
+def _spans(nums: list[int]) -> list[tuple[int, int]]:
+    """Sorted numbers as runs of consecutive ones: [0,1,2,5] -> [(0,2), (5,5)]."""
+    out: list[tuple[int, int]] = []
+    for n in nums:
+        if out and n == out[-1][1] + 1:
+            out[-1] = (out[-1][0], n)
+        elif not out or n > out[-1][1]:
+            out.append((n, n))
+    return out
+
+
+def _span_text(a: int, b: int, width: int = 0) -> str:
+    return f"{a:0{width}d}" if a == b else f"{a:0{width}d}-{b:0{width}d}"
+
+
+def _repeat_at(spans: list[tuple[int, int]], i: int, max_block: int = 16) -> tuple[int, int, int] | None:
+    """(block length, repeats, offset) of the longest run of a block of spans repeated at a fixed
+    offset from spans[i] on (the same TP slots in every replica), or None."""
+    best: tuple[int, int, int] | None = None
+    for p in range(1, min(max_block, (len(spans) - i) // MIN_REPEATS) + 1):
+        off = spans[i + p][0] - spans[i][0]
+        r = 1
+        while i + (r + 1) * p <= len(spans) and all(
+                spans[i + r * p + j] == (spans[i + j][0] + r * off, spans[i + j][1] + r * off) for j in range(p)):
+            r += 1
+        if r >= MIN_REPEATS and (best is None or r * p > best[0] * best[1]):
+            best = (p, r, off)
+    return best
+
+
+def compress_numbers(nums: list[int], width: int = 0) -> str:
+    """Numbers (ranks, host indices) as short text: runs '0-2', strides '7-16383 step 8',
+    repeated blocks '[32-34,36-39] every 32 to 16359' (one TP group's ranks in every DP
+    replica), and past MAX_PARTS parts '...,LAST (N in all)'. Linear in the numbers.
+    `width`: numbers zero-padded to it (host numbers); steps and counts are not."""
+    spans = _spans(sorted(nums))
+    parts: list[str] = []
+    i = 0
+    while i < len(spans):
+        found = _repeat_at(spans, i)
+        if found is None:
+            parts.append(_span_text(*spans[i], width))
+            i += 1
             continue
-        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(spans)
+        p, r, off = found
+        last = spans[i + r * p - 1]
+        if p == 1 and spans[i][0] == spans[i][1]:
+            parts.append(f"{_span_text(spans[i][0], last[1], width)} step {off}")
+        else:
+            parts.append("[" + ",".join(_span_text(*s, width) for s in spans[i:i + p])
+                         + f"] every {off} to {last[1]:0{width}d}")
+        i += r * p
+    if len(parts) > MAX_PARTS:
+        count = sum(b - a + 1 for a, b in spans)
+        parts = [*parts[:MAX_PARTS - 1], f"...,{_span_text(*spans[-1], width)} ({count} in all)"]
+    return ",".join(parts)
+
+
+def format_hosts(hosts: list[str]) -> str:
+    """Host names with a common stem compressed: node0004..node0007, node0009 -> 'node[0004-0007,0009]'."""
+    stems: dict[tuple[str, int], list[int]] = {}
+    plain: list[str] = []
+    for h in sorted(set(hosts)):
+        m = _HOST_NUM.match(h)
+        if m is None:
+            plain.append(h)
+        else:
+            stems.setdefault((m.group(1), len(m.group(2))), []).append(int(m.group(2)))
+    out = list(plain)
+    for (stem, width), nums in stems.items():
+        if len(nums) == 1:
+            out.append(f"{stem}{nums[0]:0{width}d}")
+            continue
+        text = compress_numbers(nums, width)
+        if "[" not in text:
+            out.append(f"{stem}[{text}]")
+        else:  # a repeated block: 'node[0005-0007] every 4 to 0127', or in parentheses with more
+            out.append(f"{stem}{text}" if text.count("[") == 1 and text.startswith("[") and "," not in text.split("]")[1]
+                       else f"{stem}({text})")
+    return ",".join(out)
+
+
+_HOST_NUM = re.compile(r"^(.*?)(\d+)$")
 
 
 def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
@@ -129,7 +216,7 @@ def render_report(
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
     # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
     # escaped before wrapping and splitting (which would act on a CR or a C1 line break)
-    report = Report.from_dict(_printable_tree(report.to_dict()))
+    report = Report.from_dict(_printable_shown(report.to_dict(), max_rows))
     out: list[str] = []
     hosts = known_hosts(report)
     out.append(
@@ -156,6 +243,23 @@ def render_report(
         code = f"exit {exit_code}; --exit-code exits {report.exit_code}"
     out.append(f"verdict: {report.verdict.upper()} ({code}) - {report.summary}")
     return printable("\n".join(out))  # the title too
+
+
+def _printable_shown(data: dict[str, Any], max_rows: int | None) -> dict[str, Any]:
+    """The report's dict with what the text shows made printable: of a probe's details only
+    its tables' first `max_rows` rows are shown (the rest are counted), so only those are
+    copied - a 16k-rank hang report's details are ~100 MB of per-rank records."""
+    out = _printable_tree({k: v for k, v in data.items() if k != "probes"})
+    out["probes"] = []
+    for probe in data.get("probes", []):
+        details = probe.get("details") or {}
+        shown: dict[str, Any] = {}
+        for name, table in details.items():
+            if name.startswith("table:") and isinstance(table, list):
+                cut = len(table) if max_rows is None else max_rows
+                shown[printable(name)] = _printable_tree(table[:cut]) + table[cut:]
+        out["probes"].append({**_printable_tree({k: v for k, v in probe.items() if k != "details"}), "details": shown})
+    return out
 
 
 def _printable_tree(value: Any) -> Any:

@@ -1,0 +1,117 @@
+"""Hang reports at scale: rank sets compressed, stranded ranks one line per chain shape, the
+culprit named alone (issue 22 item 4, issue 21 item 6). Synthetic 1024-rank incidents
+(tests/unit/hang_incident.py: snapshots in the shape the watchdog writer gathers them);
+timings live in benchmarks/bench_hang_scale.py, not here."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from distdiag.hang import analyze_hang, snapshot_details
+from distdiag.hang.views import coll_label
+from distdiag.report.model import EXIT_HANG, ProbeResult, Report, verdict_for
+from distdiag.report.render import compress_numbers, format_hosts, format_ranks
+from distdiag.watchdog.writer import render_hang_report
+from tests.unit.hang_incident import incident
+
+WORLD = 1024
+
+
+def test_small_sets_keep_their_form():
+    assert format_ranks([0, 1, 2, 5, 7, 8]) == "ranks 0-2,5,7-8"
+    assert format_ranks([1, 3, 5]) == "ranks 1,3,5"  # too short to call a stride
+    assert format_ranks([3]) == "rank 3"
+    assert format_ranks([0, 1, 2, 3], world_size=4) == "all ranks"
+
+
+def test_strides_and_repeated_blocks():
+    assert format_ranks(list(range(7, 16384, 8))) == "ranks 7-16383 step 8"
+    # one TP group's ranks minus rank 3, in every DP replica after the first
+    tp_slots = [r for r in range(32, 16384) if r % 32 < 8 and r % 8 != 3]
+    assert format_ranks(tp_slots) == "ranks [32-34,36-39] every 32 to 16359"
+    assert compress_numbers([0, 1, 2, 4, 5, 6, 7, *range(35, 1024, 32)]) == "0-2,4-7,35-995 step 32"
+
+
+def test_irregular_sets_are_cut_with_a_count():
+    ranks = [r * r for r in range(40)]
+    text = format_ranks(ranks)
+    assert text.endswith(f",...,{ranks[-1]} (40 in all)"), text
+    assert len(text) < 120
+
+
+def test_hosts_by_stem_and_number():
+    assert format_hosts(["node0003"]) == "node0003"
+    assert format_hosts(["node0004", "node0005", "node0006", "gpu-a"]) == "gpu-a,node[0004-0006]"
+    assert format_hosts([f"node{i:04d}" for i in range(4, 2048, 4)]) == "node[0004-2044 step 4]"
+
+
+def test_large_group_labels_are_compressed():
+    label = "ranks[" + ",".join(str(r) for r in range(3, 16384, 32)) + "]"
+    text = coll_label({"op": "all_reduce", "seq": 11, "group": label, "shape": [4], "dtype": "float32"})
+    assert text == "all_reduce #11 on ranks[3-16355 step 32] (512 ranks) (float32[4])"
+    small = coll_label({"op": "all_reduce", "seq": 6, "group": "ranks[0,1,2,3,4,5,6,7]", "shape": [4], "dtype": "float32"})
+    assert "ranks[0,1,2,3,4,5,6,7]" in small
+
+
+def _report(findings, snaps, world):
+    result = ProbeResult.from_findings("watchdog", findings, details=snapshot_details(snaps))
+    return Report(world_size=world, probes=[result], exit_code=EXIT_HANG, verdict=verdict_for(EXIT_HANG, [result]),
+                  outcome="hang", summary=findings[0].issue)
+
+
+def test_one_culprit_and_one_line_per_chain_shape():
+    snaps, lost = incident(WORLD, "stall", stage=0)
+    findings = analyze_hang(snaps, lost, {}, WORLD, what="step 42", timeout_s=60)
+    critical = [f for f in findings if f.severity == "critical"]
+    assert [f.ranks for f in critical] == [[3]], [f.issue for f in critical]
+    assert "load_next_microbatch" in critical[0].issue
+    stranded = next(f for f in findings if "stranded, not at fault" in f.issue)
+    assert stranded.issue.startswith("ranks 0-2,4-1023 are stranded"), stranded.issue
+    lines = stranded.evidence.splitlines()
+    # 7 shapes: the rank's TP peers; the other stages of replica 0 (same TP slot or not);
+    # every other replica through its DP all-reduce, directly or through 1 or 2 more groups
+    assert len(lines) == 7, lines
+    assert len({ln.split(" wait", 1)[1] for ln in lines}) == 7  # no shape twice
+    counts = [int(re.search(r"(\d+) ranks?\) waits? through", ln).group(1)) for ln in lines]
+    assert sum(counts) == WORLD - 1, counts
+    assert all(ln.endswith("rank 3 is at /job/data.py:58 in load_next_microbatch: return next(self.iterator)") for ln in lines), lines
+    dp_direct = next(ln for ln in lines if ln.startswith("ranks 35-995 step 32"))
+    assert "(on 31 hosts node[0004-0124 step 4], 31 ranks) wait through all_reduce #11 on a 32-rank group" in dp_direct
+    text = render_hang_report(_report(findings, snaps, WORLD))
+    assert len(text.splitlines()) < 80, text
+    assert max(len(ln) for ln in text.splitlines()) < 400
+
+
+def test_lost_host_is_named_once_and_shapes_end_on_it():
+    snaps, lost = incident(WORLD, "host", stage=1)
+    findings = analyze_hang(snaps, lost, {}, WORLD, what="step 42", timeout_s=60)
+    critical = [f for f in findings if f.severity == "critical"]
+    assert [f.ranks for f in critical] == [list(range(8, 16))], [f.issue for f in critical]
+    stranded = next(f for f in findings if "stranded, not at fault" in f.issue)
+    lines = stranded.evidence.splitlines()
+    assert len(lines) == 3, lines
+    assert all("-> ranks 8-15 were lost (" in ln for ln in lines), lines
+
+
+def test_shapes_are_capped():
+    from distdiag.hang import shapes
+
+    snaps, lost = incident(WORLD, "stall", stage=0)
+    old = shapes.SHAPE_LINES
+    try:
+        shapes.SHAPE_LINES = 3
+        findings = analyze_hang(snaps, lost, {}, WORLD, what="step 42", timeout_s=60)
+    finally:
+        shapes.SHAPE_LINES = old
+    lines = next(f for f in findings if "stranded, not at fault" in f.issue).evidence.splitlines()
+    assert len(lines) == 4 and lines[-1].startswith("... and 4 more shapes ("), lines
+
+
+def test_details_hold_each_large_group_once():
+    snaps, _lost = incident(WORLD, "stall", stage=0)
+    details = snapshot_details(snaps)
+    dp = next(k for k in details["group_members"] if k.startswith("ranks[3-995 step 32]"))
+    assert details["group_members"][dp] == "ranks[" + ",".join(str(r) for r in range(3, WORLD, 32)) + "]"
+    text = json.dumps(details)
+    assert text.count("ranks[3,35,67,") == 1  # the full label once, not in every rank's records
