@@ -234,10 +234,13 @@ class EngineReader:
             import torch
 
             version = torch.__version__
+            given = dumpers is not None
             if dumpers is None:
                 c10d = torch._C._distributed_c10d
                 dumpers = [(tag, getattr(c10d, name)) for tag, name in _DUMPERS if hasattr(c10d, name)]
             self._fns = list(dumpers)
+            if stack_dumpers is None and given:  # fed dumps: no stacks unless fed those too
+                stack_dumpers = []
             if stack_dumpers is None:
                 c10d = torch._C._distributed_c10d
                 stack_dumpers = [(tag, getattr(c10d, name)) for tag, name in _STACK_DUMPERS if hasattr(c10d, name)]
