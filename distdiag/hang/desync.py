@@ -1,7 +1,8 @@
 """Desyncs: ranks whose collectives stop matching, found three ways.
 
 - `find_desync` / `desync_finding`: from the watchdog's fingerprint histories (op, shape,
-  dtype, call site per collective): the first sequence number where a rank departs from the
+  dtype, call site per collective: the wrappers' records, or without wrappers the recorder's
+  entries with the call sites torch's stack dump gives, `engine_history`): the first sequence number where a rank departs from the
   majority - a different op or shape (`mismatch`), or a call-site shift by one (`skipped`,
   `extra`: a collective the backend paired silently with the next one).
 - `first_divergence`: the coarser per-record comparison of the recent collectives.
@@ -12,16 +13,18 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
 from typing import Any
 
+from distdiag.hang.recorder import dtype_name
 from distdiag.hang.views import coll_label
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
 __all__ = [
     "SHAPE_FREE_OPS", "find_desync", "desync_finding", "desync_lines", "first_divergence", "has_history",
-    "record_divergence", "record_desync_finding", "departure", "departures", "break_tie",
+    "record_divergence", "record_desync_finding", "departure", "departures", "break_tie", "engine_history",
 ]
 
 
@@ -32,7 +35,7 @@ def _fingerprint(c: dict[str, Any]) -> tuple[Any, ...]:
 def _step_sites(snap: dict[str, Any]) -> list[tuple[Any, list[str]]]:
     """The rank's recorded call sites grouped by training step, in order (the window's first
     step may be cut short by the history's length)."""
-    records = list(snap.get("history") or snap.get("recent") or [])
+    records = _records(snap)
     cur = snap.get("in_collective")
     if cur and not any(c.get("seq") == cur.get("seq") and c.get("group") == cur.get("group") for c in records[-4:]):
         records.append(cur)  # the watchdog's history holds it already; the check's recent does not
@@ -40,6 +43,8 @@ def _step_sites(snap: dict[str, Any]) -> list[tuple[Any, list[str]]]:
     for c in records:
         step = c.get("step")
         if step is None:
+            if c.get("source") == "engine":
+                continue  # recorded before the first step (setup, or before arming)
             return []
         if not out or out[-1][0] != step:
             out.append((step, []))
@@ -130,14 +135,44 @@ def _full_key(c: dict[str, Any]) -> tuple[Any, ...]:
     return (*_pair_key(c), c.get("call_site"))
 
 
+def engine_history(snap: dict[str, Any]) -> list[dict[str, Any]]:
+    """A rank's recent collectives as the wrappers would record them, from its flight-recorder
+    entries that carry a call site (distdiag.hang.recorder reads them from torch's stack dump
+    at snapshot time): the history of a rank watched without wrappers. Sequence numbers are
+    torch's own, the same counting on every rank; a collective's step is the last step the
+    rank began before the recorder stamped it (`step_walls`: wall-clock ns, step)."""
+    walls = [w for w in snap.get("step_walls") or [] if isinstance(w, list | tuple) and len(w) == 2]
+    stamps = [int(w[0]) for w in walls]
+    out = []
+    for e in (snap.get("engine") or {}).get("entries") or []:
+        if e.get("call_site") and not e.get("p2p"):
+            sizes = e.get("sizes")
+            shape = sizes[0] if isinstance(sizes, list) and sizes and isinstance(sizes[0], list) else None
+            dtypes = e.get("dtypes")
+            dtype = dtype_name(dtypes[0]) if isinstance(dtypes, list) and dtypes else "?"
+            out.append({"op": e.get("op"), "group": e.get("group"), "seq": e.get("seq"), "shape": shape,
+                        "dtype": dtype, "call_site": e["call_site"], "step": _step_at(walls, stamps, e), "source": "engine"})
+    return out
+
+
+def _step_at(walls: list[Any], stamps: list[int], entry: dict[str, Any]) -> Any:
+    i = bisect.bisect_right(stamps, int(entry.get("created_ns") or 0))
+    return walls[i - 1][1] if i else None
+
+
+def _records(snap: dict[str, Any]) -> list[dict[str, Any]]:
+    """The wrappers' history where they ran, else the recorder's entries with call sites."""
+    return list(snap.get("history") or snap.get("recent") or engine_history(snap))
+
+
 def has_history(snaps: dict[int, dict[str, Any]]) -> bool:
-    return any(s.get("history") for s in snaps.values())
+    return any(s.get("history") or engine_history(s) for s in snaps.values())
 
 
 def _histories(snaps: dict[int, dict[str, Any]]) -> dict[str, dict[int, dict[int, dict[str, Any]]]]:
     by_group: dict[str, dict[int, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
     for rank, snap in snaps.items():
-        records = list(snap.get("history") or snap.get("recent") or [])
+        records = _records(snap)
         if snap.get("in_collective"):
             records.append(snap["in_collective"])
         for c in records:

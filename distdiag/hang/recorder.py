@@ -41,6 +41,8 @@ __all__ = [
     "op_name",
     "pending_groups",
     "group_label",
+    "entry_site",
+    "dtype_name",
 ]
 
 FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
@@ -50,6 +52,11 @@ NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
 
 _DUMPERS = (("fr", "_dump_fr_trace_json"), ("nccl", "_dump_nccl_trace_json"))
 """torch's JSON dump functions: the CPU recorder (gloo, torch >= 2.7) and NCCL's (CUDA builds)."""
+_STACK_DUMPERS = (("fr", "_dump_fr_trace"), ("nccl", "_dump_nccl_trace"))
+"""The pickle forms: only they carry each entry's Python `frames` (the JSON form has no stacks)."""
+_NOT_SITES = ("/torch/", "/distdiag/watchdog/", "/distdiag/watch.py", "/runpy.py", "/threading.py")
+"""Frames that are not the job's call site: torch's own (all_reduce, c10d_logger.wrapper, DDP,
+autograd), distdiag's runner and Python's."""
 
 
 def recorder_enabled() -> bool:
@@ -84,6 +91,20 @@ def enable_recorder(entries: int) -> str | None:
 def op_name(profiling_name: Any) -> str:
     """'gloo:all_reduce' -> 'all_reduce' (the backend is said elsewhere)."""
     return str(profiling_name or "?").split(":", 1)[-1]
+
+
+def entry_site(frames: Any) -> str | None:
+    """The job's line that issued a recorded collective: its innermost frame outside torch and
+    distdiag's runner, as 'file:line in function' (the wrappers' format); None if none is."""
+    if not isinstance(frames, list | tuple):
+        return None
+    for f in frames:  # innermost first: all_reduce, c10d_logger.wrapper, then the caller
+        if not isinstance(f, dict):
+            continue
+        name = str(f.get("filename") or "")
+        if name and not any(part in name for part in _NOT_SITES):
+            return f"{name}:{f.get('line', '?')} in {f.get('name', '?')}"
+    return None
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -128,10 +149,25 @@ def _shape_of(c: dict[str, Any]) -> list[int] | None:
     return None
 
 
+_SCALAR_TYPES = {
+    "float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "int": "int32",
+    "long": "int64", "short": "int16", "char": "int8", "byte": "uint8", "bool": "bool",
+    "complexfloat": "complex64", "complexdouble": "complex128",
+}
+"""The recorder names dtypes by c10's ScalarType (Float, Long); torch.float32 is what users
+read and what the wrappers record, so reports read the same with or without them."""
+
+
+def dtype_name(raw: Any) -> str:
+    """'Float' -> 'float32' (unknown names pass through, lower-cased)."""
+    name = str(raw).lower()
+    return _SCALAR_TYPES.get(name, name)
+
+
 def _dtype_of(c: dict[str, Any]) -> str:
     dtypes = c.get("dtypes")
     if isinstance(dtypes, list) and dtypes:
-        return str(dtypes[0]).lower()
+        return dtype_name(dtypes[0])
     return "?"
 
 
@@ -156,6 +192,8 @@ def _attach_pending(group: dict[str, Any], entry: dict[str, Any] | None, now_ns:
     pending: dict[str, Any] = {"seq": seq, "op": "?", "shape": None, "dtype": "?", "for_s": None, "state": None}
     if entry is not None:
         pending.update(op=entry["op"], shape=_shape_of(entry), dtype=_dtype_of(entry), state=entry.get("state"))
+        if entry.get("call_site"):
+            pending["call_site"] = entry["call_site"]
         if entry.get("created_ns"):
             pending["for_s"] = round(max(0.0, (now_ns - entry["created_ns"]) / 1e9), 3)
     if pending["for_s"] is None and first_seen is not None:
@@ -178,20 +216,35 @@ class EngineReader:
     bookkeeping here is not shared between threads).
     """
 
-    def __init__(self, dumpers: list[tuple[str, Any]] | None = None) -> None:
+    def __init__(self, dumpers: list[tuple[str, Any]] | None = None, stack_dumpers: list[tuple[str, Any]] | None = None) -> None:
         """`dumpers`: (tag, fn(include_collectives, only_active) -> JSON) to read instead of
-        torch's own (tests feed dumps of other versions and backends through it)."""
+        torch's own (tests feed dumps of other versions and backends through it);
+        `stack_dumpers`: (tag, fn() -> pickle bytes with frames), the call sites' source."""
         self._fns: list[tuple[str, Any]] = []
+        self._stack_fns: list[tuple[str, Any]] = []
+        self._warmed: Any = None
+        self.sites_state = "cold"
+        """cold | warming | ready | failed: the pickle dump's first call symbolizes the recorded
+        stacks (about 1.4 s of CPU, seconds of wall time on a busy host, once per process;
+        later calls take milliseconds), so it is made once on a thread of its own, and a
+        snapshot reads call sites only once that is done."""
         self.reason = ""
         version = "?"
         try:
             import torch
 
             version = torch.__version__
+            given = dumpers is not None
             if dumpers is None:
                 c10d = torch._C._distributed_c10d
                 dumpers = [(tag, getattr(c10d, name)) for tag, name in _DUMPERS if hasattr(c10d, name)]
             self._fns = list(dumpers)
+            if stack_dumpers is None and given:  # fed dumps: no stacks unless fed those too
+                stack_dumpers = []
+            if stack_dumpers is None:
+                c10d = torch._C._distributed_c10d
+                stack_dumpers = [(tag, getattr(c10d, name)) for tag, name in _STACK_DUMPERS if hasattr(c10d, name)]
+            self._stack_fns = list(stack_dumpers)
         except Exception as exc:  # noqa: BLE001 - no torch.distributed at all
             self.reason = f"torch.distributed is not available ({type(exc).__name__})"
         if not self._fns and not self.reason:
@@ -204,6 +257,7 @@ class EngineReader:
         """pg_id -> group name: `pg_status` is keyed by a per-process counter (pg_id), entries carry
         both; the same id names different groups on different ranks (a device mesh's subgroups)."""
         self._first_seen: dict[tuple[str, str, int], float] = {}
+        self._any_enqueued = False
         self.completed_total = -1
         """Sum of completed sequence numbers over every group at the last read (-1: none yet)."""
 
@@ -228,9 +282,60 @@ class EngineReader:
             label = self._labels[name] = group_label(name)
         return label
 
-    def read(self, *, details: bool = True, tail: int = 0) -> dict[str, Any]:
+    def warm_sites(self) -> None:
+        """Make the first (slow) stack dump on a daemon thread, once the recorder holds an entry
+        (with none, the call symbolizes nothing and the next one is slow again)."""
+        if self.sites_state != "cold" or self.completed_total <= 0 and not self._any_enqueued:
+            return
+        if not self._stack_fns:
+            self.sites_state = "failed"
+            return
+        self.sites_state = "warming"
+
+        import threading
+
+        self._warmed = threading.Event()
+
+        def warm() -> None:
+            try:
+                self._read_sites()
+                self.sites_state = "ready"
+            except Exception:  # noqa: BLE001 - call sites are detail: the stacks still say where
+                self.sites_state = "failed"
+            self._warmed.set()
+
+        threading.Thread(target=warm, name="distdiag-recorder-warm", daemon=True).start()
+
+    def _read_sites(self) -> dict[tuple[str, str, int], str]:
+        """(backend tag, group name, seq) -> the job's line that issued it, from the stack dumps."""
+        from distdiag.hang.dumps import parse_dump
+
+        out: dict[tuple[str, str, int], str] = {}
+        for tag, fn in self._stack_fns:
+            data = parse_dump(fn(includeCollectives=True, includeStackTraces=True, onlyActive=False), f"{tag} recorder")
+            for raw in (data.get("entries") or []) if isinstance(data, dict) else []:
+                if isinstance(raw, dict) and not raw.get("is_p2p"):
+                    site = entry_site(raw.get("frames"))
+                    if site:
+                        out[(tag, _pg_name(raw), _int(raw.get("collective_seq_id"), 0))] = site
+        return out
+
+    def _sites_or_none(self, wait_s: float) -> dict[tuple[str, str, int], str] | None:
+        if self.sites_state == "warming" and self._warmed is not None:
+            self._warmed.wait(wait_s)  # a hang in the job's first seconds: the warm-up may be nearly done
+        if self.sites_state != "ready":
+            return None
+        try:
+            return self._read_sites()
+        except Exception:  # noqa: BLE001 - a version quirk: no call sites, the rest stands
+            return None
+
+    def read(self, *, details: bool = True, tail: int = 0, sites: bool = False, wait_s: float = 0.0) -> dict[str, Any]:
         """This rank's engine view: {"state": ok|off|unavailable, "reason", "groups": [...],
-        "entries": [last `tail` entries]}. `details` fetches the pending collectives' entries."""
+        "entries": [last `tail` entries]}. `details` fetches the pending collectives' entries;
+        `sites` adds each entry's call site from the stack dump once `warm_sites` is done,
+        waiting up to `wait_s` for it (snapshots only: the dump costs milliseconds, too much
+        for every tick)."""
         if not self._fns:
             return {"state": "unavailable", "reason": self.reason, "groups": []}
         groups: list[dict[str, Any]] = []
@@ -257,6 +362,7 @@ class EngineReader:
             if len(seen_backends.get(g["pg"], [])) > 1:
                 g["group"] = f"{g['group']} ({g['backend']})"
         self.completed_total = sum(max(g["completed"], 0) for g in groups)
+        self._any_enqueued = any(g["enqueued"] > 0 for g in groups)
         view: dict[str, Any] = {"state": "ok", "groups": groups}
         pending = [g for g in groups if g["enqueued"] > g["completed"]]
         live = {(g["backend"], g["pg"], g["enqueued"]) for g in pending}
@@ -268,6 +374,9 @@ class EngineReader:
         entries: list[dict[str, Any]] = []
         if (pending and details) or tail:
             entries = self._entries(only_active=not tail)
+            site_of = self._sites_or_none(wait_s) if sites and entries else None
+            for e in entries if site_of else []:
+                e["call_site"] = site_of.get((e["backend_tag"], e["pg"], e["seq"]))
         if pending:
             by_key = {(e["backend_tag"], e["pg_id"] or e["pg"], e["seq"]): e for e in entries}
             now_ns = time.time_ns()

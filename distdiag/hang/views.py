@@ -206,7 +206,7 @@ def _engine_waits(snap: dict[str, Any], stack: list[str]) -> list[dict[str, Any]
         p = g["pending"]
         w = {
             "group": g["group"], "seq": p["seq"], "op": p.get("op") or "?", "shape": p.get("shape"),
-            "dtype": p.get("dtype", "?"), "for_s": p.get("for_s") or 0.0, "call_site": site or p.get("call_site") or "?",
+            "dtype": p.get("dtype", "?"), "for_s": p.get("for_s") or 0.0, "call_site": p.get("call_site") or site or "?",
             "via": via,
             "source": "engine", "started": g.get("started"), "completed": g.get("completed"),
             # What ranks compare: the engine's own op/sizes/dtype, the same on every rank whether

@@ -38,7 +38,8 @@ WATCHDOG_FLIGHT_RECORDER = "DISTDIAG_WATCHDOG_FLIGHT_RECORDER"
 WATCHDOG_HISTORY = "DISTDIAG_WATCHDOG_HISTORY"
 """How many collective fingerprints each rank keeps for the desync analysis (default 512)."""
 WATCHDOG_WRAP = "DISTDIAG_WATCHDOG_WRAP"
-"""1 (default) or 0: wrap torch.distributed's Python collectives for call sites and desync fingerprints."""
+"""1 or 0: wrap torch.distributed's Python collectives (live desync fingerprints at step marks);
+unset: only where torch's flight recorder gives no call sites."""
 WATCHDOG_COMPILE_TIMEOUT_S = "DISTDIAG_WATCHDOG_COMPILE_TIMEOUT_S"
 """Budget in seconds of a torch.compile compilation, a phase of its own (default 1800)."""
 WATCHDOG_STARTUP_TIMEOUT_S = "DISTDIAG_WATCHDOG_STARTUP_TIMEOUT_S"
@@ -93,12 +94,17 @@ class WatchdogConfig:
     """How long the writer waits for live ranks' snapshots once a hang is declared."""
     compare_steps: bool = True
     """Compare ranks' collective fingerprints at each step mark (finds silent desyncs)."""
-    wrap: bool = True
-    """Wrap torch.distributed's Python collectives while armed. Detection does not need it
-    (torch's flight recorder shows every rank's position, whoever issued the collective); the
-    wrappers add the call site of each collective they see and the fingerprints that find a
+    wrap: bool | None = None
+    """Wrap torch.distributed's Python collectives while armed. None (the default): all of them
+    only where torch's flight recorder is off or has no stack dump (torch < 2.7 on gloo), else
+    only send/recv (the recorder keeps no peer). Torch's flight
+    recorder shows every rank's position, and its stack dump (read at snapshot time) gives
+    each recorded collective's call site, so a hang report names the lines and a desync that
+    hangs is located without them. The wrappers add the step-mark fingerprints that find a
     silent desync (a skipped or extra same-shape call gloo/NCCL paired with the next one)
-    while the job still runs. About 8 us of Python per wrapped collective."""
+    while the job still runs, the op as the user called it (gloo records reduce_scatter as
+    all_reduce; a broadcast's root), send/recv peers, and call sites where the recorder is
+    off or too old. About 8 us of Python per wrapped collective (docs/watchdog.md)."""
     compile_timeout: timedelta = timedelta(minutes=30)
     """torch.compile's compilation is a phase with this budget: peers waiting for a rank that
     (re)compiles are not hung until it runs out."""
@@ -121,8 +127,8 @@ class WatchdogConfig:
             raise ConfigError(f"watchdog.history must be within [16, 100000], got {self.history}")
         if self.snapshot_grace.total_seconds() < 0:
             raise ConfigError(f"watchdog.snapshot_grace must be >= 0, got {self.snapshot_grace}")
-        if not isinstance(self.wrap, bool):
-            raise ConfigError(f"watchdog.wrap must be True or False, got {self.wrap!r}")
+        if self.wrap is not None and not isinstance(self.wrap, bool):
+            raise ConfigError(f"watchdog.wrap must be True, False or None (auto), got {self.wrap!r}")
         if not isinstance(self.compile_timeout, timedelta) or self.compile_timeout.total_seconds() <= 0:
             raise ConfigError(f"watchdog.compile_timeout must be a positive timedelta, got {self.compile_timeout!r}")
         if not isinstance(self.startup_timeout, timedelta) or self.startup_timeout.total_seconds() <= 0:

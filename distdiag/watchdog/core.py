@@ -9,21 +9,23 @@
                     save(...)
 
 Arming (after init_process_group) starts one daemon thread, hooks torch's global optimizer
-step (steps without marks) and, unless `wrap=False`, wraps torch.distributed's Python
+step (steps without marks) and, with `wrap=True`, wraps torch.distributed's Python
 collectives for the arming thread; leaving the block - normally, by an exception, or at
 interpreter exit - puts everything back. Nothing here touches signal handlers.
 
 Where each rank is comes from torch's flight recorder (distdiag.hang.recorder): it must be on when
 the process group is created - torch 2.13's default is on (2000 entries); elsewhere set
 TORCH_FR_BUFFER_SIZE=2000 before init_process_group (`python -m distdiag.watch` does). Without
-it the watchdog sees only the collectives its wrappers see: a rank waiting in DDP's gradient
-all-reduce, a compiled graph's collectives or a queued NCCL kernel is invisible, and such a
-hang is reported only when you mark steps (`wd.step`).
+it the watchdog sees only the collectives its wrappers see (`wrap=True`): a rank waiting in
+DDP's gradient all-reduce, a compiled graph's collectives or a queued NCCL kernel is
+invisible, and such a hang is reported only when you mark steps (`wd.step`). The recorder's
+stacks give call sites too (read once a hang is declared), so wrappers are off by default.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterator
@@ -48,9 +50,9 @@ class HangWatchdog:
     """Names the stuck rank, its collective and its stack when a job stops making progress.
 
     Arguments left as None come from the environment (DISTDIAG_WATCHDOG_*), then defaults
-    (WatchdogConfig documents each). `wrap=False` leaves torch.distributed's functions alone:
-    hangs are still found from torch's flight recorder, without call sites or the step-mark
-    fingerprints that find a silent desync while the job still runs.
+    (WatchdogConfig documents each). By default torch.distributed's functions are left alone:
+    hangs, call sites and a desync that hangs come from torch's flight recorder. `wrap=True`
+    adds the step-mark fingerprints that find a silent desync while the job still runs.
     """
 
     def __init__(
@@ -102,6 +104,13 @@ class HangWatchdog:
         _arms[0] += 1
         self._progress = Progress(self.config.history, threading.get_ident())
         self._interceptor = Interceptor(self._progress)
+        if self.config.wrap is None:  # auto: wrappers only where the recorder cannot give call sites
+            recorder = _recorder_gives_sites(info.rank)
+            self.config = dataclasses.replace(self.config, wrap=not recorder)
+            if recorder:
+                # ...and for send/recv, whose peer the recorder does not keep (a pipeline stage
+                # waiting in recv names whom it waits for); a few per step, not per collective
+                self._interceptor.install(only_p2p=True)
         if self.config.wrap:
             self._interceptor.install()
         self._step_hook = _hook_optimizer_steps(self._progress)
@@ -201,6 +210,22 @@ def _hook_optimizer_steps(progress: Any) -> Any:
     except ImportError:  # pragma: no cover - every torch >= 2.0 has it
         return None
     return register_optimizer_step_post_hook(progress.optimizer_step)
+
+
+def _recorder_gives_sites(rank: int) -> bool:
+    """Whether torch's flight recorder is on and has a stack dump (the call sites' source when
+    the collectives are not wrapped); rank 0 says so when it falls back to the wrappers."""
+    import torch
+
+    from distdiag.hang.recorder import EngineReader, recorder_enabled
+
+    c10d = getattr(torch._C, "_distributed_c10d", None)
+    stacks = any(hasattr(c10d, name) for name in ("_dump_fr_trace", "_dump_nccl_trace"))
+    ok = EngineReader().available and recorder_enabled() and stacks
+    if not ok and rank == 0:
+        log.info("distdiag watchdog: torch's flight recorder gives no call sites here: wrapping torch.distributed's "
+                 "collectives for them (pass wrap=False to leave them alone)")
+    return ok
 
 
 def _warn_if_recorder_off(rank: int) -> None:

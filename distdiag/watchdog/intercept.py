@@ -226,7 +226,9 @@ class Interceptor:
         except Exception:  # noqa: BLE001 - backends without futures: count the issue
             prog.async_done(rec)
 
-    def install(self) -> None:
+    def install(self, only_p2p: bool = False) -> None:
+        """Wrap every collective, or (`only_p2p`) only send/recv: torch's recorder gives each
+        collective's position and call site, but not a send's or recv's peer."""
         import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d
 
@@ -240,6 +242,8 @@ class Interceptor:
         wrapped: dict[int, Callable[..., Any]] = {}
         for module, ops, funcol in modules:
             for op in ops:
+                if only_p2p and (funcol or op not in P2P_OPS):
+                    continue
                 fn = getattr(module, op, None)
                 if fn is None or not callable(fn) or hasattr(fn, _MARK):
                     continue

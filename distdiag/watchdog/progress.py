@@ -125,6 +125,9 @@ class Progress:
         self.steps = 0
         """Steps taken: the user's marks, else optimizer steps."""
         self.step_times: collections.deque[float] = collections.deque(maxlen=33)
+        self.step_walls: collections.deque[tuple[int, Any]] = collections.deque(maxlen=64)
+        """(wall-clock ns, step) at each step: the recorder stamps its entries with wall-clock
+        time, so without wrappers these give each recorded collective its step."""
         self.loop_span: tuple[int, int] | None = None
         """Bytecode offsets of the innermost loop around the step call in that frame: code after
         the loop (a final checkpoint) runs in the same frame, outside this span."""
@@ -178,6 +181,7 @@ class Progress:
         self.since_step = 0
         self.steps += 1
         self.step_times.append(now)
+        self.step_walls.append((time.time_ns(), step))
         self._note_loop_frame()
         self.marks.append((self.mark_total, step, {g: [self.seq[g], self.crc[g]] for g in self.crc}))
         self.mark_total += 1
@@ -193,6 +197,7 @@ class Progress:
         self.step_since = now
         self.since_step = 0
         self.step_times.append(now)
+        self.step_walls.append((time.time_ns(), self.step))
         self._note_loop_frame()
 
     def _note_loop_frame(self) -> None:
@@ -298,6 +303,7 @@ class Progress:
             "step_source": "marks" if self.explicit else ("optimizer" if self.steps else None),
             "step_for_s": round(now - self.step_since, 3),
             "step_cadence_s": round(cadence, 4) if cadence is not None else None,
+            "step_walls": [list(w) for w in list(self.step_walls)],
             "in_loop": None if finished else self.in_loop(),
             "loop": f"{self.loop_frame[1].co_filename} in {self.loop_frame[1].co_name}" if self.loop_frame else None,
             "in_collective": rec.to_dict(now) if rec is not None and not finished else None,

@@ -151,7 +151,9 @@ class Watcher(threading.Thread):
             if self.engine is not None:
                 # How far this rank got on each group: a rank that left while the others went
                 # on (uneven data) is told apart by these counts after the fact.
-                snap["engine"] = self.engine.read(details=False)
+                # Without wrappers its recorded collectives with their call sites are its history
+                # (a rank that skipped one and ran out early is located by them).
+                snap["engine"] = self.engine.read(details=False, tail=0 if self.config.wrap else 32, sites=True)
             if self.error:
                 self.ex.post("error", self.error)
             self.ex.post("final", snap)
@@ -163,6 +165,10 @@ class Watcher(threading.Thread):
     def _tick(self) -> None:
         assert self.ex is not None
         self.stall.read_engine(self.ex)
+        if not self.config.wrap and self.engine is not None:
+            # Without wrappers, call sites come from the recorder's stacks: pay their one-time
+            # symbolization now, on a thread of its own, not when a snapshot is due.
+            self.engine.warm_sites()
         self.phase_board.hook_compile(self.config.compile_timeout)
         self.phase_board.publish(self.ex, self.config.startup_timeout.total_seconds())
         if self.config.compare_steps and not self.desync_reported:
@@ -211,7 +217,10 @@ class Watcher(threading.Thread):
         budget = self.config.startup_timeout.total_seconds()
         snap["importing"] = importing(self.progress.thread_ident) and (not since or time.monotonic() - since <= budget)
         if self.engine is not None:
-            snap["engine"] = self.engine.read(details=True, tail=16)
+            # Call sites from the recorder's stacks: wait a little for their one-time warm-up (a
+            # hang in the job's first seconds), well within the writer's snapshot grace.
+            wait_s = 0.0 if self.config.wrap else min(1.0, self.config.snapshot_grace.total_seconds() / 2)
+            snap["engine"] = self.engine.read(details=True, tail=16 if self.config.wrap else 32, sites=True, wait_s=wait_s)
         return snap
 
     def _handle(self, epoch: int) -> None:
@@ -283,9 +292,13 @@ class Watcher(threading.Thread):
             self.reported_at = time.monotonic()
             return
         if action == "raise":
-            if self.progress.current is not None:
+            # Blocked in a collective: the wrappers' record says so, or (without wrappers) the
+            # recorder's collective enqueued and not completed.
+            cur = self.progress.current
+            if cur is not None or self.stall.engine_pending:
+                what = f"{cur.op} #{cur.seq}" if cur is not None else "a collective (torch's flight recorder)"
                 print(
-                    f"distdiag[rank {self.rank}]: blocked inside {self.progress.current.op} #{self.progress.current.seq}; "
+                    f"distdiag[rank {self.rank}]: blocked inside {what}; "
                     "a rank waiting in a gloo collective cannot be interrupted, so the watchdog ends the process",
                     file=sys.stderr,
                 )

@@ -18,9 +18,11 @@ Words (key=value):
                  two groups in one global order
   kind=3d        8 ranks, TP x PP x DP (2, 2, 2): TP all-reduce, send/recv, DP all-reduce
   kind=uneven    2+ ranks, data parallel (an all-reduce of the grads per step)
-  fault=none|stall|deadlock|raise|uneven
+  fault=none|stall|kill|deadlock|raise|uneven
       stall:    rank K stops at step S (tpdp: in its data loader before the TP all-reduce;
                 pp: in its loss, K a last stage)
+      kill:     (tpdp) rank K is SIGKILLed in its data loader at step S: its TP partner and
+                its DP partner lose their connection to it; the fourth rank is stranded
       deadlock: (cycle) from step S rank K issues its two groups in the opposite order
       raise:    rank K raises in its loss at step S
       uneven:   (uneven) rank K has one batch fewer; then next=barrier|accelerate|metric|save
@@ -31,6 +33,7 @@ Each fault is one line with a marker comment, so tests can find its line.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -72,6 +75,9 @@ def load_next_microbatch(i: int, o: dict[str, str], me: int) -> torch.Tensor:
     if o["fault"] == "stall" and me == int(o["rank"]) and i == int(o["step"]):
         _hang_started()
         threading.Event().wait()  # FAULT:stall-loader (stuck in its data loader, outside any collective)
+    if o["fault"] == "kill" and me == int(o["rank"]) and i == int(o["step"]):
+        _hang_started()
+        os.kill(os.getpid(), signal.SIGKILL)  # FAULT:kill-loader (the OOM killer, a node lost: gone at once)
     torch.manual_seed(i * 10 + me)
     return torch.randn(4, 8)
 

@@ -4,8 +4,8 @@ Issue 22: in a 2x2 mesh a rank stalled before its TP all-reduce strands its TP p
 strands its DP partner; in a pipeline a stalled last stage strands the first stage in its
 `recv`. The wait-for graph (distdiag.hang.waitfor) names only the end of each chain, lists the
 stranded ranks with their chains, and names a cycle between groups as a deadlock. Each fault
-runs for real on gloo under the in-code watchdog (3 s); each has a healthy twin that must write
-no report. One case runs the zero-code wrapper as the user did (torchrun -m distdiag.watch).
+runs for real on gloo under the in-code watchdog (3 s) - a rank stalled, raising, killed, a
+deadlock; each has a healthy twin that must write no report. One case runs the zero-code wrapper as the user did (torchrun -m distdiag.watch).
 """
 
 from __future__ import annotations
@@ -98,6 +98,23 @@ def test_a_rank_raising_between_its_groups_leads_and_the_stranded_are_not_blamed
     assert "rank 0 waits for 1 in all_reduce #4 on ranks[0,1]" in _stranded(findings)
 
 
+@pytest.mark.timeout(90)
+def test_tp_dp_mesh_rank_killed_in_one_group_is_named_lost_and_nobody_else_blamed(tmp_path):
+    """2x2 mesh: rank 3 is SIGKILLed in its data loader. Its TP partner (2) and DP partner (1)
+    learn it as a closed connection, rank 0 is stranded in its DP all-reduce with rank 2: only
+    rank 3 is named, as gone; the report still says where rank 0 waits and on which line.
+    (Healthy twin: test_healthy_multigroup_twins_write_no_report's tpdp case.)"""
+    result = run_ranks(4, ["kind=tpdp", "fault=kill", "rank=3"], tmp_path, entry=ENTRY, timeout=HARD)
+    assert not result.timed_out and result.codes == [3, 3, 3, -9], result.stderr[-3000:]
+    lead, findings = _findings(tmp_path)
+    assert lead.ranks == [3] and "lost" in lead.issue and "gone" in lead.issue, lead.issue
+    assert _blamed(findings) == {3}, [(f.ranks, f.issue) for f in findings]
+    rows = read_report(tmp_path / "hang-report" / "hang-report.json").probe("watchdog").details["table:ranks at the end"]
+    waiting = {r["rank"]: r["where"] for r in rows if r["state"] == "collective"}
+    # rank 2 is alive until the report is out, so rank 0 still waits in the DP all-reduce
+    assert "on ranks[0,2]" in waiting[0] and _line("the DP all-reduce of the grads") in waiting[0], waiting
+
+
 @pytest.mark.parametrize("world,kind", [(4, "tpdp"), (4, "pp"), (3, "cycle")])
 @pytest.mark.timeout(90)
 def test_healthy_multigroup_twins_write_no_report(tmp_path, world, kind):
@@ -129,7 +146,13 @@ def test_zero_code_mesh_stall_names_only_the_stalled_rank(cli_env, tmp_path):
 def test_two_rank_desync_names_the_rank_that_departs_from_its_history(tmp_path, fault, word):
     """Two ranks, no majority: rank 1 issues all_gather where its steps issued all_reduce, or
     skips one; its own earlier steps say it is the one that changed course."""
-    result = run_ranks(2, [f"fault={fault}", "rank=1", "step=3", "steps=8", "timeout=3"], tmp_path,
+    # wrap=1: the tie is broken by each rank's own step history, which needs every step's call
+    # sites. Without wrappers they come from the recorder's stack dump, ready only once its
+    # one-time warm-up is done (seconds after the first collective on a busy host: maybe after
+    # this early fault); and the skip hangs only at the end of the loop, where rank 1 is named
+    # as the rank that ran short, not by the skipped line (docs/watchdog.md, "Wrappers are off
+    # by default")
+    result = run_ranks(2, [f"fault={fault}", "rank=1", "step=3", "steps=8", "timeout=3", "wrap=1"], tmp_path,
                        entry="tests.faults.watchdog_workers:train", timeout=HARD)
     assert not result.timed_out and result.codes == [3, 3], result.stderr[-3000:]
     lead, findings = _findings(tmp_path)

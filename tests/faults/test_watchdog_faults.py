@@ -55,7 +55,10 @@ def _assert_aborted(result: RunResult, killed: tuple[int, ...] = ()) -> None:
 def test_skipped_or_extra_all_reduce_is_a_desync_naming_rank_step_and_both_sites(tmp_path, fault, word, site):
     """Rank 1 skips one all_reduce in step 2 (gloo pairs its next one silently), or issues one
     extra same-shape all_reduce (DETAIL and the recorder miss it; we do not)."""
-    result = _run(tmp_path, 3, f"fault={fault}", "rank=1", "step=2", "steps=14")
+    # wrap=1: found while the job still runs, at the next step mark, from the wrappers'
+    # fingerprints; the recorder has no live comparison (without wrappers it is found once it
+    # hangs: test_skipped_all_reduce_without_wrappers_is_located_once_it_hangs)
+    result = _run(tmp_path, 3, f"fault={fault}", "rank=1", "step=2", "steps=14", "wrap=1")
     _assert_aborted(result)
     report, _, crit = _report(result)
     f = crit[0]
@@ -167,7 +170,7 @@ def test_healthy_twins_write_no_report(tmp_path, fault, extra):
 def test_desync_twin_at_the_fault_runs_world_and_length(tmp_path):
     """The skip/extra desync runs (3 ranks, 14 steps) with rank 1 calling from another line
     instead of skipping or adding: no report."""
-    result = _run(tmp_path, 3, "fault=branch", "rank=1", "step=2", "steps=14")
+    result = _run(tmp_path, 3, "fault=branch", "rank=1", "step=2", "steps=14", "wrap=1")  # as the faults run
     assert result.codes == [0, 0, 0], result.stderr[-3000:]
     assert not (tmp_path / "hang-report").exists()
 

@@ -2,7 +2,7 @@
 
 `train(argv)` takes key=value words: fault=NAME rank=K step=S steps=N timeout=T
 action=abort|raise|report pg_timeout=SECONDS nowd=1 (no in-code watchdog: the zero-code
-wrapper arms one). Each fault is one line below so tests can assert on it by its marker
+wrapper arms one) wrap=1|0 (the watchdog's wrappers on or off; unset: its default). Each fault is one line below so tests can assert on it by its marker
 comment. Step length is `step_s` so a desync is caught while the job still runs.
 """
 
@@ -64,7 +64,9 @@ def train(argv: list[str]) -> int:
     else:
         from distdiag import HangWatchdog
 
-        wd = HangWatchdog(timeout=timedelta(seconds=float(opts["timeout"])), action=opts["action"], dump_dir="hang-report")
+        wrap = {"1": True, "0": False}.get(opts.get("wrap", ""))  # unset: the default (auto)
+        wd = HangWatchdog(timeout=timedelta(seconds=float(opts["timeout"])), action=opts["action"], dump_dir="hang-report",
+                          wrap=wrap)
     with wd:
         for step in range(int(opts["steps"])):
             wd.step(step)
@@ -126,7 +128,8 @@ def handlers_kept(argv: list[str]) -> int:
     from distdiag import HangWatchdog
 
     original = dist.all_reduce
-    with HangWatchdog(timeout=timedelta(seconds=5)) as wd:
+    # wrap=True: this checks that the wrappers are installed and removed (off by default)
+    with HangWatchdog(timeout=timedelta(seconds=5), wrap=True) as wd:
         wrapped = dist.all_reduce is not original
         for step in range(3):
             wd.step(step)
@@ -161,7 +164,9 @@ def fsdp_dtensor(argv: list[str]) -> int:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with HangWatchdog(timeout=timedelta(seconds=10), dump_dir="hang-report") as wd:
+    # wrap=True: what is checked is the wrappers' fingerprints of FSDP2's and DTensor's
+    # collectives (the step-mark digests); the recorder has no such live comparison
+    with HangWatchdog(timeout=timedelta(seconds=10), dump_dir="hang-report", wrap=True) as wd:
         for step in range(4):
             wd.step(step)
             model(torch.randn(4, 16)).sum().backward()
