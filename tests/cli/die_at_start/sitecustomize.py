@@ -1,13 +1,23 @@
 """Test helper, put on PYTHONPATH: the rank named by DISTDIAG_TEST_DIE_AT_START SIGKILLs itself
-one second after its interpreter started (while it imports torch and the check), before any
-rank could report: distdiag check must still name it (--launch torchrun: a fresh interpreter
-per rank)."""
+when its interpreter starts importing torch.distributed (while it imports torch and the check),
+before any rank could report: distdiag check must still name it (--launch torchrun: a fresh
+interpreter per rank). Tied to the import, not to a clock: a timer of 1 s fired after the whole
+check had passed on a quiet machine (imports from a warm cache), and during a probe on another."""
 
 import os
 import signal
-import threading
+import sys
 
 if os.environ.get("DISTDIAG_TEST_DIE_AT_START") not in (None, "") and (
     os.environ.get("DISTDIAG_TEST_DIE_AT_START") == os.environ.get("RANK")
 ):
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+
+    class _DieOnImport:
+        """A meta-path finder that finds nothing: it only ends the process at the import."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch.distributed":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return None
+
+    sys.meta_path.insert(0, _DieOnImport())
