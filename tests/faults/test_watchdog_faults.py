@@ -57,8 +57,11 @@ def test_skipped_or_extra_all_reduce_is_a_desync_naming_rank_step_and_both_sites
     extra same-shape all_reduce (DETAIL and the recorder miss it; we do not)."""
     # wrap=1: found while the job still runs, at the next step mark, from the wrappers'
     # fingerprints; the recorder has no live comparison (without wrappers it is found once it
-    # hangs: test_skipped_all_reduce_without_wrappers_is_located_once_it_hangs)
-    result = _run(tmp_path, 3, f"fault={fault}", "rank=1", "step=2", "steps=14", "wrap=1")
+    # hangs: test_skipped_all_reduce_without_wrappers_is_located_once_it_hangs). steps=30: the
+    # job runs ~5.6 s past the fault before its final hang, so a watchdog thread starved by a
+    # loaded CPU still compares marks first (with steps=14 a full-suite run once saw the hang
+    # declared first: outcome 'hang', issue 24's load runs)
+    result = _run(tmp_path, 3, f"fault={fault}", "rank=1", "step=2", "steps=30", "wrap=1")
     _assert_aborted(result)
     report, _, crit = _report(result)
     f = crit[0]
