@@ -83,6 +83,10 @@ class Finding:
     """How sure the probe is, from 0 to 1."""
     drain: dict[str, Any] | None = None
     """Set when the finding means "take this node out": {"host": ..., "device": ...}."""
+    cause: str = ""
+    """The mechanism the evidence supports, as a stable snake_case name (e.g.
+    "grad_clip_per_rank", "uneven_data", "deadlock"), for tools and for decisions taken on
+    findings; empty when the finding names no mechanism. The words stay in issue and fix."""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -96,6 +100,8 @@ class Finding:
         data = asdict(self)
         if self.drain is None:
             del data["drain"]
+        if not self.cause:
+            del data["cause"]
         return data
 
     @classmethod
@@ -108,6 +114,7 @@ class Finding:
             fix=data.get("fix", ""),
             confidence=data.get("confidence", 1.0),
             drain=data.get("drain"),
+            cause=data.get("cause") or "",
         )
 
 

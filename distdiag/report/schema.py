@@ -65,7 +65,7 @@ _TOP = {
 }
 _RANK = {"rank": _INT, "host": _STR, "node": _INT, "local_rank": _INT, "device": _STR, "pid": _INT}
 _PROBE = {"name": _STR, "status": _STR, "findings": _LIST, "metrics": _DICT, "duration_s": _NUM, "details": _DICT, "reason": _STR}
-_FINDING = {"severity": _STR, "issue": _STR, "evidence": _STR, "ranks": _LIST, "fix": _STR, "confidence": _NUM, "drain": _DICT}
+_FINDING = {"severity": _STR, "issue": _STR, "evidence": _STR, "ranks": _LIST, "fix": _STR, "confidence": _NUM, "drain": _DICT, "cause": _STR}
 
 
 def report_type_problem(data: dict[str, Any]) -> str | None:
