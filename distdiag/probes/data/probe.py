@@ -59,22 +59,14 @@ class DataShardsProbe(Probe):
         target = getattr(ctx, "target", None)
         try:
             if target is not None and target.has("batches"):
-                epochs = [self._epoch(target, ctx, e, opts.batches) for e in (0, 1)]
-                return {"source": f"hook batches() of target {target.spec}", "epochs": epochs}
+                loaders = [tr.call_hook("batches", target.batches, ctx.rank, ctx.world_size, e) for e in (0, 1)]
+                epochs = [_take(it, opts.batches) for it in loaders]
+                return {"source": f"hook batches() of target {target.spec}", "epochs": epochs, "shuffles": shuffles(loaders[0])}
             hooks = tr.resolve_hooks(ctx, opts.workload)
             rows = [row_hashes(hooks.shard(hooks.batch(s), ctx.rank, ctx.world_size)) for s in range(1, opts.batches + 1)]
             return {"source": f"shard_batch(make_batch(step)) of {hooks.source}", "epochs": [rows]}
         except tr.HookError as exc:
             return {"setup_error": str(exc)}
-
-    @staticmethod
-    def _epoch(target: Any, ctx: Any, epoch: int, n: int) -> list[list[str]]:
-        it = tr.call_hook("batches", target.batches, ctx.rank, ctx.world_size, epoch)
-        try:
-            taken = list(islice(iter(it), n))
-        except Exception as exc:  # noqa: BLE001 - the user's loader: any failure is a finding
-            raise tr.HookError(f"iterating what hook batches returned raised {type(exc).__name__}: {exc}") from exc
-        return [row_hashes(b) for b in taken]
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
         errors = {r: p["setup_error"] for r, p in payloads.items() if "setup_error" in p}
@@ -88,7 +80,7 @@ class DataShardsProbe(Probe):
         findings = _identical(first) if len(ranks) > 1 else []
         same = [f.ranks for f in findings]
         findings += _overlapping(first, same)
-        findings += _repeated({r: payloads[r]["epochs"] for r in ranks})
+        findings += _repeated({r: payloads[r]["epochs"] for r in ranks if payloads[r].get("shuffles")})
         nrows = sum(len(b) for b in first[ranks[0]])
         findings.append(Finding(
             severity="info",
@@ -96,6 +88,33 @@ class DataShardsProbe(Probe):
             evidence=f"from {payloads[ranks[0]]['source']}; samples compared by a hash of their bytes",
         ))
         return ProbeResult.from_findings(self.name, findings)
+
+
+def _take(it: Any, n: int) -> list[list[str]]:
+    try:
+        taken = list(islice(iter(it), n))
+    except Exception as exc:  # noqa: BLE001 - the user's loader: any failure is a finding
+        raise tr.HookError(f"iterating what hook batches returned raised {type(exc).__name__}: {exc}") from exc
+    return [row_hashes(b) for b in taken]
+
+
+def shuffles(loader: Any) -> bool | None:
+    """Whether a torch DataLoader shuffles (by its sampler's type); None when it cannot be told.
+
+    An order repeated every epoch is a bug only where the loader was meant to shuffle: data
+    read in a fixed order on purpose (pre-shuffled shards) repeats by design.
+    """
+    from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+    if isinstance(sampler, DistributedSampler):
+        return bool(sampler.shuffle)
+    if isinstance(sampler, RandomSampler):
+        return True
+    if isinstance(sampler, SequentialSampler):
+        return False
+    return None
 
 
 _SAMPLER_FIX = (
@@ -138,16 +157,16 @@ def _overlapping(first: dict[int, list[list[str]]], same: list[list[int]]) -> li
 
 
 def _repeated(epochs: dict[int, list[list[list[str]]]]) -> list[Finding]:
-    ranks = [r for r, e in epochs.items() if len(e) > 1 and len(e[0]) > 1 and any(e[0]) and e[0] == e[1]]
+    ranks = sorted(r for r, e in epochs.items() if len(e) > 1 and len(e[0]) > 1 and any(e[0]) and e[0] == e[1])
     if not ranks:
         return []
     return [Finding(
         severity="warning",
-        issue=f"{format_ranks(ranks)} see their data in the same order in epoch 1 as in epoch 0",
+        issue=f"{format_ranks(ranks)} see their data in the same order in epoch 1 as in epoch 0, though their loader shuffles",
         evidence=f"the first {len(epochs[ranks[0]][0])} batches of epochs 0 and 1 have equal row hashes, in order",
         ranks=ranks,
         fix=("call sampler.set_epoch(epoch) at the start of every epoch: a DistributedSampler shuffles with "
-             "seed + epoch, so without it every epoch repeats the first one's order (if you train without "
-             "shuffling on purpose, ignore this)"),
+             "seed + epoch, so without it every epoch repeats the first one's order; a RandomSampler's generator "
+             "must not be re-seeded with the same seed each epoch"),
         confidence=0.7, cause="same_order_every_epoch",
     )]

@@ -1,0 +1,79 @@
+"""The setup/dtype/device/data corpus (issue 23 items 3, 5 and 6): bug and twin per mechanism.
+
+Each case is a target in tests/corpus/setup_targets/ run as a user would run it,
+`distdiag check --target FILE --probes PROBE` on real gloo ranks (tests/harness.py, hard
+timeout). The bug must be named by its `cause` with a fix that fits the mechanism; the
+twin (DISTDIAG_TWIN=healthy, the same file without the bug) must draw no warning or error
+from the probe. The table in docs/diagnosis-corpus.md lists the same cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.harness import run_check
+
+pytestmark = pytest.mark.timeout(120)
+
+TARGETS = Path(__file__).resolve().parent / "setup_targets"
+
+
+@dataclass(frozen=True)
+class Case:
+    target: str
+    probe: str
+    cause: str
+    fix: tuple[str, ...]
+    """Words the fix must contain: the action that undoes this mechanism."""
+    severity: str = "error"
+    world: int = 2
+    ranks: tuple[int, ...] | None = None
+    """The ranks the finding must name, where the evidence can tell them."""
+
+
+CASES = [
+    Case("loaded_on_rank0", "setup_sync", "setup_divergence_loaded_on_one_rank", ("load the weights on every rank", "broadcast"), world=3, ranks=(0,)),
+    Case("rank_seeded", "setup_sync", "setup_divergence_rank_seeded", ("torch.manual_seed(seed), not seed + rank",)),
+    Case("buffer_per_rank", "setup_sync", "setup_divergence_buffer_per_rank", ("compute the buffer identically", "broadcast")),
+    Case("dtype_one_rank", "setup_sync", "dtype_differs_across_ranks", ("cast on every rank",)),
+    Case("half_master_weights", "setup_sync", "low_precision_master_weights", ("keep the parameters in float32", "autocast"), severity="warning"),
+    Case("loss_outside_autocast", "setup_sync", "loss_in_low_precision", ("logits.float()", "inside the autocast"), severity="warning"),
+    Case("left_on_meta", "setup_sync", "left_on_meta", ("to_empty", "on the root")),
+    Case("no_sampler", "data_shards", "identical_data", ("DistributedSampler",)),
+    Case("same_seed_sampler", "data_shards", "identical_data", ("DistributedSampler", "same seed")),
+    Case("overlapping_shards", "data_shards", "overlapping_data", ("indices[rank::world_size]",)),
+    Case("no_set_epoch", "data_shards", "same_order_every_epoch", ("set_epoch(epoch)",), severity="warning"),
+    Case("shard_ignores_rank", "data_shards", "identical_data", ("must depend on the rank",)),
+]
+
+
+def _run(workdir: Path, case: Case, healthy: bool):
+    env = {"DISTDIAG_TWIN": "healthy"} if healthy else {}
+    args = ["--probes", case.probe, "--target", str(TARGETS / f"{case.target}.py")]
+    return run_check(case.world, args, workdir, timeout=90, env=env)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.target for c in CASES])
+def test_bug_is_named_by_its_cause(workdir, case):
+    result = _run(workdir, case, healthy=False)
+    expected = 1 if case.severity == "error" else 0
+    assert result.codes == [expected] * case.world, result.stdout + result.stderr
+    found = [f for f in result.report().probe(case.probe).findings if f.cause == case.cause]
+    assert found, [(f.severity, f.cause, f.issue) for f in result.report().probe(case.probe).findings]
+    finding = found[0]
+    assert finding.severity == case.severity, finding
+    for words in case.fix:
+        assert words in finding.fix, (words, finding.fix)
+    if case.ranks is not None:
+        assert tuple(finding.ranks) == case.ranks, finding.ranks
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.target for c in CASES])
+def test_twin_is_quiet(workdir, case):
+    result = _run(workdir, case, healthy=True)
+    assert result.codes == [0] * case.world, result.stdout + result.stderr
+    loud = [(f.severity, f.cause, f.issue) for f in result.report().probe(case.probe).findings if f.severity != "info"]
+    assert loud == []
