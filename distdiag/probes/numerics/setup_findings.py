@@ -27,8 +27,8 @@ FIXES = {
         "before fully_shard"
     ),
     "setup_divergence_buffer_per_rank": (
-        "compute the buffer identically on every rank (no rank, local device or per-rank length in its formula, the "
-        "same dtype), or broadcast it from rank 0 after build: FSDP and DDP never reduce buffers, so the difference "
+        "the buffer is computed per rank (rank-dependent init: the rank, a local device, per-rank data or length in its "
+        "formula): compute the buffer identically on every rank, in the same dtype, or broadcast it from rank 0 after build: FSDP and DDP never reduce buffers, so the difference "
         "stays for the whole run"
     ),
     "setup_divergence": (
