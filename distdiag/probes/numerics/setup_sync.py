@@ -22,7 +22,7 @@ from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics.parity_report import setup_failure
-from distdiag.probes.numerics.setup_digest import digest_model
+from distdiag.probes.numerics.setup_digest import SAMPLE, digest_model
 from distdiag.probes.numerics.setup_findings import divergence_findings, layout_findings
 from distdiag.probes.numerics.setup_placement import loss_findings, placement_findings, placement_rows
 from distdiag.report.model import Finding, ProbeResult
@@ -97,7 +97,7 @@ class SetupSyncProbe(tr.NumericsProbe):
         findings.append(Finding(
             severity="info",
             issue=f"compared {compared} parameter(s) and buffer(s) of {payloads[ranks[0]]['source']} as built, before parallelize",
-            evidence=(f"bit checksums, sums and a {64}-element strided sample per tensor"
+            evidence=(f"a hash of the bytes, sum, sum of squares and a {SAMPLE}-element strided sample per tensor"
                       + (f"; {meta} tensor(s) on meta (deferred init) not compared" if meta else "")),
         ))
         metrics = {"tensors": compared, "differing": sum(1 for f in findings if f.cause.startswith("setup_divergence"))}
