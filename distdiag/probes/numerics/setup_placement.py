@@ -135,11 +135,18 @@ def _half_findings(half: dict[str, dict[str, list[int]]]) -> list[Finding]:
 
 def loss_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
     low: dict[str, list[int]] = {}
+    failed: dict[str, list[int]] = {}
     for rank, p in sorted(payloads.items()):
-        dtype = (p.get("loss") or {}).get("dtype")
-        if dtype in LOW:
-            low.setdefault(dtype, []).append(rank)
-    return [Finding(
+        loss = p.get("loss") or {}
+        if loss.get("dtype") in LOW:
+            low.setdefault(loss["dtype"], []).append(rank)
+        if loss.get("error"):
+            failed.setdefault(loss["error"], []).append(rank)
+    out = [Finding(
+        severity="error", issue=f"{msg} (the forward that reads the loss's dtype, on {format_ranks(ranks)})", ranks=ranks,
+        fix="fix the hook named above (docs/targets.md gives each hook's signature and what it must return)",
+    ) for msg, ranks in failed.items()]
+    return out + [Finding(
         severity="warning",
         issue=f"the loss comes out in {dtype} on {format_ranks(ranks)}: it was computed from low-precision outputs "
               "outside autocast's float32 ops",

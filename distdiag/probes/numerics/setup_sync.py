@@ -71,10 +71,13 @@ class SetupSyncProbe(tr.NumericsProbe):
             model = hooks.model(ctx.seed)
             payload["digests"] = digest_model(model)
             payload["built"] = placement_rows(model)
-            if data_parallel and (target is None or target.has("make_batch")):
-                payload["loss"] = _loss_dtype(ctx, hooks, model)
         except tr.HookError as exc:
             payload["setup_error"] = str(exc)
+        if model is not None and data_parallel and (target is None or target.has("make_batch")):
+            try:
+                payload["loss"] = _loss_dtype(ctx, hooks, model)
+            except tr.HookError as exc:
+                payload["loss"] = {"error": str(exc)}
         del model
         if data_parallel and opts.parallel and target_ok_for_parallel(target):
             from distdiag.probes.numerics.shared import parallel_run
