@@ -42,6 +42,7 @@ CASES = [
     Case("half_master_weights", "setup_sync", "low_precision_master_weights", ("keep the parameters in float32", "autocast"), severity="warning"),
     Case("loss_outside_autocast", "setup_sync", "loss_in_low_precision", ("logits.float()", "inside the autocast"), severity="warning"),
     Case("left_on_meta", "setup_sync", "left_on_meta", ("to_empty", "on the root")),
+    Case("reduce_dtype_one_rank", "setup_sync", "mixed_precision_differs_across_ranks", ("same MixedPrecisionPolicy",)),
     Case("no_sampler", "data_shards", "identical_data", ("DistributedSampler",)),
     Case("same_seed_sampler", "data_shards", "identical_data", ("DistributedSampler", "same seed")),
     Case("overlapping_shards", "data_shards", "overlapping_data", ("indices[rank::world_size]",)),

@@ -14,11 +14,12 @@ from typing import Any
 from torch import nn
 
 from distdiag.probes import training as tr
+from distdiag.probes.base import minority_ranks
 from distdiag.probes.numerics.setup_digest import outermost_modules
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
-__all__ = ["placement_rows", "device_problems", "placement_findings", "loss_findings"]
+__all__ = ["placement_rows", "device_problems", "placement_findings", "loss_findings", "precision_rows", "precision_findings"]
 
 LOW = ("float16", "bfloat16")
 
@@ -159,3 +160,47 @@ def loss_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
              "set output_dtype=torch.float32"),
         confidence=0.75, cause="loss_in_low_precision",
     ) for dtype, ranks in low.items()]
+
+
+def precision_rows(model: nn.Module, world: int) -> dict[str, list[Any]]:
+    """fqn -> [stored dtype, FSDP2 param_dtype, reduce_dtype] on this rank, after parallelize."""
+    from distdiag.probes.numerics.fsdp_plan import describe_plan
+
+    try:
+        rows = describe_plan(model, world)
+    except Exception:  # noqa: BLE001 - FSDP2 internals read defensively: no table, no finding
+        return {}
+    return {r["fqn"]: [r["dtype"], r.get("param_dtype"), r.get("reduce_dtype")] for r in rows}
+
+
+def precision_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
+    """Parameters whose stored, compute or reduce dtype differs across ranks after parallelize.
+
+    FSDP2 issues no collective in fully_shard, so this is seen before the first all-gather,
+    which would exchange buffers of different dtypes and sizes (a hang or a garbled reduction).
+    """
+    ranks = [r for r in sorted(payloads) if payloads[r].get("precision")]
+    keys = sorted({k for r in ranks for k in payloads[r]["precision"]})
+    differ: dict[str, dict[str, list[int]]] = {}
+    for key in keys:
+        groups: dict[str, list[int]] = {}
+        for r in ranks:
+            if key in payloads[r]["precision"]:
+                stored, param, reduce = payloads[r]["precision"][key]
+                groups.setdefault(f"stored {stored}, compute {param or stored}, reduce {reduce or param or stored}", []).append(r)
+        if len(groups) > 1:
+            differ[key] = groups
+    if not differ:
+        return []
+    odd = sorted({r for g in differ.values() for r in minority_ranks(g)})
+    lines = [f"{k}: " + "; ".join(f"{format_ranks(m)}: {v}" for v, m in g.items()) for k, g in list(differ.items())[:8]]
+    return [Finding(
+        severity="error",
+        issue=f"{len(differ)} parameter(s) have a different precision across ranks after parallelize: "
+              f"{', '.join(list(differ)[:6])}; {format_ranks(odd)} differ",
+        evidence="\n".join(lines), ranks=odd,
+        fix=("build the same MixedPrecisionPolicy (and cast the model the same way) on every rank: a policy read from "
+             "per-rank config or chosen in a rank-dependent branch makes FSDP2's all-gathers and reduce-scatters "
+             "exchange buffers of different dtypes and sizes, which hangs or garbles the reduction"),
+        confidence=0.9, cause="mixed_precision_differs_across_ranks",
+    )]

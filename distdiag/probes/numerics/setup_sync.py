@@ -18,13 +18,19 @@ from typing import Any
 
 import torch
 
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, exc_line
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.probes.numerics.setup_digest import SAMPLE, digest_model
 from distdiag.probes.numerics.setup_findings import divergence_findings, layout_findings
-from distdiag.probes.numerics.setup_placement import loss_findings, placement_findings, placement_rows
+from distdiag.probes.numerics.setup_placement import (
+    loss_findings,
+    placement_findings,
+    placement_rows,
+    precision_findings,
+    precision_rows,
+)
 from distdiag.report.model import Finding, ProbeResult
 
 __all__ = ["SetupSyncProbe", "SetupSyncConfig"]
@@ -73,11 +79,15 @@ class SetupSyncProbe(tr.NumericsProbe):
             payload["built"] = placement_rows(model)
         except tr.HookError as exc:
             payload["setup_error"] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - every rank must still reach parallel_run's collectives
+            payload["setup_error"] = f"setup_sync could not digest the model as built: {exc_line(exc)}"
         if model is not None and data_parallel and (target is None or target.has("make_batch")):
             try:
                 payload["loss"] = _loss_dtype(ctx, hooks, model)
             except tr.HookError as exc:
                 payload["loss"] = {"error": str(exc)}
+            except Exception as exc:  # noqa: BLE001 - as above: no rank leaves before the shared setup
+                payload["loss"] = {"error": f"setup_sync's loss forward failed: {exc_line(exc)}"}
         del model
         if data_parallel and opts.parallel and target_ok_for_parallel(target):
             from distdiag.probes.numerics.shared import parallel_run
@@ -85,6 +95,7 @@ class SetupSyncProbe(tr.NumericsProbe):
             run = parallel_run(ctx, opts.workload)  # shared: built once for the numerics probes
             if not run.failed and run.model is not None:
                 payload["parallel"] = placement_rows(run.model)
+                payload["precision"] = precision_rows(run.model, ctx.world_size)
         return payload
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
@@ -96,6 +107,7 @@ class SetupSyncProbe(tr.NumericsProbe):
         findings += divergence_findings(digests, skipped, payloads[ranks[0]]["experts_by_design"])
         findings += placement_findings(payloads, view)
         findings += loss_findings(payloads)
+        findings += precision_findings(payloads)
         meta = sum(1 for d in digests[ranks[0]].values() if "bits" not in d)
         findings.append(Finding(
             severity="info",
