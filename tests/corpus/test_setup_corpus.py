@@ -32,6 +32,12 @@ class Case:
     world: int = 2
     ranks: tuple[int, ...] | None = None
     """The ranks the finding must name, where the evidence can tell them."""
+    also: str = ""
+    """Probes run with it (the twin must keep those quiet too)."""
+
+    @property
+    def probes(self) -> list[str]:
+        return [p for p in (self.also, self.probe) if p]
 
 
 CASES = [
@@ -42,6 +48,8 @@ CASES = [
     Case("half_master_weights", "setup_sync", "low_precision_master_weights", ("keep the parameters in float32", "autocast"), severity="warning"),
     Case("loss_outside_autocast", "setup_sync", "loss_in_low_precision", ("logits.float()", "inside the autocast"), severity="warning"),
     Case("left_on_meta", "setup_sync", "left_on_meta", ("to_empty", "on the root")),
+    Case("hsdp_one_replica_loaded", "param_sync", "setup_divergence_replicas_differ", ("every rank must read its own shard",),
+         world=4, also="setup_sync"),
     Case("reduce_dtype_one_rank", "setup_sync", "mixed_precision_differs_across_ranks", ("same MixedPrecisionPolicy",)),
     Case("no_sampler", "data_shards", "identical_data", ("DistributedSampler",)),
     Case("same_seed_sampler", "data_shards", "identical_data", ("DistributedSampler", "same seed")),
@@ -53,7 +61,7 @@ CASES = [
 
 def _run(workdir: Path, case: Case, healthy: bool):
     env = {"DISTDIAG_TWIN": "healthy"} if healthy else {}
-    args = ["--probes", case.probe, "--target", str(TARGETS / f"{case.target}.py")]
+    args = ["--probes", ",".join(case.probes), "--target", str(TARGETS / f"{case.target}.py")]
     return run_check(case.world, args, workdir, timeout=90, env=env)
 
 
@@ -76,5 +84,6 @@ def test_bug_is_named_by_its_cause(workdir, case):
 def test_twin_is_quiet(workdir, case):
     result = _run(workdir, case, healthy=True)
     assert result.codes == [0] * case.world, result.stdout + result.stderr
-    loud = [(f.severity, f.cause, f.issue) for f in result.report().probe(case.probe).findings if f.severity != "info"]
+    report = result.report()
+    loud = [(f.severity, f.cause, f.issue) for p in case.probes for f in report.probe(p).findings if f.severity != "info"]
     assert loud == []

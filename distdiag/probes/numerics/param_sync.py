@@ -150,6 +150,12 @@ def _drift_finding(kind: str, i: int, items: list[tuple[str, dict[str, list[int]
 def _cause_and_fix(kind: str, i: int) -> tuple[str, str]:
     """The mechanism of a drift: present right after setup (built or parallelized differently per
     rank), or appearing after a step (an update that is not the same on every rank)."""
+    if i == 0 and kind in ("HSDP shard replica", "sub-mesh shard replica", "replicated param"):
+        return "setup_divergence_replicas_differ", (
+            "the copies of these shards differ before the first step: a sharded checkpoint read (or an init run) on "
+            "some replica groups only after fully_shard; every rank must read its own shard (DCP's load does), or "
+            "broadcast each shard from the first replica over the replicate mesh dim"
+        )
     if i == 0:
         cause = "setup_divergence_buffer_per_rank" if kind == "buffer" else "setup_divergence"
         return cause, FIXES[cause] + " (setup_sync compares the model as built, before parallelize, and names the mechanism)"
