@@ -34,6 +34,8 @@ class Case:
     """The ranks the finding must name, where the evidence can tell them."""
     also: str = ""
     """Probes run with it (the twin must keep those quiet too)."""
+    evidence: str = ""
+    """Words the deciding evidence must contain."""
 
     @property
     def probes(self) -> list[str]:
@@ -41,7 +43,8 @@ class Case:
 
 
 CASES = [
-    Case("loaded_on_rank0", "setup_sync", "setup_divergence_loaded_on_one_rank", ("load the weights on every rank", "broadcast"), world=3, ranks=(0,)),
+    Case("loaded_on_rank0", "setup_sync", "setup_divergence_loaded_on_one_rank", ("load the weights on every rank", "broadcast"),
+         world=3, ranks=(0,), evidence="each rank kept its slice of its own copy"),
     Case("rank_seeded", "setup_sync", "setup_divergence_rank_seeded", ("torch.manual_seed(seed), not seed + rank",)),
     Case("buffer_per_rank", "setup_sync", "setup_divergence_buffer_per_rank", ("compute the buffer identically", "broadcast")),
     Case("dtype_one_rank", "setup_sync", "dtype_differs_across_ranks", ("cast on every rank",)),
@@ -59,14 +62,15 @@ CASES = [
 ]
 
 
-def _run(workdir: Path, case: Case, healthy: bool):
-    env = {"DISTDIAG_TWIN": "healthy"} if healthy else {}
+def _run(workdir: Path, case: Case, healthy: bool, twin: str = "healthy"):
+    env = {"DISTDIAG_TWIN": twin} if healthy else {}
     args = ["--probes", ",".join(case.probes), "--target", str(TARGETS / f"{case.target}.py")]
     return run_check(case.world, args, workdir, timeout=90, env=env)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.target for c in CASES])
 def test_bug_is_named_by_its_cause(workdir, case):
+    """The bug's finding carries its cause, severity, a fix that undoes it and the ranks it can tell."""
     result = _run(workdir, case, healthy=False)
     expected = 1 if case.severity == "error" else 0
     assert result.codes == [expected] * case.world, result.stdout + result.stderr
@@ -78,12 +82,27 @@ def test_bug_is_named_by_its_cause(workdir, case):
         assert words in finding.fix, (words, finding.fix)
     if case.ranks is not None:
         assert tuple(finding.ranks) == case.ranks, finding.ranks
+    assert case.evidence in finding.evidence, finding.evidence
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.target for c in CASES])
 def test_twin_is_quiet(workdir, case):
+    """The same target without its bug draws nothing above info from the probes it ran with."""
     result = _run(workdir, case, healthy=True)
     assert result.codes == [0] * case.world, result.stdout + result.stderr
     report = result.report()
     loud = [(f.severity, f.cause, f.issue) for p in case.probes for f in report.probe(p).findings if f.severity != "info"]
     assert loud == []
+
+
+@pytest.mark.parametrize("twin,world", [("broadcast", 3), ("ddp", 2)])
+def test_load_on_rank0_made_whole_by_parallelize_is_quiet(workdir, twin, world):
+    """Rank 0 loads, then parallelize broadcasts its state before fully_shard, or wraps in DDP (which
+    broadcasts at construction): the build-time difference never reaches training, an info only."""
+    case = Case("loaded_on_rank0", "setup_sync", "", (), world=world)
+    result = _run(workdir, case, healthy=True, twin=twin)
+    assert result.codes == [0] * world, result.stdout + result.stderr
+    findings = result.report().probe("setup_sync").findings
+    assert [f for f in findings if f.severity != "info"] == []
+    (healed,) = [f for f in findings if f.cause == "setup_divergence_healed_by_parallelize"]
+    assert "frozen.bias, frozen.weight" in healed.issue

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from distdiag.probes.base import group_ranks, minority_ranks
+from distdiag.probes.numerics.setup_after import reach
 from distdiag.probes.numerics.setup_digest import classify, outermost_modules, sample_diff
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -84,14 +85,32 @@ def _layout_finding(what: str, items: list[tuple[str, dict[Any, list[int]]]]) ->
     )
 
 
-def divergence_findings(digests: dict[int, dict[str, dict[str, Any]]], skipped: set[str], experts: bool) -> list[Finding]:
-    """Tensors whose values differ across ranks before parallelize, as one finding with its cause."""
+def divergence_findings(
+    digests: dict[int, dict[str, dict[str, Any]]], skipped: set[str], experts: bool,
+    after: dict[int, dict[str, dict[str, Any]]] | None = None,
+) -> list[Finding]:
+    """Tensors whose values differ across ranks before parallelize, as one finding with its cause
+    (those that parallelize made equal, or replaced everywhere, as an info)."""
     ranks = sorted(digests)
     keys = sorted({k for d in digests.values() for k in d} - skipped)
     differing = [k for k in keys if len({digests[r][k]["bits"] for r in ranks if k in digests[r]}) > 1]
     if not differing:
         return []
     out: list[Finding] = []
+    fate = {k: reach(k, after) for k in differing} if after else {}
+    gone = [k for k in differing if fate.get(k) in ("healed", "rewritten")]
+    if gone:
+        out.append(Finding(
+            severity="info",
+            issue=f"{len(gone)} tensor(s) differ across ranks as built but not after parallelize: {_shown(gone)}",
+            evidence=("after parallelize every rank holds the same values, or its slice of rank 0's copy (DDP broadcasts "
+                      "rank 0's state at construction; a broadcast before fully_shard does the same), or values "
+                      "parallelize wrote on every rank (a checkpoint load after fully_shard)"),
+            cause="setup_divergence_healed_by_parallelize",
+        ))
+        differing = [k for k in differing if k not in gone]
+        if not differing:
+            return out
     if experts:
         # Expert parallel: each rank builds its own experts, distinct by design on every rank.
         by_design = [k for k in differing if len({digests[r][k]["bits"] for r in ranks if k in digests[r]}) == len(ranks)]
@@ -110,6 +129,10 @@ def divergence_findings(digests: dict[int, dict[str, dict[str, Any]]], skipped: 
     modules = outermost_modules(differing, every)
     lines = [_tensor_line(k, div.groups[k], digests) for k in differing[:8]]
     plural = "s" if len(differing) > 1 else ""
+    carried = [k for k in differing if fate.get(k) == "carried"]
+    if carried:
+        lines.insert(0, f"after parallelize {len(carried)} of them still differ: each rank trains on its own values "
+                        "(sharded ones: each rank kept its slice of its own copy, so the model is a mix)")
     out.append(Finding(
         severity="error",
         issue=(f"{len(differing)} parameter{plural}/buffer{plural} differ across ranks before the first step, in "

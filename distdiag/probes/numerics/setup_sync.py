@@ -22,6 +22,7 @@ from distdiag.errors import ConfigError, exc_line
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics.parity_report import setup_failure
+from distdiag.probes.numerics.setup_after import after_parallel, differing_names
 from distdiag.probes.numerics.setup_digest import SAMPLE, digest_model
 from distdiag.probes.numerics.setup_findings import divergence_findings, layout_findings
 from distdiag.probes.numerics.setup_placement import (
@@ -81,6 +82,7 @@ class SetupSyncProbe(tr.NumericsProbe):
             payload["setup_error"] = str(exc)
         except Exception as exc:  # noqa: BLE001 - every rank must still reach parallel_run's collectives
             payload["setup_error"] = f"setup_sync could not digest the model as built: {exc_line(exc)}"
+        names = differing_names(ctx, payload.get("digests"))  # two all_reduces, on every rank
         if model is not None and data_parallel and (target is None or target.has("make_batch")):
             try:
                 payload["loss"] = _loss_dtype(ctx, hooks, model)
@@ -88,7 +90,6 @@ class SetupSyncProbe(tr.NumericsProbe):
                 payload["loss"] = {"error": str(exc)}
             except Exception as exc:  # noqa: BLE001 - as above: no rank leaves before the shared setup
                 payload["loss"] = {"error": f"setup_sync's loss forward failed: {exc_line(exc)}"}
-        del model
         if data_parallel and opts.parallel and target_ok_for_parallel(target):
             from distdiag.probes.numerics.shared import parallel_run
 
@@ -96,6 +97,10 @@ class SetupSyncProbe(tr.NumericsProbe):
             if not run.failed and run.model is not None:
                 payload["parallel"] = placement_rows(run.model)
                 payload["precision"] = precision_rows(run.model, ctx.world_size)
+                if names and model is not None:
+                    # The build-time copy is held until here only when something differs.
+                    payload["after"] = after_parallel(ctx, model, run.model, names)
+        del model
         return payload
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
@@ -104,7 +109,8 @@ class SetupSyncProbe(tr.NumericsProbe):
         ranks = sorted(payloads)
         digests = {r: payloads[r]["digests"] for r in ranks}
         findings, compared, skipped = layout_findings(digests)
-        findings += divergence_findings(digests, skipped, payloads[ranks[0]]["experts_by_design"])
+        after = {r: payloads[r]["after"] for r in ranks} if all("after" in payloads[r] for r in ranks) else None
+        findings += divergence_findings(digests, skipped, payloads[ranks[0]]["experts_by_design"], after)
         findings += placement_findings(payloads, view)
         findings += loss_findings(payloads)
         findings += precision_findings(payloads)
