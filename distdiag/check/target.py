@@ -38,6 +38,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "split_sequence": ("batch", "rank", "world_size"),
     "parallelize_sp": ("model", "mesh"),
     "route": ("tokens",),
+    "batches": ("rank", "world_size", "epoch"),
 }
 """Every hook a target may define, with the arguments distdiag passes (positionally)."""
 

@@ -3,8 +3,9 @@
     base.py             Probe (the contract every probe follows), ConsolidationView, helpers
     training.py         building, sharding and stepping a model: shared by every probe that trains
     cluster/            env, collectives, bandwidth, gpu: is the cluster fit for the job?
-    numerics/           fsdp_plan, loss_parity, param_sync, determinism: are the numbers right?
+    numerics/           setup_sync, fsdp_plan, loss_parity, param_sync, determinism: are the numbers right?
     sequence_parallel/  does the user's sequence split lose or shift tokens?
+    data/               data_shards: do the ranks see different samples?
     moe/                is the MoE router deterministic and its dispatch consistent?
     checkpoint/         does a DCP round trip give back every key, shape and value?
 
@@ -21,11 +22,13 @@ from distdiag.probes.cluster.bandwidth import BandwidthProbe
 from distdiag.probes.cluster.collectives import CollectivesProbe
 from distdiag.probes.cluster.env import EnvProbe
 from distdiag.probes.cluster.gpu import GpuProbe
+from distdiag.probes.data.probe import DataShardsProbe
 from distdiag.probes.moe.probe import MoeRoutingProbe
 from distdiag.probes.numerics.determinism import DeterminismProbe
 from distdiag.probes.numerics.fsdp_plan import FsdpPlanProbe
 from distdiag.probes.numerics.loss_parity import LossParityProbe
 from distdiag.probes.numerics.param_sync import ParamSyncProbe
+from distdiag.probes.numerics.setup_sync import SetupSyncProbe
 from distdiag.probes.sequence_parallel.probe import SequenceParallelProbe
 
 __all__ = ["PROBES", "Probe", "ConsolidationView", "get_probe"]
@@ -35,6 +38,8 @@ PROBES: dict[str, type[Probe]] = {
     "collectives": CollectivesProbe,
     "gpu": GpuProbe,
     "bandwidth": BandwidthProbe,
+    "setup_sync": SetupSyncProbe,
+    "data_shards": DataShardsProbe,
     "fsdp_plan": FsdpPlanProbe,
     "loss_parity": LossParityProbe,
     "param_sync": ParamSyncProbe,

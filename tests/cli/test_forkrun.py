@@ -115,7 +115,8 @@ def test_bad_input_is_said_once_before_any_rank_starts(cli_env, tmp_path) -> Non
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "distdiag: error: check.probes: unknown probe 'nope'; available: env, collectives, gpu, bandwidth, fsdp_plan, "
+        "distdiag: error: check.probes: unknown probe 'nope'; available: env, collectives, gpu, bandwidth, setup_sync, "
+        "data_shards, fsdp_plan, "
         "loss_parity, param_sync, determinism, sequence_parallel, moe_routing, checkpoint"
     ], out.stderr
     # The report says this run's bad input (an earlier run's verdict must not stay there).

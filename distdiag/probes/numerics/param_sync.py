@@ -17,6 +17,7 @@ from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView, group_ranks, minority_ranks
 from distdiag.probes.numerics.parity_report import setup_failure
+from distdiag.probes.numerics.setup_findings import FIXES
 from distdiag.probes.numerics.shared import parallel_run
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
@@ -104,6 +105,7 @@ class ParamSyncProbe(tr.NumericsProbe):
                             "dropout, weight init) then differs: seed after rank-dependent code, or use a dedicated generator"
                         ),
                         confidence=0.8,
+                        cause="rng_out_of_step",
                     ))
                     break
         findings.append(Finding(
@@ -130,15 +132,7 @@ def _drift_finding(kind: str, i: int, items: list[tuple[str, dict[str, list[int]
             for _, members in sorted(grp.items(), key=lambda kv: -len(kv[1]))
         )
         lines.append(f"{k.split(' ', 1)[1]}: {sums}")
-    if kind == "buffer":
-        fix = "the buffer is computed differently per rank (rank-dependent init or an update not synchronised); initialise it identically, or broadcast it from rank 0 after build"
-    elif kind == "unmanaged param":
-        fix = "no FSDP group manages these parameters, so their gradients are never reduced and each rank steps with its own: include them in fully_shard (not in ignored_params), or all-reduce their gradients"
-    else:
-        fix = (
-            "replicas of one shard diverged: gradients are not reduced across the replicas (for HSDP pass the "
-            "2-D mesh to fully_shard, not its shard sub-mesh; do not leave set_requires_all_reduce(False) on)"
-        )
+    cause, fix = _cause_and_fix(kind, i)
     first = "already at setup" if i == 0 else f"first after step {i}"
     shown = ", ".join(names[:6]) + (f" (+{len(names) - 6} more)" if len(names) > 6 else "")
     plural = "s" if len(names) > 1 else ""
@@ -149,4 +143,33 @@ def _drift_finding(kind: str, i: int, items: list[tuple[str, dict[str, list[int]
         ranks=odd,
         fix=fix,
         confidence=0.95,
+        cause=cause,
+    )
+
+
+def _cause_and_fix(kind: str, i: int) -> tuple[str, str]:
+    """The mechanism of a drift: present right after setup (built or parallelized differently per
+    rank), or appearing after a step (an update that is not the same on every rank)."""
+    if i == 0 and kind in ("HSDP shard replica", "sub-mesh shard replica", "replicated param"):
+        return "setup_divergence_replicas_differ", (
+            "the copies of these shards differ before the first step: a sharded checkpoint read (or an init run) on "
+            "some replica groups only after fully_shard; every rank must read its own shard (DCP's load does), or "
+            "broadcast each shard from the first replica over the replicate mesh dim"
+        )
+    if i == 0:
+        cause = "setup_divergence_buffer_per_rank" if kind == "buffer" else "setup_divergence"
+        return cause, FIXES[cause] + " (setup_sync compares the model as built, before parallelize, and names the mechanism)"
+    if kind == "buffer":
+        return "buffer_not_synchronised", (
+            "the buffer is updated differently per rank (running statistics of each rank's own batch, or an update "
+            "not synchronised); use SyncBatchNorm or broadcast it from rank 0 where every rank must hold the same value"
+        )
+    if kind == "unmanaged param":
+        return "unmanaged_params_not_reduced", (
+            "no FSDP group manages these parameters, so their gradients are never reduced and each rank steps with its "
+            "own: include them in fully_shard (not in ignored_params), or all-reduce their gradients"
+        )
+    return "replicas_not_reduced", (
+        "replicas of one shard diverged: gradients are not reduced across the replicas (for HSDP pass the "
+        "2-D mesh to fully_shard, not its shard sub-mesh; do not leave set_requires_all_reduce(False) on)"
     )

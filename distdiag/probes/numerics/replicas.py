@@ -20,6 +20,8 @@ _INT_VIEW = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 def bit_checksum(t: torch.Tensor) -> str:
     """A checksum of a tensor's bits (equal bits -> equal checksum), without copying to numpy."""
+    if t.device.type == "meta":
+        return f"meta-{t.numel()}"  # never materialised: no bits (setup_sync names it)
     t = t.detach().cpu().contiguous().reshape(-1)
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
@@ -73,10 +75,14 @@ def _rng_states() -> dict[str, str]:
     return states
 
 
+def _sum(t: torch.Tensor) -> float:
+    return 0.0 if t.device.type == "meta" else float(t.detach().double().sum())
+
+
 def snapshot(model: nn.Module, world: int) -> dict[str, Any]:
     """Checksums of what must be equal across ranks, and the RNG states (one entry of `snaps`)."""
     tensors = replica_tensors(model, world)
     return {
-        "sums": {k: [kind, bit_checksum(t), float(t.detach().double().sum())] for k, (kind, t) in tensors.items()},
+        "sums": {k: [kind, bit_checksum(t), _sum(t)] for k, (kind, t) in tensors.items()},
         "rng": _rng_states(),
     }

@@ -1,0 +1,172 @@
+"""`data_shards`: ranks that see identical or overlapping data, and an order that repeats each epoch.
+
+Each rank takes its first `batches` batches of epochs 0 and 1 from the target's `batches(rank,
+world_size, epoch)` hook (the user's own loader: sampler, shuffling and all), or, without it,
+its `shard_batch(make_batch(step), rank, world_size)` for steps 1..batches (the contract's own
+split). It hashes each row (fingerprint.row_hashes) and sends the hashes in its payload;
+consolidation compares them. No collective, no tensor leaves a rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from distdiag.errors import ConfigError
+from distdiag.probes import training as tr
+from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.probes.data.fingerprint import OVERLAP_ERROR, OVERLAP_SHARE, identical_groups, overlaps, row_hashes
+from distdiag.report.model import Finding, ProbeResult
+from distdiag.report.render import format_ranks
+
+__all__ = ["DataShardsProbe", "DataShardsConfig"]
+
+
+@dataclass
+class DataShardsConfig:
+    """Options of the data_shards probe, the `[probes.data_shards]` table."""
+
+    batches: int = 8
+    """Batches per epoch each rank fingerprints (the first ones of epochs 0 and 1)."""
+    workload: str = "transformer"
+    """Built-in workload used without a target: mlp or transformer."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batches, bool) or not isinstance(self.batches, int) or not 1 <= self.batches <= 1000:
+            raise ConfigError(f"probes.data_shards.batches must be an integer in [1, 1000], got {self.batches!r}")
+        tr.check_workload("probes.data_shards.workload", self.workload)
+
+
+class DataShardsProbe(Probe):
+    name = "data_shards"
+    summary = "ranks that see identical or overlapping samples (no DistributedSampler, one seed for all), an order repeated each epoch"
+    Config = DataShardsConfig
+
+    def skip_reason(self, ctx: Any) -> str | None:
+        target = getattr(ctx, "target", None)
+        if target is None or target.has("batches"):
+            return None
+        if not target.has("make_batch"):
+            return f"probe '{self.name}' needs hook batches() or make_batch() in target {target.spec}"
+        if tr.layout_reason(ctx, self.name) is not None:
+            return (f"probe '{self.name}' needs hook batches() in target {target.spec}: its layout is not data "
+                    "parallel, so shard_batch(make_batch()) is not what its ranks train on")
+        return None
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        opts: DataShardsConfig = self.options(ctx)
+        target = getattr(ctx, "target", None)
+        try:
+            if target is not None and target.has("batches"):
+                loaders = [tr.call_hook("batches", target.batches, ctx.rank, ctx.world_size, e) for e in (0, 1)]
+                epochs = [_take(it, opts.batches) for it in loaders]
+                return {"source": f"hook batches() of target {target.spec}", "epochs": epochs, "shuffles": shuffles(loaders[0])}
+            hooks = tr.resolve_hooks(ctx, opts.workload)
+            rows = [row_hashes(hooks.shard(hooks.batch(s), ctx.rank, ctx.world_size)) for s in range(1, opts.batches + 1)]
+            return {"source": f"shard_batch(make_batch(step)) of {hooks.source}", "epochs": [rows]}
+        except tr.HookError as exc:
+            return {"setup_error": str(exc)}
+
+    def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
+        errors = {r: p["setup_error"] for r, p in payloads.items() if "setup_error" in p}
+        if errors:
+            return ProbeResult.from_findings(self.name, [Finding(
+                severity="error", issue=msg, ranks=[r for r, m in errors.items() if m == msg],
+                fix="fix the hook named above (docs/targets.md)",
+            ) for msg in dict.fromkeys(errors.values())])
+        ranks = sorted(payloads)
+        first = {r: payloads[r]["epochs"][0] for r in ranks}
+        findings = _identical(first) if len(ranks) > 1 else []
+        same = [f.ranks for f in findings]
+        findings += _overlapping(first, same)
+        findings += _repeated({r: payloads[r]["epochs"] for r in ranks if payloads[r].get("shuffles")})
+        nrows = sum(len(b) for b in first[ranks[0]])
+        findings.append(Finding(
+            severity="info",
+            issue=f"compared the first {len(first[ranks[0]])} batch(es) ({nrows} samples on rank 0) of {len(ranks)} rank(s)",
+            evidence=f"from {payloads[ranks[0]]['source']}; samples compared by a hash of their bytes",
+        ))
+        return ProbeResult.from_findings(self.name, findings)
+
+
+def _take(it: Any, n: int) -> list[list[str]]:
+    try:
+        taken = list(islice(iter(it), n))
+    except Exception as exc:  # noqa: BLE001 - the user's loader: any failure is a finding
+        raise tr.HookError(f"iterating what hook batches returned raised {type(exc).__name__}: {exc}") from exc
+    return [row_hashes(b) for b in taken]
+
+
+def shuffles(loader: Any) -> bool | None:
+    """Whether a torch DataLoader shuffles (by its sampler's type); None when it cannot be told.
+
+    An order repeated every epoch is a bug only where the loader was meant to shuffle: data
+    read in a fixed order on purpose (pre-shuffled shards) repeats by design.
+    """
+    from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+    if isinstance(sampler, DistributedSampler):
+        return bool(sampler.shuffle)
+    if isinstance(sampler, RandomSampler):
+        return True
+    if isinstance(sampler, SequentialSampler):
+        return False
+    return None
+
+
+_SAMPLER_FIX = (
+    "give each rank its own part of the data: DataLoader(dataset, sampler=DistributedSampler(dataset, "
+    "num_replicas=world_size, rank=rank, shuffle=True, seed=seed)) (the same seed on every rank: the sampler "
+    "shuffles identically and then takes this rank's slice), and call sampler.set_epoch(epoch) before each epoch; "
+    "if you shard yourself, the slice must depend on the rank (indices[rank::world_size])"
+)
+
+
+def _identical(first: dict[int, list[list[str]]]) -> list[Finding]:
+    out = []
+    for group in identical_groups(first):
+        n = sum(len(b) for b in first[group[0]])
+        out.append(Finding(
+            severity="error",
+            issue=f"{format_ranks(group)} see identical data: the same {n} samples in the same order in their first "
+                  f"{len(first[group[0]])} batches",
+            evidence=f"row hashes of every batch equal on {format_ranks(group)}: the world trains on 1/{len(group)} "
+                     "of the data it should, each gradient repeated",
+            ranks=group, fix=_SAMPLER_FIX, confidence=0.95, cause="identical_data",
+        ))
+    return out
+
+
+def _overlapping(first: dict[int, list[list[str]]], same: list[list[int]]) -> list[Finding]:
+    bad = [(a, b, share, n) for a, b, share, n in overlaps(first, same) if share > OVERLAP_SHARE]
+    if not bad:
+        return []
+    ranks = sorted({r for a, b, _, _ in bad for r in (a, b)})
+    worst = max(share for _, _, share, _ in bad)
+    lines = [f"ranks {a},{b}: {n} shared samples, {share:.0%} of the smaller set" for a, b, share, n in bad[:8]]
+    return [Finding(
+        severity="error" if worst >= OVERLAP_ERROR else "warning",
+        issue=f"{format_ranks(ranks)} see overlapping data: up to {worst:.0%} of one rank's samples are also another's "
+              "in the first batches",
+        evidence="\n".join(lines) + f"\n(correctly sharded data shares only duplicate samples; flagged above {OVERLAP_SHARE:.0%})",
+        ranks=ranks, fix=_SAMPLER_FIX, confidence=0.85, cause="overlapping_data",
+    )]
+
+
+def _repeated(epochs: dict[int, list[list[list[str]]]]) -> list[Finding]:
+    ranks = sorted(r for r, e in epochs.items() if len(e) > 1 and len(e[0]) > 1 and any(e[0]) and e[0] == e[1])
+    if not ranks:
+        return []
+    return [Finding(
+        severity="warning",
+        issue=f"{format_ranks(ranks)} see their data in the same order in epoch 1 as in epoch 0, though their loader shuffles",
+        evidence=f"the first {len(epochs[ranks[0]][0])} batches of epochs 0 and 1 have equal row hashes, in order",
+        ranks=ranks,
+        fix=("call sampler.set_epoch(epoch) at the start of every epoch: a DistributedSampler shuffles with "
+             "seed + epoch, so without it every epoch repeats the first one's order; a RandomSampler's generator "
+             "must not be re-seeded with the same seed each epoch"),
+        confidence=0.7, cause="same_order_every_epoch",
+    )]
