@@ -83,6 +83,7 @@ def compare_tensors(
     tensors over tolerance, in model order.
     """
     bad, max_abs, max_rel, missing = [], 0.0, 0.0, []
+    sums = [0.0, 0.0, 0.0]  # <got, want>, <want, want>, <got, got> over every compared slice
     for name, full in ref.items():
         if name not in par:
             missing.append(name)
@@ -101,6 +102,8 @@ def compare_tensors(
         if want.numel() == 0:
             continue
         diff = got - want
+        dot, ww, gg = _inner(got, want)
+        sums = [sums[0] + dot, sums[1] + ww, sums[2] + gg]
         abs_err = float(diff.abs().max())
         want_norm = float(want.norm())
         denom = max(want_norm, floor_rms * math.sqrt(want.numel()), 1e-12)
@@ -114,8 +117,28 @@ def compare_tensors(
         if not rel <= tol:
             from torch.distributed.tensor import DTensor
 
-            bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor)})
-    return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing}
+            bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor),
+                        **_factor(dot, ww, gg)})
+    return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing, "sums": sums}
+
+
+def _inner(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, float]:
+    """<got, want>, <want, want>, <got, got>: what a scale factor between the two is fitted from."""
+    g, w = got.reshape(-1).double(), want.reshape(-1).double()
+    return float(g @ w), float(w @ w), float(g @ g)
+
+
+def _factor(dot: float, ww: float, gg: float) -> dict[str, float]:
+    """The least-squares factor f with got ~ f * want, and what is left: ||got - f want|| / ||f want||.
+
+    A residual near 0 means the parallel tensor is the reference times a constant (a loss or
+    a gradient scaled, clipping); the diagnosis reads both (probes/numerics/diagnose.py).
+    """
+    if not (math.isfinite(dot) and math.isfinite(gg)) or ww <= 0:
+        return {"factor": 0.0, "resid": _HUGE}
+    f = dot / ww
+    left = max(gg - dot * dot / ww, 0.0)
+    return {"factor": f, "resid": math.sqrt(left) / max(abs(f) * math.sqrt(ww), 1e-300)}
 
 
 def _sq_share(grads: dict[str, torch.Tensor], world: int) -> float:
@@ -177,7 +200,8 @@ class LossParityProbe(tr.NumericsProbe):
         opts: LossParityConfig = self.options(ctx)
         run = parallel_run(ctx, opts.workload)  # the parallel model, built once for the numerics probes
         hooks = run.hooks
-        base = {"source": hooks.source, "defaults": hooks.defaults, "optimizer": hooks.optimizer_desc}
+        base = {"source": hooks.source, "defaults": hooks.defaults, "optimizer": hooks.optimizer_desc,
+                "train_step": hooks.train_step is not None}
         if run.failed:
             return {**base, "setup_error": run.error}
         error, ref = self._build_reference(ctx, opts, run)
@@ -188,6 +212,7 @@ class LossParityProbe(tr.NumericsProbe):
         started = time.perf_counter()
         steps, accum = [], None
         floor = _rms(ref.model)  # the initial weights' RMS: the scale parameter errors are judged at
+        setup = _setup_state(ref.model, run.model, opts.tolerance_scale, floor)
         try:
             for i in range(opts.steps):
                 step = i + 1
@@ -201,6 +226,7 @@ class LossParityProbe(tr.NumericsProbe):
         return {
             **base,
             "steps": steps,
+            "setup": setup,
             "accumulation": accum,
             "model_bytes": tr.model_bytes(ref.model),
             "time_s": round(time.perf_counter() - started, 4),
@@ -302,6 +328,23 @@ class LossParityProbe(tr.NumericsProbe):
         from distdiag.probes.numerics.parity_report import consolidate_parity
 
         return consolidate_parity(self.name, payloads, view)
+
+
+def _setup_state(ref: torch.nn.Module, par: torch.nn.Module, scale: float, floor: float) -> dict[str, Any]:
+    """Before step 1: the parallel model against this rank's reference, and the reference's bits.
+
+    Both are built from the same seed, so they must agree before any training; a difference
+    here is setup (weights loaded or initialised on some ranks only, a rank-seeded init), not
+    training. The bits let the consolidation see a build_model that differs across ranks.
+    """
+    from distdiag.probes.numerics.replicas import bit_checksum
+
+    cmp = compare_tensors(
+        {tr.canonical_name(n): p for n, p in ref.named_parameters()},
+        {tr.canonical_name(n): p for n, p in par.named_parameters()}, scale, floor_rms=floor,
+    )
+    bits = {tr.canonical_name(n): bit_checksum(t) for n, t in list(ref.named_parameters()) + list(ref.named_buffers())}
+    return {"param": _trim(cmp), "ref_bits": bits}
 
 
 def _rms(model: torch.nn.Module) -> float:
