@@ -39,6 +39,8 @@ class Diagnosis:
     evidence: list[str]
     fix: str
     confidence: float
+    uniform: bool = False
+    """Every tensor is off by the same factor (per rank): no module stands out."""
 
 
 @dataclass
@@ -63,6 +65,8 @@ class ParityEvidence:
     accum_bad: bool = False
     train_step: bool = False
     groups: dict[str, int] = field(default_factory=dict)
+    sharded_params: int = 0
+    """DTensor parameters on the parallel model: 0 means a replicated (DDP-like) model."""
 
 
 def ratio_to_integer(ratio: float) -> tuple[int, float, bool] | None:

@@ -49,7 +49,7 @@ def setup(ev: ParityEvidence) -> Diagnosis | None:
 def unmanaged(ev: ParityEvidence) -> Diagnosis | None:
     """Plain parameters FSDP does not manage: their gradients are never reduced."""
     plain = [n for n, b in ev.gbad.items() if b.get("sharded") is False]
-    if not plain:
+    if not plain or not ev.sharded_params:  # all plain: a replicated model (DDP), not parameters FSDP left out
         return None
     return Diagnosis(
         "unmanaged_params", f"{len(plain)} plain parameter(s) outside every FSDP group: their gradients are not reduced",
@@ -100,7 +100,7 @@ def loss_scaled(ev: ParityEvidence) -> Diagnosis | None:
                "group size twice; scale it once, by the number of ranks the gradients are averaged over")
     confident = closeness <= RATIO_HIGH and bool(made)
     return Diagnosis("loss_scaled_wrong_group", f"the loss is scaled for the wrong group (exactly {'1/' if inverted else ''}{k})",
-                     lines, fix, 0.95 if confident else 0.7)
+                     lines, fix, 0.95 if confident else 0.7, uniform=True)
 
 
 def loss_off(ev: ParityEvidence) -> Diagnosis | None:
@@ -148,7 +148,7 @@ def clip_per_rank(ev: ParityEvidence) -> Diagnosis | None:
         "compute the clipping norm over the whole model, not this rank's shards: torch.nn.utils.clip_grad_norm_ on the "
         "DTensor parameters (it reduces the norm across ranks), or all_reduce the sum of squared local norms before "
         "the square root; a per-rank loss scale (one GradScaler per rank) is the other mechanism with this signature",
-        0.9 if ev.train_step else 0.75)
+        0.9 if ev.train_step else 0.75, uniform=True)
 
 
 def grad_scaled(ev: ParityEvidence) -> Diagnosis | None:
@@ -163,21 +163,21 @@ def grad_scaled(ev: ParityEvidence) -> Diagnosis | None:
         return Diagnosis("grad_scaled_uniformly", f"every gradient is the reference's x {f:.6g} on every rank", lines,
                          "something scales the gradients after backward by a constant the reference does not apply (a "
                          "clipping threshold, a loss-scale left in, a custom reduction); what would decide: the same run "
-                         "without train_step's extras", 0.5)
+                         "without train_step's extras", 0.5, uniform=True)
     k, closeness, inverted = found
     lines.append(_ratio_lines(f, k, inverted, closeness, "gradient", {"dp": ev.world})[1])
     if k == ev.world and inverted:
         return Diagnosis("grad_averaged_twice", f"gradients averaged twice (exactly 1/{k}, the world size)", lines,
                          f"the gradients are divided by {k} once too often: FSDP2/DDP already average over the {k} "
                          "ranks; remove the extra division (grad /= world_size, a second all_reduce(AVG), a divide "
-                         "factor)", 0.9)
+                         "factor)", 0.9, uniform=True)
     if k == ev.world:
         return Diagnosis("grad_summed_not_averaged", f"gradients summed over the {k} ranks, not averaged", lines,
                          f"the reduction sums the {k} ranks' gradients: use ReduceOp.AVG (or divide the sum by {k}); "
-                         "with FSDP2 leave the gradient divide factor at its default", 0.9)
+                         "with FSDP2 leave the gradient divide factor at its default", 0.9, uniform=True)
     return Diagnosis("grad_scale_wrong_group", f"gradients scaled by {'1/' if inverted else ''}{k}, not a group size here",
                      lines, f"the gradients are reduced or scaled as if the group held {k} ranks: use the group the "
-                     "gradients are actually averaged over", 0.6)
+                     "gradients are actually averaged over", 0.6, uniform=True)
 
 
 def grad_sync(ev: ParityEvidence) -> Diagnosis | None:

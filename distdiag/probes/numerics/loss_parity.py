@@ -289,6 +289,7 @@ class LossParityProbe(tr.NumericsProbe):
             "grad": _trim(grads),
             "param": _trim(params),
             "order": [tr.canonical_name(n) for n, _ in par.named_parameters()] if step == 1 else None,
+            "sharded": sum(1 for p in par.parameters() if hasattr(p, "to_local")),  # DTensor (FSDP-managed) ones
             "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
         }, accum
 

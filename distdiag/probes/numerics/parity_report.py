@@ -73,6 +73,7 @@ def _merge_cmp(cmps: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             entry["ranks"].append(rank)
             if item["rel"] > entry["rel"]:
                 entry.update(rel=item["rel"], abs=item["abs"])
+            entry["tol"] = max(entry.get("tol", 0.0), item.get("tol", 0.0))  # a name only listed on one rank has no tol
     return merged
 
 
@@ -179,6 +180,7 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
         order=order, setup_bad=setup_bad,
         ref_differs=_ref_differs({r: s["ref_bits"] for r, s in setups.items() if s}),
         accum_bad=accum_bad, train_step=bool(first.get("train_step")), groups={"dp": world},
+        sharded_params=next((s.get("sharded", 1) for s in first["steps"] if s.get("order")), 1),
     )
 
 
@@ -215,12 +217,12 @@ def _divergence_finding(d: _Divergence, ev: ParityEvidence, ranks: list[int]) ->
         lines.append(f"{len(bad)} parameter(s) over tolerance; first in model order: {first}")
         lines += _worst_lines(top, "grad" if d.gbad else "param")
     worst = max(bad.values(), key=lambda b: b["rel"])["name"] if bad else ""
-    where = f", largest error in module {_module_of(worst)}" if bad else ""
+    where = "" if not bad else ", all by the same factor" if diag.uniform else f", largest error in module {_module_of(worst)}"
     ranks_bad = sorted({r for b in bad.values() for r in b["ranks"]}) or ranks
+    when = "before step 1" if diag.cause == "setup_divergence" else f"at step {d.step}: {what} differ{where}"
     return Finding(
         severity="error",
-        issue=(f"the {ev.world}-rank run diverges from the 1-process reference at step {d.step}: {what} differ"
-               f"{where}: {diag.mechanism}"),
+        issue=f"the {ev.world}-rank run diverges from the 1-process reference {when}: {diag.mechanism}",
         evidence="\n".join(lines),
         ranks=ranks_bad,
         fix=diag.fix,
