@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distdiag.probes.numerics.diagnose import (
+from distdiag.probes.numerics.parity_evidence import (
     RATIO_HIGH,
     Diagnosis,
     ParityEvidence,

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from distdiag.probes.numerics.diagnose import RATIO_HIGH, groups_making, ratio_to_integer
+from distdiag.probes.numerics.parity_evidence import RATIO_HIGH, groups_making, ratio_to_integer
 from distdiag.probes.sequence_parallel.checks import loss_problem
 
 __all__ = ["SpDiagnosis", "diagnose_loss", "diagnose_output", "diagnose_grads"]
