@@ -217,7 +217,7 @@ def _divergence_finding(d: _Divergence, ev: ParityEvidence, ranks: list[int]) ->
         lines.append(f"{len(bad)} parameter(s) over tolerance; first in model order: {first}")
         lines += _worst_lines(top, "grad" if d.gbad else "param")
     worst = max(bad.values(), key=lambda b: b["rel"])["name"] if bad else ""
-    where = "" if not bad else ", all by the same factor" if diag.uniform else f", largest error in module {_module_of(worst)}"
+    where = "" if not bad else ", every tensor by one factor per rank" if diag.uniform else f", largest error in module {_module_of(worst)}"
     ranks_bad = sorted({r for b in bad.values() for r in b["ranks"]}) or ranks
     when = "before step 1" if diag.cause == "setup_divergence" else f"at step {d.step}: {what} differ{where}"
     return Finding(
