@@ -15,15 +15,15 @@ from distdiag.probes.sequence_parallel.diagnose import diagnose_loss, diagnose_o
 def _ev(**kw) -> ParityEvidence:
     base = dict(step=1, world=2, loss_rel=0.0, loss_tol=1e-4, mean_loss=2.0, ref_loss=2.0, grad_tol=1e-4,
                 gbad={"a.w": {"name": "a.w", "rel": 0.5, "ranks": [0, 1], "sharded": True}}, pbad={},
-                rank_sums={0: [1.0, 1.0, 1.0], 1: [1.0, 1.0, 1.0]}, order=["a.w", "b.w"], groups={"dp": 2},
+                rank_sums={0: [1.0, 1.0, 0.0, 1.0], 1: [1.0, 1.0, 0.0, 1.0]}, order=["a.w", "b.w"], groups={"dp": 2},
                 sharded_params=2)
     base.update(kw)
     return ParityEvidence(**base)
 
 
 def _sums(factor: float, resid: float = 0.0) -> list[float]:
-    """<g, w>, <w, w>, <g, g> for g = factor * w plus an orthogonal part of relative size resid."""
-    return [factor, 1.0, factor**2 * (1 + resid**2)]
+    """scale_fit's terms for g = factor * w plus an orthogonal part of relative size resid (||w|| = 1)."""
+    return [factor, 1.0, (resid * factor) ** 2, factor**2]
 
 
 def test_ratio_to_integer_finds_k_and_its_closeness():
@@ -95,3 +95,18 @@ def test_sp_output_right_without_the_mask_is_the_mask():
     assert diagnose_output({0: "x"}, {0: True, 1: False}).confidence == 0.8
     undecided = diagnose_output({0: "x"}, {0: None, 1: None})
     assert undecided.cause == "sp_attention_context" and "what would decide" in undecided.evidence
+
+
+def test_scale_fit_sums_give_a_pure_factor_across_tensors_and_see_a_mixed_one():
+    """Two tensors scaled by 0.5 are one factor (residual ~0); by 0.5 and 0.7 they are not."""
+    import torch
+
+    from distdiag.probes.numerics.loss_parity import scale_fit
+    from distdiag.probes.numerics.parity_evidence import rank_factor
+
+    a, b = torch.randn(1000, generator=torch.Generator().manual_seed(0)), torch.randn(10)
+    same = [x + y for x, y in zip(scale_fit(0.5 * a, a), scale_fit(0.5 * b, b), strict=True)]
+    f, resid = rank_factor(same)
+    assert f == pytest.approx(0.5) and resid < 1e-6
+    mixed = [x + y for x, y in zip(scale_fit(0.5 * a, a), scale_fit(0.7 * b, b), strict=True)]
+    assert rank_factor(mixed)[1] > 1e-3

@@ -24,7 +24,7 @@ from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics.shared import STEP_SEED, ParallelRun, parallel_run
 from distdiag.report.model import ProbeResult
 
-__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors"]
+__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors", "scale_fit"]
 
 _TOP = 8
 _HUGE = 1e300
@@ -83,7 +83,7 @@ def compare_tensors(
     tensors over tolerance, in model order.
     """
     bad, max_abs, max_rel, missing = [], 0.0, 0.0, []
-    sums = [0.0, 0.0, 0.0]  # <got, want>, <want, want>, <got, got> over every compared slice
+    sums = [0.0, 0.0, 0.0, 0.0]  # scale_fit's four terms summed over every compared slice
     for name, full in ref.items():
         if name not in par:
             missing.append(name)
@@ -102,8 +102,8 @@ def compare_tensors(
         if want.numel() == 0:
             continue
         diff = got - want
-        dot, ww, gg = _inner(got, want)
-        sums = [sums[0] + dot, sums[1] + ww, sums[2] + gg]
+        fit = scale_fit(got, want)
+        sums = [a + b for a, b in zip(sums, fit, strict=True)]
         abs_err = float(diff.abs().max())
         want_norm = float(want.norm())
         denom = max(want_norm, floor_rms * math.sqrt(want.numel()), 1e-12)
@@ -118,27 +118,37 @@ def compare_tensors(
             from torch.distributed.tensor import DTensor
 
             bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor),
-                        **_factor(dot, ww, gg)})
+                        **_factor(fit)})
     return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing, "sums": sums}
 
 
-def _inner(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, float]:
-    """<got, want>, <want, want>, <got, got>: what a scale factor between the two is fitted from."""
-    g, w = got.reshape(-1).double(), want.reshape(-1).double()
-    return float(g @ w), float(w @ w), float(g @ g)
+def scale_fit(got: torch.Tensor, want: torch.Tensor) -> list[float]:
+    """[<got, want>, <want, want>, ||got - f want||^2, f^2 <want, want>] with f = <got, want> / <want, want>.
+
+    What a scale factor between the parallel tensor and the reference is fitted from, in
+    float32 passes (no float64 copy: the comparison must not cost more than the step). The
+    residual is taken directly, not as <got, got> - f <got, want> (float32 cancellation would
+    leave ~1e-3 where a pure factor leaves ~1e-7); summed over tensors, the four terms give a
+    rank's factor and residual without cancellation (parity_evidence.rank_factor).
+    """
+    g, w = got.reshape(-1), want.reshape(-1)
+    dot, ww = float(torch.dot(g, w)), float(torch.dot(w, w))
+    f = dot / ww if ww > 0 else 0.0
+    left = float(torch.linalg.vector_norm(g - f * w)) ** 2
+    return [dot, ww, left, f * dot]
 
 
-def _factor(dot: float, ww: float, gg: float) -> dict[str, float]:
-    """The least-squares factor f with got ~ f * want, and what is left: ||got - f want|| / ||f want||.
+def _factor(fit: list[float]) -> dict[str, float]:
+    """One tensor's factor f (parallel ~ f x reference) and what is left: ||got - f want|| / ||f want||.
 
     A residual near 0 means the parallel tensor is the reference times a constant (a loss or
     a gradient scaled, clipping); the diagnosis reads both (probes/numerics/diagnose.py).
     """
-    if not (math.isfinite(dot) and math.isfinite(gg)) or ww <= 0:
+    dot, ww, left, _ = fit
+    if not all(math.isfinite(v) for v in fit) or ww <= 0:
         return {"factor": 0.0, "resid": _HUGE}
     f = dot / ww
-    left = max(gg - dot * dot / ww, 0.0)
-    return {"factor": f, "resid": math.sqrt(left) / max(abs(f) * math.sqrt(ww), 1e-300)}
+    return {"factor": f, "resid": min(math.sqrt(left) / max(abs(f) * math.sqrt(ww), 1e-300), _HUGE)}
 
 
 def _sq_share(grads: dict[str, torch.Tensor], world: int) -> float:

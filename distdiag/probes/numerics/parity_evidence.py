@@ -47,7 +47,7 @@ class ParityEvidence:
     gbad: dict[str, dict[str, Any]]
     pbad: dict[str, dict[str, Any]]
     rank_sums: dict[int, list[float]]
-    """Each rank's [<par, ref>, <ref, ref>, <par, par>] over all its gradient slices."""
+    """Each rank's loss_parity.scale_fit terms summed over all its gradient slices."""
     order: list[str] = field(default_factory=list)
     setup_bad: dict[str, dict[str, Any]] = field(default_factory=dict)
     ref_differs: dict[str, list[list[int]]] = field(default_factory=dict)
@@ -84,13 +84,19 @@ def groups_making(k: int, groups: dict[str, int]) -> list[str]:
 
 
 def rank_factor(sums: list[float]) -> tuple[float, float]:
-    """(factor, residual) of one rank's gradients against the reference's slices."""
-    dot, ww, gg = sums
-    if ww <= 0 or not (math.isfinite(dot) and math.isfinite(gg)):
+    """(factor, residual) of one rank's gradients against the reference's slices.
+
+    `sums` are loss_parity.scale_fit's terms summed over the rank's tensors: the rank's factor
+    is f = sum<g, w> / sum<w, w>, and ||g - f w||^2 over all tensors is each tensor's own
+    residual plus (f_t - f)^2 <w, w> of its factor's distance from f, which is
+    sum f_t <g, w> - f sum<g, w> (computed in double from float32 terms, without cancellation).
+    """
+    dot, ww, left, fdot = sums
+    if ww <= 0 or not all(math.isfinite(v) for v in sums):
         return 0.0, math.inf
     f = dot / ww
-    left = max(gg - dot * dot / ww, 0.0)
-    return f, math.sqrt(left) / max(abs(f) * math.sqrt(ww), 1e-300)
+    spread = max(fdot - f * dot, 0.0)
+    return f, math.sqrt(left + spread) / max(abs(f) * math.sqrt(ww), 1e-300)
 
 
 def _module(name: str) -> str:

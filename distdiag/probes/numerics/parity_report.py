@@ -176,7 +176,7 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
     return ParityEvidence(
         step=d.step, world=world, loss_rel=d.loss_rel, loss_tol=d.loss_tol, mean_loss=d.mean_loss,
         ref_loss=d.ref_loss, grad_tol=d.loss_tol, gbad=d.gbad, pbad=d.pbad,
-        rank_sums={r: p["steps"][d.index]["grad"].get("sums", [0.0, 0.0, 0.0]) for r, p in payloads.items()},
+        rank_sums={r: p["steps"][d.index]["grad"].get("sums", [0.0] * 4) for r, p in payloads.items()},
         order=order, setup_bad=setup_bad,
         ref_differs=_ref_differs({r: s["ref_bits"] for r, s in setups.items() if s}),
         accum_bad=accum_bad, train_step=bool(first.get("train_step")), groups={"dp": world},
