@@ -73,7 +73,8 @@ def _local_slice(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def compare_tensors(
-    ref: dict[str, torch.Tensor], par: dict[str, torch.Tensor], scale: float, floor_rms: float = 0.0, absent: str = "absent on the parallel model"
+    ref: dict[str, torch.Tensor], par: dict[str, torch.Tensor], scale: float, floor_rms: float = 0.0, absent: str = "absent on the parallel model",
+    fit: bool = False,
 ) -> dict[str, Any]:
     """Compare each parallel tensor's local part with the same slice of the reference.
 
@@ -102,8 +103,8 @@ def compare_tensors(
         if want.numel() == 0:
             continue
         diff = got - want
-        fit = scale_fit(got, want)
-        sums = [a + b for a, b in zip(sums, fit, strict=True)]
+        terms = scale_fit(got, want) if fit else [0.0] * 4  # gradients only: the diagnosis reads their factors
+        sums = [a + b for a, b in zip(sums, terms, strict=True)]
         abs_err = float(diff.abs().max())
         want_norm = float(want.norm())
         denom = max(want_norm, floor_rms * math.sqrt(want.numel()), 1e-12)
@@ -118,7 +119,7 @@ def compare_tensors(
             from torch.distributed.tensor import DTensor
 
             bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor),
-                        **_factor(fit)})
+                        **(_factor(terms) if fit else {})})
     return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing, "sums": sums}
 
 
@@ -277,7 +278,7 @@ class LossParityProbe(tr.NumericsProbe):
         grads = compare_tensors(
             ref_res.grads, par_res.grads, opts.tolerance_scale,
             absent="no gradient reached the optimizer on the parallel model (left unreduced: "
-            "set_requires_gradient_sync(False) or set_requires_all_reduce(False) still in force?)",
+            "set_requires_gradient_sync(False) or set_requires_all_reduce(False) still in force?)", fit=True,
         )
         # Parameters get 10x the gradient tolerance and the model's RMS as a floor: an
         # adaptive optimizer (Adam) turns rounding-level gradient differences of
@@ -348,14 +349,27 @@ def _setup_state(ref: torch.nn.Module, par: torch.nn.Module, scale: float, floor
     here is setup (weights loaded or initialised on some ranks only, a rank-seeded init), not
     training. The bits let the consolidation see a build_model that differs across ranks.
     """
-    from distdiag.probes.numerics.replicas import bit_checksum
-
     cmp = compare_tensors(
         {tr.canonical_name(n): p for n, p in ref.named_parameters()},
         {tr.canonical_name(n): p for n, p in par.named_parameters()}, scale, floor_rms=floor,
     )
-    bits = {tr.canonical_name(n): bit_checksum(t) for n, t in list(ref.named_parameters()) + list(ref.named_buffers())}
+    bits = {tr.canonical_name(n): _bits_sum(t) for n, t in list(ref.named_parameters()) + list(ref.named_buffers())}
     return {"param": _trim(cmp), "ref_bits": bits}
+
+
+_INT_OF_SIZE = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _bits_sum(t: torch.Tensor) -> str:
+    """The tensor's bits summed as integers (exact and order-free, one pass): equal tensors agree.
+
+    Cheaper than replicas.bit_checksum (no position weights): telling a rank-dependent
+    build_model apart needs no more, since different weights give a different sum.
+    """
+    t = t.detach().reshape(-1)
+    if t.dtype == torch.bool or t.is_complex():
+        t = t.to(torch.uint8) if t.dtype == torch.bool else torch.view_as_real(t).reshape(-1)
+    return f"{int(t.view(_INT_OF_SIZE[t.element_size()]).sum(dtype=torch.int64))}-{t.numel()}"
 
 
 def _rms(model: torch.nn.Module) -> float:
