@@ -279,4 +279,5 @@ def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
             "averaging micro-batch means weights tokens unequally when micro-batches hold different counts"
         ),
         confidence=0.8,
+        cause="grad_accumulation_means",
     )]

@@ -237,7 +237,8 @@ def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Fin
                     "error", f"split {label} {what} sequence length {seq_len} at world size {world} on ranks {ranks}",
                     lines, ranks,
                     "split_sequence(batch, rank, world_size) returns a dict of [B, local_seq] tensors: input_ids, "
-                    "shift_labels, position_ids and attention_mask when the batch has one", 0.95))
+                    "shift_labels, position_ids and attention_mask when the batch has one", 0.95,
+                    cause="split_bad_output"))
             continue
         local = {r: p["splits"][i]["local"] for r, p in payloads.items()}
         found = analyze_split(label, entry0["full"], local, world)
@@ -276,7 +277,7 @@ def _made_up_length(entry0: dict[str, Any], world: int, what: str, evidence: str
     else:
         fix = (f"the split is right on {origin}'s length but not on {n}: make sure training batches only have lengths "
                "it handles (pad in the collator) and make split_sequence raise on any other length")
-    return Finding("warning", issue, evidence, ranks, fix, 0.8)
+    return Finding("warning", issue, evidence, ranks, fix, 0.8, cause="split_needs_divisible_length")
 
 
 def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
@@ -290,7 +291,8 @@ def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
         findings.append(Finding(
             "error", f"the Ulysses all_to_all round trip (sequence -> heads -> sequence) is not exact on ranks {bad_trip}",
             "\n".join(f"rank {r}: max abs error {info[r]['round_trip_err']:g}" for r in bad_trip), bad_trip,
-            "all_to_all_single returns wrong data: rerun the collectives probe and check the transport", 0.9))
+            "all_to_all_single returns wrong data: rerun the collectives probe and check the transport", 0.9,
+            cause="transport_corrupts_data"))
     for key, what in (("attn_err", "attention through the Ulysses all_to_all"), ("gather_err", "the shards gathered along the sequence")):
         bad = sorted(r for r, v in info.items() if v and v.get(key, 0.0) > v.get("tol", 1e-4))
         if bad:
@@ -395,7 +397,8 @@ def _reference_not_finite(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dic
               f"{VARIANT_TEXT.get(variant, variant)} (a batch distdiag made from the target's)", variant,
               f"reference loss {v0['ref_loss']}; SP losses per rank {sp}; SP loss and gradients not compared on it",
               [], "if a batch or micro-batch can have no valid target in training (all padding, fully masked prompts), its "
-              "step turns the weights to NaN: divide the summed token loss by max(valid targets, 1)", 0.7, "warning")
+              "step turns the weights to NaN: divide the summed token loss by max(valid targets, 1)", 0.7, "warning",
+              cause="empty_batch_zero_division")
 
 
 def _loss_differs(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[str, Any]], ref_ok: bool,
