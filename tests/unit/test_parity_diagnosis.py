@@ -110,3 +110,9 @@ def test_scale_fit_sums_give_a_pure_factor_across_tensors_and_see_a_mixed_one():
     assert f == pytest.approx(0.5) and resid < 1e-6
     mixed = [x + y for x, y in zip(scale_fit(0.5 * a, a), scale_fit(0.7 * b, b), strict=True)]
     assert rank_factor(mixed)[1] > 1e-3
+
+
+def test_a_half_loss_whose_gradients_do_not_follow_is_said_with_less_confidence():
+    d = diagnose_parity(_ev(loss_rel=0.5, mean_loss=1.0, ref_loss=2.0, rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)}))
+    assert d.cause == "loss_scaled_wrong_group" and d.confidence == 0.7
+    assert any("not the reference's x the same ratio" in line for line in d.evidence)

@@ -98,7 +98,11 @@ def loss_scaled(ev: ParityEvidence) -> Diagnosis | None:
     else:
         fix = (f"each rank's loss is {k}x too large: it is divided by a group {k}x too small, or multiplied by the "
                "group size twice; scale it once, by the number of ranks the gradients are averaged over")
-    confident = closeness <= RATIO_HIGH and bool(made)
+    factors = _uniform(ev)
+    follows = factors is not None and all(abs(f / ratio - 1) <= 10 * ev.grad_tol for f in factors.values())
+    if not follows:
+        lines.append("the gradients are not the reference's x the same ratio: something besides the loss's scale differs")
+    confident = closeness <= RATIO_HIGH and bool(made) and follows
     return Diagnosis("loss_scaled_wrong_group", f"the loss is scaled for the wrong group (exactly {'1/' if inverted else ''}{k})",
                      lines, fix, 0.95 if confident else 0.7, uniform=True)
 
