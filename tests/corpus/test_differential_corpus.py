@@ -56,6 +56,8 @@ CASES = [
     Case("sp_loss_dp_only", "sequence_parallel", "loss_scaled_wrong_group", ("dp x sp", "1/2"), ("per-rank",)),
     Case("sp_mask_batch_dim", "sequence_parallel", "sp_mask_misaligned", ("attention mask", "sequence dim"),
          ("valid targets", "valid-target")),
+    Case("sp_keys_assumed_contiguous", "sequence_parallel", "sp_attention_context", ("global position ids", "zigzag"),
+         ("valid targets", "valid-target", "attention mask")),
     Case("sp_shift_after_split", "sequence_parallel", "labels_shifted_after_split", ("before the split",)),
     Case("sp_split_drops_token", "sequence_parallel", "split_drops_tokens", ("every position",)),
     Case("sp_loss_per_rank_mean", "sequence_parallel", "loss_normalised_per_rank", ("valid-target count",)),

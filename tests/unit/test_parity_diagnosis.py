@@ -116,3 +116,20 @@ def test_a_half_loss_whose_gradients_do_not_follow_is_said_with_less_confidence(
     d = diagnose_parity(_ev(loss_rel=0.5, mean_loss=1.0, ref_loss=2.0, rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)}))
     assert d.cause == "loss_scaled_wrong_group" and d.confidence == 0.7
     assert any("not the reference's x the same ratio" in line for line in d.evidence)
+
+
+def test_the_remaining_parity_rules_on_their_own_patterns():
+    """A factor of 1/3 at 2 ranks, a factor that is no 1/k, no train_step, parameters off with exact gradients."""
+    assert diagnose_parity(_ev(rank_sums={0: _sums(1 / 3), 1: _sums(1 / 3)})).cause == "grad_scale_wrong_group"
+    assert diagnose_parity(_ev(rank_sums={0: _sums(0.8), 1: _sums(0.8)})).cause == "grad_scaled_uniformly"
+    assert diagnose_parity(_ev(rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)})).cause == "grad_reduction"
+    pbad = {"a.w": {"name": "a.w", "rel": 0.1, "ranks": [0, 1]}}
+    assert diagnose_parity(_ev(gbad={}, pbad=pbad)).cause == "optimizer_step_differs"
+
+
+def test_sp_gradients_off_with_loss_and_output_right_are_the_reduction():
+    from distdiag.probes.sequence_parallel.diagnose import diagnose_grads
+
+    d = diagnose_grads({"rel_err": 0.5, "worst": "qkv.weight", "finite": True}, 2)
+    assert d.cause == "sp_grad_reduction" and "reduce-scatter" in d.fix
+    assert diagnose_grads({"finite": False, "worst": "x"}, 2).cause == "empty_shard_zero_division"

@@ -127,7 +127,9 @@ def loss_off(ev: ParityEvidence) -> Diagnosis | None:
 
 
 def _uniform(ev: ParityEvidence) -> dict[int, float] | None:
-    """Each rank's factor, when every rank's gradients are a pure multiple of the reference's."""
+    """Each rank's factor, when every rank's gradients are a pure multiple of the reference's (and some are off)."""
+    if not ev.gbad:
+        return None  # gradients within tolerance: a factor of ~1 says nothing
     out = {}
     for r, sums in ev.rank_sums.items():
         f, resid = rank_factor(sums)

@@ -107,8 +107,9 @@ def diagnose_output(mism: dict[int, str], unmasked: dict[int, Any]) -> SpDiagnos
                      "with an all-ones mask (make_batch with padded samples)")
     return SpDiagnosis(
         "output", issue, evidence, "sp_attention_context",
-        "the SP model must see the whole causal prefix by global position (gather K/V along the sequence dim in rank "
-        "order, global position ids)", 0.8 if decided else 0.6)
+        "the SP model must see the whole causal prefix by global position: gather K/V along the sequence dim in rank "
+        "order, and give the keys the global position ids gathered from the shards (not 0..S-1 in gather order: a "
+        "zigzag or other non-contiguous split puts them out of order)", 0.8 if decided else 0.6)
 
 
 def diagnose_grads(grad: dict[str, Any], world: int) -> SpDiagnosis:
