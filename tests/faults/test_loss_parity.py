@@ -36,6 +36,7 @@ def test_per_rank_loss_normalisation_is_named(workdir):
     (err,) = _errors(result.report(), "loss_parity")
     assert "diverges from the 1-process reference at step 1" in err.issue
     assert "normalised per rank" in err.fix and "global count" in err.fix
+    assert err.cause == "loss_normalised_per_rank" and "valid-token (or sample) counts" in err.evidence
     assert "mean of ranks' losses" in err.evidence
     assert probe.metrics["first_divergent_step"] == 1
     rows = probe.details["table:loss parity"]
@@ -51,6 +52,7 @@ def test_accumulation_of_micro_batch_means_is_named(workdir):
     assert "gradient accumulation in train_step is not equivalent" in warn.issue
     (err,) = [f for f in findings if f.severity == "error"]
     assert "at step 1" in err.issue and "averaging micro-batch means" in err.fix
+    assert err.cause == "grad_accumulation_means"
 
 
 def test_block_left_out_of_fully_shard_is_named(workdir):
@@ -58,7 +60,8 @@ def test_block_left_out_of_fully_shard_is_named(workdir):
     result = _run(workdir, "unsharded_block", "loss_parity")
     assert result.codes == [1, 1], result.stderr
     (err,) = _errors(result.report(), "loss_parity")
-    assert "first in module blocks.1" in err.issue
+    assert "largest error in module blocks.1" in err.issue and err.cause == "unmanaged_params"
+    assert "first in model order: blocks.1" in err.evidence
     assert "not FSDP-managed" in err.fix and "blocks.1" in err.fix
 
 

@@ -24,7 +24,7 @@ from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics.shared import STEP_SEED, ParallelRun, parallel_run
 from distdiag.report.model import ProbeResult
 
-__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors"]
+__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors", "scale_fit"]
 
 _TOP = 8
 _HUGE = 1e300
@@ -73,7 +73,8 @@ def _local_slice(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def compare_tensors(
-    ref: dict[str, torch.Tensor], par: dict[str, torch.Tensor], scale: float, floor_rms: float = 0.0, absent: str = "absent on the parallel model"
+    ref: dict[str, torch.Tensor], par: dict[str, torch.Tensor], scale: float, floor_rms: float = 0.0, absent: str = "absent on the parallel model",
+    fit: bool = False,
 ) -> dict[str, Any]:
     """Compare each parallel tensor's local part with the same slice of the reference.
 
@@ -83,6 +84,7 @@ def compare_tensors(
     tensors over tolerance, in model order.
     """
     bad, max_abs, max_rel, missing = [], 0.0, 0.0, []
+    sums = [0.0, 0.0, 0.0, 0.0]  # scale_fit's four terms summed over every compared slice
     for name, full in ref.items():
         if name not in par:
             missing.append(name)
@@ -107,15 +109,53 @@ def compare_tensors(
         if want.numel() < full.numel():
             share = float(full.detach().to(work).norm()) * math.sqrt(want.numel() / full.numel())
             denom = max(denom, share)
-        rel = float(diff.norm()) / denom if math.isfinite(abs_err) else _HUGE
+        diff_norm = float(diff.norm())
+        rel = diff_norm / denom if math.isfinite(abs_err) else _HUGE
         abs_err = abs_err if math.isfinite(abs_err) else _HUGE
         tol = tr.rtol_for(full.dtype, scale)
+        # Gradients only (the diagnosis reads their factors); within tolerance, ||got - want||
+        # bounds what a factor leaves, so the extra pass is paid for the failing tensors only.
+        terms = scale_fit(got, want, want_norm, diff_norm if rel <= tol else None) if fit else [0.0] * 4
+        sums = [a + b for a, b in zip(sums, terms, strict=True)]
         max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel)
         if not rel <= tol:
             from torch.distributed.tensor import DTensor
 
-            bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor)})
-    return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing}
+            bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor),
+                        **(_factor(terms) if fit else {})})
+    return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing, "sums": sums}
+
+
+def scale_fit(got: torch.Tensor, want: torch.Tensor, want_norm: float | None = None, bound: float | None = None) -> list[float]:
+    """[<got, want>, <want, want>, ||got - f want||^2, f^2 <want, want>] with f = <got, want> / <want, want>.
+
+    What a scale factor between the parallel tensor and the reference is fitted from, in
+    float32 passes (no float64 copy: the comparison must not cost more than the step). The
+    residual is taken directly, not as <got, got> - f <got, want> (float32 cancellation would
+    leave ~1e-3 where a pure factor leaves ~1e-7); summed over tensors, the four terms give a
+    rank's factor and residual without cancellation (parity_evidence.rank_factor).
+    `want_norm` saves a pass when the caller has it; `bound` (>= ||got - f want||, e.g.
+    ||got - want||) stands for the residual when it is already small enough.
+    """
+    g, w = got.reshape(-1), want.reshape(-1)
+    dot = float(torch.dot(g, w))
+    ww = want_norm**2 if want_norm is not None else float(torch.dot(w, w))
+    f = dot / ww if ww > 0 else 0.0
+    left = bound**2 if bound is not None else float(torch.linalg.vector_norm(g - f * w)) ** 2
+    return [dot, ww, left, f * dot]
+
+
+def _factor(fit: list[float]) -> dict[str, float]:
+    """One tensor's factor f (parallel ~ f x reference) and what is left: ||got - f want|| / ||f want||.
+
+    A residual near 0 means the parallel tensor is the reference times a constant (a loss or
+    a gradient scaled, clipping); the diagnosis reads both (probes/numerics/diagnose.py).
+    """
+    dot, ww, left, _ = fit
+    if not all(math.isfinite(v) for v in fit) or ww <= 0:
+        return {"factor": 0.0, "resid": _HUGE}
+    f = dot / ww
+    return {"factor": f, "resid": min(math.sqrt(left) / max(abs(f) * math.sqrt(ww), 1e-300), _HUGE)}
 
 
 def _sq_share(grads: dict[str, torch.Tensor], world: int) -> float:
@@ -177,7 +217,8 @@ class LossParityProbe(tr.NumericsProbe):
         opts: LossParityConfig = self.options(ctx)
         run = parallel_run(ctx, opts.workload)  # the parallel model, built once for the numerics probes
         hooks = run.hooks
-        base = {"source": hooks.source, "defaults": hooks.defaults, "optimizer": hooks.optimizer_desc}
+        base = {"source": hooks.source, "defaults": hooks.defaults, "optimizer": hooks.optimizer_desc,
+                "train_step": hooks.train_step is not None}
         if run.failed:
             return {**base, "setup_error": run.error}
         error, ref = self._build_reference(ctx, opts, run)
@@ -188,6 +229,7 @@ class LossParityProbe(tr.NumericsProbe):
         started = time.perf_counter()
         steps, accum = [], None
         floor = _rms(ref.model)  # the initial weights' RMS: the scale parameter errors are judged at
+        setup = _setup_state(ref.model, run.model, opts.tolerance_scale, floor)
         try:
             for i in range(opts.steps):
                 step = i + 1
@@ -201,6 +243,7 @@ class LossParityProbe(tr.NumericsProbe):
         return {
             **base,
             "steps": steps,
+            "setup": setup,
             "accumulation": accum,
             "model_bytes": tr.model_bytes(ref.model),
             "time_s": round(time.perf_counter() - started, 4),
@@ -241,7 +284,7 @@ class LossParityProbe(tr.NumericsProbe):
         grads = compare_tensors(
             ref_res.grads, par_res.grads, opts.tolerance_scale,
             absent="no gradient reached the optimizer on the parallel model (left unreduced: "
-            "set_requires_gradient_sync(False) or set_requires_all_reduce(False) still in force?)",
+            "set_requires_gradient_sync(False) or set_requires_all_reduce(False) still in force?)", fit=True,
         )
         # Parameters get 10x the gradient tolerance and the model's RMS as a floor: an
         # adaptive optimizer (Adam) turns rounding-level gradient differences of
@@ -263,6 +306,7 @@ class LossParityProbe(tr.NumericsProbe):
             "grad": _trim(grads),
             "param": _trim(params),
             "order": [tr.canonical_name(n) for n, _ in par.named_parameters()] if step == 1 else None,
+            "sharded": sum(1 for p in par.parameters() if hasattr(p, "to_local")),  # DTensor (FSDP-managed) ones
             "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
         }, accum
 
@@ -302,6 +346,36 @@ class LossParityProbe(tr.NumericsProbe):
         from distdiag.probes.numerics.parity_report import consolidate_parity
 
         return consolidate_parity(self.name, payloads, view)
+
+
+def _setup_state(ref: torch.nn.Module, par: torch.nn.Module, scale: float, floor: float) -> dict[str, Any]:
+    """Before step 1: the parallel model against this rank's reference, and the reference's bits.
+
+    Both are built from the same seed, so they must agree before any training; a difference
+    here is setup (weights loaded or initialised on some ranks only, a rank-seeded init), not
+    training. The bits let the consolidation see a build_model that differs across ranks.
+    """
+    cmp = compare_tensors(
+        {tr.canonical_name(n): p for n, p in ref.named_parameters()},
+        {tr.canonical_name(n): p for n, p in par.named_parameters()}, scale, floor_rms=floor,
+    )
+    bits = {tr.canonical_name(n): _bits_sum(t) for n, t in list(ref.named_parameters()) + list(ref.named_buffers())}
+    return {"param": _trim(cmp), "ref_bits": bits}
+
+
+_INT_OF_SIZE = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _bits_sum(t: torch.Tensor) -> str:
+    """The tensor's bits summed as integers (exact and order-free, one pass): equal tensors agree.
+
+    Cheaper than replicas.bit_checksum (no position weights): telling a rank-dependent
+    build_model apart needs no more, since different weights give a different sum.
+    """
+    t = t.detach().reshape(-1)
+    if t.dtype == torch.bool or t.is_complex():
+        t = t.to(torch.uint8) if t.dtype == torch.bool else torch.view_as_real(t).reshape(-1)
+    return f"{int(t.view(_INT_OF_SIZE[t.element_size()]).sum(dtype=torch.int64))}-{t.numel()}"
 
 
 def _rms(model: torch.nn.Module) -> float:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distdiag.probes.base import ConsolidationView
+from distdiag.probes.numerics.diagnose import ParityEvidence, diagnose_parity
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
 
@@ -59,42 +60,25 @@ def setup_failure(name: str, payloads: dict[int, dict[str, Any]], key: str) -> P
 
 
 def _merge_bad(payloads: dict[int, dict[str, Any]], i: int, kind: str) -> dict[str, dict[str, Any]]:
+    return _merge_cmp({rank: p["steps"][i][kind] for rank, p in payloads.items()})
+
+
+def _merge_cmp(cmps: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every rank's tensors over tolerance, by name, with the largest error and the ranks."""
     merged: dict[str, dict[str, Any]] = {}
-    for rank, p in sorted(payloads.items()):
-        cmp = p["steps"][i][kind]
+    for rank, cmp in sorted(cmps.items()):
         detailed = {b["name"] for b in cmp["bad"]}
         for item in cmp["bad"] + [{"name": n, "rel": 0.0, "abs": 0.0, "tol": 0.0} for n in cmp.get("bad_names", []) if n not in detailed]:
             entry = merged.setdefault(item["name"], {**item, "ranks": []})
             entry["ranks"].append(rank)
             if item["rel"] > entry["rel"]:
                 entry.update(rel=item["rel"], abs=item["abs"])
+            entry["tol"] = max(entry.get("tol", 0.0), item.get("tol", 0.0))  # a name only listed on one rank has no tol
     return merged
 
 
 def _module_of(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else "(root)"
-
-
-def _fix_for(bad: dict[str, dict[str, Any]], loss_off: bool, order: list[str], accum_bad: bool) -> str:
-    unsharded = [n for n, b in bad.items() if b.get("sharded") is False]
-    if unsharded:
-        return (
-            f"{', '.join(unsharded[:4])} are plain (not FSDP-managed) parameters on the parallel model, so their "
-            "gradients are never reduced across ranks: include them in fully_shard (shard the root module, or the block "
-            "left out), or reduce them yourself; see the fsdp_plan probe"
-        )
-    if accum_bad:
-        return (
-            "gradient accumulation in train_step is not equivalent to one step on the global batch: sum the per-token "
-            "losses of every micro-batch and divide once by the global token count, instead of averaging micro-batch means"
-        )
-    if loss_off and len(bad) >= max(1, len(order) // 2):
-        return (
-            "every parameter diverges and the loss differs: the loss is probably normalised per rank (dividing by this "
-            "rank's token/sample count) while ranks hold different counts; divide by the global count (pass it through "
-            "shard_batch) so that FSDP's average over ranks gives the global mean"
-        )
-    return "compare the named parameters' modules between the reference and the parallel setup (sharding, hooks, reduction)"
 
 
 def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
@@ -110,7 +94,8 @@ def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: Con
     accum = first.get("accumulation")
     accum_bad = bool(accum and not accum["equal"] and accum["scaled_resid"] > 1e-3)
     if divergent:
-        findings.append(_divergence_finding(divergent, world, order, ranks, accum_bad))
+        evidence = _evidence(payloads, divergent, world, order, accum_bad)
+        findings.append(_divergence_finding(divergent, evidence, ranks))
     if accum is not None:
         findings.extend(_accumulation_findings(accum, accum_bad))
     findings.append(Finding(
@@ -135,6 +120,7 @@ class _Divergence:
     """The first step where the parallel run is off: what is over tolerance, and the losses."""
 
     step: int
+    index: int
     gbad: dict[str, dict[str, Any]]
     pbad: dict[str, dict[str, Any]]
     loss_rel: float
@@ -177,35 +163,71 @@ class _StepTable:
             "param rel err": f"{param_rel:.2e}", "tolerance": f"{loss_tol:.0e}", "ok": "no" if off else "yes",
         })
         if off and self.divergent is None:
-            self.divergent = _Divergence(s0["step"], gbad, pbad, loss_rel, loss_tol, mean_loss, ref_loss, losses)
+            self.divergent = _Divergence(s0["step"], i, gbad, pbad, loss_rel, loss_tol, mean_loss, ref_loss, losses)
 
 
-def _divergence_finding(d: _Divergence, world: int, order: list[str], ranks: list[int], accum_bad: bool) -> Finding:
-    """The error for the first divergent step, naming the parameters over tolerance, first in model order."""
-    position = {n: i for i, n in enumerate(order)}
+def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, order: list[str],
+              accum_bad: bool) -> ParityEvidence:
+    """What the diagnosis reads: the divergent step's errors and factors, and the state before step 1."""
+    ranks = sorted(payloads)
+    first = payloads[ranks[0]]
+    setups = {r: p.get("setup") for r, p in payloads.items()}
+    setup_bad = _merge_cmp({r: s["param"] for r, s in setups.items() if s}) if all(setups.values()) else {}
+    return ParityEvidence(
+        step=d.step, world=world, loss_rel=d.loss_rel, loss_tol=d.loss_tol, mean_loss=d.mean_loss,
+        ref_loss=d.ref_loss, grad_tol=d.loss_tol, gbad=d.gbad, pbad=d.pbad,
+        rank_sums={r: p["steps"][d.index]["grad"].get("sums", [0.0] * 4) for r, p in payloads.items()},
+        order=order, setup_bad=setup_bad,
+        ref_differs=_ref_differs({r: s["ref_bits"] for r, s in setups.items() if s}),
+        accum_bad=accum_bad, train_step=bool(first.get("train_step")), groups={"dp": world},
+        sharded_params=next((s.get("sharded", 1) for s in first["steps"] if s.get("order")), 1),
+    )
+
+
+def _ref_differs(bits: dict[int, dict[str, str]]) -> dict[str, list[list[int]]]:
+    """Reference tensors whose bits are not the same on every rank: name -> groups of agreeing ranks."""
+    out: dict[str, list[list[int]]] = {}
+    if len(bits) < 2:
+        return out
+    names = next(iter(bits.values()))
+    for name in names:
+        groups: dict[str, list[int]] = {}
+        for r in sorted(bits):
+            groups.setdefault(bits[r].get(name, "absent"), []).append(r)
+        if len(groups) > 1:
+            out[name] = list(groups.values())
+    return out
+
+
+def _divergence_finding(d: _Divergence, ev: ParityEvidence, ranks: list[int]) -> Finding:
+    """The error for the first divergent step: the mechanism the evidence supports, and where it shows."""
     bad = d.gbad or d.pbad
-    names = sorted(bad, key=lambda n: position.get(n, 1 << 30))
     top = sorted(bad.values(), key=lambda b: -b["rel"])[:5]
-    module = _module_of(names[0]) if names else "?"
     what = "gradients" if d.gbad else "parameters" if d.pbad else "loss"
+    diag = diagnose_parity(ev)
     lines = [
         f"step {d.step}: loss {d.mean_loss:.6g} (mean of ranks' losses {', '.join(f'{x:.6g}' for x in d.losses)}) "
         f"vs reference {d.ref_loss:.6g}: rel err {d.loss_rel:.2e} (tolerance {d.loss_tol:.0e})",
+        f"mechanism: {diag.mechanism} (cause {diag.cause})",
+        *(f"  {line}" for line in diag.evidence),
     ]
     if bad:
-        lines.append(f"{len(bad)} parameter(s) over tolerance; first in model order: {names[0]} (module {module})")
+        position = {n: i for i, n in enumerate(ev.order)}
+        first = min(bad, key=lambda n: position.get(n, 1 << 30))
+        lines.append(f"{len(bad)} parameter(s) over tolerance; first in model order: {first}")
         lines += _worst_lines(top, "grad" if d.gbad else "param")
+    worst = max(bad.values(), key=lambda b: b["rel"])["name"] if bad else ""
+    where = "" if not bad else ", every tensor by one factor per rank" if diag.uniform else f", largest error in module {_module_of(worst)}"
     ranks_bad = sorted({r for b in bad.values() for r in b["ranks"]}) or ranks
+    when = "before step 1" if diag.cause == "setup_divergence" else f"at step {d.step}: {what} differ{where}"
     return Finding(
         severity="error",
-        issue=(
-            f"the {world}-rank run diverges from the 1-process reference at step {d.step}: {what} differ"
-            + (f", first in module {module}" if bad else "")
-        ),
+        issue=f"the {ev.world}-rank run diverges from the 1-process reference {when}: {diag.mechanism}",
         evidence="\n".join(lines),
         ranks=ranks_bad,
-        fix=_fix_for(bad, d.loss_rel > d.loss_tol, order, accum_bad),
-        confidence=0.9,
+        fix=diag.fix,
+        confidence=diag.confidence,
+        cause=diag.cause,
     )
 
 
@@ -257,4 +279,5 @@ def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
             "averaging micro-batch means weights tokens unequally when micro-batches hold different counts"
         ),
         confidence=0.8,
+        cause="grad_accumulation_means",
     )]

@@ -146,7 +146,49 @@ def _one(ctx: Any, hooks: dict[str, Any], split: Any, mesh: Any, variant: str, b
         res["skipped"] = "another rank's SP step failed"
         return res
     res["grad"] = _compare_grads(ctx, ref_grads, _grads(sp))
+    if variant == "uneven" and _has_padding(batch):
+        try:
+            res["unmasked_mismatch"] = _unmasked_mismatch(hooks, ref, sp, split(_unmasked(batch), rank, world),
+                                                          _unmasked(batch), device, (rank, world))
+        except Exception as exc:  # noqa: BLE001 - a side check: its failure leaves the diagnosis undecided
+            ctx.caught(exc, "SP step on the batch with its attention mask set to ones")
     return res
+
+
+def _has_padding(batch: dict[str, Any]) -> bool:
+    mask = batch.get("attention_mask")
+    return isinstance(mask, torch.Tensor) and bool((mask == 0).any())
+
+
+def _unmasked(batch: dict[str, Any]) -> dict[str, Any]:
+    return {**batch, "attention_mask": torch.ones_like(batch["attention_mask"])}
+
+
+def _unmasked_mismatch(hooks: dict[str, Any], ref: Any, sp: Any, local: Any, batch: dict[str, Any], device: Any,
+                       where: tuple[int, int]) -> bool:
+    """Whether the SP output still differs from the reference once the attention mask is all ones.
+
+    Run only when the masked batch has padding, on every rank alike (the batch is the same
+    everywhere), after the agreement that no rank failed: the forward's collectives pair up.
+    An output that is wrong with the mask and right without it is the mask's handling (the
+    diagnosis of the sequence_parallel end-to-end finding reads this).
+    """
+    captured: list[Any] = []
+    with torch.no_grad():
+        _, ref_out = _forward_backward(hooks["loss_fn"], ref, _to(batch, device), [])
+        _forward_backward(hooks["loss_fn"], sp, _to(local, device), captured)
+    out = _captured(captured)
+    if out is None or ref_out is None or not isinstance(local, dict) or not isinstance(local.get("input_ids"), torch.Tensor):
+        return False
+    rank, world = where
+    pos = local.get("position_ids")
+    if pos is None:
+        pos = seqw.contiguous_indices(batch["labels"].shape[1], rank, world).expand_as(local["input_ids"])
+    pos = pos.cpu()
+    rows = ref_out.gather(1, pos.clamp(0, ref_out.shape[1] - 1)[..., None].expand(-1, -1, ref_out.shape[2]))
+    check: dict[str, Any] = {}
+    _compare_output(check, out, ref_out, rows, pos, world)
+    return bool(check)
 
 
 def _compare_output(res: dict[str, Any], out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, world: int) -> None:

@@ -24,7 +24,8 @@ import torch
 
 from distdiag.errors import ConfigError, exc_line
 from distdiag.probes.base import ConsolidationView, Probe, group_ranks, local_finding, merge_local_findings
-from distdiag.probes.sequence_parallel.checks import analyze_split, loss_problem
+from distdiag.probes.sequence_parallel.checks import analyze_split
+from distdiag.probes.sequence_parallel.diagnose import SpDiagnosis, diagnose_grads, diagnose_loss, diagnose_output
 from distdiag.probes.sequence_parallel.end_to_end import VARIANT_TEXT, run_end_to_end
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
@@ -174,9 +175,11 @@ class SequenceParallelProbe(Probe):
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
         world = view.world_size
         findings = merge_local_findings(payloads)
-        findings += _split_findings(payloads, world)
+        split = _split_findings(payloads, world)
+        findings += split
         findings += _ulysses_findings(payloads)
-        findings += _e2e_findings(payloads, world, self.options(view).rtol)
+        broken = any(f.severity == "error" for f in split)
+        findings += _e2e_findings(payloads, world, self.options(view).rtol, broken)
         metrics: dict[str, Any] = {}
         first = payloads.get(0, {})
         if first.get("ulysses"):
@@ -234,7 +237,8 @@ def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Fin
                     "error", f"split {label} {what} sequence length {seq_len} at world size {world} on ranks {ranks}",
                     lines, ranks,
                     "split_sequence(batch, rank, world_size) returns a dict of [B, local_seq] tensors: input_ids, "
-                    "shift_labels, position_ids and attention_mask when the batch has one", 0.95))
+                    "shift_labels, position_ids and attention_mask when the batch has one", 0.95,
+                    cause="split_bad_output"))
             continue
         local = {r: p["splits"][i]["local"] for r, p in payloads.items()}
         found = analyze_split(label, entry0["full"], local, world)
@@ -273,7 +277,7 @@ def _made_up_length(entry0: dict[str, Any], world: int, what: str, evidence: str
     else:
         fix = (f"the split is right on {origin}'s length but not on {n}: make sure training batches only have lengths "
                "it handles (pad in the collator) and make split_sequence raise on any other length")
-    return Finding("warning", issue, evidence, ranks, fix, 0.8)
+    return Finding("warning", issue, evidence, ranks, fix, 0.8, cause="split_needs_divisible_length")
 
 
 def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
@@ -287,7 +291,8 @@ def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
         findings.append(Finding(
             "error", f"the Ulysses all_to_all round trip (sequence -> heads -> sequence) is not exact on ranks {bad_trip}",
             "\n".join(f"rank {r}: max abs error {info[r]['round_trip_err']:g}" for r in bad_trip), bad_trip,
-            "all_to_all_single returns wrong data: rerun the collectives probe and check the transport", 0.9))
+            "all_to_all_single returns wrong data: rerun the collectives probe and check the transport", 0.9,
+            cause="transport_corrupts_data"))
     for key, what in (("attn_err", "attention through the Ulysses all_to_all"), ("gather_err", "the shards gathered along the sequence")):
         bad = sorted(r for r, v in info.items() if v and v.get(key, 0.0) > v.get("tol", 1e-4))
         if bad:
@@ -305,13 +310,15 @@ def _by_text(per_rank: dict[int, str]) -> str:
     return "\n".join(f"{format_ranks(rs)}: {text}" for text, rs in groups.items())
 
 
-def _e2e_findings(payloads: dict[int, dict[str, Any]], world: int, rtol: float) -> list[Finding]:
+def _e2e_findings(payloads: dict[int, dict[str, Any]], world: int, rtol: float, split_broken: bool) -> list[Finding]:
     """One finding per kind of problem, its evidence listing every batch variant it showed on."""
     kinds = _ByKind()
     first = payloads.get(0, {}).get("e2e", [])
+    unmasked = {r: (p["e2e"][0].get("unmasked_mismatch") if p.get("e2e") else None) for r, p in payloads.items()}
+    ctx = _E2eContext(split_broken, unmasked)
     for i, v0 in enumerate(first):
         per = {r: p["e2e"][i] for r, p in payloads.items()}
-        _variant_problems(kinds, v0, per, world, rtol)
+        _variant_problems(kinds, v0, per, world, rtol, ctx)
     return kinds.findings()
 
 
@@ -322,9 +329,9 @@ class _ByKind:
         self.kinds: dict[str, dict[str, Any]] = {}
 
     def add(self, kind: str, issue: str, variant: str, evidence: str, ranks: list[int], fix: str, conf: float = 0.9,
-            severity: str = "error") -> None:
+            severity: str = "error", cause: str = "") -> None:
         entry = self.kinds.setdefault(kind, {"issue": issue, "variants": [], "evidence": [], "ranks": set(), "fix": fix,
-                                             "conf": conf, "severity": severity})
+                                             "conf": conf, "severity": severity, "cause": cause})
         entry["variants"].append(variant)
         entry["evidence"].append(f"[{variant} batch] {evidence}")
         entry["ranks"].update(ranks)
@@ -332,19 +339,31 @@ class _ByKind:
     def findings(self) -> list[Finding]:
         return [
             Finding(k["severity"], f"{k['issue']} ({', '.join(k['variants'])} batch{'es' if len(k['variants']) > 1 else ''})",
-                    "\n".join(k["evidence"]), sorted(k["ranks"]), k["fix"], k["conf"])
+                    "\n".join(k["evidence"]), sorted(k["ranks"]), k["fix"], k["conf"], cause=k["cause"])
             for k in self.kinds.values()
         ]
 
 
-def _variant_problems(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[str, Any]], world: int, rtol: float) -> None:
+@dataclass
+class _E2eContext:
+    """What every batch variant's diagnosis reads besides its own results."""
+
+    split_broken: bool
+    """The target's split has an error finding: end-to-end differences follow from it."""
+    unmasked: dict[int, Any]
+    """Per rank, whether the output still differed with the mask all ones (None: not run)."""
+
+
+def _variant_problems(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[str, Any]], world: int, rtol: float,
+                      ctx: _E2eContext) -> None:
     """Add what one batch variant's results (`per` rank; `v0` is rank 0's) show to `kinds`."""
     variant = v0["variant"]
     shapes = {r: v["output_problem"] for r, v in per.items() if v.get("output_problem")}
     if shapes:
         kinds.add("shape", f"the SP model's output has the wrong shape on ranks {sorted(shapes)}", variant,
                   _by_text(shapes), sorted(shapes),
-                  "gather sequence shards along the sequence dim (dim 1 of [batch, seq, ...]) in rank order", 0.95)
+                  "gather sequence shards along the sequence dim (dim 1 of [batch, seq, ...]) in rank order", 0.95,
+                  cause="sp_gather_wrong_dim")
     errors = {r: v["error"] for r, v in per.items() if v.get("error")}
     if errors:
         kinds.add("error", f"the SP step failed on ranks {sorted(errors)}", variant,
@@ -356,14 +375,15 @@ def _variant_problems(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[st
     ref_ok = math.isfinite(v0["ref_loss"])
     if not ref_ok:
         _reference_not_finite(kinds, v0, per)
-    problem = _loss_differs(kinds, v0, per, ref_ok, rtol)
     mism = {r: v["output_mismatch"] for r, v in per.items() if v.get("output_mismatch")}
-    if mism:
-        kinds.add("output", f"the SP model's output differs from the reference at some token positions on ranks {sorted(mism)}",
-                  variant, "\n".join(f"rank {r}: {m}" for r, m in sorted(mism.items())), sorted(mism),
-                  "the SP model must see the whole causal prefix by global position (gather K/V along the sequence, "
-                  "global position ids)", 0.85)
-    if ref_ok:
+    # The output off (or the split, found above) explains a loss and gradients that differ:
+    # only loss-specific mechanisms are said on their own then, never a loss-weighting fix.
+    upstream = bool(mism or shapes or ctx.split_broken)
+    problem = _loss_differs(kinds, v0, per, ref_ok, rtol, upstream)
+    if mism and not ctx.split_broken:
+        d = diagnose_output(mism, ctx.unmasked)
+        kinds.add(d.kind, d.issue, variant, d.evidence, sorted(mism), d.fix, d.confidence, cause=d.cause)
+    if ref_ok and not upstream:
         _grads_differ(kinds, variant, per, world, rtol, problem)
 
 
@@ -377,33 +397,34 @@ def _reference_not_finite(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dic
               f"{VARIANT_TEXT.get(variant, variant)} (a batch distdiag made from the target's)", variant,
               f"reference loss {v0['ref_loss']}; SP losses per rank {sp}; SP loss and gradients not compared on it",
               [], "if a batch or micro-batch can have no valid target in training (all padding, fully masked prompts), its "
-              "step turns the weights to NaN: divide the summed token loss by max(valid targets, 1)", 0.7, "warning")
+              "step turns the weights to NaN: divide the summed token loss by max(valid targets, 1)", 0.7, "warning",
+              cause="empty_batch_zero_division")
 
 
 def _loss_differs(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[str, Any]], ref_ok: bool,
-                  rtol: float) -> tuple[str, str] | None:
-    """Add the SP loss's difference from the reference (when the reference is finite); returns loss_problem's answer."""
+                  rtol: float, upstream: bool) -> SpDiagnosis | None:
+    """Add the SP loss's difference from the reference (when the reference is finite) and return its diagnosis.
+
+    With `upstream` (the output or the split already wrong) only a loss-specific mechanism is
+    added: a generic difference follows from what is upstream and has its own finding.
+    """
+    if not ref_ok:
+        return None
     valid = {r: v["valid"] for r, v in per.items()}
     sums = {r: v["ref_shard_sum"] for r, v in per.items()} if all(v.get("ref_shard_sum") is not None for v in per.values()) else None
-    problem = loss_problem(v0["ref_loss"], {r: v["sp_loss"] for r, v in per.items()}, valid, sums, rtol) if ref_ok else None
-    if problem:
-        kinds.add("loss-nan" if "not finite" in problem[0] else "loss", problem[0], v0["variant"], problem[1], sorted(per),
-                  "weight per-rank losses by valid targets: sum the token losses and divide by the group's valid-target "
-                  "count (an all_reduce), with a floor of 1 for empty groups")
-    return problem
+    d = diagnose_loss(v0["ref_loss"], {r: v["sp_loss"] for r, v in per.items()}, valid, sums, rtol, len(per))
+    if d is not None and (d.cause or not upstream):
+        kinds.add(d.kind, d.issue, v0["variant"], d.evidence, sorted(per), d.fix, d.confidence, cause=d.cause)
+    return d
 
 
 def _grads_differ(kinds: _ByKind, variant: str, per: dict[int, dict[str, Any]], world: int, rtol: float,
-                  loss_problem_found: tuple[str, str] | None) -> None:
+                  loss_problem_found: SpDiagnosis | None) -> None:
     """Rank 0's SP gradients: not finite, or off (only said when the loss was not already off)."""
     g = per[0].get("grad") or {}
-    if not g.get("finite", True):
-        kinds.add("grad", "SP gradients are not finite", variant, g.get("worst", ""), sorted(per),
-                  "a shard or group without valid targets must contribute 0, not 0/0")
-    elif g.get("rel_err", 0.0) > rtol * 10 and not loss_problem_found:
-        kinds.add("grad", f"SP gradients (averaged over {world} ranks) differ from the unsplit batch's", variant,
-                  f"worst parameter {g['worst']}: relative error {g['rel_err']:.3g}", sorted(per),
-                  "the loss each rank backpropagates must be its token-loss sum x world / the group's valid targets", 0.85)
+    if not g.get("finite", True) or (g.get("rel_err", 0.0) > rtol * 10 and not loss_problem_found):
+        d = diagnose_grads(g, world)
+        kinds.add(d.kind, d.issue, variant, d.evidence, sorted(per), d.fix, d.confidence, cause=d.cause)
 
 
 def _ulysses(ctx: Any, opts: SequenceParallelConfig) -> dict[str, Any]:

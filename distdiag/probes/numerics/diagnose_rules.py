@@ -1,0 +1,231 @@
+"""The rules of the parity diagnosis (distdiag/probes/numerics/diagnose.py), most specific first.
+
+Each takes the ParityEvidence and returns a Diagnosis when its pattern is there, else None.
+Thresholds: RATIO_HIGH for "exactly 1/k"; the dtype's gradient tolerance (``grad_tol``) for
+"a pure factor" (what is left once the factor is taken out is within the tolerance parity
+itself uses) and for "the same factor on every rank".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distdiag.probes.numerics.parity_evidence import (
+    RATIO_HIGH,
+    Diagnosis,
+    ParityEvidence,
+    factors_text,
+    groups_making,
+    locate,
+    rank_factor,
+    ratio_to_integer,
+)
+
+__all__ = ["RULES", "unexplained"]
+
+
+def setup(ev: ParityEvidence) -> Diagnosis | None:
+    """The weights differ before step 1: setup, not training."""
+    if not ev.setup_bad and not ev.ref_differs:
+        return None
+    lines = []
+    if ev.ref_differs:
+        shown = "; ".join(f"{n}: ranks {' vs '.join(str(g) for g in groups)}" for n, groups in list(ev.ref_differs.items())[:4])
+        lines.append(f"build_model returns different weights on different ranks (same seed): {shown}"
+                     + (f" ({len(ev.ref_differs)} tensors)" if len(ev.ref_differs) > 4 else ""))
+    if ev.setup_bad:
+        worst = sorted(ev.setup_bad.values(), key=lambda b: -b["rel"])[:4]
+        lines.append("before step 1 the parallel model differs from the reference built the same way: "
+                     + "; ".join(f"{b['name']} rel err {b['rel']:.3g} on ranks {b['ranks']}" for b in worst))
+    lines.append("every later difference follows from it, so no training mechanism is inferred")
+    return Diagnosis(
+        "setup_divergence", "the weights already differ before the first step (setup, not training)", lines,
+        "make every rank start from the same weights: load or initialise them on every rank (or on rank 0 and "
+        "broadcast, e.g. set_model_state_dict(..., broadcast_from_rank0=True)) before fully_shard, and seed "
+        "initialisation the same on every rank; the param_sync probe names each tensor and rank before training",
+        0.9)
+
+
+def unmanaged(ev: ParityEvidence) -> Diagnosis | None:
+    """Plain parameters FSDP does not manage: their gradients are never reduced."""
+    plain = [n for n, b in ev.gbad.items() if b.get("sharded") is False]
+    if not plain or not ev.sharded_params:  # all plain: a replicated model (DDP), not parameters FSDP left out
+        return None
+    return Diagnosis(
+        "unmanaged_params", f"{len(plain)} plain parameter(s) outside every FSDP group: their gradients are not reduced",
+        [f"not FSDP-managed (plain tensors) and over tolerance: {', '.join(plain[:6])}", *locate(ev.gbad, ev.order)],
+        f"{', '.join(plain[:4])} are plain (not FSDP-managed) parameters on the parallel model, so their gradients "
+        "are never reduced across ranks: include them in fully_shard (shard the root module, or the block left out), "
+        "or reduce them yourself; see the fsdp_plan probe", 0.9)
+
+
+def accumulation(ev: ParityEvidence) -> Diagnosis | None:
+    """The reference's own train_step is not one step on the global batch (seen in one process)."""
+    if not ev.accum_bad:
+        return None
+    return Diagnosis(
+        "grad_accumulation_means", "gradient accumulation that is not equivalent to one step on the global batch",
+        ["in the reference process, train_step's gradients differ from one loss_fn backward on the same batch "
+         "by more than a uniform factor (see the accumulation warning)"],
+        "sum the per-token losses of every micro-batch and divide once by the global token count, instead of "
+        "averaging micro-batch means", 0.85)
+
+
+def _ratio_lines(ratio: float, k: int, inverted: bool, closeness: float, what: str, groups: dict[str, int]) -> tuple[str, str]:
+    made = groups_making(k, groups)
+    shown = f"1/{k}" if inverted else f"{k}"
+    return (f"{what} ratio parallel/reference {ratio:.8g} = {shown} within {closeness:.1e}",
+            f"{k} = " + " = ".join(made) if made else f"{k} is none of this run's group sizes ({groups})")
+
+
+def loss_scaled(ev: ParityEvidence) -> Diagnosis | None:
+    """Loss (and gradients) off by exactly 1/k or k: a loss normalised for the wrong group."""
+    if ev.loss_rel <= ev.loss_tol or ev.ref_loss == 0:
+        return None
+    ratio = ev.mean_loss / ev.ref_loss
+    found = ratio_to_integer(ratio)
+    if found is None or found[1] > max(RATIO_HIGH, ev.loss_tol):
+        return None
+    k, closeness, inverted = found
+    lines = list(_ratio_lines(ratio, k, inverted, closeness, "loss", ev.groups))
+    lines.append(factors_text(ev))
+    made = groups_making(k, ev.groups)
+    world = ev.groups.get("dp", ev.world) * ev.groups.get("sp", 1)
+    if inverted:
+        fix = (f"each rank's loss is {k}x too small: gradients are averaged over all {world} ranks, so a rank's loss "
+               f"must be its token-loss sum / the global count x {world}; it is missing a factor {k}"
+               + (f" ({' or '.join(made)}): multiply by it, or divide by the right group's size" if made else ""))
+    else:
+        fix = (f"each rank's loss is {k}x too large: it is divided by a group {k}x too small, or multiplied by the "
+               "group size twice; scale it once, by the number of ranks the gradients are averaged over")
+    factors = _uniform(ev)
+    follows = factors is not None and all(abs(f / ratio - 1) <= 10 * ev.grad_tol for f in factors.values())
+    if not follows:
+        lines.append("the gradients are not the reference's x the same ratio: something besides the loss's scale differs")
+    confident = closeness <= RATIO_HIGH and bool(made) and follows
+    return Diagnosis("loss_scaled_wrong_group", f"the loss is scaled for the wrong group (exactly {'1/' if inverted else ''}{k})",
+                     lines, fix, 0.95 if confident else 0.7, uniform=True)
+
+
+def loss_off(ev: ParityEvidence) -> Diagnosis | None:
+    """The loss differs from the first step with the same weights, by no clean ratio: its weighting over ranks."""
+    if ev.loss_rel <= ev.loss_tol:
+        return None
+    lines = [f"loss {ev.mean_loss:.6g} (mean of ranks) vs reference {ev.ref_loss:.6g}: rel err {ev.loss_rel:.2e}, "
+             "no integer ratio", *locate(ev.gbad or ev.pbad, ev.order)]
+    if ev.step == 1:
+        lines.append("the weights were equal before step 1, so the loss function weights the ranks' shards differently "
+                     "from the global batch")
+    lines.append("what would decide: the ranks' valid-token (or sample) counts in shard_batch: unequal counts make "
+                 "per-rank means differ from the global mean; equal counts point at the forward instead (dropout on, "
+                 "batch norm or another cross-sample op)")
+    return Diagnosis(
+        "loss_normalised_per_rank", "the ranks' losses do not average to the global batch's loss", lines,
+        "the loss is probably normalised per rank (dividing by this rank's token/sample count) while ranks hold "
+        "different counts; divide by the global count (pass it through shard_batch) so that FSDP's average over "
+        "ranks gives the global mean", 0.6 if ev.step == 1 else 0.45)
+
+
+def _uniform(ev: ParityEvidence) -> dict[int, float] | None:
+    """Each rank's factor, when every rank's gradients are a pure multiple of the reference's (and some are off)."""
+    if not ev.gbad:
+        return None  # gradients within tolerance: a factor of ~1 says nothing
+    out = {}
+    for r, sums in ev.rank_sums.items():
+        f, resid = rank_factor(sums)
+        if not resid <= ev.grad_tol or f == 0:
+            return None
+        out[r] = f
+    return out or None
+
+
+def clip_per_rank(ev: ParityEvidence) -> Diagnosis | None:
+    """Loss exact, each rank's gradients a pure multiple of the reference's, the multiple differing per rank."""
+    factors = _uniform(ev)
+    if factors is None:
+        return None
+    spread = (max(factors.values()) - min(factors.values())) / max(abs(f) for f in factors.values())
+    if spread <= 10 * ev.grad_tol:
+        return None
+    lines = [f"loss exact (rel err {ev.loss_rel:.1e})", factors_text(ev),
+             f"the factor is constant across the tensors of a rank and differs between ranks (spread {spread:.2g})"]
+    return Diagnosis(
+        "grad_clip_per_rank", "gradient clipping computed from each rank's local shards", lines,
+        "compute the clipping norm over the whole model, not this rank's shards: torch.nn.utils.clip_grad_norm_ on the "
+        "DTensor parameters (it reduces the norm across ranks), or all_reduce the sum of squared local norms before "
+        "the square root; a per-rank loss scale (one GradScaler per rank) is the other mechanism with this signature",
+        0.9 if ev.train_step else 0.75, uniform=True)
+
+
+def grad_scaled(ev: ParityEvidence) -> Diagnosis | None:
+    """Loss exact, every rank's gradients the reference's times the same factor."""
+    factors = _uniform(ev)
+    if factors is None:
+        return None
+    f = sum(factors.values()) / len(factors)
+    found = ratio_to_integer(f)
+    lines = [f"loss exact (rel err {ev.loss_rel:.1e})", factors_text(ev)]
+    if found is None or found[1] > 10 * ev.grad_tol:
+        return Diagnosis("grad_scaled_uniformly", f"every gradient is the reference's x {f:.6g} on every rank", lines,
+                         "something scales the gradients after backward by a constant the reference does not apply (a "
+                         "clipping threshold, a loss-scale left in, a custom reduction); what would decide: the same run "
+                         "without train_step's extras", 0.5, uniform=True)
+    k, closeness, inverted = found
+    lines.append(_ratio_lines(f, k, inverted, closeness, "gradient", {"dp": ev.world})[1])
+    if k == ev.world and inverted:
+        return Diagnosis("grad_averaged_twice", f"gradients averaged twice (exactly 1/{k}, the world size)", lines,
+                         f"the gradients are divided by {k} once too often: FSDP2/DDP already average over the {k} "
+                         "ranks; remove the extra division (grad /= world_size, a second all_reduce(AVG), a divide "
+                         "factor)", 0.9, uniform=True)
+    if k == ev.world:
+        return Diagnosis("grad_summed_not_averaged", f"gradients summed over the {k} ranks, not averaged", lines,
+                         f"the reduction sums the {k} ranks' gradients: use ReduceOp.AVG (or divide the sum by {k}); "
+                         "with FSDP2 leave the gradient divide factor at its default", 0.9, uniform=True)
+    return Diagnosis("grad_scale_wrong_group", f"gradients scaled by {'1/' if inverted else ''}{k}, not a group size here",
+                     lines, f"the gradients are reduced or scaled as if the group held {k} ranks: use the group the "
+                     "gradients are actually averaged over", 0.6, uniform=True)
+
+
+def grad_sync(ev: ParityEvidence) -> Diagnosis | None:
+    """Loss exact, gradients wrong by no pure factor: the reduction, its sync or the accumulation."""
+    if not ev.gbad:
+        return None
+    lines = [f"loss exact (rel err {ev.loss_rel:.1e}): the loss normalisation is right", factors_text(ev),
+             *locate(ev.gbad, ev.order)]
+    if ev.train_step:
+        lines.append("train_step accumulates as one step on the global batch in the reference process (no accumulation "
+                     "warning), so what differs is the parallel reduction of the accumulated gradients")
+        return Diagnosis(
+            "grad_sync_micro_step", "gradient sync at the wrong micro-step (or no_sync misuse)", lines,
+            "let gradients reduce once, after the LAST micro-batch's backward: FSDP2 "
+            "model.set_requires_gradient_sync(i == last) before each backward (DDP: no_sync() around every micro-batch "
+            "but the last); what would decide between this and a custom reduction: the same step with one micro-batch",
+            0.7)
+    lines.append("what would decide: which tensors are exact (above); a whole module wrong is a reduction hook that "
+                 "skips it, every tensor wrong is the reduction itself")
+    return Diagnosis(
+        "grad_reduction", "gradients reduced differently from an average over ranks", lines,
+        "the gradients of the modules named above do not reach the optimizer as the average over ranks: check the "
+        "reduction parallelize sets up (hooks, requires_gradient_sync, reduce dtype) for them", 0.5)
+
+
+def optimizer(ev: ParityEvidence) -> Diagnosis | None:
+    """Gradients exact, parameters off: the optimizer step (or something after it) differs."""
+    if ev.gbad or not ev.pbad:
+        return None
+    return Diagnosis(
+        "optimizer_step_differs", "the optimizer steps differently from the reference's with the same gradients",
+        [f"loss exact (rel err {ev.loss_rel:.1e}) and gradients within tolerance, parameters off",
+         *locate(ev.pbad, ev.order)],
+        "the parallel optimizer or something after its step differs: same build_optimizer for both (hyperparameters, "
+        "param groups by name), no per-rank lr schedule, no hook that edits parameters after optimizer.step()", 0.6)
+
+
+def unexplained(ev: ParityEvidence) -> Diagnosis:
+    return Diagnosis(
+        "parity_unexplained", "no single mechanism fits", locate(ev.gbad or ev.pbad, ev.order),
+        "compare the named parameters' modules between the reference and the parallel setup (sharding, hooks, "
+        "reduction)", 0.3)
+
+
+RULES: list[Any] = [setup, unmanaged, accumulation, loss_scaled, loss_off, clip_per_rank, grad_scaled, grad_sync, optimizer]

@@ -1,0 +1,129 @@
+"""What the parity diagnosis reads and returns, and the arithmetic its rules share (ratios, factors, modules).
+
+The rules are in distdiag/probes/numerics/diagnose_rules.py; the entry point and what the
+diagnosis is for in distdiag/probes/numerics/diagnose.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Diagnosis", "ParityEvidence", "ratio_to_integer", "groups_making", "rank_factor", "locate", "factors_text",
+           "RATIO_HIGH", "MAX_K"]
+
+RATIO_HIGH = 1e-5
+"""A ratio within this of 1/k (or k) is that ratio for certain: float32 rounding of a loss
+or a gradient norm over a few thousand terms stays below 1e-6, so 1e-5 leaves 10x margin."""
+MAX_K = 4096
+"""Largest integer k a ratio is matched against (a group size): beyond, 1/k is rounding."""
+
+
+@dataclass
+class Diagnosis:
+    """What a parity failure is, for the finding: the mechanism, why, what to do, how sure."""
+
+    cause: str
+    mechanism: str
+    evidence: list[str]
+    fix: str
+    confidence: float
+    uniform: bool = False
+    """Every tensor is off by the same factor (per rank): no module stands out."""
+
+
+@dataclass
+class ParityEvidence:
+    """What loss_parity measured at the first divergent step (and before step 1)."""
+
+    step: int
+    world: int
+    loss_rel: float
+    loss_tol: float
+    mean_loss: float
+    ref_loss: float
+    grad_tol: float
+    gbad: dict[str, dict[str, Any]]
+    pbad: dict[str, dict[str, Any]]
+    rank_sums: dict[int, list[float]]
+    """Each rank's loss_parity.scale_fit terms summed over all its gradient slices."""
+    order: list[str] = field(default_factory=list)
+    setup_bad: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ref_differs: dict[str, list[list[int]]] = field(default_factory=dict)
+    """Reference tensors whose bits differ across ranks: name -> groups of ranks that agree."""
+    accum_bad: bool = False
+    train_step: bool = False
+    groups: dict[str, int] = field(default_factory=dict)
+    sharded_params: int = 0
+    """DTensor parameters on the parallel model: 0 means a replicated (DDP-like) model."""
+
+
+def ratio_to_integer(ratio: float) -> tuple[int, float, bool] | None:
+    """(k, closeness, inverted): ratio ~ 1/k (inverted) or ~ k, for an integer 2 <= k <= MAX_K.
+
+    closeness is |ratio * k - 1| (or |ratio / k - 1|); None when no k is near at all.
+    """
+    if not math.isfinite(ratio) or ratio <= 0:
+        return None
+    inverted = ratio < 1
+    value = 1 / ratio if inverted else ratio
+    k = round(value)
+    if not 2 <= k <= MAX_K:
+        return None
+    return k, abs(value / k - 1), inverted
+
+
+def groups_making(k: int, groups: dict[str, int]) -> list[str]:
+    """The group sizes (and products of them) that equal k, e.g. ['sp 2', 'dp 1 x sp 2']."""
+    names = [n for n, s in groups.items() if s > 1]
+    out = [f"{n} {groups[n]}" for n in names if groups[n] == k]
+    if len(names) > 1 and math.prod(groups[n] for n in names) == k:
+        out.append(" x ".join(f"{n} {groups[n]}" for n in names))
+    return out
+
+
+def rank_factor(sums: list[float]) -> tuple[float, float]:
+    """(factor, residual) of one rank's gradients against the reference's slices.
+
+    `sums` are loss_parity.scale_fit's terms summed over the rank's tensors: the rank's factor
+    is f = sum<g, w> / sum<w, w>, and ||g - f w||^2 over all tensors is each tensor's own
+    residual plus (f_t - f)^2 <w, w> of its factor's distance from f, which is
+    sum f_t <g, w> - f sum<g, w> (computed in double from float32 terms, without cancellation).
+    """
+    dot, ww, left, fdot = sums
+    if ww <= 0 or not all(math.isfinite(v) for v in sums):
+        return 0.0, math.inf
+    f = dot / ww
+    spread = max(fdot - f * dot, 0.0)
+    return f, math.sqrt(left + spread) / max(abs(f) * math.sqrt(ww), 1e-300)
+
+
+def _module(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else "(root)"
+
+
+def locate(bad: dict[str, dict[str, Any]], order: list[str]) -> list[str]:
+    """The module with the largest error, and the modules whose every tensor is exact."""
+    if not bad:
+        return []
+    worst = max(bad.values(), key=lambda b: b["rel"])
+    lines = [f"largest error: module {_module(worst['name'])} ({worst['name']}, rel err {worst['rel']:.3g})"]
+    modules = list(dict.fromkeys(_module(n) for n in order))
+    wrong = {_module(n) for n in bad}
+    exact = [m for m in modules if m not in wrong]
+    if exact:
+        shown = ", ".join(exact[:8]) + (f", ... ({len(exact)} in all)" if len(exact) > 8 else "")
+        lines.append(f"exact (every tensor within tolerance): {shown}; {len(wrong)} of {len(modules)} modules differ")
+    elif modules:
+        lines.append(f"no module is exact: all {len(modules)} differ")
+    return lines
+
+
+def factors_text(ev: ParityEvidence) -> str:
+    """Each rank's gradients as the reference's times a factor, with what is left."""
+    parts = []
+    for r in sorted(ev.rank_sums):
+        f, resid = rank_factor(ev.rank_sums[r])
+        parts.append(f"rank {r} x{f:.6g} (residual {resid:.1e})")
+    return "gradients = reference x factor per rank: " + ", ".join(parts)

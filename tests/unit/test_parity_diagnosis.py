@@ -1,0 +1,135 @@
+"""The differential diagnosis rules on evidence shaped like loss_parity's and sequence_parallel's (no processes).
+
+The end-to-end proof is tests/corpus/test_differential_corpus.py (real gloo runs); these pin
+the thresholds and the order in which rules decide.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distdiag.probes.numerics.diagnose import ParityEvidence, diagnose_parity, groups_making, ratio_to_integer
+from distdiag.probes.sequence_parallel.diagnose import diagnose_loss, diagnose_output
+
+
+def _ev(**kw) -> ParityEvidence:
+    base = dict(step=1, world=2, loss_rel=0.0, loss_tol=1e-4, mean_loss=2.0, ref_loss=2.0, grad_tol=1e-4,
+                gbad={"a.w": {"name": "a.w", "rel": 0.5, "ranks": [0, 1], "sharded": True}}, pbad={},
+                rank_sums={0: [1.0, 1.0, 0.0, 1.0], 1: [1.0, 1.0, 0.0, 1.0]}, order=["a.w", "b.w"], groups={"dp": 2},
+                sharded_params=2)
+    base.update(kw)
+    return ParityEvidence(**base)
+
+
+def _sums(factor: float, resid: float = 0.0) -> list[float]:
+    """scale_fit's terms for g = factor * w plus an orthogonal part of relative size resid (||w|| = 1)."""
+    return [factor, 1.0, (resid * factor) ** 2, factor**2]
+
+
+def test_ratio_to_integer_finds_k_and_its_closeness():
+    k, close, inverted = ratio_to_integer(0.5)
+    assert (k, inverted) == (2, True) and close == 0.0
+    k, close, inverted = ratio_to_integer(4.00002)
+    assert (k, inverted) == (4, False) and close == pytest.approx(5e-6)
+    assert ratio_to_integer(1.0) is None and ratio_to_integer(float("nan")) is None
+
+
+def test_groups_making_names_single_groups_and_products():
+    assert groups_making(2, {"dp": 1, "sp": 2}) == ["sp 2"]
+    assert groups_making(4, {"dp": 2, "sp": 2}) == ["dp 2 x sp 2"]
+    assert groups_making(3, {"dp": 2}) == []
+
+
+def test_per_rank_factors_that_differ_are_clipping_per_rank():
+    d = diagnose_parity(_ev(rank_sums={0: _sums(1.44), 1: _sums(1.38)}, train_step=True))
+    assert d.cause == "grad_clip_per_rank" and d.confidence == 0.9 and "x1.44" in "\n".join(d.evidence)
+
+
+def test_the_same_factor_one_over_world_is_grads_averaged_twice():
+    assert diagnose_parity(_ev(rank_sums={0: _sums(0.5), 1: _sums(0.5)})).cause == "grad_averaged_twice"
+    assert diagnose_parity(_ev(rank_sums={0: _sums(2.0), 1: _sums(2.0)})).cause == "grad_summed_not_averaged"
+
+
+def test_a_factor_with_a_residual_over_tolerance_is_not_uniform():
+    d = diagnose_parity(_ev(rank_sums={0: _sums(0.5, 1e-2), 1: _sums(0.5, 1e-2)}, train_step=True))
+    assert d.cause == "grad_sync_micro_step" and "normalised" not in d.fix
+
+
+def test_loss_exactly_half_is_a_loss_scaled_for_the_wrong_group():
+    d = diagnose_parity(_ev(loss_rel=0.5, mean_loss=1.0, ref_loss=2.0, rank_sums={0: _sums(0.5), 1: _sums(0.5)}))
+    assert d.cause == "loss_scaled_wrong_group" and d.confidence == 0.95 and "missing a factor 2 (dp 2)" in d.fix
+
+
+def test_loss_off_by_no_ratio_is_per_rank_normalisation_with_what_would_decide():
+    d = diagnose_parity(_ev(loss_rel=3e-3, mean_loss=2.006, ref_loss=2.0, rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)}))
+    assert d.cause == "loss_normalised_per_rank" and d.confidence < 0.7
+    assert any("what would decide" in line for line in d.evidence)
+
+
+def test_weights_that_differ_before_step_one_win_over_everything_else():
+    d = diagnose_parity(_ev(loss_rel=0.5, mean_loss=1.0, ref_loss=2.0, ref_differs={"embed.weight": [[0], [1]]}))
+    assert d.cause == "setup_divergence" and "param_sync" in d.fix
+
+
+def test_plain_parameters_are_unmanaged_only_when_the_model_is_sharded():
+    plain = {"b.w": {"name": "b.w", "rel": 1.0, "ranks": [0, 1], "sharded": False}}
+    assert diagnose_parity(_ev(gbad=plain, rank_sums={0: _sums(1, 1), 1: _sums(1, 1)})).cause == "unmanaged_params"
+    d = diagnose_parity(_ev(gbad=plain, sharded_params=0, rank_sums={0: _sums(2.0), 1: _sums(2.0)}))
+    assert d.cause == "grad_summed_not_averaged"
+
+
+def test_exact_modules_and_the_largest_error_are_named():
+    gbad = {"b.w": {"name": "b.w", "rel": 2.0, "ranks": [0, 1], "sharded": True}}
+    d = diagnose_parity(_ev(gbad=gbad, rank_sums={0: _sums(1, 1), 1: _sums(1, 1)}))
+    text = "\n".join(d.evidence)
+    assert "largest error: module b (b.w, rel err 2)" in text and "exact (every tensor within tolerance): a" in text
+
+
+def test_sp_loss_exactly_one_over_sp_names_the_group():
+    d = diagnose_loss(4.0, {0: 3.0, 1: 1.0}, {0: 30, 1: 14}, None, 1e-4, world=2)
+    assert d.cause == "loss_scaled_wrong_group" and "2 = sp 2" in d.evidence and "dp x sp" in d.fix
+
+
+def test_sp_output_right_without_the_mask_is_the_mask():
+    assert diagnose_output({0: "x"}, {0: False, 1: False}).cause == "sp_mask_misaligned"
+    assert diagnose_output({0: "x"}, {0: True, 1: False}).confidence == 0.8
+    undecided = diagnose_output({0: "x"}, {0: None, 1: None})
+    assert undecided.cause == "sp_attention_context" and "what would decide" in undecided.evidence
+
+
+def test_scale_fit_sums_give_a_pure_factor_across_tensors_and_see_a_mixed_one():
+    """Two tensors scaled by 0.5 are one factor (residual ~0); by 0.5 and 0.7 they are not."""
+    import torch
+
+    from distdiag.probes.numerics.loss_parity import scale_fit
+    from distdiag.probes.numerics.parity_evidence import rank_factor
+
+    a, b = torch.randn(1000, generator=torch.Generator().manual_seed(0)), torch.randn(10)
+    same = [x + y for x, y in zip(scale_fit(0.5 * a, a), scale_fit(0.5 * b, b), strict=True)]
+    f, resid = rank_factor(same)
+    assert f == pytest.approx(0.5) and resid < 1e-6
+    mixed = [x + y for x, y in zip(scale_fit(0.5 * a, a), scale_fit(0.7 * b, b), strict=True)]
+    assert rank_factor(mixed)[1] > 1e-3
+
+
+def test_a_half_loss_whose_gradients_do_not_follow_is_said_with_less_confidence():
+    d = diagnose_parity(_ev(loss_rel=0.5, mean_loss=1.0, ref_loss=2.0, rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)}))
+    assert d.cause == "loss_scaled_wrong_group" and d.confidence == 0.7
+    assert any("not the reference's x the same ratio" in line for line in d.evidence)
+
+
+def test_the_remaining_parity_rules_on_their_own_patterns():
+    """A factor of 1/3 at 2 ranks, a factor that is no 1/k, no train_step, parameters off with exact gradients."""
+    assert diagnose_parity(_ev(rank_sums={0: _sums(1 / 3), 1: _sums(1 / 3)})).cause == "grad_scale_wrong_group"
+    assert diagnose_parity(_ev(rank_sums={0: _sums(0.8), 1: _sums(0.8)})).cause == "grad_scaled_uniformly"
+    assert diagnose_parity(_ev(rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)})).cause == "grad_reduction"
+    pbad = {"a.w": {"name": "a.w", "rel": 0.1, "ranks": [0, 1]}}
+    assert diagnose_parity(_ev(gbad={}, pbad=pbad)).cause == "optimizer_step_differs"
+
+
+def test_sp_gradients_off_with_loss_and_output_right_are_the_reduction():
+    from distdiag.probes.sequence_parallel.diagnose import diagnose_grads
+
+    d = diagnose_grads({"rel_err": 0.5, "worst": "qkv.weight", "finite": True}, 2)
+    assert d.cause == "sp_grad_reduction" and "reduce-scatter" in d.fix
+    assert diagnose_grads({"finite": False, "worst": "x"}, 2).cause == "empty_shard_zero_division"
