@@ -1,6 +1,6 @@
 """Each rank's last snapshot, read into one shape the rules can compare: where it waits.
 
-A snapshot comes from the check's sentinel (distdiag.runtime.tracker) or the watchdog
+A snapshot comes from the check's tracker (distdiag.runtime.tracker) or the watchdog
 (distdiag.watchdog.progress). Two sources say which collective a rank is inside:
 
 - the engine (torch's flight recorder, distdiag.hang.recorder): per process group, the last
@@ -30,11 +30,16 @@ __all__ = [
     "snapshot_details", "group_members", "wait_text",
 ]
 
-_DISTDIAG_FRAMES = (
-    "/distdiag/check/__main__.py", "/distdiag/check/forked_rank.py", "/distdiag/check/run.py", "/distdiag/check/finish.py",
-    "/distdiag/runtime/sentinel.py", "/distdiag/runtime/tracker.py", "/distdiag/watch.py", "/runpy.py",
-)
-_DISTDIAG_DIRS = ("/distdiag/watchdog/",)
+_OWN = "/distdiag/"
+_JOB_WORK = ("/distdiag/probes/", "/distdiag/workloads/", "/distdiag/runtime/comm.py", "/distdiag/runtime/faults.py")
+"""distdiag's code that does the job's work (the check's probes, their collectives and injected
+faults): where a rank is, as any job's line. Every other frame of distdiag's own package is its
+runner or its watchdog, never where a rank is stuck; nor is runpy's `-m` launch."""
+
+
+def _runner(path: str) -> bool:
+    """A frame of distdiag's runner (or runpy's), not of the job."""
+    return (_OWN in path and not any(w in path for w in _JOB_WORK)) or path.endswith("/runpy.py")
 _TORCH = re.compile(r"/(site|dist)-packages/torch/|/torch/(distributed|nn|autograd|_dynamo|_functorch|_inductor|utils|optim|_tensor\.py|_ops\.py)")
 _C10D = "/torch/distributed/distributed_c10d.py"
 _LIBS = re.compile(
@@ -52,7 +57,7 @@ def _path(line: str) -> str:
 def _innermost(stack: list[str]) -> str:
     for line in reversed(stack):
         path = _path(line)
-        if not path.endswith(_DISTDIAG_FRAMES) and "/threading.py" not in path and not any(d in path for d in _DISTDIAG_DIRS):
+        if not _runner(path) and "/threading.py" not in path:
             return line
     return stack[-1] if stack else "?"
 
@@ -77,11 +82,11 @@ def user_frame(stack: list[str]) -> str | None:
     """The innermost frame outside torch and distdiag's runner: the line of the job that led here."""
     for line in reversed(stack):
         path = _path(line)
-        if _TORCH.search(path) or path.endswith(_DISTDIAG_FRAMES) or "/threading.py" in path:
+        if _TORCH.search(path) or _runner(path) or "/threading.py" in path:
             continue
         if path.startswith("<eval_with_key"):  # an FX graph's generated code: its caller is the job's line
             continue
-        if any(d in path for d in _DISTDIAG_DIRS) or _LIBS.search(path):
+        if _LIBS.search(path):
             continue
         return line
     return None
