@@ -301,14 +301,14 @@ class RunEnd:
         # before they could check in: that is the cancellation too, not a lost rank.
         cancelled = kinds == {EventKind.TERMINATED} and not errors and (not lost or cancelled_by() is not None)
         duration = time.monotonic() - self.started
-        incident.advance("analysing")
-        if cancelled:
-            result = cancel_result(name, snaps, world, reason=detail, duration_s=duration)
-        else:
-            result = hang_result(
-                name, snaps, lost, errors, world, timeout_s=self.config.timeout_s, reason=detail, duration_s=duration,
-                infos=dict(enumerate(self._known_rank_infos())),
-            )
+        with incident.moving(f"analysing {len(snaps)} snapshot(s)"):
+            if cancelled:
+                result = cancel_result(name, snaps, world, reason=detail, duration_s=duration)
+            else:
+                result = hang_result(
+                    name, snaps, lost, errors, world, timeout_s=self.config.timeout_s, reason=detail,
+                    duration_s=duration, infos=dict(enumerate(self._known_rank_infos())),
+                )
         results.append(result)
         not_run = [p.probe.name for p in self.plan.probes[cur + 1 :]] if cur >= 0 else self.plan.names
         outcome = _outcome(kinds, cancelled=cancelled, lost=lost)

@@ -21,8 +21,10 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psutil
@@ -48,6 +50,9 @@ before it leaves with exit 3 on its own. Not a bound on the whole wait: a writer
 REPORT_STALL_S = 10.0
 """After the verdict, how long a host's copier waits for the writer's progress to move while
 the report's chunks are not all there."""
+LONG_STAGE_MAX_S = 300.0
+"""The longest a stage of the writer keeps its progress moving by itself (`Incident.moving`):
+the analysis of 16k ranks' snapshots is estimated at a minute or two (issue 21)."""
 CHUNK_BYTES = MAX_STORE_VALUE - 1024
 """One chunk of the shared report: raw JSON bytes, under MAX_STORE_VALUE."""
 
@@ -141,6 +146,31 @@ class Incident:
                 self.ex.store.set(self.keys.stage, checked_value(self.keys.stage, stage[:200]))
         except Exception as exc:  # noqa: BLE001 - progress is advisory; the verdict is what matters
             log.debug("could not note the writer's progress: %s", exc)
+
+    @contextmanager
+    def moving(self, stage: str, *, every_s: float = 1.0, at_most_s: float = LONG_STAGE_MAX_S) -> Iterator[None]:
+        """A long stage of the writer (the analysis of thousands of snapshots): its progress
+        keeps moving while the stage runs, for at most `at_most_s` (a writer stuck inside the
+        stage stalls then, and the waiters leave)."""
+        self.advance(stage)
+        done = threading.Event()
+        store, key = self.ex.store, self.keys.progress
+
+        def beat() -> None:
+            end = time.monotonic() + at_most_s
+            while not done.wait(every_s) and time.monotonic() < end:
+                try:
+                    store.add(key, 1)
+                except Exception:  # noqa: BLE001 - advisory; the stage's own end says more
+                    return
+
+        thread = threading.Thread(target=beat, name="distdiag-writer-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(every_s + 1.0)
 
     def publish_verdict(self, verdict: Verdict) -> bool:
         """The small verdict, first; one new store client if the first try fails (the old one

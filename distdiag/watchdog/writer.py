@@ -341,9 +341,9 @@ def gather_and_write(
     reason = excused(event, merged)
     if reason is not None:
         return None, {}, reason
-    incident.advance("analysing")
-    findings = analyse(event, merged, lost, errors, world, timeout_s)
-    details = _details(event, merged, lost, errors, world, infos)
+    with incident.moving(f"analysing {len(merged)} snapshot(s)"):
+        findings = analyse(event, merged, lost, errors, world, timeout_s)
+        details = _details(event, merged, lost, errors, world, infos)
     ensure_critical(
         findings, f"no progress for {timeout_s:g}s: {event.detail_line()}",
         "ranks' states are in the table below", "see the per-rank stacks",

@@ -207,3 +207,22 @@ def test_a_waiter_waits_while_the_writer_moves_and_leaves_when_it_stalls(server)
     Incident(Exchange(_client(server), 0, 2), IncidentKeys(8), 2).advance("analysing")
     verdict, why = stalled.wait_verdict(0.3)
     assert verdict is None and why == "the writer made no progress for 0.3s (last at: analysing)"
+
+
+def test_a_long_analysis_keeps_the_writer_moving(server):
+    """Inside `moving` (the analysis) the writer's progress moves by itself: a waiter with a
+    stall limit shorter than the stage still gets the verdict."""
+    keys = IncidentKeys(9)
+    writer = Incident(Exchange(_client(server), 0, 2), keys, 2)
+    waiter = Incident(Exchange(_client(server), 1, 2), keys, 2)
+
+    def analyse() -> None:
+        with writer.moving("analysing 2 snapshot(s)", every_s=0.05):
+            time.sleep(1.0)
+        writer.publish_verdict(Verdict(3, 0, "h"))
+
+    thread = threading.Thread(target=analyse, daemon=True)
+    thread.start()
+    verdict, why = waiter.wait_verdict(0.5)
+    thread.join(10)
+    assert verdict is not None, why
