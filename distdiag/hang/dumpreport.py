@@ -100,10 +100,7 @@ def _where_in_dump(d: RankDump, world: int) -> str:
 def _dump_wording(findings: list[Finding], dumps: dict[int, RankDump], world: int) -> None:
     """Say what the dumps show where the rules speak of live processes (stacks, the store)."""
     for f in findings:
-        if f.issue.endswith("; it is at ?") and len(f.ranks) == 1 and f.ranks[0] in dumps:
-            f.issue = f.issue[: -len("it is at ?")] + _where_in_dump(dumps[f.ranks[0]], world)
-            f.evidence = ""
-        elif f.cause == SilentReason.NO_DUMP.cause:
+        if f.cause == SilentReason.NO_DUMP.cause:
             f.evidence = (f"{len(dumps)} dump file(s) given, of {format_ranks(sorted(dumps))}; the job has {world} ranks "
                           "by the dumps' group members (or --world-size)")
 
@@ -127,7 +124,7 @@ def report_from_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = N
     dumps, world, notes = rank_dumps(raw, world_size)
     snaps = {
         rank: {"phase": "training", "probe": "the dumped job", "stack": [], "recent": [],
-               "engine": engine_view(d, world), "in_collective": None}
+               "engine": engine_view(d, world), "in_collective": None, "place": _where_in_dump(d, world)}
         for rank, d in dumps.items()
     }
     lost = {r: Silence(SilentReason.NO_DUMP, NO_DUMP) for r in range(world) if r not in dumps}

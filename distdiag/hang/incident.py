@@ -181,9 +181,16 @@ class GroupPosition:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def pending(self) -> bool:
-        """Inside collective #enqueued, not completed yet."""
+    def inside(self) -> bool:
+        """Inside collective #enqueued, not completed yet (by the counts)."""
         return self.enqueued > self.completed
+
+    @property
+    def pending(self) -> dict[str, Any] | None:
+        """The recorder's entry of the collective this rank waits in on the group (op, seq,
+        shape, dtype, for_s, call_site), when the reader found one."""
+        entry = self.extra.get("pending")
+        return entry if isinstance(entry, dict) else None
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.extra, "group": self.group, "enqueued": self.enqueued, "completed": self.completed}
@@ -227,7 +234,8 @@ class EngineView:
 
 
 _FIELDS = ("rank", "host", "pid", "phase", "probe_index", "step", "steps", "importing", "reread", "phases", "engine",
-           "event", "reason", "stack")
+           "event", "reason", "stack", "in_collective", "in_loop")
+_OPTIONAL = ("host", "pid", "phase", "probe_index", "step", "steps", "importing", "in_collective", "in_loop")
 
 
 @dataclass
@@ -252,6 +260,11 @@ class RankSnapshot:
     """The training thread is inside an import, within the startup budget (a job still starting)."""
     reread: bool = False
     """Posted again because the writer found the first one contradicting itself."""
+    in_collective: dict[str, Any] | None = None
+    """The collective our wrappers saw this rank enter and not leave (op, group, seq, shape,
+    dtype, call_site, for_s), if any."""
+    in_loop: bool | None = None
+    """Whether the rank is still inside its training loop's frame (watchdog; None: unknown)."""
     phases: list[PhaseState] = field(default_factory=list)
     engine: EngineView | None = None
     event: IncidentEvent | None = None
@@ -262,6 +275,12 @@ class RankSnapshot:
     """Under which key the event is written: `event` (watchdog) or `reason` (check)."""
     present: set[str] = field(default_factory=set, repr=False, compare=False)
     """The optional fields the posted dict had (written back even at their default)."""
+
+    @property
+    def waiting(self) -> bool:
+        """Inside a collective, by our wrappers or by torch's recorder."""
+        return bool(self.in_collective) or (
+            self.engine is not None and self.engine.ok and any(g.pending for g in self.engine.groups))
 
     @property
     def finished(self) -> bool:
@@ -277,7 +296,8 @@ class RankSnapshot:
         # Defaults are left out, so a snapshot reads back as it was posted.
         for name, value, default in (("host", self.host, "?"), ("pid", self.pid, -1), ("phase", self.phase, ""),
                                      ("probe_index", self.probe_index, -1), ("step", self.step, None),
-                                     ("steps", self.steps, None)):
+                                     ("steps", self.steps, None), ("in_collective", self.in_collective, None),
+                                     ("in_loop", self.in_loop, None)):
             if value != default or name in self.present:
                 out[name] = value
         out["stack"] = self.stack
@@ -302,13 +322,14 @@ class RankSnapshot:
             rank=_int(d.get("rank"), -1), host=str(d.get("host", "?")), pid=_int(d.get("pid"), -1),
             phase=str(d.get("phase", "") or ""), probe_index=_int(d.get("probe_index"), -1),
             step=d.get("step"), steps=d.get("steps"), importing=bool(d.get("importing")), reread=bool(d.get("reread")),
+            in_collective=d.get("in_collective") or None, in_loop=d.get("in_loop"),
             phases=[PhaseState.from_dict(p) for p in d.get("phases") or []],
             engine=EngineView.from_dict(engine) if isinstance(engine, dict) else None,
             event=IncidentEvent.from_dict(ev) if isinstance(ev, dict) else None,
             stack=list(d.get("stack") or []),
             extra={k: v for k, v in d.items() if k not in _FIELDS},
             event_key=key,
-            present={k for k in ("host", "pid", "phase", "probe_index", "step", "steps", "importing") if k in d},
+            present={k for k in _OPTIONAL if k in d},
         )
 
 

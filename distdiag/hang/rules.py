@@ -300,6 +300,8 @@ def _behind_text(a: Analysis, rank: int, group: str, seq: int) -> tuple[str, str
         done = v.positions.get(group)
         count = f"{done} collectives on {group}" if done is not None else f"{snap.get('collectives_in_probe', 0)} collectives"
         return f"it finished {a.what} after {count} and left", stack_text(snap)
+    if snap.get("place") and not snap.get("stack"):
+        return snap["place"], ""  # no live stack: where its source (a dump) places it
     return (f"it is at {where(snap.get('stack', []))}{_step_text(snap)}",
             f"rank {rank} main-thread stack (innermost last):\n{stack_text(snap)}")
 

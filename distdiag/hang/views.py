@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from distdiag.hang.incident import RankSnapshot, snapshot_of
 from distdiag.hang.recorder import pending_groups
 from distdiag.report.render import compress_numbers, format_ranks
 
@@ -117,17 +118,12 @@ def stack_text(snap: dict[str, Any], limit: int = 8) -> str:
     return "\n".join((snap.get("stack") or [])[-limit:])
 
 
-def rank_state(snap: dict[str, Any]) -> str:
-    if snap.get("in_collective") or pending_groups(snap.get("engine")):
+def rank_state(snap: RankSnapshot | dict[str, Any]) -> str:
+    """collective | finished | final | setup | computing: what the rank was doing."""
+    rec = snapshot_of(snap)
+    if rec.waiting:
         return "collective"
-    phase = snap.get("phase")
-    if phase == "barrier":
-        return "finished"
-    if phase == "final":
-        return "final"
-    if phase in ("setup", "checkin"):
-        return "setup"
-    return "computing"
+    return {"barrier": "finished", "final": "final", "setup": "setup", "checkin": "setup"}.get(rec.phase, "computing")
 
 
 def coll_label(c: dict[str, Any]) -> str:
@@ -247,11 +243,11 @@ def build_views(snaps: dict[int, dict[str, Any]], lost: dict[int, str]) -> dict[
     for rank, snap in snaps.items():
         if rank in lost:
             continue
-        stack = snap.get("stack") or []
-        engine = snap.get("engine") or {}
-        view = RankView(rank=rank, snap=snap, state=rank_state(snap), engine_ok=engine.get("state") == "ok")
-        if view.engine_ok:
-            view.positions = {g["group"]: int(g["enqueued"]) for g in engine.get("groups", [])}
+        rec = snapshot_of(snap)
+        stack = rec.stack
+        view = RankView(rank=rank, snap=snap, state=rank_state(rec), engine_ok=rec.engine is not None and rec.engine.ok)
+        if rec.engine is not None and view.engine_ok:
+            view.positions = {g.group: g.enqueued for g in rec.engine.groups}
             view.waits = _engine_waits(snap, stack)
             wrapper = _wrapper_wait(snap)
             # A wrapped call on a group the engine does not track (p2p, a group with no
@@ -264,9 +260,8 @@ def build_views(snaps: dict[int, dict[str, Any]], lost: dict[int, str]) -> dict[
         for w in view.waits:
             if w.get("call_site"):
                 w["call_site"] = with_user_site(str(w["call_site"]), stack)
-        steps = snap.get("steps")
-        view.steps = int(steps) if isinstance(steps, int) else None
-        view.in_loop = snap.get("in_loop")
+        view.steps = rec.steps if isinstance(rec.steps, int) else None
+        view.in_loop = rec.in_loop
         views[rank] = view
     return views
 

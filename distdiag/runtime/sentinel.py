@@ -281,7 +281,7 @@ class Sentinel(threading.Thread):
         incident.wait_snapshots(time.monotonic() + SNAPSHOT_GRACE_S + 0.002 * self.world_size)
         from distdiag.hang import rank_state
 
-        if rank_state(snap.to_dict()) != "collective" and snap.phase in ("checkin", "setup", "probe"):
+        if rank_state(snap) != "collective" and snap.phase in ("checkin", "setup", "probe"):
             # This rank may be the culprit (it is not waiting on anyone): let a rank that is
             # only waiting write the report, so a stuck rank 0 is reported by another rank.
             time.sleep(WRITER_DEFER_S)

@@ -213,7 +213,7 @@ def inconsistent_ranks(merged: dict[int, Any]) -> list[int]:
     out = []
     for rank, engine in engines.items():
         for g in engine.groups if engine is not None and engine.ok else []:
-            if g.pending and any(c >= g.enqueued for r, c in done.get(g.group, {}).items() if r != rank):
+            if g.inside and any(c >= g.enqueued for r, c in done.get(g.group, {}).items() if r != rank):
                 out.append(rank)
                 break
     return out

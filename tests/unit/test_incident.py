@@ -85,7 +85,7 @@ def test_unknown_fields_and_kinds_from_another_version_are_kept():
               "event": {"kind": "quantum_hang", "detail": "?", "rank": 3}}
     snap = RankSnapshot.from_dict(posted)
     assert snap.event is not None and snap.event.kind is EventKind.OTHER
-    assert snap.engine is not None and snap.engine.groups[0].pending
+    assert snap.engine is not None and snap.engine.groups[0].inside
     assert snap.to_dict() == posted
     old = RankSnapshot.from_dict({"rank": 4})  # an older, sparser snapshot: defaults, no error
     assert old.phases == [] and old.engine is None and old.to_dict() == {"rank": 4, "stack": []}
