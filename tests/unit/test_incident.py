@@ -226,3 +226,36 @@ def test_a_long_analysis_keeps_the_writer_moving(server):
     verdict, why = waiter.wait_verdict(0.5)
     thread.join(10)
     assert verdict is not None, why
+
+
+def test_the_checks_report_reaches_another_node_verdict_first_in_chunks(server, tmp_path, monkeypatch, capsys):
+    """The check's writer on node 0 emits a report larger than one store value; local rank 0
+    of node 1 reads the small verdict, then the chunks, and writes the same report there."""
+    from distdiag.check.config import CheckConfig
+    from distdiag.check.finish import RunEnd
+    from distdiag.check.launched import VERDICT_NOTE_ENV
+    from distdiag.report.model import Finding, ProbeResult, Report
+    from distdiag.report.render import ProgressLine
+    from distdiag.runtime.context import LaunchInfo
+
+    monkeypatch.setenv(VERDICT_NOTE_ENV, str(tmp_path / "verdict.json"))
+
+    def end(node: int, rank: int) -> RunEnd:
+        run = RunEnd.__new__(RunEnd)
+        run.config = CheckConfig(report=str(tmp_path / f"node{node}" / "report.json"), quiet=True)
+        run.info = LaunchInfo(rank, 2, 0, 1, node, "vm", 4000 + rank, 0, "r", "127.0.0.1", server.port, True)
+        run.progress = ProgressLine(None)
+        run.sentinel = None
+        return run
+
+    (tmp_path / "node0").mkdir()
+    (tmp_path / "node1").mkdir()
+    findings = [Finding(severity="error", issue=f"finding {i}", evidence="e" * 2000) for i in range(100)]
+    report = Report(world_size=2, probes=[ProbeResult.from_findings("collectives", findings)], exit_code=1,
+                    verdict="fail", outcome="completed", summary="finding 0")
+    end(0, 0).emit(report, Exchange(_client(server), 0, 2))
+    verdict = json.loads(server.get("verdict"))
+    assert verdict["exit_code"] == 1 and verdict["chunks"] > 1 and len(json.dumps(verdict)) < 1024
+    end(1, 1).mirror(Exchange(_client(server), 1, 2), verdict)
+    mirrored = json.loads((tmp_path / "node1" / "report.json").read_text())
+    assert mirrored["summary"] == "finding 0" and len(mirrored["probes"][0]["findings"]) == 100
