@@ -171,11 +171,11 @@ class RunEnd:
             self._print(report, text, where)
         sys.stdout.flush()
         info = self.info
-        inc.publish_verdict(Verdict(
-            report.exit_code, info.rank, info.host, info.node, report.outcome, report.summary,
-            os.path.abspath(where) if where else "(not written)", chunks=inc.chunk_count(text),
-        ))
-        inc.publish_report(text, {"host": info.host, "node": info.node})
+        path = os.path.abspath(where) if where else "(not written)"
+        shared = inc.shared_copy(text, path, info.host)
+        inc.publish_verdict(Verdict(report.exit_code, info.rank, info.host, info.node, report.outcome, report.summary,
+                                    path, chunks=inc.chunk_count(shared)))
+        inc.publish_report(shared, {"host": info.host, "node": info.node})
 
     def _print(self, report: Report, text: str, where: str | None) -> None:
         """The report on stdout, in the format asked for (`where`: the file written, if any)."""

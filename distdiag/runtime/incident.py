@@ -50,6 +50,11 @@ before it leaves with exit 3 on its own. Not a bound on the whole wait: a writer
 REPORT_STALL_S = 10.0
 """After the verdict, how long a host's copier waits for the writer's progress to move while
 the report's chunks are not all there."""
+SHARED_REPORT_MAX = 4 * 1024 * 1024
+"""The largest report copied through the store for the other hosts (64 chunks). Past it the
+copy leaves out the probes' details (the per-rank tables, stacks, recorder tails: what grows
+with the ranks) and says where the full report is: each host's copy is read by its local rank
+0, so a 16k-rank job's full copies would move N/8 x the report through the store."""
 LONG_STAGE_MAX_S = 300.0
 """The longest a stage of the writer keeps its progress moving by itself (`Incident.moving`):
 the analysis of 16k ranks' snapshots is estimated at a minute or two (issue 21)."""
@@ -209,6 +214,18 @@ class Incident:
     def chunk_count(self, text: str) -> int:
         """How many chunks `publish_report` will write for this text (the verdict says it first)."""
         return len(self._parts(text))
+
+    def shared_copy(self, text: str, where: str, host: str) -> str:
+        """What the other hosts get of the report: all of it up to SHARED_REPORT_MAX, else the
+        report without its probes' details, with a note saying where the full one is."""
+        if len(text.encode()) <= SHARED_REPORT_MAX:
+            return text
+        data = json.loads(text)
+        note = (f"a copy: the details were left out (the full report is {len(text.encode())} bytes); "
+                f"the full report is on host {host} at {where}")
+        for probe in data.get("probes") or []:
+            probe["details"] = {"note": note}
+        return json.dumps(data)
 
     def publish_report(self, text: str, meta: dict[str, Any]) -> int:
         """The report's JSON for other hosts, after the verdict: in chunks of at most

@@ -313,9 +313,10 @@ def publish_outcome(incident: Incident, report: Report | None, *, excuse: str | 
         return
     text = report.to_json()
     where = os.path.abspath(os.path.join(dump_dir, REPORT_NAME))
+    shared = incident.shared_copy(text, where, host)
     incident.publish_verdict(Verdict(report.exit_code, rank, host, outcome=report.outcome, summary=report.summary,
-                                     report=where, chunks=incident.chunk_count(text)))
-    incident.publish_report(text, {"host": host})
+                                     report=where, chunks=incident.chunk_count(shared)))
+    incident.publish_report(shared, {"host": host})
 
 
 def gather_and_write(

@@ -259,3 +259,18 @@ def test_the_checks_report_reaches_another_node_verdict_first_in_chunks(server, 
     end(1, 1).mirror(Exchange(_client(server), 1, 2), verdict)
     mirrored = json.loads((tmp_path / "node1" / "report.json").read_text())
     assert mirrored["summary"] == "finding 0" and len(mirrored["probes"][0]["findings"]) == 100
+
+
+def test_a_report_too_large_to_copy_whole_leaves_its_details_on_the_writers_host(server):
+    """Past SHARED_REPORT_MAX the other hosts' copy keeps the findings and says where the full
+    report is (each host reading the full one would move N/8 x the report through the store)."""
+    from distdiag.runtime.incident import SHARED_REPORT_MAX
+
+    writer = Incident(Exchange(_client(server), 0, 2), IncidentKeys(11), 2)
+    small = json.dumps({"summary": "s", "probes": [{"name": "watchdog", "findings": [], "details": {"t": 1}}]})
+    assert writer.shared_copy(small, "/r.json", "node-a") == small
+    big = json.dumps({"summary": "s", "probes": [{"name": "watchdog", "findings": [{"issue": "rank 3 is stuck"}],
+                                                  "details": {"stacks": "x" * SHARED_REPORT_MAX}}]})
+    copy_ = json.loads(writer.shared_copy(big, "/r.json", "node-a"))
+    assert copy_["probes"][0]["findings"] == [{"issue": "rank 3 is stuck"}]
+    assert copy_["probes"][0]["details"]["note"].endswith("the full report is on host node-a at /r.json")
