@@ -122,9 +122,11 @@ class RunEnd:
 
     def consolidate(self, ex: Exchange) -> Report:
         """The report of a run whose every probe finished, written by this rank."""
-        self._load_rank_infos(ex)
-        results = self._completed(ex, len(self.plan.probes))
-        return self._report(results, [], outcome="completed", hung=False, writer=self.info.rank)
+        # A rank whose sentinel ends the run meanwhile waits for this verdict while it moves.
+        with self.incident(ex).moving("consolidating the probes' results"):
+            self._load_rank_infos(ex)
+            results = self._completed(ex, len(self.plan.probes))
+            return self._report(results, [], outcome="completed", hung=False, writer=self.info.rank)
 
     def _report(self, results: list[ProbeResult], not_run: list[str], *, outcome: str, hung: bool, writer: int) -> Report:
         cfg = self.config.to_dict()

@@ -99,6 +99,13 @@ def compact_snapshot(snap: RankSnapshot, limit: int = MAX_STORE_VALUE) -> str:
             trimmed.append("stack")
         snap.extra["trimmed"] = sorted(set(trimmed))
         text = json.dumps(snap.to_dict(), default=str)
+    if len(text.encode()) > limit:
+        # Still too big (thousands of groups, each labelled by its members): who it is and
+        # where, without the recorder's view; the writer judges it from its stack.
+        bare = RankSnapshot(rank=snap.rank, host=snap.host, pid=snap.pid, phase=snap.phase, probe_index=snap.probe_index,
+                            step=snap.step, steps=snap.steps, event=snap.event, event_key=snap.event_key,
+                            stack=[str(f)[:500] for f in snap.stack[-4:]], extra={"trimmed": ["engine", "history", "stack"]})
+        text = json.dumps(bare.to_dict(), default=str)
     return checked_value("snap", text)
 
 

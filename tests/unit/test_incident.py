@@ -274,3 +274,16 @@ def test_a_report_too_large_to_copy_whole_leaves_its_details_on_the_writers_host
     copy_ = json.loads(writer.shared_copy(big, "/r.json", "node-a"))
     assert copy_["probes"][0]["findings"] == [{"issue": "rank 3 is stuck"}]
     assert copy_["probes"][0]["details"]["note"].endswith("the full report is on host node-a at /r.json")
+
+
+def test_a_snapshot_too_big_even_without_its_history_keeps_who_and_where():
+    """Thousands of groups labelled by their members: the last resort keeps rank, phase, event
+    and the innermost frames, and says the recorder's view was left out."""
+    from distdiag.hang.incident import EngineView, GroupPosition
+
+    groups = [GroupPosition(f"ranks[{','.join(str(r) for r in range(g, 16384, 64))}]", 3, 2) for g in range(64)]
+    snap = RankSnapshot(rank=5, phase="training", stack=["/train.py:9 in main: step()"],
+                        engine=EngineView("ok", groups), event=IncidentEvent(EventKind.TIMEOUT, "x", 0))
+    back = json.loads(compact_snapshot(snap))
+    assert back["rank"] == 5 and back["event"]["kind"] == "timeout" and "engine" not in back
+    assert back["stack"] == ["/train.py:9 in main: step()"] and "engine" in back["trimmed"]
