@@ -88,6 +88,7 @@ def compact_snapshot(snap: RankSnapshot, limit: int = MAX_STORE_VALUE) -> str:
     steps: list[tuple[str, Callable[[], Any]]] = [(k, lambda k=k: snap.extra.pop(k, None)) for k in _SHEDDABLE]
     engine = snap.engine
     if engine is not None:
+        engine.extra = dict(engine.extra)  # read from a dict the caller keeps: drop from a copy
         steps.append(("engine.entries", lambda: engine.extra.pop("entries", None)))
     while len(text.encode()) > limit and (steps or len(snap.stack) > 4):
         if steps:
