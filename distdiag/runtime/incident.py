@@ -32,7 +32,7 @@ import psutil
 from distdiag.errors import print_line
 from distdiag.hang.incident import RankSnapshot, Silence, SilentReason, Verdict
 from distdiag.runtime.exchange import Exchange, bounded
-from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys
+from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys, StoreValueTooLarge, checked_value
 
 __all__ = [
     "Incident", "StoreValueTooLarge", "post_snapshot", "WRITER_STALL_S", "checked_value", "compact_snapshot", "silent_rank_reasons",
@@ -60,20 +60,6 @@ LONG_STAGE_MAX_S = 300.0
 the analysis of 16k ranks' snapshots is estimated at a minute or two (issue 21)."""
 CHUNK_BYTES = MAX_STORE_VALUE - 1024
 """One chunk of the shared report: raw JSON bytes, under MAX_STORE_VALUE."""
-
-
-class StoreValueTooLarge(ValueError):
-    """A value over MAX_STORE_VALUE was about to be written to the job's store."""
-
-
-def checked_value(key: str, value: Any) -> str:
-    """`value` as the JSON text the store gets; refused when over MAX_STORE_VALUE (TCPStore takes
-    up to 8 MiB, but a refused write breaks the client's connection and the store is shared)."""
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    size = len(text.encode())
-    if size > MAX_STORE_VALUE:
-        raise StoreValueTooLarge(f"store value '{key}' is {size} bytes, over distdiag's limit of {MAX_STORE_VALUE}")
-    return text
 
 
 _SHEDDABLE = ("history", "recent", "step_walls")

@@ -12,14 +12,30 @@ change one only together with every reader.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Keys", "IncidentKeys", "MAX_STORE_VALUE"]
+__all__ = ["Keys", "IncidentKeys", "MAX_STORE_VALUE", "StoreValueTooLarge", "checked_value"]
 
 MAX_STORE_VALUE = 64 * 1024
 """The largest value distdiag writes to the store, in bytes. TCPStore refuses values over
 8 MiB and a refused write breaks the client's connection; torchrun's store also carries the
 rendezvous and NCCL's setup, so no single value of ours may be large (issue 21)."""
+
+
+class StoreValueTooLarge(ValueError):
+    """A value over MAX_STORE_VALUE was about to be written to the job's store."""
+
+
+def checked_value(key: str, value: Any) -> str:
+    """`value` as the JSON text the store gets; refused when over MAX_STORE_VALUE (TCPStore takes
+    up to 8 MiB, but a refused write breaks the client's connection and the store is shared)."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    size = len(text.encode())
+    if size > MAX_STORE_VALUE:
+        raise StoreValueTooLarge(f"store value '{key}' is {size} bytes, over distdiag's limit of {MAX_STORE_VALUE}")
+    return text
 
 
 class Keys:
