@@ -287,3 +287,11 @@ def test_a_snapshot_too_big_even_without_its_history_keeps_who_and_where():
     back = json.loads(compact_snapshot(snap))
     assert back["rank"] == 5 and back["event"]["kind"] == "timeout" and "engine" not in back
     assert back["stack"] == ["/train.py:9 in main: step()"] and "engine" in back["trimmed"]
+
+
+def test_the_hang_analysis_names_none_of_the_checks_files():
+    """hang/ reads the typed incident; it knows neither the check's runner nor its sentinel."""
+    named = [f"{p.name}: {word}" for p in sorted((ROOT / "distdiag" / "hang").glob("*.py"))
+             for word in ("distdiag/check", "check/run.py", "finish.py", "sentinel", "forked_rank")
+             if word in p.read_text()]
+    assert named == []
