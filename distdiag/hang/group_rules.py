@@ -70,7 +70,7 @@ def uneven_data(a: Analysis) -> None:
                 evidence="\n".join(x for x in (
                     f"rank {rank}: {mine} step(s), out of its training loop; the others: {top} step(s), inside it",
                     *shape_lines(a, others), f"rank {rank} main-thread stack (innermost last):",
-                    "\n".join((v.snap.get("stack") or [])[-8:])) if x),
+                    "\n".join(v.record.stack[-8:])) if x),
                 ranks=[rank],
                 fix=UNEVEN_FIX.format(rank=rank),
                 confidence=0.85,
@@ -129,7 +129,7 @@ def chain_end(a: Analysis) -> None:
                        f"({direct[0].wait.label}), which never got there: {end.text}"),
                 evidence="\n".join([*shape_lines(a, [r for r, e in a.graph.end_of.items() if e is end]),
                                     f"rank {rank} main-thread stack (innermost last):",
-                                    *(a.views[rank].snap.get("stack") or [])[-8:]]),
+                                    *a.views[rank].record.stack[-8:]]),
                 ranks=[rank],
                 fix=(f"find why rank {rank} is stuck or slow there (a rank-dependent branch, I/O, a lock, data "
                      "loading); its peers must reach the matching send/recv or collective"),

@@ -287,11 +287,11 @@ def _behind_text(a: Analysis, rank: int, group: str, seq: int) -> tuple[str, str
     if same is not None and same["seq"] < seq:
         since = f" for {float(same['for_s']):.1f}s" if same.get("for_s") else ""
         text = f"it waits in {_wait_text(same)}{since}"
-        if same.get("source") == "engine" and not snap.get("in_collective") and snap.get("stack"):
+        if same.get("source") == "engine" and not v.record.in_collective and v.record.stack:
             # The recorder marks a collective completed on torch's own thread, after the caller
             # may have returned (gloo), and on NCCL the CPU leaves at once: where the main
             # thread is says whether the rank is still in the collective or stuck after it.
-            text += f" by torch's recorder; its main thread is at {where(snap['stack'])}{_step_text(snap)}"
+            text += f" by torch's recorder; its main thread is at {where(v.record.stack)}{_step_text(snap)}"
         return text, stack_text(snap)
     if other is not None:
         return (f"it waits in {_wait_text(other)} on another group (called at {other.get('call_site', '?')}): "
@@ -300,9 +300,9 @@ def _behind_text(a: Analysis, rank: int, group: str, seq: int) -> tuple[str, str
         done = v.positions.get(group)
         count = f"{done} collectives on {group}" if done is not None else f"{snap.get('collectives_in_probe', 0)} collectives"
         return f"it finished {a.what} after {count} and left", stack_text(snap)
-    if snap.get("place") and not snap.get("stack"):
+    if snap.get("place") and not v.record.stack:
         return snap["place"], ""  # no live stack: where its source (a dump) places it
-    return (f"it is at {where(snap.get('stack', []))}{_step_text(snap)}",
+    return (f"it is at {where(v.record.stack)}{_step_text(snap)}",
             f"rank {rank} main-thread stack (innermost last):\n{stack_text(snap)}")
 
 
@@ -418,7 +418,7 @@ def nobody_waiting(a: Analysis) -> None:
     if a.waiters() or a.lost or a.errors or any(f.severity == "critical" for f in a.findings):
         return
     slow = sorted(a.views)
-    place = "; ".join(f"rank {r} at {where(a.views[r].snap.get('stack', []))}" for r in slow[:4])
+    place = "; ".join(f"rank {r} at {where(a.views[r].record.stack)}" for r in slow[:4])
     # The table says 'collective' for a rank inside a wrapped call whose collectives torch's
     # recorder has all completed (it moves from one to the next): never contradict it.
     inside = [r for r in slow if a.views[r].state == "collective"]

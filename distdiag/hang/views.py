@@ -178,6 +178,9 @@ class RankView:
 
     rank: int
     snap: dict[str, Any]
+    """The snapshot as posted (the details and the text read it)."""
+    record: RankSnapshot
+    """The same, typed: what the rules decide on."""
     state: str
     waits: list[dict[str, Any]] = field(default_factory=list)
     """The collectives it is inside, oldest first: group, seq, op, shape, dtype, for_s,
@@ -245,7 +248,8 @@ def build_views(snaps: dict[int, dict[str, Any]], lost: dict[int, str]) -> dict[
             continue
         rec = snapshot_of(snap)
         stack = rec.stack
-        view = RankView(rank=rank, snap=snap, state=rank_state(rec), engine_ok=rec.engine is not None and rec.engine.ok)
+        view = RankView(rank=rank, snap=snap, record=rec, state=rank_state(rec),
+                        engine_ok=rec.engine is not None and rec.engine.ok)
         if rec.engine is not None and view.engine_ok:
             view.positions = {g.group: g.enqueued for g in rec.engine.groups}
             view.waits = _engine_waits(snap, stack)
