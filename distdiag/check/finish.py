@@ -21,10 +21,13 @@ from distdiag.check.consolidate import build_report, cancel_result, consolidate_
 from distdiag.check.launched import cancelled_by, launch_id, note_verdict, noted_rank
 from distdiag.check.plan import Plan
 from distdiag.errors import print_line
+from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Silence, Verdict
 from distdiag.probes.base import ConsolidationView
 from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, write_report
 from distdiag.report.render import ProgressLine, render_report
 from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.incident import Incident
+from distdiag.runtime.keys import IncidentKeys, Keys
 
 __all__ = ["RunEnd", "LEAVE_WAIT_S"]
 
@@ -37,12 +40,13 @@ looks at the silent ones (a SIGSTOPped rank would keep torchrun waiting forever)
 
 def _outcome(kinds: set[Any], *, cancelled: bool, lost: Any) -> str:
     """The report's outcome of a broken run, from the kinds of reasons the ranks gave."""
+    kinds = {EventKind(k) for k in kinds}
     return (
         "cancelled" if cancelled
-        else "lost_rank" if lost or "lost" in kinds
-        else "stranded" if "stranded" in kinds
-        else "deadline" if "deadline" in kinds
-        else "hang" if "timeout" in kinds
+        else "lost_rank" if lost or EventKind.LOST in kinds
+        else "stranded" if EventKind.STRANDED in kinds
+        else "deadline" if EventKind.DEADLINE in kinds
+        else "hang" if EventKind.TIMEOUT in kinds
         else "terminated"
     )
 
@@ -67,7 +71,7 @@ class RunEnd:
         return ConsolidationView(world_size=self.info.world_size, ranks=self.rank_infos, options=options)
 
     def _load_rank_infos(self, ex: Exchange) -> None:
-        posted = ex.collect("info")
+        posted = ex.collect(Keys.INFO)
         self.rank_infos = [
             RankInfo.from_dict(posted[r]) if r in posted else RankInfo(r, "?", -1, -1, "?", -1)
             for r in range(self.info.world_size)
@@ -92,17 +96,17 @@ class RunEnd:
                 rows.append(RankInfo(r, self.info.host, self.info.node, -1, "?", pid))
         return rows
 
-    def _with_last_notes(self, lost: dict[int, str]) -> dict[int, str]:
+    def _with_last_notes(self, lost: dict[int, Silence]) -> dict[int, Silence]:
         """A rank lost before it checked in: what it last told this node's launcher it was
         doing (importing, connecting, ...), with its pid and whether that process still lives."""
-        from distdiag.runtime.sentinel import process_state
+        from distdiag.runtime.incident import process_state
 
         infos = self._checked_in()
         for r in list(lost):
             note = noted_rank(r) if r not in infos else None
             if note is not None:
                 state = process_state(note["pid"])
-                lost[r] += f"; its last word to the launcher was '{note['phase']}' (pid {note['pid']}, now {state})"
+                lost[r] = lost[r].noted(f"; its last word to the launcher was '{note['phase']}' (pid {note['pid']}, now {state})")
         return lost
 
     def _one_host(self) -> str | None:
@@ -112,15 +116,17 @@ class RunEnd:
     def _completed(self, ex: Exchange, count: int) -> list[ProbeResult]:
         """The consolidated results of the plan's first `count` probes, from the store."""
         return [
-            consolidate_probe(planned.probe, ex.collect(f"res/{index}"), self._view(planned.options))
+            consolidate_probe(planned.probe, ex.collect(Keys.result(index)), self._view(planned.options))
             for index, planned in enumerate(self.plan.probes[:count])
         ]
 
     def consolidate(self, ex: Exchange) -> Report:
         """The report of a run whose every probe finished, written by this rank."""
-        self._load_rank_infos(ex)
-        results = self._completed(ex, len(self.plan.probes))
-        return self._report(results, [], outcome="completed", hung=False, writer=self.info.rank)
+        # A rank whose sentinel ends the run meanwhile waits for this verdict while it moves.
+        with self.incident(ex).moving("consolidating the probes' results"):
+            self._load_rank_infos(ex)
+            results = self._completed(ex, len(self.plan.probes))
+            return self._report(results, [], outcome="completed", hung=False, writer=self.info.rank)
 
     def _report(self, results: list[ProbeResult], not_run: list[str], *, outcome: str, hung: bool, writer: int) -> Report:
         cfg = self.config.to_dict()
@@ -141,10 +147,17 @@ class RunEnd:
         return report
 
     # -- write and publish ------------------------------------------------------------------
-    def emit(self, report: Report, ex: Exchange, *, show: bool = True) -> None:
-        """Write the report atomically, keep a copy in the store for other nodes, print it
-        (unless `show` is False), then publish the verdict the other ranks wait for."""
+    def incident(self, ex: Exchange) -> Incident:
+        """The check's incident on `ex` (one per run: the bare keys), able to reconnect."""
+        factory = getattr(self.sentinel, "store_factory", None)
+        return Incident(ex, IncidentKeys(), self.info.world_size, factory)
+
+    def emit(self, report: Report, ex: Exchange | Incident, *, show: bool = True) -> None:
+        """Write the report atomically, print it (unless `show` is False), publish the small
+        verdict the other ranks wait for, then the report's JSON for other nodes in chunks."""
+        inc = ex if isinstance(ex, Incident) else self.incident(ex)
         text = report.to_json()
+        inc.advance("writing the report")
         try:
             write_report(report, self.config.report)
             where = self.config.report
@@ -153,10 +166,6 @@ class RunEnd:
             print_line(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
         note_verdict(report.exit_code, where is not None)
         self._write_junit(report)
-        try:
-            ex.publish("report", {"json": text, "host": self.info.host, "node": self.info.node})
-        except Exception as exc:  # noqa: BLE001 - the local copy is written already
-            log.warning("could not share the report through the store: %s", exc)
         self.progress.clear()
         if report.outcome == "cancelled" and cancelled_by():
             show = False  # the user stopped distdiag check, which says so in one line
@@ -164,7 +173,11 @@ class RunEnd:
             self._print(report, text, where)
         sys.stdout.flush()
         info = self.info
-        ex.publish("verdict", {"exit_code": report.exit_code, "writer": info.rank, "host": info.host, "node": info.node})
+        path = os.path.abspath(where) if where else "(not written)"
+        shared = inc.shared_copy(text, path, info.host)
+        inc.publish_verdict(Verdict(report.exit_code, info.rank, info.host, info.node, report.outcome, report.summary,
+                                    path, chunks=inc.chunk_count(shared)))
+        inc.publish_report(shared, {"host": info.host, "node": info.node})
 
     def _print(self, report: Report, text: str, where: str | None) -> None:
         """The report on stdout, in the format asked for (`where`: the file written, if any)."""
@@ -177,20 +190,21 @@ class RunEnd:
             if where:
                 sys.stdout.write(f"report: {os.path.abspath(where)}\n")
 
-    def mirror(self, ex: Exchange, verdict: dict[str, Any]) -> None:
+    def mirror(self, ex: Exchange, verdict: Verdict | dict[str, Any]) -> None:
         """Local rank 0 of every other node writes the same report there."""
+        v = verdict if isinstance(verdict, Verdict) else Verdict.from_dict(verdict)
         # By node, not host: two torchrun agents on one machine are two nodes sharing a hostname.
         here = (self.info.host, self.info.node)
-        if self.info.local_rank != 0 or (verdict.get("host"), verdict.get("node")) == here:
+        if self.info.local_rank != 0 or (v.host, v.node) == here or v.chunks <= 0:
             return
-        shared = ex.read("report")
-        if shared and (shared.get("host"), shared.get("node")) != here:
+        text, shared = self.incident(ex).wait_report()
+        if text is not None and (shared.get("host"), shared.get("node")) != here:
             import json
 
             from distdiag.report.model import write_json_atomic
 
             # This node's copy carries this node's launch id: its launcher takes only that.
-            data = json.loads(shared["json"])
+            data = json.loads(text)
             data["launch_id"] = launch_id()
             try:
                 write_json_atomic(self.config.report, json.dumps(data, indent=2))
@@ -225,20 +239,20 @@ class RunEnd:
             return self._left_code
 
     def _leave(self, wait_s: float, ex: Exchange) -> int:
-        from distdiag.runtime.sentinel import kill_stopped_local, silent_rank_reasons
+        from distdiag.runtime.incident import kill_stopped_local, silent_rank_reasons
 
         report = self.verdict_report
         code = report.exit_code if report is not None else int(self.sentinel.finishing_code or 0)
-        ex.post("left", 1)
+        ex.post(Keys.LEFT, 1)
         world = self.info.world_size
-        if ex.wait_count("left", world, time.monotonic() + wait_s, poll_s=0.05):
+        if ex.wait_count(Keys.LEFT, world, time.monotonic() + wait_s, poll_s=0.05):
             return code
-        missing = sorted(set(range(world)) - set(ex.present("left")))
+        missing = sorted(set(range(world)) - set(ex.present(Keys.LEFT)))
         self._load_rank_infos(ex)
         infos = self._checked_in()
         reasons = silent_rank_reasons(missing, infos, self.info.host, starting_host=self._one_host())
         kill_stopped_local(reasons, infos, self.info.host)
-        definite = {r: why for r, why in reasons.items() if "is gone" in why or "stopped" in why}
+        definite = {r: why for r, why in reasons.items() if why.reason.definite}
         if report is None or not definite:
             return code
         return self._rewrite_lost_after_verdict(report, definite, ex)
@@ -258,46 +272,50 @@ class RunEnd:
         return EXIT_HANG
 
     # -- the broken end (called on the sentinel thread of the rank that claims the writer) --
-    def write_abort_report(self, ex: Exchange, reason: dict[str, Any]) -> int:
-        from distdiag.runtime.sentinel import kill_stopped_local, silent_rank_reasons
+    def write_abort_report(self, incident: Incident, reason: IncidentEvent) -> int:
+        """The broken run's report from every rank's snapshot; the verdict published first."""
+        from distdiag.runtime.incident import kill_stopped_local, silent_rank_reasons
 
-        world = self.info.world_size
+        ex, world = incident.ex, self.info.world_size
+        incident.advance("reading the snapshots")
         self._load_rank_infos(ex)
-        snaps = {int(r): s for r, s in ex.collect("snap").items()}
-        reasons = {int(r): v for r, v in ex.collect("abort_reason").items()}
+        snaps = {int(r): s for r, s in ex.collect(incident.keys.snap).items()}
+        typed = {r: RankSnapshot.from_dict(s) for r, s in snaps.items()}
+        reasons = {int(r): IncidentEvent.from_dict(v) for r, v in ex.collect(Keys.ABORT_REASON).items()}
         infos = self._checked_in()
         silent = [r for r in range(world) if r not in snaps]
         lost = self._with_last_notes(silent_rank_reasons(silent, infos, self.info.host, starting_host=self._one_host()))
         # Where did the run stop? The lowest step any live rank was still in.
-        indices = [s["probe_index"] for s in snaps.values() if s.get("phase") in ("probe", "barrier")]
-        final = all(s.get("phase") == "final" for s in snaps.values()) and snaps
+        indices = [s.probe_index for s in typed.values() if s.phase in ("probe", "barrier")]
+        final = all(s.phase == "final" for s in typed.values()) and typed
         cur = min(indices) if indices else (len(self.plan.probes) if final else -1)
         results = self._completed(ex, max(cur, 0))
         name, errors, comm_errors = self._errors_where_stopped(ex, cur, final)
         first = reasons.get(min(reasons)) if reasons else reason
-        detail = first.get("detail", "") if first else ""
+        detail = first.detail_line() if first else ""
         if comm_errors and not lost:
             for r, err in comm_errors.items():
                 errors.setdefault(r, err)
-        kinds = {r.get("kind") for r in reasons.values()} or {reason.get("kind")}
+        kinds = {r.kind for r in reasons.values()} or {reason.kind}
         # Every rank that said why it stopped was told to by a signal, and none is lost or
         # raised: the run was cancelled (Ctrl-C, scancel, a preemption), nobody is at fault.
         # Ranks still starting when the user's Ctrl-C reached distdiag check died of the signal
         # before they could check in: that is the cancellation too, not a lost rank.
-        cancelled = kinds == {"terminated"} and not errors and (not lost or cancelled_by() is not None)
+        cancelled = kinds == {EventKind.TERMINATED} and not errors and (not lost or cancelled_by() is not None)
         duration = time.monotonic() - self.started
-        if cancelled:
-            result = cancel_result(name, snaps, world, reason=detail, duration_s=duration)
-        else:
-            result = hang_result(
-                name, snaps, lost, errors, world, timeout_s=self.config.timeout_s, reason=detail, duration_s=duration,
-                infos=dict(enumerate(self._known_rank_infos())),
-            )
+        with incident.moving(f"analysing {len(snaps)} snapshot(s)"):
+            if cancelled:
+                result = cancel_result(name, snaps, world, reason=detail, duration_s=duration)
+            else:
+                result = hang_result(
+                    name, snaps, lost, errors, world, timeout_s=self.config.timeout_s, reason=detail,
+                    duration_s=duration, infos=dict(enumerate(self._known_rank_infos())),
+                )
         results.append(result)
         not_run = [p.probe.name for p in self.plan.probes[cur + 1 :]] if cur >= 0 else self.plan.names
         outcome = _outcome(kinds, cancelled=cancelled, lost=lost)
         report = self._report(results, not_run, outcome=outcome, hung=True, writer=self.info.rank)
-        self.emit(report, ex)
+        self.emit(report, incident)
         kill_stopped_local(lost, dict(enumerate(self.rank_infos)), self.info.host)
         return report.exit_code
 
@@ -306,15 +324,15 @@ class RunEnd:
         they posted there); `cur` is the probe's index, or -1 / past the last for setup / final."""
         if 0 <= cur < len(self.plan.probes):
             name = self.plan.probes[cur].probe.name
-            posted = ex.collect(f"res/{cur}")
+            posted = ex.collect(Keys.result(cur))
             errors = {r: p["error"] for r, p in posted.items() if p["status"] == "error" and not p.get("comm_error")}
             comm_errors = {r: {**p["error"], "comm": True} for r, p in posted.items() if p.get("comm_error")}
         else:
             name = "final" if final else "setup"
-            errors = {int(r): e for r, e in ex.collect("setup_error").items()} if name == "setup" else {}
+            errors = {int(r): e for r, e in ex.collect(Keys.SETUP_ERROR).items()} if name == "setup" else {}
             comm_errors = {}
         # Exceptions a probe caught and went on from, posted the moment they were caught: when
         # they stranded the others, they lead (the rank itself may be waiting somewhere else now).
-        for r, err in ex.collect(f"caught/{cur}").items():
+        for r, err in ex.collect(Keys.caught(cur)).items():
             errors.setdefault(int(r), {**err, "caught": True})
         return name, errors, comm_errors

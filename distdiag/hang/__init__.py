@@ -1,5 +1,7 @@
 """Why a run stopped making progress: hang analysis shared by the check and the watchdog.
 
+    incident.py  the incident, typed: a rank's snapshot, the event, why a rank is silent, the
+                 verdict, and the findings' causes the rules decide on
     views.py     each rank's snapshot read into where it waits (torch's flight recorder
                  first, our wrappers for call sites), the per-rank table, the details
     rules.py     the ordered rules (raised, lost, behind, desync..., stall, nobody waiting)

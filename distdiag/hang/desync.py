@@ -17,6 +17,7 @@ import bisect
 from collections import Counter, defaultdict
 from typing import Any
 
+from distdiag.hang.incident import CAUSE_DESYNC
 from distdiag.hang.recorder import dtype_name
 from distdiag.hang.views import coll_label
 from distdiag.report.model import Finding
@@ -305,6 +306,7 @@ def desync_finding(d: dict[str, Any]) -> Finding:
             "branch, an early return/continue or an extra call around the call sites shown"
         ),
         confidence=0.55 if d["tie"] else 0.9,
+        cause=CAUSE_DESYNC,
     )
 
 
@@ -374,4 +376,5 @@ def record_desync_finding(d: dict[str, Any], severity: str = "critical") -> Find
             "buckets, FSDP all-gathers, compiled graphs)"
         ),
         confidence=0.5 if d["tie"] else 0.85,
+        cause=CAUSE_DESYNC,
     )

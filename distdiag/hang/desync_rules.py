@@ -22,6 +22,7 @@ from distdiag.hang.desync import (
     record_desync_finding,
     record_divergence,
 )
+from distdiag.hang.incident import CAUSE_DESYNC
 from distdiag.hang.views import wait_text
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -91,6 +92,7 @@ def desync_in_flight(a: Analysis) -> None:
                     ranks=odd,
                     fix="the ranks issue collectives in a different order or with different shapes: align the code paths",
                     confidence=0.5 if tie else 0.85,
+                    cause=CAUSE_DESYNC,
                 )
             )
             a.desync_reported = a.desync_reported or located is not None
@@ -102,7 +104,7 @@ def a_snaps(a: Analysis) -> dict[int, dict[str, Any]]:
 
 
 def desync_in_records(a: Analysis) -> None:
-    if any("desync" in f.issue for f in a.findings):
+    if any(f.cause == CAUSE_DESYNC for f in a.findings):
         return
     d = record_divergence(a_snaps(a))
     if d is None or set(d["by_rank"]) <= a.explained:

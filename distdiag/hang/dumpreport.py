@@ -14,6 +14,7 @@ from typing import Any
 
 from distdiag.hang.dumpgroups import RankDump, engine_view, group_label, infer_members, normalise, op_text, world_of
 from distdiag.hang.dumps import MAX_RANK, DumpError, load_dump, rank_of
+from distdiag.hang.incident import CAUSE_STALLED, Silence, SilentReason
 from distdiag.report.model import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
 from distdiag.report.render import format_ranks
 
@@ -99,10 +100,7 @@ def _where_in_dump(d: RankDump, world: int) -> str:
 def _dump_wording(findings: list[Finding], dumps: dict[int, RankDump], world: int) -> None:
     """Say what the dumps show where the rules speak of live processes (stacks, the store)."""
     for f in findings:
-        if f.issue.endswith("; it is at ?") and len(f.ranks) == 1 and f.ranks[0] in dumps:
-            f.issue = f.issue[: -len("it is at ?")] + _where_in_dump(dumps[f.ranks[0]], world)
-            f.evidence = ""
-        elif NO_DUMP in f.issue:
+        if f.cause == SilentReason.NO_DUMP.cause:
             f.evidence = (f"{len(dumps)} dump file(s) given, of {format_ranks(sorted(dumps))}; the job has {world} ranks "
                           "by the dumps' group members (or --world-size)")
 
@@ -126,12 +124,13 @@ def report_from_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = N
     dumps, world, notes = rank_dumps(raw, world_size)
     snaps = {
         rank: {"phase": "training", "probe": "the dumped job", "stack": [], "recent": [],
-               "engine": engine_view(d, world), "in_collective": None}
+               "engine": engine_view(d, world), "in_collective": None, "place": _where_in_dump(d, world)}
         for rank, d in dumps.items()
     }
-    lost = {r: NO_DUMP for r in range(world) if r not in dumps}
+    lost = {r: Silence(SilentReason.NO_DUMP, NO_DUMP) for r in range(world) if r not in dumps}
+    # No deadline was run past: a dump shows positions, not how long a step took.
     findings = [f for f in analyze_hang(snaps, lost, {}, world, what="the dumped job", timeout_s=0)
-                if "did not finish within" not in f.issue]
+                if f.cause != CAUSE_STALLED]
     _dump_wording(findings, dumps, world)
     findings.append(_read_note(dumps, notes))
     details = snapshot_details(snaps)

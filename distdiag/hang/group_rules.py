@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from distdiag.hang.shapes import shape_lines
+from distdiag.hang.incident import CAUSE_DEADLOCK, CAUSE_UNEVEN
+from distdiag.hang.shapes import counted_shape_lines, shape_lines
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -69,10 +70,11 @@ def uneven_data(a: Analysis) -> None:
                 evidence="\n".join(x for x in (
                     f"rank {rank}: {mine} step(s), out of its training loop; the others: {top} step(s), inside it",
                     *shape_lines(a, others), f"rank {rank} main-thread stack (innermost last):",
-                    "\n".join((v.snap.get("stack") or [])[-8:])) if x),
+                    "\n".join(v.record.stack[-8:])) if x),
                 ranks=[rank],
                 fix=UNEVEN_FIX.format(rank=rank),
                 confidence=0.85,
+                cause=CAUSE_UNEVEN,
             )
         )
         a.explained.add(rank)
@@ -100,6 +102,7 @@ def deadlock(a: Analysis) -> None:
                      "a group must reach its collectives in the same order relative to its other groups (one global "
                      "order of groups, or a rank-independent schedule)"),
                 confidence=0.85,
+                cause=CAUSE_DEADLOCK,
             )
         )
         a.explained.update(end.ranks)
@@ -126,11 +129,12 @@ def chain_end(a: Analysis) -> None:
                        f"({direct[0].wait.label}), which never got there: {end.text}"),
                 evidence="\n".join([*shape_lines(a, [r for r, e in a.graph.end_of.items() if e is end]),
                                     f"rank {rank} main-thread stack (innermost last):",
-                                    *(a.views[rank].snap.get("stack") or [])[-8:]]),
+                                    *a.views[rank].record.stack[-8:]]),
                 ranks=[rank],
                 fix=(f"find why rank {rank} is stuck or slow there (a rank-dependent branch, I/O, a lock, data "
                      "loading); its peers must reach the matching send/recv or collective"),
                 confidence=0.85,
+                cause="rank_behind",
             )
         )
         a.explained.add(rank)
@@ -140,7 +144,7 @@ def stranded(a: Analysis) -> None:
     """The ranks a culprit stranded, each with its chain of waits (they are not to blame)."""
     if not a.graph.stranded or not any(f.severity == "critical" for f in a.findings):
         return
-    if any("deadlock between groups" in f.issue for f in a.findings) and not any(
+    if any(f.cause == CAUSE_DEADLOCK for f in a.findings) and not any(
             e.kind != "deadlock" for e in a.graph.ends):
         return  # the deadlock finding lists them
     ranks = sorted(a.graph.stranded)
@@ -149,8 +153,7 @@ def stranded(a: Analysis) -> None:
         return  # they all wait in one collective for the culprit: its finding says so
     ends_seen = {id(a.graph.end_of[r]): a.graph.end_of[r] for r in ranks}  # one per end, not per rank
     ends = sorted({r for e in ends_seen.values() for r in e.ranks})
-    lines = shape_lines(a, ranks)
-    shapes = len(lines) if not lines[-1].startswith("... and ") else len(lines) - 1 + int(lines[-1].split()[2])
+    lines, shapes = counted_shape_lines(a, ranks)
     a.findings.append(
         Finding(
             severity="info",
@@ -161,5 +164,6 @@ def stranded(a: Analysis) -> None:
             ranks=[],
             fix="nothing to fix on these ranks: they resume once the rank at the end of their chain does",
             confidence=0.9,
+            cause="stranded",
         )
     )

@@ -9,7 +9,7 @@ when it enqueued #N and has not completed it; a rank whose count on G is lower *
 entered* #N. Python wrappers see none of the collectives torch issues from C++; these
 numbers see all of them.
 
-`EngineReader` reads this live, for the watchdog thread and the check's sentinel: about
+`EngineReader` reads this live, for the watchdog thread and the check's tracker: about
 0.1 ms per look, on their thread, never on the training thread. `positions_from_dump` reads
 one rank's dump file alone (distdiag/hang/dumpgroups.py reads dumps of every version). What differs by version or backend degrades with a
 stated reason, never an exception:

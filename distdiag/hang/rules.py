@@ -41,6 +41,7 @@ from typing import Any
 from distdiag.hang.desync_rules import desync_in_flight, desync_in_histories, desync_in_records
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
 from distdiag.hang.group_rules import UNEVEN_FIX, chain_end, deadlock, stranded, uneven_data
+from distdiag.hang.incident import CAUSE_CAUGHT, CAUSE_RAISED, CAUSE_STALLED, CAUSE_UNEVEN, Silence, SilentReason
 from distdiag.hang.shapes import SHAPE_LINES, shape_lines
 from distdiag.hang.views import RankView, build_views, group_members, stack_text, wait_text, where
 from distdiag.hang.waitfor import WaitGraph, build_graph, nodes_from_views
@@ -140,6 +141,7 @@ def raised(a: Analysis) -> None:
                 ranks=ranks,
                 fix=fix_for(str(etype), str(message)) or GENERIC_FIX,
                 confidence=0.9,
+                cause=CAUSE_CAUGHT if caught else CAUSE_RAISED,
             )
         )
         if stranded:
@@ -176,6 +178,7 @@ def broken_connections(a: Analysis) -> None:
             fix="gloo names the peer by address, not by rank: find the rank on that host and port; look for a "
                 "process that ended or a network fault (dmesg, the node's health)",
             confidence=0.7,
+            cause="broken_connection",
         )
     )
 
@@ -215,6 +218,7 @@ def left_early(a: Analysis) -> None:
                     "(torch.distributed.algorithms.Join) for uneven inputs"
                 ),
                 confidence=0.8,
+                cause=CAUSE_UNEVEN,
             )
         )
         a.explained.add(rank)
@@ -228,7 +232,8 @@ def lost(a: Analysis) -> None:
             by_reason[reason].append(rank)
     comm = sorted(r for r, e in a.errors.items() if e.get("comm"))
     for reason, ranks in by_reason.items():
-        never = "never checked in" in reason
+        kind = Silence.reason_of(a.lost[ranks[0]])
+        never = kind is SilentReason.NEVER_CHECKED_IN
         evidence = f"no snapshot from {format_ranks(ranks)} through the store; the others kept answering"
         if comm:
             evidence += f"; {format_ranks(comm)} saw their connection to a peer close (a consequence)"
@@ -244,6 +249,7 @@ def lost(a: Analysis) -> None:
                     "(SIGSTOP, debugger) must be continued or killed"
                 ),
                 confidence=0.6 if never else 0.95,
+                cause=kind.cause if kind is not None else "lost",
             )
         )
         a.explained.update(ranks)
@@ -281,11 +287,11 @@ def _behind_text(a: Analysis, rank: int, group: str, seq: int) -> tuple[str, str
     if same is not None and same["seq"] < seq:
         since = f" for {float(same['for_s']):.1f}s" if same.get("for_s") else ""
         text = f"it waits in {_wait_text(same)}{since}"
-        if same.get("source") == "engine" and not snap.get("in_collective") and snap.get("stack"):
+        if same.get("source") == "engine" and not v.record.in_collective and v.record.stack:
             # The recorder marks a collective completed on torch's own thread, after the caller
             # may have returned (gloo), and on NCCL the CPU leaves at once: where the main
             # thread is says whether the rank is still in the collective or stuck after it.
-            text += f" by torch's recorder; its main thread is at {where(snap['stack'])}{_step_text(snap)}"
+            text += f" by torch's recorder; its main thread is at {where(v.record.stack)}{_step_text(snap)}"
         return text, stack_text(snap)
     if other is not None:
         return (f"it waits in {_wait_text(other)} on another group (called at {other.get('call_site', '?')}): "
@@ -294,7 +300,9 @@ def _behind_text(a: Analysis, rank: int, group: str, seq: int) -> tuple[str, str
         done = v.positions.get(group)
         count = f"{done} collectives on {group}" if done is not None else f"{snap.get('collectives_in_probe', 0)} collectives"
         return f"it finished {a.what} after {count} and left", stack_text(snap)
-    return (f"it is at {where(snap.get('stack', []))}{_step_text(snap)}",
+    if snap.get("place") and not v.record.stack:
+        return snap["place"], ""  # no live stack: where its source (a dump) places it
+    return (f"it is at {where(v.record.stack)}{_step_text(snap)}",
             f"rank {rank} main-thread stack (innermost last):\n{stack_text(snap)}")
 
 
@@ -341,26 +349,28 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
             f"rank {rank} stopped taking training steps while {_they(at_top)} in {_wait_text(first)}: "
             f"{lag}; {place}"
         )
-        fix = UNEVEN_FIX.format(rank=rank)
+        fix, cause = UNEVEN_FIX.format(rank=rank), CAUSE_UNEVEN
     elif v.state in ("finished", "final"):
         issue = (
             f"rank {rank} finished while {_they(at_top)} in {_wait_text(first)}: it issued fewer "
             f"collectives (one was skipped, or it ran fewer steps); {place}"
         )
         fix = "look for a rank-dependent branch or an early exit around this collective; every rank must issue it"
+        cause = "skipped_collective"
     else:
         issue = f"rank {rank} never entered {first['op']} #{seq} on {group} that {_they(at_top)} in; {place}"
         fix = (
             f"find why rank {rank} is stuck or slow there (a rank-dependent branch, I/O, a lock, data loading); "
             "every rank must reach the same collectives in the same order"
         )
+        cause = "rank_behind"
     behind_it = sorted(r for r, e in a.graph.end_of.items() if rank in e.ranks and r in a.graph.stranded)
     if len(behind_it) > SHAPE_LINES:  # the stranded finding has them, one line per chain shape
         evidence += f"\n{format_ranks(behind_it)} ({len(behind_it)}) wait on it through others: see the stranded ranks below"
     elif behind_it:
         evidence += "\nstranded behind it (waiting on it through others):\n" + "\n".join(
             "  " + c for c in shape_lines(a, behind_it))
-    return Finding(severity="critical", issue=issue, evidence=evidence, ranks=[rank], fix=fix, confidence=0.9)
+    return Finding(severity="critical", issue=issue, evidence=evidence, ranks=[rank], fix=fix, confidence=0.9, cause=cause)
 
 
 # -- 7-8. nobody to blame in the program ------------------------------------------------------
@@ -399,7 +409,7 @@ def stall(a: Analysis) -> None:
                       if not known else ""))
             ranks = []
         a.findings.append(
-            Finding(severity="critical", issue=issue, ranks=ranks, fix=fix, confidence=0.6,
+            Finding(severity="critical", issue=issue, ranks=ranks, fix=fix, confidence=0.6, cause="collective_stall",
                     evidence=f"all {len(waits)} member rank(s) of {group} are inside the same collective (same op, sequence number and shape)")
         )
 
@@ -408,7 +418,7 @@ def nobody_waiting(a: Analysis) -> None:
     if a.waiters() or a.lost or a.errors or any(f.severity == "critical" for f in a.findings):
         return
     slow = sorted(a.views)
-    place = "; ".join(f"rank {r} at {where(a.views[r].snap.get('stack', []))}" for r in slow[:4])
+    place = "; ".join(f"rank {r} at {where(a.views[r].record.stack)}" for r in slow[:4])
     # The table says 'collective' for a rank inside a wrapped call whose collectives torch's
     # recorder has all completed (it moves from one to the next): never contradict it.
     inside = [r for r in slow if a.views[r].state == "collective"]
@@ -423,6 +433,7 @@ def nobody_waiting(a: Analysis) -> None:
             ranks=slow if len(slow) < a.world else [],
             fix="if the work is just slow, raise the deadline (--timeout-s); otherwise the stacks show where it loops",
             confidence=0.6,
+            cause=CAUSE_STALLED,
         )
     )
 
@@ -457,14 +468,15 @@ def analyze_hang(
 
 def _settle(a: Analysis, raise_ends_run: bool) -> None:
     """Severities that depend on what else was found."""
-    others = [f for f in a.findings if f.severity == "critical" and "never checked in" not in f.issue]
+    never = SilentReason.NEVER_CHECKED_IN.cause
+    others = [f for f in a.findings if f.severity == "critical" and f.cause != never]
     if others:
         for f in a.findings:
-            if "never checked in" in f.issue:
+            if f.cause == never:
                 f.severity = "warning"  # still starting when another rank's trouble ended the run
     if raise_ends_run and not any(f.severity == "critical" for f in a.findings):
         for f in a.findings:
-            if f.ranks and set(f.ranks) <= set(a.errors) and f.issue.startswith(f"{a.what} "):
+            if f.ranks and set(f.ranks) <= set(a.errors) and f.cause in (CAUSE_RAISED, CAUSE_CAUGHT):
                 f.severity = "critical"
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from distdiag.hang.waitfor import End, Wait
 from distdiag.report.render import format_hosts, format_ranks
 
-__all__ = ["SHAPE_LINES", "wait_shape", "shape_lines"]
+__all__ = ["SHAPE_LINES", "wait_shape", "shape_lines", "counted_shape_lines"]
 
 SHAPE_LINES = 12
 """Shapes written out in a finding; the rest are counted on one line."""
@@ -59,9 +59,15 @@ def _hosts(a: Analysis, ranks: list[int]) -> str:
 def shape_lines(a: Analysis, ranks: list[int], limit: int | None = None) -> list[str]:
     """One line per chain shape among the stranded `ranks`, most ranks first, at most `limit`.
     No more ranks than lines: each rank's own chain (`rank 0 waits for 2 in ...; rank 2 ...`)."""
+    return counted_shape_lines(a, ranks, limit)[0]
+
+
+def counted_shape_lines(a: Analysis, ranks: list[int], limit: int | None = None) -> tuple[list[str], int]:
+    """(shape_lines, how many chain shapes there are in all, written out or counted)."""
     limit = SHAPE_LINES if limit is None else limit
     if len(ranks) <= limit:
-        return a.graph.chains(ranks)
+        chains = a.graph.chains(ranks)
+        return chains, len(chains)
     by_shape: dict[tuple[Any, ...], tuple[list[int], set[int]]] = {}
     for r in sorted(ranks):
         chain = a.graph.stranded.get(r)
@@ -84,4 +90,4 @@ def shape_lines(a: Analysis, ranks: list[int], limit: int | None = None) -> list
     if rest:
         lines.append(f"... and {len(rest)} more shapes ({sum(len(w) for _k, (w, _e) in rest)} ranks): "
                      "every rank's wait is in the table of ranks")
-    return lines
+    return lines, len(shapes)

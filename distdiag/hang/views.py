@@ -1,6 +1,6 @@
 """Each rank's last snapshot, read into one shape the rules can compare: where it waits.
 
-A snapshot comes from the check's sentinel (distdiag.runtime.tracker) or the watchdog
+A snapshot comes from the check's tracker (distdiag.runtime.tracker) or the watchdog
 (distdiag.watchdog.progress). Two sources say which collective a rank is inside:
 
 - the engine (torch's flight recorder, distdiag.hang.recorder): per process group, the last
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from distdiag.hang.incident import RankSnapshot, snapshot_of
 from distdiag.hang.recorder import pending_groups
 from distdiag.report.render import compress_numbers, format_ranks
 
@@ -30,11 +31,16 @@ __all__ = [
     "snapshot_details", "group_members", "wait_text",
 ]
 
-_DISTDIAG_FRAMES = (
-    "/distdiag/check/__main__.py", "/distdiag/check/forked_rank.py", "/distdiag/check/run.py", "/distdiag/check/finish.py",
-    "/distdiag/runtime/sentinel.py", "/distdiag/runtime/tracker.py", "/distdiag/watch.py", "/runpy.py",
-)
-_DISTDIAG_DIRS = ("/distdiag/watchdog/",)
+_OWN = "/distdiag/"
+_JOB_WORK = ("/distdiag/probes/", "/distdiag/workloads/", "/distdiag/runtime/comm.py", "/distdiag/runtime/faults.py")
+"""distdiag's code that does the job's work (the check's probes, their collectives and injected
+faults): where a rank is, as any job's line. Every other frame of distdiag's own package is its
+runner or its watchdog, never where a rank is stuck; nor is runpy's `-m` launch."""
+
+
+def _runner(path: str) -> bool:
+    """A frame of distdiag's runner (or runpy's), not of the job."""
+    return (_OWN in path and not any(w in path for w in _JOB_WORK)) or path.endswith("/runpy.py")
 _TORCH = re.compile(r"/(site|dist)-packages/torch/|/torch/(distributed|nn|autograd|_dynamo|_functorch|_inductor|utils|optim|_tensor\.py|_ops\.py)")
 _C10D = "/torch/distributed/distributed_c10d.py"
 _LIBS = re.compile(
@@ -52,7 +58,7 @@ def _path(line: str) -> str:
 def _innermost(stack: list[str]) -> str:
     for line in reversed(stack):
         path = _path(line)
-        if not path.endswith(_DISTDIAG_FRAMES) and "/threading.py" not in path and not any(d in path for d in _DISTDIAG_DIRS):
+        if not _runner(path) and "/threading.py" not in path:
             return line
     return stack[-1] if stack else "?"
 
@@ -77,11 +83,11 @@ def user_frame(stack: list[str]) -> str | None:
     """The innermost frame outside torch and distdiag's runner: the line of the job that led here."""
     for line in reversed(stack):
         path = _path(line)
-        if _TORCH.search(path) or path.endswith(_DISTDIAG_FRAMES) or "/threading.py" in path:
+        if _TORCH.search(path) or _runner(path) or "/threading.py" in path:
             continue
         if path.startswith("<eval_with_key"):  # an FX graph's generated code: its caller is the job's line
             continue
-        if any(d in path for d in _DISTDIAG_DIRS) or _LIBS.search(path):
+        if _LIBS.search(path):
             continue
         return line
     return None
@@ -112,17 +118,12 @@ def stack_text(snap: dict[str, Any], limit: int = 8) -> str:
     return "\n".join((snap.get("stack") or [])[-limit:])
 
 
-def rank_state(snap: dict[str, Any]) -> str:
-    if snap.get("in_collective") or pending_groups(snap.get("engine")):
+def rank_state(snap: RankSnapshot | dict[str, Any]) -> str:
+    """collective | finished | final | setup | computing: what the rank was doing."""
+    rec = snapshot_of(snap)
+    if rec.waiting:
         return "collective"
-    phase = snap.get("phase")
-    if phase == "barrier":
-        return "finished"
-    if phase == "final":
-        return "final"
-    if phase in ("setup", "checkin"):
-        return "setup"
-    return "computing"
+    return {"barrier": "finished", "final": "final", "setup": "setup", "checkin": "setup"}.get(rec.phase, "computing")
 
 
 def coll_label(c: dict[str, Any]) -> str:
@@ -177,6 +178,9 @@ class RankView:
 
     rank: int
     snap: dict[str, Any]
+    """The snapshot as posted (the details and the text read it)."""
+    record: RankSnapshot
+    """The same, typed: what the rules decide on."""
     state: str
     waits: list[dict[str, Any]] = field(default_factory=list)
     """The collectives it is inside, oldest first: group, seq, op, shape, dtype, for_s,
@@ -242,11 +246,12 @@ def build_views(snaps: dict[int, dict[str, Any]], lost: dict[int, str]) -> dict[
     for rank, snap in snaps.items():
         if rank in lost:
             continue
-        stack = snap.get("stack") or []
-        engine = snap.get("engine") or {}
-        view = RankView(rank=rank, snap=snap, state=rank_state(snap), engine_ok=engine.get("state") == "ok")
-        if view.engine_ok:
-            view.positions = {g["group"]: int(g["enqueued"]) for g in engine.get("groups", [])}
+        rec = snapshot_of(snap)
+        stack = rec.stack
+        view = RankView(rank=rank, snap=snap, record=rec, state=rank_state(rec),
+                        engine_ok=rec.engine is not None and rec.engine.ok)
+        if rec.engine is not None and view.engine_ok:
+            view.positions = {g.group: g.enqueued for g in rec.engine.groups}
             view.waits = _engine_waits(snap, stack)
             wrapper = _wrapper_wait(snap)
             # A wrapped call on a group the engine does not track (p2p, a group with no
@@ -259,9 +264,8 @@ def build_views(snaps: dict[int, dict[str, Any]], lost: dict[int, str]) -> dict[
         for w in view.waits:
             if w.get("call_site"):
                 w["call_site"] = with_user_site(str(w["call_site"]), stack)
-        steps = snap.get("steps")
-        view.steps = int(steps) if isinstance(steps, int) else None
-        view.in_loop = snap.get("in_loop")
+        view.steps = rec.steps if isinstance(rec.steps, int) else None
+        view.in_loop = rec.in_loop
         views[rank] = view
     return views
 

@@ -350,7 +350,7 @@ def nodes_from_views(views: dict[int, RankView], lost: dict[int, str], errors: d
         if v is None:
             continue
         err = errors.get(rank)
-        stack = v.snap.get("stack") or []
+        stack = v.record.stack
         at = where(stack)
         enq = {_members(g, world): n for g, n in v.positions.items()} if v.engine_ok else None
         if enq is not None:

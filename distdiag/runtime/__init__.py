@@ -3,6 +3,9 @@
     context.py   who this process is (LaunchInfo), the store, the process groups, RankContext
     exchange.py  post/collect/publish through the c10d store, with deadlines (works while
                  collectives are broken)
+    keys.py      every key distdiag uses in the store, who writes and who reads it
+    incident.py  ending a broken run together, shared by the check and the watchdog: snapshot,
+                 claim the writer, the small verdict first, waiting on the writer's progress
     sentinel.py  one daemon thread per rank that ends a broken run with a report
     tracker.py   where the main thread is: phase, probe, the collective it is inside
     comm.py      the tracked collectives probes issue (ctx.comm), open to injected faults
@@ -14,4 +17,4 @@ Importing this package imports nothing: each module is loaded where it is used (
 imports torch).
 """
 
-__all__ = ["comm", "context", "exchange", "faults", "sentinel", "tracker"]
+__all__ = ["comm", "context", "exchange", "faults", "incident", "keys", "sentinel", "tracker"]

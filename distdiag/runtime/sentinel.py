@@ -7,6 +7,8 @@ the job-wide `abort` flag. When any of them fires on any rank, every sentinel po
 snapshot of its main thread (phase, collective, stack); one sentinel claims the writer role,
 consolidates what the store holds into a report naming the culprits, writes it and publishes
 the verdict; then every rank leaves with `os._exit(code)` - after the report is written.
+The steps shared with the watchdog (snapshot, claim, verdict, the wait that follows the
+writer's progress) are distdiag/runtime/incident.py; the report is the check's callback.
 """
 
 from __future__ import annotations
@@ -21,10 +23,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psutil
-
 from distdiag.errors import print_line
+from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Verdict
 from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.incident import (
+    WRITER_STALL_S,
+    Incident,
+    kill_pid,
+    kill_stopped_local,
+    process_state,
+    silent_rank_reasons,
+)
+from distdiag.runtime.keys import IncidentKeys, Keys
 
 __all__ = [
     "Sentinel", "install_sigterm_wakeup", "flush_and_exit", "process_state", "silent_rank_reasons",
@@ -44,8 +54,9 @@ peer's abort is seen as fast as anywhere else."""
 HEARTBEAT_EVERY_S = 0.5
 SNAPSHOT_GRACE_S = 2.0
 """How long the writer waits for every live rank's snapshot once a run is aborted."""
-VERDICT_WAIT_S = 20.0
-"""How long a non-writer waits for the verdict before leaving with exit code 3 on its own."""
+VERDICT_STALL_S = WRITER_STALL_S
+"""How long a non-writer waits for the writer's progress to move before leaving with exit
+code 3 on its own (distdiag/runtime/incident.py: the wait follows the writer, not a clock)."""
 WRITER_DEFER_S = 1.0
 """How long a rank that is not waiting on anyone (a possible culprit) defers the writer role."""
 
@@ -146,67 +157,6 @@ def flush_and_exit(code: int) -> None:
     os._exit(code)
 
 
-def silent_rank_reasons(
-    missing: list[int], infos: dict[int, Any], host: str, who: str = "sentinel", starting_host: str | None = None,
-) -> dict[int, str]:
-    """Why each rank that posted nothing is silent, as far as this host can tell.
-
-    `infos` maps rank -> an object with `host` and `pid` (RankInfo) for the ranks that checked
-    in; same-host ranks are looked at by pid, the others can only be "no answer". A rank with
-    no entry never checked in; `starting_host` names its host when every rank starts on one.
-    """
-    lost: dict[int, str] = {}
-    for r in missing:
-        info = infos.get(r)
-        if info is not None and info.host == host and info.pid > 0:
-            state = process_state(info.pid)
-            lost[r] = {
-                "gone": f"its process (pid {info.pid}) is gone: killed or exited",
-                "stopped": f"its process (pid {info.pid}) is stopped (SIGSTOP or a debugger)",
-                "alive": f"its process (pid {info.pid}) is alive but its {who} did not answer (holding the GIL?)",
-            }.get(state, f"its process (pid {info.pid}) is in state {state}")
-        elif info is None:
-            on = f" on host {starting_host}" if starting_host else ""
-            lost[r] = (
-                f"it never checked in (no rank table entry){on}: it was still starting - importing torch or the "
-                "target, or connecting to the job's store - or it died before connecting"
-            )
-        else:
-            lost[r] = f"no answer from host {info.host} (dead, stopped or unreachable)"
-    return lost
-
-
-def kill_pid(pid: int) -> None:
-    """SIGKILL, ignoring a process that is already gone."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def kill_stopped_local(lost: dict[int, str], infos: dict[int, Any], host: str) -> None:
-    """A stopped process ignores SIGTERM: end the same-host ranks `lost` calls stopped, by pid."""
-    for r, why in lost.items():
-        info = infos.get(r)
-        if info is not None and "stopped" in why and info.host == host and 0 < info.pid != os.getpid():
-            kill_pid(info.pid)
-
-
-def process_state(pid: int) -> str:
-    """How a same-host process looks from outside: gone, stopped, zombie or alive."""
-    try:
-        status = psutil.Process(pid).status()
-    except psutil.NoSuchProcess:
-        return "gone"
-    except psutil.Error:
-        return "unknown"
-    if status in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop")):
-        return "stopped"
-    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-        return "gone"
-    return "alive"
-
-
 class Sentinel(threading.Thread):
     """Per-rank watcher. `write_abort_report` is the check's callback that builds the report."""
 
@@ -221,8 +171,8 @@ class Sentinel(threading.Thread):
         timeout_s: float,
         setup_timeout_s: float,
         deadline_at: float,
-        write_abort_report: Callable[[Exchange, dict[str, Any]], int],
-        mirror: Callable[[Exchange, dict[str, Any]], None] | None = None,
+        write_abort_report: Callable[[Incident, IncidentEvent], int],
+        mirror: Callable[[Exchange, Any], None] | None = None,
         on_abort: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="distdiag-sentinel", daemon=True)
@@ -246,17 +196,17 @@ class Sentinel(threading.Thread):
         self.on_late_sigterm: Callable[[], int] | None = None
         """On the rank that wrote the verdict: called (bounded) by a SIGTERM that comes after
         it, which means a peer failed after the verdict; returns the code to leave with."""
-        self._trigger: dict[str, Any] | None = None
+        self._trigger: IncidentEvent | None = None
         self._lock = threading.Lock()
         self.exchange: Exchange | None = None
         self.started_ok = threading.Event()
 
     # -- called from the main thread ---------------------------------------------------
-    def trigger(self, kind: str, detail: str) -> None:
+    def trigger(self, kind: EventKind | str, detail: str) -> None:
         """Ask the sentinel to end the run (it acts within one tick)."""
         with self._lock:
             if self._trigger is None:
-                self._trigger = {"kind": kind, "detail": detail, "rank": self.rank}
+                self._trigger = IncidentEvent.from_dict({"kind": kind, "detail": detail, "rank": self.rank})
 
     # -- the thread ----------------------------------------------------------------------
     def run(self) -> None:
@@ -280,10 +230,10 @@ class Sentinel(threading.Thread):
                                 log.warning("could not look at the ranks after the verdict: %s", exc)
                         flush_and_exit(code)
                     what = "SIGINT (Ctrl-C)" if sig == "SIGINT" else "SIGTERM"
-                    self.trigger("terminated", f"rank {self.rank} received {what} from the launcher (another worker failed or the job was cancelled)")
+                    self.trigger(EventKind.TERMINATED, f"rank {self.rank} received {what} from the launcher (another worker failed or the job was cancelled)")
                 now = time.monotonic()
                 if now - last_beat >= HEARTBEAT_EVERY_S:
-                    self.exchange.bump(f"hb/{self.rank}")
+                    self.exchange.bump(Keys.heartbeat(self.rank))
                     last_beat = now
                 if self.finishing_code is not None:
                     continue
@@ -296,63 +246,69 @@ class Sentinel(threading.Thread):
             print_line(f"distdiag[rank {self.rank}]: lost the job's store ({type(exc).__name__}: {exc}); exiting 3")
             flush_and_exit(3)
 
-    def _check(self, now: float) -> dict[str, Any] | None:
+    def _check(self, now: float) -> IncidentEvent | None:
         with self._lock:
             if self._trigger is not None:
                 return self._trigger
         assert self.exchange is not None
-        if self.exchange.count("abort_reason") > 0:
-            return {"kind": "peer", "detail": "another rank aborted the run", "rank": self.rank}
+        if self.exchange.count(Keys.ABORT_REASON) > 0:
+            return IncidentEvent(EventKind.PEER, "another rank aborted the run", self.rank)
         phase, since = self.tracker.phase, self.tracker.phase_since
         # Only the wait for every rank to check in (ranks still importing torch) gets the long
         # limit; setup proper (the target, the process groups) is bounded like a probe.
         limit = self.setup_timeout_s if phase == "checkin" else self.timeout_s
         if phase in ("checkin", "setup", "probe", "barrier", "final") and now - since > limit:
             where = f"probe '{self.tracker.probe_name}'" if phase in ("probe", "barrier") else f"the {phase} phase"
-            return {"kind": "timeout", "detail": f"{where} exceeded its deadline of {limit:g}s on rank {self.rank}", "rank": self.rank}
+            return IncidentEvent(EventKind.TIMEOUT, f"{where} exceeded its deadline of {limit:g}s on rank {self.rank}", self.rank)
         if now > self.deadline_at:
-            return {"kind": "deadline", "detail": "the whole check exceeded --deadline-s", "rank": self.rank}
+            return IncidentEvent(EventKind.DEADLINE, "the whole check exceeded --deadline-s", self.rank)
         return None
 
-    def _emergency(self, reason: dict[str, Any]) -> None:
+    def _emergency(self, reason: IncidentEvent) -> None:
         assert self.exchange is not None
-        ex = self.exchange
+        incident = Incident(self.exchange, IncidentKeys(), self.world_size, self.store_factory)
         self.aborting.set()
         if self.on_abort is not None:
             try:
                 self.on_abort()
             except Exception as exc:  # noqa: BLE001 - cosmetic: never in the way of the report
                 log.debug("on_abort failed: %s", exc)
-        if reason["kind"] != "peer":
-            ex.post("abort_reason", reason)
-        snap = self.tracker.snapshot()
-        snap.update({"rank": self.rank, "host": self.host, "pid": os.getpid(), "reason": reason})
-        ex.post("snap", snap)
-        grace_end = time.monotonic() + SNAPSHOT_GRACE_S + 0.002 * self.world_size
-        ex.wait_count("snap", self.world_size, grace_end, poll_s=0.05)
-        code = 3
+        if reason.kind is not EventKind.PEER:
+            self.exchange.post(Keys.ABORT_REASON, reason.to_dict())
+        snap = RankSnapshot.from_dict(self.tracker.snapshot())
+        snap.rank, snap.host, snap.pid, snap.event, snap.event_key = self.rank, self.host, os.getpid(), reason, "reason"
+        incident.post_snapshot(snap)
+        incident.wait_snapshots(time.monotonic() + SNAPSHOT_GRACE_S + 0.002 * self.world_size)
         from distdiag.hang import rank_state
 
-        if rank_state(snap) != "collective" and snap.get("phase") in ("checkin", "setup", "probe"):
+        if rank_state(snap) != "collective" and snap.phase in ("checkin", "setup", "probe"):
             # This rank may be the culprit (it is not waiting on anyone): let a rank that is
             # only waiting write the report, so a stuck rank 0 is reported by another rank.
             time.sleep(WRITER_DEFER_S)
-        if ex.claim("writer", "sentinel"):
-            try:
-                code = self.write_abort_report(ex, reason)
-            except Exception as exc:  # noqa: BLE001 - say so, still leave with 3
-                import traceback
+        flush_and_exit(self._write(incident, reason) if incident.claim_writer("sentinel") else self._await(incident))
 
-                print_line(f"distdiag[rank {self.rank}]: failed to write the report: {exc}")
-                traceback.print_exc()
-                ex.publish("verdict", {"exit_code": 3, "writer": self.rank})
-        else:
-            verdict = ex.wait_read("verdict", time.monotonic() + VERDICT_WAIT_S, poll_s=0.05)
-            if verdict is not None:
-                code = int(verdict.get("exit_code", 3))
-                if self.mirror is not None:
-                    try:
-                        self.mirror(ex, verdict)
-                    except Exception as exc:  # noqa: BLE001 - the writer's copy exists
-                        log.warning("could not mirror the report on this node: %s", exc)
-        flush_and_exit(code)
+    def _write(self, incident: Incident, reason: IncidentEvent) -> int:
+        """This rank writes the report (the check's callback publishes the verdict first)."""
+        try:
+            return self.write_abort_report(incident, reason)
+        except Exception as exc:  # noqa: BLE001 - say so, still publish a verdict and leave with 3
+            import traceback
+
+            print_line(f"distdiag[rank {self.rank}]: failed to write the report: {exc}")
+            traceback.print_exc()
+            incident.publish_verdict(Verdict(3, self.rank, self.host, outcome="error",
+                                             summary=f"the writer failed to write the report: {type(exc).__name__}"))
+            return 3
+
+    def _await(self, incident: Incident) -> int:
+        """Wait for the verdict while the writer moves; this node's copy of the report; the code."""
+        verdict, why = incident.wait_verdict(VERDICT_STALL_S)
+        if verdict is None:
+            print_line(f"distdiag[rank {self.rank}]: no verdict: {why}; exiting 3")
+            return 3
+        if self.mirror is not None:
+            try:
+                self.mirror(incident.ex, verdict)
+            except Exception as exc:  # noqa: BLE001 - the writer's copy exists
+                log.warning("could not mirror the report on this node: %s", exc)
+        return verdict.exit_code

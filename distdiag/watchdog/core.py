@@ -28,6 +28,7 @@ import atexit
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -35,7 +36,7 @@ from typing import Any
 
 from distdiag.errors import ConfigError, HangDetected, error_summary, mentions_broken_connection
 from distdiag.watchdog.config import WatchdogConfig
-from distdiag.watchdog.watcher import VERDICT_WAIT_S
+from distdiag.watchdog.watcher import VERDICT_STALL_S
 
 __all__ = ["HangWatchdog"]
 
@@ -150,7 +151,7 @@ class HangWatchdog:
                 # This rank's exception may leave the others waiting in a collective it will
                 # never enter: say so now, while they can still answer, then let it go on.
                 watcher.request("raised", summary)
-            watcher.acted.wait(self.config.snapshot_grace.total_seconds() + VERDICT_WAIT_S)
+            _wait_acted(watcher, self.config.snapshot_grace.total_seconds() + VERDICT_STALL_S)
         watcher.finish(summary)
         try:
             atexit.unregister(self.close)
@@ -266,6 +267,16 @@ def default_pg_timeout() -> timedelta | None:
         if isinstance(timeout, timedelta):
             return timeout
     return None
+
+
+def _wait_acted(watcher: Any, bound_s: float) -> None:
+    """Until the watcher acted on the event this rank's exception declared: at most `bound_s`
+    for it to start, then as long as it is inside the incident (its own waits are bounded by
+    the writer's progress, distdiag/runtime/incident.py)."""
+    end = time.monotonic() + bound_s
+    while not watcher.acted.wait(0.1):
+        if not watcher.is_alive() or (time.monotonic() > end and not watcher.in_incident.is_set()):
+            return
 
 
 def _store(info: Any, index: int, timeout_s: float) -> Any:

@@ -39,22 +39,38 @@ from collections.abc import Callable
 from typing import Any
 
 from distdiag.errors import HangDetected, print_line
+from distdiag.hang.incident import EngineView, EventKind, IncidentEvent, RankSnapshot, Verdict
 from distdiag.report.model import RankInfo
 from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.incident import (
+    WRITER_STALL_S,
+    Incident,
+    checked_value,
+    kill_pid,
+    kill_stopped_local,
+    post_snapshot,
+    process_state,
+)
+from distdiag.runtime.keys import IncidentKeys, Keys
 from distdiag.runtime.sentinel import flush_and_exit
 from distdiag.watchdog.config import EXIT_WATCHDOG, WatchdogConfig
 from distdiag.watchdog.marks import MarkComparer
 from distdiag.watchdog.phases import PhaseBoard, importing
 from distdiag.watchdog.progress import Progress
 from distdiag.watchdog.stall import StallCheck
-from distdiag.watchdog.writer import REPORT_NAME, gather_and_write
+from distdiag.watchdog.writer import REPORT_NAME, gather_and_write, publish_outcome
 
 __all__ = ["Watcher", "RaisedHang"]
 
 log = logging.getLogger("distdiag.watchdog")
 
-VERDICT_WAIT_S = 20.0
-"""How long a non-writer waits for the report before acting on its own."""
+VERDICT_STALL_S = WRITER_STALL_S
+"""How long a non-writer waits for the writer's progress to move before acting on its own
+(distdiag/runtime/incident.py: the wait follows the writer, not a fixed clock)."""
+RECONNECT_AFTER = 5
+"""Failed ticks in a row after which the watchdog opens a new client of the job's store."""
+GIVE_UP_AFTER = 40
+"""Failed ticks in a row (new clients included) after which the watchdog says it is off."""
 PEERS_EXIT_WAIT_S = 3.0
 """After the report, how long the writer lets same-host peers leave before SIGKILLing them."""
 
@@ -99,6 +115,8 @@ class Watcher(threading.Thread):
         self.stall = StallCheck(self.rank, progress, config, self.phase_board)
         self._request: tuple[str, Any] | None = None
         self.acted = threading.Event()
+        self.in_incident = threading.Event()
+        """Set while this thread handles an event (snapshot, report or verdict, acting)."""
         self.engine: Any = None
 
     def request(self, kind: str, detail: Any) -> None:
@@ -118,7 +136,7 @@ class Watcher(threading.Thread):
         try:
             self.ex = Exchange(self.store_factory(), self.rank, self.world)
             info = self.info
-            self.ex.post("info", RankInfo(self.rank, info.host, info.node, info.local_rank, "cpu", os.getpid()).to_dict())
+            self.ex.post(Keys.INFO, RankInfo(self.rank, info.host, info.node, info.local_rank, "cpu", os.getpid()).to_dict())
             self.phase_board.start(self.ex)
         except Exception as exc:  # noqa: BLE001 - without a store the watchdog cannot report: say so, stay out of the way
             log.warning("rank %d: the watchdog cannot reach the job's store (%s); it is off", self.rank, exc)
@@ -138,25 +156,29 @@ class Watcher(threading.Thread):
             except Exception as exc:  # noqa: BLE001 - a store hiccup must not end the job
                 failures += 1
                 log.debug("watchdog tick failed: %s", exc)
-                if failures >= 20:
-                    log.warning("rank %d: the watchdog lost the job's store (%s); it is off", self.rank, exc)
+                if failures % RECONNECT_AFTER == 0:
+                    self._reconnect()
+                if failures >= GIVE_UP_AFTER:
+                    print_line(f"distdiag[rank {self.rank}]: the watchdog lost the job's store ({type(exc).__name__}: "
+                               f"{exc}) and could not reconnect; it is off, hangs on this rank go unreported")
                     return
         self._post_final()
 
     def _post_final(self) -> None:
         assert self.ex is not None
         try:
-            snap = self.progress.snapshot(self.config.history, finished=True)
-            snap.update({"rank": self.rank, "host": self.info.host, "pid": os.getpid()})
+            snap = RankSnapshot.from_dict(self.progress.snapshot(self.config.history, finished=True))
+            snap.rank, snap.host, snap.pid = self.rank, self.info.host, os.getpid()
             if self.engine is not None:
                 # How far this rank got on each group: a rank that left while the others went
                 # on (uneven data) is told apart by these counts after the fact.
                 # Without wrappers its recorded collectives with their call sites are its history
                 # (a rank that skipped one and ran out early is located by them).
-                snap["engine"] = self.engine.read(details=False, tail=0 if self.config.wrap else 32, sites=True)
+                view = self.engine.read(details=False, tail=0 if self.config.wrap else 32, sites=True)
+                snap.engine = EngineView.from_dict(view) if isinstance(view, dict) else None
             if self.error:
-                self.ex.post("error", self.error)
-            self.ex.post("final", snap)
+                self.ex.post(Keys.ERROR, self.error)
+            post_snapshot(self.ex, Keys.FINAL, snap)
             self.phase_board.leave(self.ex)
         except Exception as exc:  # noqa: BLE001 - leaving anyway
             log.debug("could not post the final state: %s", exc)
@@ -173,7 +195,7 @@ class Watcher(threading.Thread):
         self.phase_board.publish(self.ex, self.config.startup_timeout.total_seconds())
         if self.config.compare_steps and not self.desync_reported:
             self._compare_marks()
-        if self.ex.store.check([f"event/{self.handled + 1}"]):
+        if self.ex.store.check([Keys.event(self.handled + 1)]):
             self._handle(self.handled + 1)
             return
         if self._request is not None:
@@ -187,7 +209,7 @@ class Watcher(threading.Thread):
         assert self.ex is not None
         detail = self.stall.overdue(self.ex, self.reported_at)
         if detail is not None:
-            self._declare("timeout", detail)
+            self._declare(EventKind.TIMEOUT, detail)
 
     # -- digests at step marks -------------------------------------------------------------
     def _compare_marks(self) -> None:
@@ -195,73 +217,64 @@ class Watcher(threading.Thread):
         desync = self.mark_comparer.compare(self.ex, self.progress)
         if desync is not None:
             self.desync_reported = True
-            self._declare("desync", desync)
+            self._declare(EventKind.DESYNC, desync)
 
     # -- events ------------------------------------------------------------------------------
-    def _declare(self, kind: str, detail: Any) -> None:
+    def _reconnect(self) -> None:
+        """A new client of the job's store (a failed call can leave the old one broken)."""
+        try:
+            self.ex = Exchange(self.store_factory(), self.rank, self.world)
+        except Exception as exc:  # noqa: BLE001 - tried again after the next failures
+            log.debug("watchdog could not reconnect to the job's store: %s", exc)
+
+    def _declare(self, kind: EventKind | str, detail: Any) -> None:
         assert self.ex is not None
-        if kind in ("raised", "peer_error") and isinstance(detail, dict):
+        event = IncidentEvent.from_dict({"kind": kind, "detail": detail, "rank": self.rank})
+        if event.kind in (EventKind.RAISED, EventKind.PEER_ERROR) and isinstance(detail, dict):
             # The exception first, so the writer has it whoever claims the role.
-            self.ex.post("error", detail)
-            detail = f"rank {self.rank} raised {detail.get('type')}: {detail.get('message')}"
+            self.ex.post(Keys.ERROR, detail)
+            event.detail = f"rank {self.rank} raised {detail.get('type')}: {detail.get('message')}"
         epoch = self.handled + 1
-        reason = {"kind": kind, "detail": detail, "rank": self.rank}
-        self.ex.store.compare_set(f"event/{epoch}", "", json.dumps(reason))
+        self.ex.store.compare_set(Keys.event(epoch), "", checked_value(Keys.event(epoch), event.to_dict()))
         self._handle(epoch)
 
-    def _snapshot(self, event: dict[str, Any]) -> dict[str, Any]:
-        snap = self.progress.snapshot(self.config.history)
-        snap.update({"rank": self.rank, "host": self.info.host, "pid": os.getpid(), "event": event})
+    def _snapshot(self, event: IncidentEvent) -> RankSnapshot:
+        snap = RankSnapshot.from_dict(self.progress.snapshot(self.config.history))
+        snap.rank, snap.host, snap.pid, snap.event = self.rank, self.info.host, os.getpid(), event
         # importing within the startup budget (an import stuck longer is a hang like any other)
         since = self.phase_board.import_since
         budget = self.config.startup_timeout.total_seconds()
-        snap["importing"] = importing(self.progress.thread_ident) and (not since or time.monotonic() - since <= budget)
+        snap.importing = importing(self.progress.thread_ident) and (not since or time.monotonic() - since <= budget)
+        snap.present.add("importing")
         if self.engine is not None:
             # Call sites from the recorder's stacks: wait a little for their one-time warm-up (a
             # hang in the job's first seconds), well within the writer's snapshot grace.
             wait_s = 0.0 if self.config.wrap else min(1.0, self.config.snapshot_grace.total_seconds() / 2)
-            snap["engine"] = self.engine.read(details=True, tail=16 if self.config.wrap else 32, sites=True, wait_s=wait_s)
+            view = self.engine.read(details=True, tail=16 if self.config.wrap else 32, sites=True, wait_s=wait_s)
+            snap.engine = EngineView.from_dict(view) if isinstance(view, dict) else None
         return snap
 
     def _handle(self, epoch: int) -> None:
+        self.in_incident.set()
+        try:
+            self._handle_event(epoch)
+        finally:
+            self.in_incident.clear()
+
+    def _handle_event(self, epoch: int) -> None:
         assert self.ex is not None
-        ex = self.ex
-        event = json.loads(ex.store.get(f"event/{epoch}"))
-        if event.get("kind") == "desync":
+        incident = Incident(self.ex, IncidentKeys(epoch), self.world, self.store_factory)
+        event = IncidentEvent.from_dict(json.loads(self.ex.store.get(Keys.event(epoch))))
+        if event.kind is EventKind.DESYNC:
             self.desync_reported = True
-        ex.post(f"snap/{epoch}", self._snapshot(event))
+        incident.post_snapshot(self._snapshot(event))
         lost: dict[int, str] = {}
-        excuse = None
-        writer = ex.claim(f"writer/{epoch}")
+        writer = incident.claim_writer()
         if writer:
-            try:
-                _report, lost, excuse = gather_and_write(
-                    ex, epoch=epoch, event=event, world=self.world, host=self.info.host, rank=self.rank,
-                    timeout_s=self.config.timeout_s, grace_s=self.config.snapshot_grace.total_seconds(),
-                    dump_dir=self.config.dump_dir, config=self.extra_config, started=self.started,
-                    own_snapshot=lambda: self._snapshot(event),
-                )
-            except Exception as exc:  # noqa: BLE001 - still act on the hang
-                print_line(f"distdiag[rank {self.rank}]: failed to write the hang report: {exc}")
-                traceback.print_exc()
-            ex.publish(f"verdict/{epoch}", {"writer": self.rank, "host": self.info.host, "excused": excuse})
-            if excuse:
-                print_line(f"distdiag[rank {self.rank}]: watchdog: no hang after all: {excuse}; watching on")
+            excuse, lost = self._write(incident, event)
         else:
-            answered: list[bool] = []
-
-            def reread() -> bool:
-                # The writer asks again when this rank's snapshot contradicts itself (see
-                # writer.inconsistent_ranks): re-read once, keeping the snapshot count as it is.
-                if not answered and ex.store.check([f"again/{epoch}/{self.rank}"]):
-                    answered.append(True)
-                    ex.store.set(f"snap/{epoch}/{self.rank}", json.dumps({**self._snapshot(event), "reread": 1}, default=str))
-                return False
-
-            verdict = ex.wait_read(f"verdict/{epoch}", time.monotonic() + VERDICT_WAIT_S, poll_s=0.05, stop=reread)
-            excuse = verdict.get("excused") if verdict is not None else None
-            if verdict is not None and not excuse:
-                self._mirror(epoch, verdict)
+            excuse = self._await(incident, event)
+        self.ex = incident.ex  # a new client, if the writer had to reconnect
         self.handled = epoch
         self.acted.set()
         if excuse:
@@ -269,24 +282,62 @@ class Watcher(threading.Thread):
             return
         self._act(event, writer, lost)
 
-    def _mirror(self, epoch: int, verdict: dict[str, Any]) -> None:
+    def _write(self, incident: Incident, event: IncidentEvent) -> tuple[str | None, dict[int, str]]:
+        """This rank writes the report and publishes the verdict (first) and the report."""
+        report, lost, excuse = None, {}, None
+        try:
+            report, lost, excuse = gather_and_write(
+                incident, event=event, host=self.info.host, timeout_s=self.config.timeout_s,
+                grace_s=self.config.snapshot_grace.total_seconds(), dump_dir=self.config.dump_dir,
+                config=self.extra_config, started=self.started, own_snapshot=lambda: self._snapshot(event),
+            )
+        except Exception as exc:  # noqa: BLE001 - still act on the hang
+            print_line(f"distdiag[rank {self.rank}]: failed to write the hang report: {exc}")
+            traceback.print_exc()
+        publish_outcome(incident, report, excuse=excuse, host=self.info.host, dump_dir=self.config.dump_dir)
+        if excuse:
+            print_line(f"distdiag[rank {self.rank}]: watchdog: no hang after all: {excuse}; watching on")
+        return excuse, lost
+
+    def _await(self, incident: Incident, event: IncidentEvent) -> str | None:
+        """Wait for the verdict while the writer moves (answering its request to re-read);
+        keep this host's copy of the report; the verdict's excuse, if any."""
+        answered: list[bool] = []
+
+        def reread() -> bool:
+            # The writer asks again when this rank's snapshot contradicts itself (see
+            # writer.inconsistent_ranks): re-read once, keeping the snapshot count as it is.
+            if not answered and incident.ex.store.check([incident.keys.again(self.rank)]):
+                answered.append(True)
+                incident.repost_snapshot(self._snapshot(event))
+            return False
+
+        verdict, why = incident.wait_verdict(VERDICT_STALL_S, stop=reread)
+        if verdict is None:
+            print_line(f"distdiag[rank {self.rank}]: watchdog: no verdict came: {why}; acting on the event alone")
+            return None
+        if not verdict.excused:
+            self._mirror(incident, verdict)
+        return verdict.excused
+
+    def _mirror(self, incident: Incident, verdict: Verdict) -> None:
         """Local rank 0 of every other host keeps a copy of the report (no shared FS assumed)."""
-        if self.info.local_rank != 0 or verdict.get("host") == self.info.host or self.ex is None:
+        if self.info.local_rank != 0 or verdict.host == self.info.host or verdict.chunks <= 0:
             return
-        shared = self.ex.read(f"report/{epoch}")
-        if shared:
+        text, _meta = incident.wait_report()
+        if text:
             from distdiag.report.model import write_json_atomic
 
             try:
-                write_json_atomic(os.path.join(self.config.dump_dir, REPORT_NAME), shared["json"].rstrip("\n"))
+                write_json_atomic(os.path.join(self.config.dump_dir, REPORT_NAME), text.rstrip("\n"))
             except OSError as exc:
                 log.warning("could not keep a copy of the hang report here: %s", exc)
 
     # -- acting ----------------------------------------------------------------------------
-    def _act(self, event: dict[str, Any], writer: bool, lost: dict[int, str]) -> None:
+    def _act(self, event: IncidentEvent, writer: bool, lost: dict[int, str]) -> None:
         action = self.config.action
         path = os.path.join(self.config.dump_dir, REPORT_NAME)
-        if event.get("kind") == "raised" and event.get("rank") == self.rank:
+        if event.kind is EventKind.RAISED and event.rank == self.rank:
             return  # this rank's own exception goes on (the training thread re-raises it)
         if action == "report":
             self.reported_at = time.monotonic()
@@ -305,14 +356,15 @@ class Watcher(threading.Thread):
             elif self._raise_in_training_thread(event, path):
                 return
         if writer:
-            self._end_local_peers(lost)
+            assert self.ex is not None
+            end_local_peers(self.ex, lost, self.info.host, abort=self.config.action == "abort")
         print_line(f"distdiag[rank {self.rank}]: watchdog ending the process (exit {EXIT_WATCHDOG}); report: {path}")
         flush_and_exit(EXIT_WATCHDOG)
 
-    def _raise_in_training_thread(self, event: dict[str, Any], path: str) -> bool:
+    def _raise_in_training_thread(self, event: IncidentEvent, path: str) -> bool:
         """True once HangDetected was delivered and the training thread moved on."""
-        kind = "desync" if event.get("kind") == "desync" else "hang"
-        _raise_message[0] = f"{kind} detected by distdiag's watchdog on rank {event.get('rank')}; report: {path}"
+        kind = "desync" if event.kind is EventKind.DESYNC else "hang"
+        _raise_message[0] = f"{kind} detected by distdiag's watchdog on rank {event.rank}; report: {path}"
         before = self.progress.last_progress
         done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
             ctypes.c_ulong(self.progress.thread_ident), ctypes.py_object(RaisedHang)
@@ -327,22 +379,21 @@ class Watcher(threading.Thread):
             time.sleep(0.05)
         return False
 
-    def _end_local_peers(self, lost: dict[int, str]) -> None:
-        """Same-host ranks that cannot leave by themselves (stopped, silent) are killed by pid."""
-        assert self.ex is not None
-        try:
-            infos = {r: RankInfo.from_dict(v) for r, v in self.ex.collect("info").items()}
-        except Exception:  # noqa: BLE001 - nothing to end then
-            return
-        from distdiag.runtime.sentinel import kill_pid, kill_stopped_local, process_state
 
-        kill_stopped_local(lost, infos, self.info.host)
-        local = {r: i.pid for r, i in infos.items() if i.host == self.info.host and i.pid != os.getpid() and i.pid > 0}
-        if self.config.action != "abort":
-            return  # with action "raise", peers may be saving a checkpoint after HangDetected
-        end = time.monotonic() + PEERS_EXIT_WAIT_S
-        while time.monotonic() < end and any(process_state(p) not in ("gone",) for p in local.values()):
-            time.sleep(0.05)
-        for pid in local.values():
-            if process_state(pid) != "gone":
-                kill_pid(pid)
+def end_local_peers(ex: Exchange, lost: dict[int, str], host: str, *, abort: bool) -> None:
+    """Same-host ranks that cannot leave by themselves (stopped, silent) are killed by pid; with
+    `abort`, every same-host peer still there after PEERS_EXIT_WAIT_S too."""
+    try:
+        infos = {r: RankInfo.from_dict(v) for r, v in ex.collect(Keys.INFO).items()}
+    except Exception:  # noqa: BLE001 - nothing to end then
+        return
+    kill_stopped_local(lost, infos, host)
+    local = {r: i.pid for r, i in infos.items() if i.host == host and i.pid != os.getpid() and i.pid > 0}
+    if not abort:
+        return  # with action "raise", peers may be saving a checkpoint after HangDetected
+    end = time.monotonic() + PEERS_EXIT_WAIT_S
+    while time.monotonic() < end and any(process_state(p) not in ("gone",) for p in local.values()):
+        time.sleep(0.05)
+    for pid in local.values():
+        if process_state(pid) != "gone":
+            kill_pid(pid)

@@ -24,12 +24,24 @@ from distdiag.hang import (
     stack_text,
     state_rows,
 )
+from distdiag.hang.incident import (
+    CAUSE_DESYNC,
+    EngineView,
+    EventKind,
+    IncidentEvent,
+    Silence,
+    SilentReason,
+    Verdict,
+    event_of,
+    snapshot_of,
+)
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
-from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.incident import Incident, silent_rank_reasons
+from distdiag.runtime.keys import Keys
 
-__all__ = ["gather_and_write", "render_hang_report", "excused", "inconsistent_ranks", "REPORT_NAME"]
+__all__ = ["gather_and_write", "publish_outcome", "render_hang_report", "excused", "inconsistent_ranks", "REPORT_NAME"]
 
 REPORT_NAME = "hang-report.json"
 
@@ -47,13 +59,14 @@ def _phase_findings(snaps: dict[int, dict[str, Any]]) -> list[Finding]:
                         ranks=[rank],
                         fix=f"if '{ph['name']}' is just slow, give the phase a larger timeout; otherwise the stack shows where it is stuck",
                         confidence=0.85,
+                        cause="phase_over_budget",
                     )
                 )
     return out
 
 
 def analyse(
-    event: dict[str, Any],
+    event: IncidentEvent | dict[str, Any],
     merged: dict[int, dict[str, Any]],
     lost: dict[int, str],
     errors: dict[int, dict[str, Any]],
@@ -64,12 +77,13 @@ def analyse(
     steps = sorted({str(s.get("step")) for s in merged.values() if s.get("step") is not None})
     what = f"step {steps[0]}" if len(steps) == 1 else (f"steps {', '.join(steps[:4])}" if steps else "training")
     findings: list[Finding] = []
-    if event.get("kind") == "desync":
+    event = event_of(event)
+    if event.kind is EventKind.DESYNC:
         located = find_desync(merged)
         if located is not None:
             findings.append(desync_finding(located))
         else:
-            mark = event.get("detail", {})
+            mark = event.detail if isinstance(event.detail, dict) else {}
             findings.append(
                 Finding(
                     severity="critical",
@@ -82,6 +96,7 @@ def analyse(
                     ranks=[int(mark.get("rank", 0)), int(mark.get("ref", 0))],
                     fix="every rank must issue the same collectives in the same order; raise the history to locate it",
                     confidence=0.6,
+                    cause=CAUSE_DESYNC,
                 )
             )
         return findings
@@ -119,39 +134,41 @@ def render_hang_report(report: Report, exit_code: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def _wait_for_snapshots(
-    ex: Exchange, key: str, infos: dict[int, RankInfo], *, world: int, host: str, grace_s: float
-) -> None:
-    """Until every rank posted a snapshot (live or final), for at most grace_s."""
-    from distdiag.runtime.sentinel import silent_rank_reasons
-
+def _wait_for_snapshots(incident: Incident, infos: dict[int, RankInfo], *, host: str, grace_s: float) -> None:
+    """Until every rank posted a snapshot (live or final), for at most grace_s; the writer's
+    progress moves with each snapshot that comes in."""
+    ex, world = incident.ex, incident.world
     end = time.monotonic() + grace_s
+    seen = -1
     while True:
-        have = set(ex.present(key))
-        finals = set(ex.present("final"))
+        have = set(ex.present(incident.keys.snap))
+        finals = set(ex.present(Keys.FINAL))
         missing = [r for r in range(world) if r not in have and r not in finals]
+        if world - len(missing) != seen:
+            seen = world - len(missing)
+            incident.advance(f"gathered {seen} of {world} snapshots")
         if not missing or time.monotonic() >= end:
             break
         # A rank on this host that is gone or stopped will never answer: do not wait for it.
         # (the host test first: it is free, the process lookups are not)
         if all(infos.get(r) is not None and infos[r].host == host for r in missing) and all(
-            "alive" not in why for why in silent_rank_reasons(missing, infos, host, who="watchdog").values() if why
+            why.reason is not SilentReason.ALIVE_SILENT
+            for why in silent_rank_reasons(missing, infos, host, who="watchdog").values()
         ):
             break
         time.sleep(0.05)
 
 
 def _gather(
-    ex: Exchange, key: str, infos: dict[int, RankInfo], *, world: int, host: str, grace_s: float
-) -> tuple[dict[int, dict[str, Any]], dict[int, str], dict[int, dict[str, Any]]]:
+    incident: Incident, infos: dict[int, RankInfo], *, host: str, grace_s: float
+) -> tuple[dict[int, dict[str, Any]], dict[int, Silence], dict[int, dict[str, Any]]]:
     """(merged, lost, errors): every rank's last snapshot (final ones overlaid by live ones),
     why each rank that posted none is silent, and the exceptions ranks raised."""
-    from distdiag.runtime.sentinel import silent_rank_reasons
-
-    _wait_for_snapshots(ex, key, infos, world=world, host=host, grace_s=grace_s)
-    snaps = {int(r): s for r, s in ex.collect(key).items()}
-    final_snaps = {int(r): s for r, s in ex.collect("final").items() if int(r) not in snaps}
-    errors = {int(r): e for r, e in ex.collect("error").items()}
+    ex, world = incident.ex, incident.world
+    _wait_for_snapshots(incident, infos, host=host, grace_s=grace_s)
+    snaps = {int(r): s for r, s in ex.collect(incident.keys.snap).items()}
+    final_snaps = {int(r): s for r, s in ex.collect(Keys.FINAL).items() if int(r) not in snaps}
+    errors = {int(r): e for r, e in ex.collect(Keys.ERROR).items()}
     missing = [r for r in range(world) if r not in snaps and r not in final_snaps]
     lost = silent_rank_reasons(missing, infos, host, who="watchdog")
     merged = dict(final_snaps)
@@ -159,22 +176,23 @@ def _gather(
     return merged, lost, errors
 
 
-def excused(event: dict[str, Any], merged: dict[int, dict[str, Any]]) -> str | None:
+def excused(event: IncidentEvent | dict[str, Any], merged: dict[int, Any]) -> str | None:
     """Why a declared timeout is no hang once every rank's snapshot is in, else None: a live
     rank inside a declared phase with budget left (a checkpoint excuses its own slowness) or
     still importing (a job still starting). The declaring rank may have missed it: phases and
     imports reach the store on the watchdog thread's next tick, later still on a busy CPU.
     A phase over its budget anywhere keeps the hang."""
-    if event.get("kind") != "timeout":
+    if event_of(event).kind is not EventKind.TIMEOUT:
         return None
-    live = {r: s for r, s in sorted(merged.items()) if s.get("phase") != "barrier"}
-    if any(ph["for_s"] > ph["budget_s"] for s in live.values() for ph in s.get("phases") or []):
+    typed = {r: snapshot_of(s) for r, s in sorted(merged.items())}
+    live = {r: snap for r, snap in typed.items() if not snap.finished}
+    if any(s.over_budget() for s in live.values()):
         return None
     for rank, snap in live.items():
-        if snap.get("importing"):
+        if snap.importing:
             return f"rank {rank} is still importing modules (the job is starting)"
-        for ph in snap.get("phases") or []:
-            return f"rank {rank} is in phase '{ph['name']}' ({ph['for_s']:.1f}s of its {ph['budget_s']:g}s budget)"
+        for ph in snap.phases:
+            return f"rank {rank} is in phase '{ph.name}' ({ph.for_s:.1f}s of its {ph.budget_s:g}s budget)"
     return None
 
 
@@ -182,33 +200,27 @@ REREAD_WAIT_S = 3.0
 """How long the writer waits for the new snapshot of a rank it asked to re-read."""
 
 
-def inconsistent_ranks(merged: dict[int, dict[str, Any]]) -> list[int]:
+def inconsistent_ranks(merged: dict[int, Any]) -> list[int]:
     """Ranks whose recorder shows them inside collective #k of a group on which another rank
     has completed #k or later. A collective completes on no rank before every rank entered it,
     so the snapshot contradicts itself (a read while the recorder was being updated, gloo
     marking completions late): it must be re-read, not judged."""
+    engines = {r: snapshot_of(s).engine for r, s in sorted(merged.items())}
     done: dict[str, dict[int, int]] = {}
-    for rank, snap in merged.items():
-        engine = snap.get("engine") or {}
-        if engine.get("state") == "ok":
-            for g in engine.get("groups", []):
-                done.setdefault(str(g.get("group")), {})[rank] = int(g.get("completed", -1))
+    for rank, engine in engines.items():
+        for g in engine.groups if engine is not None and engine.ok else []:
+            done.setdefault(g.group, {})[rank] = g.completed
     out = []
-    for rank, snap in sorted(merged.items()):
-        engine = snap.get("engine") or {}
-        groups = engine.get("groups", []) if engine.get("state") == "ok" else []
-        for g in groups:
-            seq = int(g.get("enqueued", -1))
-            if seq > int(g.get("completed", -1)) and any(
-                c >= seq for r, c in done.get(str(g.get("group")), {}).items() if r != rank
-            ):
+    for rank, engine in engines.items():
+        for g in engine.groups if engine is not None and engine.ok else []:
+            if g.inside and any(c >= g.enqueued for r, c in done.get(g.group, {}).items() if r != rank):
                 out.append(rank)
                 break
     return out
 
 
 def _reread(
-    ex: Exchange, key: str, merged: dict[int, dict[str, Any]], *, rank: int, own_snapshot: Any, wait_s: float
+    incident: Incident, merged: dict[int, dict[str, Any]], *, rank: int, own_snapshot: Any, wait_s: float
 ) -> None:
     """Ask each rank whose snapshot contradicts itself for a new one (the writer re-reads its
     own); a rank still inconsistent after that keeps its snapshot without the recorder's view,
@@ -216,32 +228,30 @@ def _reread(
     bad = inconsistent_ranks(merged)
     if not bad:
         return
+    incident.advance(f"re-reading {len(bad)} snapshot(s) that contradict the others")
     for r in bad:
         if r == rank and own_snapshot is not None:
-            merged[r] = own_snapshot()
+            merged[r] = own_snapshot().to_dict()
         elif r != rank:
-            ex.store.set(f"again/{key.split('/', 1)[1]}/{r}", "1")
+            incident.ex.store.set(incident.keys.again(r), "1")
     end = time.monotonic() + wait_s
     waiting = [r for r in bad if r != rank]
     while waiting and time.monotonic() < end:
         time.sleep(0.05)
-        fresh = ex.collect(key, waiting)
-        for r, snap in fresh.items():
-            if snap.get("reread"):
-                merged[r] = snap
+        for r, snap in incident.snapshots(waiting).items():
+            if snap.reread:
+                merged[r] = snap.to_dict()
                 waiting.remove(r)
     for r in inconsistent_ranks(merged):
         if r in bad:
-            merged[r]["engine"] = {
-                "state": "stale",
-                "reason": "the flight recorder's counts contradicted the other ranks' twice (a rank inside a "
-                "collective its peers had completed): left out of the analysis",
-                "groups": [],
-            }
+            merged[r]["engine"] = EngineView.stale(
+                "the flight recorder's counts contradicted the other ranks' twice (a rank inside a "
+                "collective its peers had completed): left out of the analysis"
+            ).to_dict()
 
 
 def _details(
-    event: dict[str, Any],
+    event: IncidentEvent | dict[str, Any],
     merged: dict[int, dict[str, Any]],
     lost: dict[int, str],
     errors: dict[int, dict[str, Any]],
@@ -256,7 +266,7 @@ def _details(
         row["steps"] = "-" if s is None or s.get("steps") is None else s.get("steps")
     return {
         "table:ranks at the end": rows,
-        "event": event,
+        "event": event_of(event).to_dict(),
         **snapshot_details(merged),
         "flight_recorder": {
             str(r): (s.get("engine") or {}).get("entries") for r, s in sorted(merged.items()) if (s.get("engine") or {}).get("entries")
@@ -266,9 +276,9 @@ def _details(
     }
 
 
-def _outcome(event: dict[str, Any], lost: dict[int, str]) -> str:
-    kind = event.get("kind")
-    return "desync" if kind == "desync" else ("lost_rank" if lost else ("raised" if kind == "raised" else "hang"))
+def _outcome(event: IncidentEvent | dict[str, Any], lost: dict[int, str]) -> str:
+    kind = event_of(event).kind
+    return "desync" if kind is EventKind.DESYNC else ("lost_rank" if lost else ("raised" if kind is EventKind.RAISED else "hang"))
 
 
 def _summary(findings: list[Finding]) -> str:
@@ -278,8 +288,8 @@ def _summary(findings: list[Finding]) -> str:
     return top.issue + (f" (+{more} more finding(s))" if more > 0 else "")
 
 
-def _write_and_publish(ex: Exchange, report: Report, *, epoch: int, dump_dir: str, host: str) -> None:
-    """Write the report (atomically), print it, and share it through the store for other hosts."""
+def _write_and_print(report: Report, *, dump_dir: str) -> str:
+    """Write the report (atomically) and print it; where it is, or why it is not."""
     path = os.path.join(dump_dir, REPORT_NAME)
     try:
         write_report(report, path)
@@ -288,41 +298,55 @@ def _write_and_publish(ex: Exchange, report: Report, *, epoch: int, dump_dir: st
         where = f"(not written: {exc.strerror})"
     text = render_hang_report(report)
     print_line(f"{text}\nhang report: {where}")
-    try:
-        ex.publish(f"report/{epoch}", {"json": report.to_json(), "host": host})
-    except Exception:  # noqa: BLE001 - the local copy exists
-        pass
+    return where
+
+
+def publish_outcome(incident: Incident, report: Report | None, *, excuse: str | None, host: str, dump_dir: str) -> None:
+    """The verdict first (small: every waiting rank acts on it), then the report's JSON in
+    chunks for the other hosts' copies. Without a report (the writer failed) the verdict
+    still comes, so nobody waits for a writer that has given up."""
+    rank = incident.rank
+    if report is None:
+        verdict = Verdict(EXIT_HANG, rank, host, outcome="hang", excused=excuse,
+                          summary="" if excuse else "the writer could not build the report (see its stderr)")
+        incident.publish_verdict(verdict)
+        return
+    text = report.to_json()
+    where = os.path.abspath(os.path.join(dump_dir, REPORT_NAME))
+    shared = incident.shared_copy(text, where, host)
+    incident.publish_verdict(Verdict(report.exit_code, rank, host, outcome=report.outcome, summary=report.summary,
+                                     report=where, chunks=incident.chunk_count(shared)))
+    incident.publish_report(shared, {"host": host})
 
 
 def gather_and_write(
-    ex: Exchange,
+    incident: Incident,
     *,
-    epoch: int,
-    event: dict[str, Any],
-    world: int,
+    event: IncidentEvent,
     host: str,
-    rank: int,
     timeout_s: float,
     grace_s: float,
     dump_dir: str,
     config: dict[str, Any],
     started: float,
     own_snapshot: Any = None,
-) -> tuple[Report | None, dict[int, str], str | None]:
+) -> tuple[Report | None, dict[int, Silence], str | None]:
     """Wait (bounded) for snapshots, re-read the inconsistent ones, analyse, write the report
-    and publish it; (report, lost, None), or (None, {}, why) when the snapshots excuse the
-    declared timeout (`excused`). `own_snapshot()` takes the writer's snapshot again."""
-
-    infos = {r: RankInfo.from_dict(v) for r, v in ex.collect("info").items()}
-    merged, lost, errors = _gather(ex, f"snap/{epoch}", infos, world=world, host=host, grace_s=grace_s)
-    _reread(ex, f"snap/{epoch}", merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S)
+    and print it; (report, lost, None), or (None, {}, why) when the snapshots excuse the
+    declared timeout (`excused`). `own_snapshot()` takes the writer's snapshot again. The
+    caller publishes the verdict and the report (publish_outcome)."""
+    world, rank = incident.world, incident.rank
+    infos = {r: RankInfo.from_dict(v) for r, v in incident.ex.collect(Keys.INFO).items()}
+    merged, lost, errors = _gather(incident, infos, host=host, grace_s=grace_s)
+    _reread(incident, merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S)
     reason = excused(event, merged)
     if reason is not None:
         return None, {}, reason
-    findings = analyse(event, merged, lost, errors, world, timeout_s)
-    details = _details(event, merged, lost, errors, world, infos)
+    with incident.moving(f"analysing {len(merged)} snapshot(s)"):
+        findings = analyse(event, merged, lost, errors, world, timeout_s)
+        details = _details(event, merged, lost, errors, world, infos)
     ensure_critical(
-        findings, f"no progress for {timeout_s:g}s: {event.get('detail', '')}",
+        findings, f"no progress for {timeout_s:g}s: {event.detail_line()}",
         "ranks' states are in the table below", "see the per-rank stacks",
     )
     result = ProbeResult.from_findings("watchdog", findings, details=details, duration_s=time.monotonic() - started)
@@ -334,5 +358,6 @@ def gather_and_write(
         created=now_iso(),
         duration_s=time.monotonic() - started, config=config, written_by=rank,
     )
-    _write_and_publish(ex, report, epoch=epoch, dump_dir=dump_dir, host=host)
+    incident.advance("writing the report")
+    _write_and_print(report, dump_dir=dump_dir)
     return report, lost, None

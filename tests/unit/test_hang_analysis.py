@@ -159,8 +159,12 @@ def test_a_caught_exception_leads_and_the_desync_it_causes_is_a_consequence():
 
 
 def test_never_checked_in_gives_way_to_the_rank_that_died():
-    findings = run({0: snap()}, lost={1: "its process (pid 9) is gone: killed or exited",
-                                      2: "it never checked in (no rank table entry): it was still starting"}, world=3)
+    from distdiag.hang.incident import Silence, SilentReason
+
+    findings = run({0: snap()}, lost={
+        1: Silence(SilentReason.GONE, "its process (pid 9) is gone: killed or exited"),
+        2: Silence(SilentReason.NEVER_CHECKED_IN, "it never checked in (no rank table entry): it was still starting"),
+    }, world=3)
     by_rank = {f.ranks[0]: f for f in findings}
     assert by_rank[1].severity == "critical" and by_rank[2].severity == "warning"
 

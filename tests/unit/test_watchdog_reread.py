@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 
 from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.incident import Incident
+from distdiag.runtime.keys import IncidentKeys
 from distdiag.watchdog.writer import _reread, inconsistent_ranks
 
 
@@ -73,7 +75,7 @@ def test_an_inconsistent_snapshot_is_re_read_and_the_new_one_used(engine_view):
     store = dist.HashStore()
     merged = _snaps(engine_view)
     thread = _rank1_answers(store, {"rank": 1, "engine": _at(engine_view, 8, 7)})
-    _reread(Exchange(store, 0, 3), "snap/1", merged, rank=0, own_snapshot=None, wait_s=10)
+    _reread(Incident(Exchange(store, 0, 3), IncidentKeys(1), 3), merged, rank=0, own_snapshot=None, wait_s=10)
     thread.join(5)
     assert merged[1]["reread"] == 1 and merged[1]["engine"]["groups"][0]["enqueued"] == 8
     assert inconsistent_ranks(merged) == []
@@ -87,7 +89,7 @@ def test_a_snapshot_still_inconsistent_is_not_judged_on_its_recorder(engine_view
     store = dist.HashStore()
     merged = _snaps(engine_view)
     thread = _rank1_answers(store, {"rank": 1, "engine": _at(engine_view, 1, -1)})
-    _reread(Exchange(store, 0, 3), "snap/1", merged, rank=0, own_snapshot=None, wait_s=10)
+    _reread(Incident(Exchange(store, 0, 3), IncidentKeys(1), 3), merged, rank=0, own_snapshot=None, wait_s=10)
     thread.join(5)
     assert merged[1]["engine"]["state"] == "stale" and pending_groups(merged[1]["engine"]) == []
     assert merged[0]["engine"]["state"] == "ok"

@@ -1,0 +1,377 @@
+"""Ending a broken run together, once: the incident protocol the check and the watchdog share.
+
+    1. declare      a rank says why (the check: `abort_reason`; the watchdog: `event/N`)
+    2. snapshot     every rank posts a RankSnapshot (distdiag/hang/incident.py), capped
+    3. claim        one rank claims the writer role (compare_set)
+    4. gather       the writer waits (bounded) for the snapshots, bumping its progress
+    5. verdict      the writer publishes the small Verdict FIRST (exit code, outcome, summary,
+                    where the report is), then the report's JSON for other hosts in chunks
+    6. wait         every other rank waits for the verdict while the writer's progress moves;
+                    a writer stalled WRITER_STALL_S ends the wait (exit 3, one line)
+    7. leave        each rank acts on the verdict (the caller)
+
+The check's sentinel (distdiag/runtime/sentinel.py) and the watchdog (distdiag/watchdog/watcher.py,
+writer.py) drive it; what the writer analyses and writes stays theirs. Nothing written here is
+larger than MAX_STORE_VALUE, and a store error at the writer is survived by a new client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+
+from distdiag.errors import print_line
+from distdiag.hang.incident import RankSnapshot, Silence, SilentReason, Verdict
+from distdiag.runtime.exchange import Exchange, bounded
+from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys, StoreValueTooLarge, checked_value
+
+__all__ = [
+    "Incident", "StoreValueTooLarge", "post_snapshot", "WRITER_STALL_S", "checked_value", "compact_snapshot", "silent_rank_reasons",
+    "process_state", "kill_pid", "kill_stopped_local",
+]
+
+log = logging.getLogger("distdiag.runtime.incident")
+
+WRITER_STALL_S = 20.0
+"""How long a rank waiting for the verdict waits for the writer's progress counter to move
+before it leaves with exit 3 on its own. Not a bound on the whole wait: a writer that gathers
+16k snapshots for a minute keeps everyone waiting as long as it moves."""
+
+
+REPORT_STALL_S = 10.0
+"""After the verdict, how long a host's copier waits for the writer's progress to move while
+the report's chunks are not all there."""
+SHARED_REPORT_MAX = 4 * 1024 * 1024
+"""The largest report copied through the store for the other hosts (64 chunks). Past it the
+copy leaves out the probes' details (the per-rank tables, stacks, recorder tails: what grows
+with the ranks) and says where the full report is: each host's copy is read by its local rank
+0, so a 16k-rank job's full copies would move N/8 x the report through the store."""
+LONG_STAGE_MAX_S = 300.0
+"""The longest a stage of the writer keeps its progress moving by itself (`Incident.moving`):
+the analysis of 16k ranks' snapshots is estimated at a minute or two (issue 21)."""
+CHUNK_BYTES = MAX_STORE_VALUE - 1024
+"""One chunk of the shared report: raw JSON bytes, under MAX_STORE_VALUE."""
+
+
+_SHEDDABLE = ("history", "recent", "step_walls")
+"""What a snapshot can lose first when it is too big: the analysis reads them when present."""
+
+
+def compact_snapshot(snap: RankSnapshot, limit: int = MAX_STORE_VALUE) -> str:
+    """The snapshot's JSON within `limit`: drops the long history, the recorder's entries, then
+    the stack's deepest frames, saying what it dropped in `trimmed`."""
+    text = json.dumps(snap.to_dict(), default=str)
+    trimmed: list[str] = []
+    steps: list[tuple[str, Callable[[], Any]]] = [(k, lambda k=k: snap.extra.pop(k, None)) for k in _SHEDDABLE]
+    engine = snap.engine
+    if engine is not None:
+        engine.extra = dict(engine.extra)  # read from a dict the caller keeps: drop from a copy
+        steps.append(("engine.entries", lambda: engine.extra.pop("entries", None)))
+    while len(text.encode()) > limit and (steps or len(snap.stack) > 4):
+        if steps:
+            name, drop = steps.pop(0)
+            drop()
+            trimmed.append(name)
+        else:
+            snap.stack = snap.stack[-max(4, len(snap.stack) // 2):]
+            trimmed.append("stack")
+        snap.extra["trimmed"] = sorted(set(trimmed))
+        text = json.dumps(snap.to_dict(), default=str)
+    if len(text.encode()) > limit:
+        # Still too big (thousands of groups, each labelled by its members): who it is and
+        # where, without the recorder's view; the writer judges it from its stack.
+        bare = RankSnapshot(rank=snap.rank, host=snap.host, pid=snap.pid, phase=snap.phase, probe_index=snap.probe_index,
+                            step=snap.step, steps=snap.steps, event=snap.event, event_key=snap.event_key,
+                            stack=[str(f)[:500] for f in snap.stack[-4:]], extra={"trimmed": ["engine", "history", "stack"]})
+        text = json.dumps(bare.to_dict(), default=str)
+    return checked_value("snap", text)
+
+
+def post_snapshot(ex: Exchange, key: str, snap: RankSnapshot) -> None:
+    """Post a snapshot under `key` as Exchange.post does (KEY/<rank>, counted), capped."""
+    text = compact_snapshot(snap)
+    with bounded(f"set {key}"):
+        ex.store.set(f"{key}/{ex.rank}", text)
+        ex.store.add(f"{key}/n", 1)
+
+
+class Incident:
+    """One incident seen by one rank: its keys, its store client, and the writer's progress."""
+
+    def __init__(self, ex: Exchange, keys: IncidentKeys, world: int, store_factory: Callable[[], Any] | None = None) -> None:
+        self.ex = ex
+        self.keys = keys
+        self.world = world
+        self.rank = ex.rank
+        self.store_factory = store_factory
+        self.stage_text = ""
+
+    # -- every rank ------------------------------------------------------------------------
+    def post_snapshot(self, snap: RankSnapshot) -> None:
+        """Post this rank's snapshot (capped) and count it."""
+        post_snapshot(self.ex, self.keys.snap, snap)
+
+    def repost_snapshot(self, snap: RankSnapshot) -> None:
+        """Replace this rank's snapshot (the writer asked again); the count stays as it is."""
+        snap.reread = True
+        with bounded(f"set {self.keys.snap}"):
+            self.ex.store.set(f"{self.keys.snap}/{self.rank}", compact_snapshot(snap))
+
+    def wait_snapshots(self, deadline: float, *, poll_s: float = 0.05) -> bool:
+        return self.ex.wait_count(self.keys.snap, self.world, deadline, poll_s=poll_s)
+
+    def claim_writer(self, who: str = "") -> bool:
+        return self.ex.claim(self.keys.writer, who)
+
+    def snapshots(self, ranks: list[int] | None = None) -> dict[int, RankSnapshot]:
+        return {int(r): RankSnapshot.from_dict(s) for r, s in self.ex.collect(self.keys.snap, ranks).items()}
+
+    # -- the writer ------------------------------------------------------------------------
+    def advance(self, stage: str) -> None:
+        """The writer moved on (a stage, or k more snapshots): waiters keep waiting."""
+        self.stage_text = stage
+        try:
+            with bounded(f"add {self.keys.progress}"):
+                self.ex.store.add(self.keys.progress, 1)
+                self.ex.store.set(self.keys.stage, checked_value(self.keys.stage, stage[:200]))
+        except Exception as exc:  # noqa: BLE001 - progress is advisory; the verdict is what matters
+            log.debug("could not note the writer's progress: %s", exc)
+
+    @contextmanager
+    def moving(self, stage: str, *, every_s: float = 1.0, at_most_s: float = LONG_STAGE_MAX_S) -> Iterator[None]:
+        """A long stage of the writer (the analysis of thousands of snapshots): its progress
+        keeps moving while the stage runs, for at most `at_most_s` (a writer stuck inside the
+        stage stalls then, and the waiters leave)."""
+        self.advance(stage)
+        done = threading.Event()
+        store, key = self.ex.store, self.keys.progress
+
+        def beat() -> None:
+            end = time.monotonic() + at_most_s
+            while not done.wait(every_s) and time.monotonic() < end:
+                try:
+                    store.add(key, 1)
+                except Exception:  # noqa: BLE001 - advisory; the stage's own end says more
+                    return
+
+        thread = threading.Thread(target=beat, name="distdiag-writer-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(every_s + 1.0)
+
+    def publish_verdict(self, verdict: Verdict) -> bool:
+        """The small verdict, first; one new store client if the first try fails (the old one
+        may be broken by an earlier failed write). False when no verdict could be published:
+        the caller says so in one line."""
+        text = checked_value(self.keys.verdict, verdict.to_dict())
+        for attempt in (1, 2):
+            try:
+                with bounded(f"set {self.keys.verdict}"):
+                    self.ex.store.set(self.keys.verdict, text)
+                return True
+            except Exception as exc:  # noqa: BLE001 - reconnect once, then give up loudly
+                log.debug("publishing the verdict failed (attempt %d): %s", attempt, exc)
+                if attempt == 2 or not self.reconnect():
+                    print_line(f"distdiag[rank {self.rank}]: could not publish the verdict through the job's store "
+                               f"({type(exc).__name__}: {exc}); the other ranks will leave on their own (exit 3)")
+                    return False
+        return False
+
+    def reconnect(self) -> bool:
+        """A new client of the job's store in place of one a failed call may have broken."""
+        if self.store_factory is None:
+            return False
+        try:
+            self.ex = Exchange(self.store_factory(), self.rank, self.world)
+        except Exception as exc:  # noqa: BLE001 - no store: the caller falls back
+            log.debug("could not reconnect to the job's store: %s", exc)
+            return False
+        return True
+
+    @staticmethod
+    def _parts(text: str) -> list[bytes]:
+        data = text.encode()
+        return [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
+
+    def chunk_count(self, text: str) -> int:
+        """How many chunks `publish_report` will write for this text (the verdict says it first)."""
+        return len(self._parts(text))
+
+    def shared_copy(self, text: str, where: str, host: str) -> str:
+        """What the other hosts get of the report: all of it up to SHARED_REPORT_MAX, else the
+        report without its probes' details, with a note saying where the full one is."""
+        if len(text.encode()) <= SHARED_REPORT_MAX:
+            return text
+        data = json.loads(text)
+        note = (f"a copy: the details were left out (the full report is {len(text.encode())} bytes); "
+                f"the full report is on host {host} at {where}")
+        for probe in data.get("probes") or []:
+            probe["details"] = {"note": note}
+        return json.dumps(data)
+
+    def publish_report(self, text: str, meta: dict[str, Any]) -> int:
+        """The report's JSON for other hosts, after the verdict: in chunks of at most
+        CHUNK_BYTES, then {meta..., chunks} under the report key. Returns the count, 0 when it
+        could not be shared (the writer's copy on disk is the report then; the key then says
+        so, so that nobody waits for it)."""
+        parts = self._parts(text)
+        self.advance(f"sharing the report ({len(parts)} chunk(s))")
+        try:
+            with bounded(f"set {self.keys.report}"):
+                for i, part in enumerate(parts):
+                    self.ex.store.set(self.keys.report_chunk(i), part)
+                self.ex.store.set(self.keys.report, checked_value(self.keys.report, {**meta, "chunks": len(parts)}))
+        except Exception as exc:  # noqa: BLE001 - the local copy exists; say so once
+            log.warning("could not share the report through the store (%s: %s); it is on the writer's host only",
+                        type(exc).__name__, exc)
+            if self.reconnect():
+                try:
+                    with bounded(f"set {self.keys.report}"):
+                        self.ex.store.set(self.keys.report, checked_value(
+                            self.keys.report, {**meta, "chunks": 0, "error": f"{type(exc).__name__}: {exc}"[:300]}))
+                except Exception:  # noqa: BLE001 - said once above
+                    pass
+            return 0
+        return len(parts)
+
+    def wait_report(self, stall_s: float = REPORT_STALL_S) -> tuple[str | None, dict[str, Any]]:
+        """The shared report once the writer published it after the verdict (it comes right
+        after); (None, meta) when it could not be shared or the writer stopped moving."""
+        last, moved = -1, time.monotonic()
+        while True:
+            text, meta = self.read_report()
+            if meta:
+                return text, meta
+            count = self.ex.bump(self.keys.progress, 0)
+            if count != last:
+                last, moved = count, time.monotonic()
+            elif time.monotonic() - moved > stall_s:
+                return None, {}
+            time.sleep(0.05)
+
+    def read_report(self) -> tuple[str | None, dict[str, Any]]:
+        """(the report's JSON, its meta) as the writer shared it; (None, {}) when it did not."""
+        meta = self.ex.read(self.keys.report)
+        if not meta:
+            return None, {}
+        if "json" in meta:  # a writer of an older version: the whole report in one value
+            return str(meta["json"]), meta
+        n = int(meta.get("chunks", 0))
+        if n <= 0:
+            return None, meta
+        with bounded(f"multi_get {self.keys.report}"):
+            parts = self.ex.store.multi_get([self.keys.report_chunk(i) for i in range(n)])
+        return b"".join(bytes(p) for p in parts).decode(), meta
+
+    # -- the others ------------------------------------------------------------------------
+    def wait_verdict(self, stall_s: float = WRITER_STALL_S, *, poll_s: float = 0.05,
+                     stop: Callable[[], bool] | None = None) -> tuple[Verdict | None, str]:
+        """The verdict, waiting while the writer's progress moves; (None, why) once it stood
+        still for stall_s (no writer yet counts as standing still)."""
+        last, moved = -1, time.monotonic()
+        while True:
+            got = self.ex.read(self.keys.verdict)
+            if got is not None:
+                return Verdict.from_dict(got), ""
+            now = time.monotonic()
+            count = self.ex.bump(self.keys.progress, 0)
+            if count != last:
+                last, moved = count, now
+            elif now - moved > stall_s:
+                stage = self._stage()
+                at = f" (last at: {stage})" if stage else (" (no rank claimed the writer role)" if last <= 0 else "")
+                return None, f"the writer made no progress for {stall_s:g}s{at}"
+            if stop is not None and stop():
+                return None, "stopped waiting"
+            time.sleep(poll_s)
+
+    def _stage(self) -> str:
+        try:
+            with bounded(f"get {self.keys.stage}"):
+                if not self.ex.store.check([self.keys.stage]):
+                    return ""
+                return bytes(self.ex.store.get(self.keys.stage)).decode()
+        except Exception:  # noqa: BLE001 - only for the message
+            return ""
+
+
+# -- ranks that posted nothing -------------------------------------------------------------
+
+_LOCAL_TEXT = {
+    SilentReason.GONE: "its process (pid {pid}) is gone: killed or exited",
+    SilentReason.STOPPED: "its process (pid {pid}) is stopped (SIGSTOP or a debugger)",
+    SilentReason.ALIVE_SILENT: "its process (pid {pid}) is alive but its {who} did not answer (holding the GIL?)",
+}
+
+
+def silent_rank_reasons(
+    missing: list[int], infos: dict[int, Any], host: str, who: str = "sentinel", starting_host: str | None = None,
+) -> dict[int, Silence]:
+    """Why each rank that posted nothing is silent, as far as this host can tell.
+
+    `infos` maps rank -> an object with `host` and `pid` (RankInfo) for the ranks that checked
+    in; same-host ranks are looked at by pid, the others can only be "no answer". A rank with
+    no entry never checked in; `starting_host` names its host when every rank starts on one.
+    """
+    lost: dict[int, Silence] = {}
+    for r in missing:
+        info = infos.get(r)
+        if info is not None and info.host == host and info.pid > 0:
+            state = process_state(info.pid)
+            reason = {"gone": SilentReason.GONE, "stopped": SilentReason.STOPPED,
+                      "alive": SilentReason.ALIVE_SILENT}.get(state, SilentReason.OTHER_STATE)
+            text = _LOCAL_TEXT.get(reason, "its process (pid {pid}) is in state {state}")
+            lost[r] = Silence(reason, text.format(pid=info.pid, who=who, state=state))
+        elif info is None:
+            on = f" on host {starting_host}" if starting_host else ""
+            lost[r] = Silence(SilentReason.NEVER_CHECKED_IN, (
+                f"it never checked in (no rank table entry){on}: it was still starting - importing torch or the "
+                "target, or connecting to the job's store - or it died before connecting"
+            ))
+        else:
+            lost[r] = Silence(SilentReason.NO_ANSWER, f"no answer from host {info.host} (dead, stopped or unreachable)")
+    return lost
+
+
+def kill_pid(pid: int) -> None:
+    """SIGKILL, ignoring a process that is already gone."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def kill_stopped_local(lost: dict[int, Any], infos: dict[int, Any], host: str) -> None:
+    """A stopped process ignores SIGTERM: end the same-host ranks `lost` calls stopped, by pid."""
+    for r, why in lost.items():
+        info = infos.get(r)
+        if (info is not None and Silence.reason_of(why) is SilentReason.STOPPED and info.host == host
+                and 0 < info.pid != os.getpid()):
+            kill_pid(info.pid)
+
+
+def process_state(pid: int) -> str:
+    """How a same-host process looks from outside: gone, stopped, zombie or alive."""
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return "gone"
+    except psutil.Error:
+        return "unknown"
+    if status in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop")):
+        return "stopped"
+    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+        return "gone"
+    return "alive"
