@@ -81,6 +81,9 @@ def _arm_after(init: Any) -> Any:
             from distdiag.watchdog import HangWatchdog
 
             _STATE["wd"] = HangWatchdog(config=_STATE["config"]).start()
+            # A worker that dies makes torchrun SIGTERM the others at once: take the signal
+            # so that they report it first (distdiag/watchdog/sigterm.py).
+            _STATE["wd"].take_sigterm()
         return result
 
     init_process_group.__distdiag_wrapped__ = init  # type: ignore[attr-defined]
@@ -234,6 +237,8 @@ def run(argv: list[str]) -> int:
         code = _exit_code(exc)
     except BaseException as exc:
         wd = _STATE["wd"]
+        if wd is not None and wd.ended_from_outside():
+            wd.leave_ended()  # a peer that left at the launcher's SIGTERM broke a collective: no traceback
         if wd is not None:
             wd.close(exc)  # reports a dead peer before the traceback, if that is what happened
         raise

@@ -158,6 +158,41 @@ class HangWatchdog:
         except Exception:  # noqa: BLE001 - interpreter shutting down
             pass
 
+    def take_sigterm(self) -> bool:
+        """Take SIGTERM for the report of a rank that died (distdiag/watchdog/sigterm.py says
+        how and what is left alone); for the zero-code wrapper, which owns its process. Main
+        thread only; True when taken."""
+        from distdiag.watchdog.sigterm import TermWatch
+
+        watcher = self._watcher
+        if watcher is None:
+            return False
+        term = TermWatch()
+        if not term.install(watcher.is_alive):
+            return False
+        watcher.term = term
+        return True
+
+    def ended_from_outside(self) -> bool:
+        """SIGTERM reached this rank through take_sigterm, or a peer's `terminated` incident
+        was handled here: an exception in the training thread now (a peer that left closed
+        its connection) is a consequence, not news."""
+        watcher = self._watcher
+        if watcher is None:
+            return False
+        return bool(watcher.terminated_handled or (watcher.term is not None and watcher.term.received.is_set()))
+
+    def leave_ended(self) -> None:
+        """End a rank ended_from_outside without its training thread's traceback: the watchdog
+        thread ends it once the incident is handled (exit 3 after a report); otherwise 143."""
+        from distdiag.runtime.sentinel import flush_and_exit
+        from distdiag.watchdog.sigterm import EXIT_SIGTERM, TERM_GRACE_S
+
+        watcher = self._watcher
+        if watcher is not None and watcher.term is not None and watcher.term.received.is_set():
+            watcher.join(TERM_GRACE_S)  # it calls flush_and_exit itself
+        flush_and_exit(EXIT_SIGTERM)
+
     def __enter__(self) -> HangWatchdog:
         return self.start()
 

@@ -118,6 +118,13 @@ class Watcher(threading.Thread):
         self.in_incident = threading.Event()
         """Set while this thread handles an event (snapshot, report or verdict, acting)."""
         self.engine: Any = None
+        self.term: Any = None
+        """The wrapper's TermWatch (distdiag/watchdog/sigterm.py) when this process took SIGTERM."""
+        self.last_excuse: str | None = None
+        """Why the last event handled was no hang (None: it was reported, or none was handled)."""
+        self.terminated_handled = False
+        """A `terminated` event was handled: this rank's own SIGTERM must not declare another
+        (by then the peers that left after the first are gone, and would be blamed)."""
 
     def request(self, kind: str, detail: Any) -> None:
         """From the training thread: declare an event at the next tick (e.g. a peer died)."""
@@ -198,10 +205,14 @@ class Watcher(threading.Thread):
         if self.ex.store.check([Keys.event(self.handled + 1)]):
             self._handle(self.handled + 1)
             return
+        if self.term is not None and self.term.received.is_set():
+            self._on_sigterm()
+            return
         if self._request is not None:
             kind, detail = self._request
             self._request = None
-            self._declare(kind, detail)
+            if not self.terminated_handled:  # after it, a peer's broken connection is its consequence
+                self._declare(kind, detail)
             return
         self._check_local()
 
@@ -276,7 +287,11 @@ class Watcher(threading.Thread):
             excuse = self._await(incident, event)
         self.ex = incident.ex  # a new client, if the writer had to reconnect
         self.handled = epoch
+        self.last_excuse = excuse
+        self.terminated_handled = self.terminated_handled or event.kind is EventKind.TERMINATED
         self.acted.set()
+        if event.kind is EventKind.TERMINATED and self.term is not None and self.term.received.is_set():
+            return  # this rank leaves as SIGTERM asks (_on_sigterm), whatever the action
         if excuse:
             self.reported_at = time.monotonic()  # as after a report-only event: watch again after new progress
             return
@@ -295,7 +310,7 @@ class Watcher(threading.Thread):
             print_line(f"distdiag[rank {self.rank}]: failed to write the hang report: {exc}")
             traceback.print_exc()
         publish_outcome(incident, report, excuse=excuse, host=self.info.host, dump_dir=self.config.dump_dir)
-        if excuse:
+        if excuse and event.kind is not EventKind.TERMINATED:
             print_line(f"distdiag[rank {self.rank}]: watchdog: no hang after all: {excuse}; watching on")
         return excuse, lost
 
@@ -332,6 +347,21 @@ class Watcher(threading.Thread):
                 write_json_atomic(os.path.join(self.config.dump_dir, REPORT_NAME), text.rstrip("\n"))
             except OSError as exc:
                 log.warning("could not keep a copy of the hang report here: %s", exc)
+
+    def _on_sigterm(self) -> None:
+        """The launcher is ending this rank (a peer died, or the job was cancelled): a report
+        naming a rank that left first, unless one was written already; then leave (exit 3
+        after a report, 143 as SIGTERM would have otherwise). See distdiag/watchdog/sigterm.py."""
+        from distdiag.watchdog.sigterm import EXIT_SIGTERM
+
+        if not self.terminated_handled and not (self.handled and not self.last_excuse):
+            self._declare(EventKind.TERMINATED, f"rank {self.rank} received SIGTERM from the launcher (another worker "
+                          "failed, or the job was cancelled)")
+        if self.handled and not self.last_excuse:
+            path = os.path.join(self.config.dump_dir, REPORT_NAME)
+            print_line(f"distdiag[rank {self.rank}]: ended by SIGTERM after the report (exit {EXIT_WATCHDOG}); report: {path}")
+            flush_and_exit(EXIT_WATCHDOG)
+        flush_and_exit(EXIT_SIGTERM)
 
     # -- acting ----------------------------------------------------------------------------
     def _act(self, event: IncidentEvent, writer: bool, lost: dict[int, str]) -> None:

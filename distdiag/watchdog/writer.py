@@ -340,6 +340,8 @@ def gather_and_write(
     merged, lost, errors = _gather(incident, infos, host=host, grace_s=grace_s)
     _reread(incident, merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S)
     reason = excused(event, merged)
+    if reason is None and event.kind is EventKind.TERMINATED and not lost and not errors:
+        reason = "every rank answered after the launcher's SIGTERM: the job was ended from outside, no rank failed"
     if reason is not None:
         return None, {}, reason
     with incident.moving(f"analysing {len(merged)} snapshot(s)"):

@@ -54,3 +54,47 @@ def test_wrapper_bad_input_is_one_line_exit_2(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "distdiag.watch", *args], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, (args, proc.stderr)
         assert proc.stderr.strip().count("\n") == 0 and "error" in proc.stderr and "Traceback" not in proc.stderr
+
+
+MESH = Path(__file__).parent / "mesh_workers.py"
+
+
+def _mesh_cmd(*words: str) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--standalone",
+        "-m", "distdiag.watch", "--timeout-s", "3", "--", str(MESH), *words, "timeout=3",
+    ]
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(120)
+def test_wrapper_names_a_rank_killed_before_torchrun_ends_the_rest(cli_env, tmp_path):
+    """Rank 3 is SIGKILLed in its data loader; torchrun SIGTERMs the survivors at once, before any
+    timeout: they take the signal, report the rank that is gone, and only then leave."""
+    proc = subprocess.run(_mesh_cmd("kind=tpdp", "fault=kill", "rank=3"), cwd=tmp_path, env=dict(cli_env),
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode != 0
+    report = read_report(tmp_path / "hang-report" / "hang-report.json")
+    assert report.outcome == "lost_rank", report.summary
+    crit = [f for f in report.probe("watchdog").findings if f.severity == "critical"]
+    assert crit and crit[0].ranks == [3], [(f.ranks, f.issue) for f in crit]
+    assert {r for f in crit for r in f.ranks} == {3}, "the survivors torchrun ended are not blamed"
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(120)
+def test_wrapper_job_cancelled_from_outside_leaves_no_report(cli_env, tmp_path):
+    """The healthy twin: the whole job gets SIGTERM (a cancelled job). Every rank answers, so
+    there is no report, no rank is blamed, and the job is gone within seconds."""
+    proc = subprocess.Popen(_mesh_cmd("kind=tpdp", "steps=100000"), cwd=tmp_path, env=dict(cli_env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(12)  # armed and training (a few hundred steps in on a quiet machine)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.terminate()
+        _, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (tmp_path / "hang-report").exists(), err[-3000:]
+    assert "Connection closed by peer" not in err, "a peer that left at SIGTERM is no traceback of another rank"
