@@ -332,21 +332,8 @@ class Watcher(threading.Thread):
             print_line(f"distdiag[rank {self.rank}]: watchdog: no verdict came: {why}; acting on the event alone")
             return None
         if not verdict.excused:
-            self._mirror(incident, verdict)
+            _mirror(self, incident, verdict)
         return verdict.excused
-
-    def _mirror(self, incident: Incident, verdict: Verdict) -> None:
-        """Local rank 0 of every other host keeps a copy of the report (no shared FS assumed)."""
-        if self.info.local_rank != 0 or verdict.host == self.info.host or verdict.chunks <= 0:
-            return
-        text, _meta = incident.wait_report()
-        if text:
-            from distdiag.report.model import write_json_atomic
-
-            try:
-                write_json_atomic(os.path.join(self.config.dump_dir, REPORT_NAME), text.rstrip("\n"))
-            except OSError as exc:
-                log.warning("could not keep a copy of the hang report here: %s", exc)
 
     def _on_sigterm(self) -> None:
         """The launcher is ending this rank (a peer died, or the job was cancelled): a report
@@ -383,31 +370,13 @@ class Watcher(threading.Thread):
                     "a rank waiting in a gloo collective cannot be interrupted, so the watchdog ends the process",
                     file=sys.stderr,
                 )
-            elif self._raise_in_training_thread(event, path):
+            elif _raise_in_training_thread(self, event, path):
                 return
         if writer:
             assert self.ex is not None
             end_local_peers(self.ex, lost, self.info.host, abort=self.config.action == "abort")
         print_line(f"distdiag[rank {self.rank}]: watchdog ending the process (exit {EXIT_WATCHDOG}); report: {path}")
         flush_and_exit(EXIT_WATCHDOG)
-
-    def _raise_in_training_thread(self, event: IncidentEvent, path: str) -> bool:
-        """True once HangDetected was delivered and the training thread moved on."""
-        kind = "desync" if event.kind is EventKind.DESYNC else "hang"
-        _raise_message[0] = f"{kind} detected by distdiag's watchdog on rank {event.rank}; report: {path}"
-        before = self.progress.last_progress
-        done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(self.progress.thread_ident), ctypes.py_object(RaisedHang)
-        )
-        if done != 1:
-            return False
-        end = time.monotonic() + max(5.0, self.config.timeout_s)
-        while time.monotonic() < end:
-            if self.stopping.is_set() or self.progress.last_progress != before:
-                self.reported_at = time.monotonic()
-                return True
-            time.sleep(0.05)
-        return False
 
 
 def end_local_peers(ex: Exchange, lost: dict[int, str], host: str, *, abort: bool) -> None:
@@ -427,3 +396,36 @@ def end_local_peers(ex: Exchange, lost: dict[int, str], host: str, *, abort: boo
     for pid in local.values():
         if process_state(pid) != "gone":
             kill_pid(pid)
+
+
+def _raise_in_training_thread(watcher: Watcher, event: IncidentEvent, path: str) -> bool:
+    """True once HangDetected was delivered and the training thread moved on."""
+    kind = "desync" if event.kind is EventKind.DESYNC else "hang"
+    _raise_message[0] = f"{kind} detected by distdiag's watchdog on rank {event.rank}; report: {path}"
+    before = watcher.progress.last_progress
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(watcher.progress.thread_ident), ctypes.py_object(RaisedHang)
+    )
+    if done != 1:
+        return False
+    end = time.monotonic() + max(5.0, watcher.config.timeout_s)
+    while time.monotonic() < end:
+        if watcher.stopping.is_set() or watcher.progress.last_progress != before:
+            watcher.reported_at = time.monotonic()
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _mirror(watcher: Watcher, incident: Incident, verdict: Verdict) -> None:
+    """Local rank 0 of every other host keeps a copy of the report (no shared FS assumed)."""
+    if watcher.info.local_rank != 0 or verdict.host == watcher.info.host or verdict.chunks <= 0:
+        return
+    text, _meta = incident.wait_report()
+    if text:
+        from distdiag.report.model import write_json_atomic
+
+        try:
+            write_json_atomic(os.path.join(watcher.config.dump_dir, REPORT_NAME), text.rstrip("\n"))
+        except OSError as exc:
+            log.warning("could not keep a copy of the hang report here: %s", exc)
