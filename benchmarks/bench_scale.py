@@ -126,6 +126,15 @@ def _snapshot(rank: int, world: int, lean: bool) -> dict[str, Any]:
     return snap
 
 
+def _interval(poll_s: float, world: int) -> float:
+    """The interval one rank's wait polls at in the code under test (distdiag/runtime/exchange.py
+    scales it with the world since issue 21; before, it was the wait's own poll_s)."""
+    from distdiag.runtime import exchange
+
+    scaled = getattr(exchange, "poll_interval", None)
+    return scaled(poll_s, world) if scaled is not None else poll_s
+
+
 def _poll_until(ranks: list[int], period: float, poll: Any, limit_s: float) -> tuple[float, int, int]:
     """Each of `ranks` runs poll(rank) once every `period` until it returns True (the real
     code's wait loop, one rank after another on this client), for at most limit_s (the real
@@ -164,7 +173,7 @@ def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, lean: bool
             ex[r].read("report/1")  # _mirror: local rank 0 of every other host
         return verdict is not None
 
-    done_at, late, gave_up = _poll_until(list(ex), WATCHER_POLL_S, poll, VERDICT_WAIT_S)
+    done_at, late, gave_up = _poll_until(list(ex), _interval(WATCHER_POLL_S, world), poll, VERDICT_WAIT_S)
     out.put({"ops": store.ops, "max_value": store.max_value, "done_at": done_at, "late_rounds": late, "gave_up": gave_up})
 
 
@@ -188,15 +197,24 @@ def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any)
             return False
         got[r] = time.time()
         if r % 8 == 0 and verdict.get("node") != r // 8:
-            ex[r].read("report")  # RunEnd.mirror: local rank 0 of every other node
+            _shared_report(ex[r])  # RunEnd.mirror: local rank 0 of every other node
         ex[r].post("ack", 1)
         ex[r].post("left", 1)
         return True
 
-    _done, late, gave_up = _poll_until(others, CHECK_VERDICT_POLL_S, poll, CHECK_WAIT_S)
-    _poll_until(others, LEAVE_POLL_S, lambda r: ex[r].count("left") >= world, 2.0)
+    _done, late, gave_up = _poll_until(others, _interval(CHECK_VERDICT_POLL_S, world), poll, CHECK_WAIT_S)
+    _poll_until(others, _interval(LEAVE_POLL_S, world), lambda r: ex[r].count("left") >= world, 2.0)
     out.put({"ops": store.ops, "max_value": store.max_value, "done_at": max(got.values(), default=time.time()),
              "late_rounds": late, "gave_up": gave_up})
+
+
+def _shared_report(ex: Any) -> Any:
+    """What RunEnd.mirror reads of the writer's report (distdiag/check/share.py since issue 21)."""
+    try:
+        from distdiag.check.share import read_shared
+    except ImportError:
+        return ex.read("report")
+    return read_shared(ex)
 
 
 def _probe_entries(rank: int, world: int) -> list[dict[str, Any]]:
