@@ -301,10 +301,11 @@ def _check_writer(port: int, prefix: str, world: int, out: Any) -> None:
     store.wait(["go"])
     peak = _PeakRss(psutil.Process())
     t0 = time.time()
-    error = _check_verdict(ex, end, world)
+    marks: dict[str, float] = {}
+    error = _check_verdict(ex, end, world, marks)
     t1 = time.time()
     peak.stop()
-    out.put({"writer": "check", "t0": t0, "t1": t1, "ops": store.ops, "max_value": store.max_value,
+    out.put({"writer": "check", "t0": t0, "t1": t1, "ops": store.ops, "max_value": store.max_value, "marks": marks,
              "peak_mb": peak.growth_mb, "error": error})
 
 
@@ -324,17 +325,20 @@ def _run_end(world: int, probes: int) -> Any:
     return RunEnd(config, plan, info, time.monotonic(), ProgressLine(None))
 
 
-def _check_verdict(ex: Any, end: Any, world: int) -> str | None:
-    """Rank 0's end of the check as distdiag/check/run.py `_finish` runs it (its sentinel aside)."""
+def _check_verdict(ex: Any, end: Any, world: int, marks: dict[str, float]) -> str | None:
+    """Rank 0's end of the check as distdiag/check/run.py `_finish` runs it (its sentinel aside);
+    `marks`: when it had consolidated and when the verdict was out."""
     from distdiag.check.run import ACK_WAIT_S
 
     ex.wait_count(f"res/{len(end.plan.probes) - 1}", world, time.monotonic() + 60)
     ex.claim("writer", "main")
     report = end.consolidate(ex)
+    marks["consolidated"] = time.time()
     try:
         end.emit(report, ex)
     except Exception as exc:  # noqa: BLE001 - today's code raises at ~4.7k ranks (issue 21)
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    marks["verdict"] = time.time()
     ex.wait_count("ack", world - 1, time.monotonic() + ACK_WAIT_S)
     ex.post("left", 1)
     ex.wait_count("left", world, time.monotonic() + 2.0, poll_s=LEAVE_POLL_S)
@@ -404,9 +408,15 @@ def _phase(port: int, server: Any, world: int, clients: int, kind: str, lean: bo
         "all_s": max(r["done_at"] for r in ranks) - wall0 if kind == "check" else writer["t1"] - wall0,
         "ops": sum(r["ops"] for r in results), "elapsed": elapsed, "server_cpu": cpu1 - cpu0,
         "max_value": max(r["max_value"] for r in results), "peak_mb": writer["peak_mb"],
+        "rank_max_value": max(r["max_value"] for r in ranks),
         "late_rounds": sum(r["late_rounds"] for r in ranks), "writer": writer,
         "gave_up": sum(r["gave_up"] for r in ranks),
     }
+
+
+def _since(writer: dict[str, Any], mark: str) -> float | None:
+    at = writer.get("marks", {}).get(mark)
+    return None if at is None else round(at - writer["t0"], 3)
 
 
 def measure(world: int, clients: int, lean: bool) -> dict[str, Any]:
@@ -433,6 +443,10 @@ def measure(world: int, clients: int, lean: bool) -> dict[str, Any]:
         "store_rejected_values": rejected,
         "check_exchange_s": round(check["all_s"], 3),
         "check_writer_s": round(check["writer_s"], 3),
+        "check_consolidate_s": _since(check["writer"], "consolidated"),
+        "check_verdict_out_s": _since(check["writer"], "verdict"),
+        "hang_max_value_bytes": hang["max_value"], "check_max_value_bytes": check["max_value"],
+        "rank_value_max_bytes": max(hang["rank_max_value"], check["rank_max_value"]),
         "check_error": check["writer"].get("error"),
         "hang_error": hang["writer"].get("error"),
         "ranks_without_verdict": {"hang": hang["gave_up"], "check": check["gave_up"]},
