@@ -30,6 +30,13 @@ max_store_value_bytes (every set/compare_set of every client, writer included, m
 wrapper around the client), writer_peak_mb (the writer process's RSS growth over the incident,
 psutil peak), store_ops_per_s (requests issued by all clients / the phase's wall time), and
 server_core_share (the server process's CPU time / wall time, psutil: 1.0 is one core busy).
+Also: check_consolidate_s / check_verdict_out_s (rank 0 had consolidated / had published the
+verdict, from the same moment), hang_max_value_bytes / check_max_value_bytes (the largest
+value each part set), rank_value_max_bytes (the largest a simulated rank set: its posted
+results, its snapshot), hang_error / check_error (what the writer raised), store_rejected_values
+(values the server refused: over its 8 MiB limit), ranks_without_verdict, and late_rounds
+(poll rounds a client could not finish within the real interval: the offered poll rate was
+then below the real code's).
 `--lean-from N`: from N ranks on, snapshots carry no `history`/`recent` lists (their size
 grows with the dp group's label; 40 KB a rank at 16k, 650 MB in all): the figure then
 underestimates the gather, which the output says (`lean_snapshots`).
