@@ -41,8 +41,10 @@ def share_report(ex: Exchange, text: str, *, host: str, node: int, nodes: int, w
     size = len(text.encode())
     full = size * max(nodes - 1, 1) <= SHARE_TOTAL_BYTES
     if full:
-        parts = [text[i : i + PART_BYTES // 4] for i in range(0, len(text), PART_BYTES // 4)] if text else []
-        # by characters: a part of PART_BYTES/4 characters is at most PART_BYTES bytes in UTF-8
+        # by characters: PART_BYTES of them are PART_BYTES bytes in ASCII (what json.dumps
+        # writes by default), a quarter of that is at most PART_BYTES in any UTF-8
+        step = PART_BYTES if text.isascii() else PART_BYTES // 4
+        parts = [text[i : i + step] for i in range(0, len(text), step)]
         for index, part in enumerate(parts):
             with bounded("set report/part"):
                 ex.store.set(f"report/part/{index}", part)

@@ -71,5 +71,12 @@ def test_a_large_job_shares_the_verdict_and_where_the_report_is(ex, tmp_path):
     assert "rank 5 is 40% slower" in report.summary and "on host node0000 (node 0) at /runs/r.json" in report.summary
 
 
+def test_a_report_in_any_script_stays_under_the_limit(ex):
+    text = json.dumps({"schema": "distdiag.report/1", "exit_code": 0, "summary": "ok", "notes": "\u00e9\u4e2d" * 90_000},
+                      ensure_ascii=False)
+    assert share_report(ex, text, host="h", node=0, nodes=2, where=None)
+    assert max(ex.store.sizes) <= PART_BYTES and read_shared(ex)["json"] == text
+
+
 def test_nothing_shared_reads_as_none(ex):
     assert read_shared(ex) is None
