@@ -25,7 +25,7 @@ from distdiag.check.plan import Plan, make_plan, parse_config
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
 from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo
 from distdiag.report.render import ProgressLine
-from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.faults import FaultPlan
 
 __all__ = ["main", "run_check"]
@@ -274,7 +274,12 @@ class CheckRun:
         # Half the probe deadline: ranks that raise at different times (one computes
         # longer) must not be taken for ranks stranded in a collective.
         grace = self.config.timeout_s / 2
-        while not self.ex.wait_count(key, self.info.world_size, time.monotonic() + 0.25, stop=self.sentinel.aborting.is_set):
+        # The error counters are read once a slice; a large world polls less often (issue 21:
+        # 16k ranks polling every 10 ms, and reading two counters every 0.25 s, would take
+        # several cores of torchrun's store), so a slice spans 8 of its polls there.
+        world = self.info.world_size
+        slice_s = max(0.25, 8 * poll_interval(0.01, world))
+        while not self.ex.wait_count(key, world, time.monotonic() + slice_s, stop=self.sentinel.aborting.is_set):
             if self.sentinel.aborting.is_set():
                 self._park()
             if self.ex.bump(f"commerr/{index}", 0) > 0:
@@ -315,7 +320,9 @@ class CheckRun:
             return self.end.after_verdict(self.ex)
         verdict = None
         while verdict is None:
-            verdict = self.ex.wait_read("verdict", time.monotonic() + 0.5, stop=self.sentinel.aborting.is_set)
+            # Long slices: `stop` ends the wait on an abort, and each new slice polls at once
+            # (0.5 s slices polled twice a slice: 65k requests/s at 16k ranks, issue 21).
+            verdict = self.ex.wait_read("verdict", time.monotonic() + 30.0, stop=self.sentinel.aborting.is_set)
             if self.sentinel.aborting.is_set():
                 self._park()
         code = int(verdict["exit_code"])

@@ -5,6 +5,13 @@ peer is dead. Each rank posts JSON under `KEY/RANK` and bumps a counter `KEY/n`;
 polls the counter (one round trip) and fetches the values once they are all there. A rank
 that never posts becomes a missing entry for the reader to report, never a hang.
 
+At scale (issue 21: 1k-16k ranks on one store, torchrun's own, which rendezvous and NCCL setup
+use too) every path costs the store O(N) requests at most, and polls cost it a fixed budget
+whatever N: values are read in batches of BATCH keys (one multi_get of 16k keys x 4 KB took
+20.7 s on torch 2.13's store, in batches of 256 keys 0.07 s); presence is the counter when
+every rank posted, else one `check` of a whole batch, split only where a key is missing; and a
+wait polls every max(poll_s, N / POLL_BUDGET_OPS_S) seconds per rank (`poll_interval`).
+
 Every call is bounded: a c10d TCPStore client waits forever for a server that is stopped
 (SIGSTOP of torchrun's agent, a frozen host), whatever timeout the store was made with (seen
 with torch 2.13: `add` on a client with a 2 s timeout was still waiting after 100 s). A rank
@@ -16,17 +23,33 @@ process (exit 3, one line) when a call has been waiting STORE_STALL_S.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Exchange", "STORE_STALL_S", "bound_store_calls", "bounded"]
+__all__ = ["Exchange", "STORE_STALL_S", "BATCH", "POLL_BUDGET_OPS_S", "bound_store_calls", "bounded", "poll_interval"]
 
 STORE_STALL_S = 30.0
 """How long one call to the job's store may wait for an answer before the rank gives up on
 the store and leaves with exit 3 (a round trip takes milliseconds; seconds on a loaded node)."""
+
+BATCH = 256
+"""Keys per multi_get or check: the server answers a request whole, so one of 16k values
+holds it (and every other client) for seconds."""
+
+POLL_BUDGET_OPS_S = 25_000.0
+"""Requests per second that all ranks polling one wait may cost the store together: about a
+quarter of one core of torch's TCPStore server (~10 us a request). A wait's own poll_s holds
+up to 25,000 / poll_s ranks (250 at the check's 10 ms); beyond, each rank polls less often."""
+
+
+def poll_interval(poll_s: float, world: int) -> float:
+    """The interval one rank of `world` polls at, for a wait that asks for poll_s."""
+    return max(poll_s, world / POLL_BUDGET_OPS_S)
+
 
 _inflight: dict[int, tuple[float, str]] = {}
 _watcher: list[threading.Thread] = []
@@ -100,24 +123,49 @@ class Exchange:
         stop: Callable[[], bool] | None = None,
     ) -> bool:
         """Wait until `expected` ranks posted under key; False at the deadline or on stop()."""
-        return _poll(lambda: self.count(key) >= expected, deadline, poll_s, stop) is not None
+        interval = poll_interval(poll_s, self.world_size)
+        return _poll(lambda: self.count(key) >= expected, deadline, interval, stop, scaled=interval > poll_s) is not None
 
     def present(self, key: str, ranks: list[int] | None = None) -> list[int]:
+        """The ranks (of `ranks`, default all) that posted under key. One round trip when
+        everyone or no one posted; else one check per BATCH keys, split in halves only where a
+        key is missing (a few silent ranks cost ~2 log2(BATCH) checks each, never N)."""
         if ranks is None:
             ranks = list(range(self.world_size))
-            if self.count(key) >= self.world_size:  # everyone posted: one round trip
+            posted = self.count(key)
+            if posted >= self.world_size:  # everyone posted: one round trip
                 return ranks
+            if posted <= 0:
+                return []
+        found: list[int] = []
+        for start in range(0, len(ranks), BATCH):
+            found += self._present_in(key, ranks[start : start + BATCH])
+        return found
+
+    def _present_in(self, key: str, ranks: list[int]) -> list[int]:
+        """The ranks of `ranks` whose key exists: a check of them all (True only when every
+        key exists), halved on a miss."""
+        if not ranks:
+            return []
         with bounded(f"check {key}"):
-            return [r for r in ranks if self.store.check([f"{key}/{r}"])]
+            if self.store.check([f"{key}/{r}" for r in ranks]):
+                return list(ranks)
+        if len(ranks) == 1:
+            return []
+        half = len(ranks) // 2
+        return self._present_in(key, ranks[:half]) + self._present_in(key, ranks[half:])
 
     def collect(self, key: str, ranks: list[int] | None = None) -> dict[int, Any]:
-        """The values posted so far under key, by rank (missing ranks are absent)."""
+        """The values posted so far under key, by rank (missing ranks are absent); read
+        BATCH keys a request."""
         have = self.present(key, ranks)
-        if not have:
-            return {}
-        with bounded(f"multi_get {key}"):
-            raw = self.store.multi_get([f"{key}/{r}" for r in have])
-        return {r: json.loads(v) for r, v in zip(have, raw, strict=True)}
+        out: dict[int, Any] = {}
+        for start in range(0, len(have), BATCH):
+            part = have[start : start + BATCH]
+            with bounded(f"multi_get {key}"):
+                raw = self.store.multi_get([f"{key}/{r}" for r in part])
+            out.update((r, json.loads(v)) for r, v in zip(part, raw, strict=True))
+        return out
 
     def publish(self, key: str, value: Any) -> None:
         """Set one job-wide value (e.g. the verdict)."""
@@ -135,7 +183,8 @@ class Exchange:
         self, key: str, deadline: float, *, poll_s: float = 0.02, stop: Callable[[], bool] | None = None
     ) -> Any | None:
         """The job-wide value once someone sets it; None at the deadline or on stop()."""
-        return _poll(lambda: self.read(key), deadline, poll_s, stop)
+        interval = poll_interval(poll_s, self.world_size)
+        return _poll(lambda: self.read(key), deadline, interval, stop, scaled=interval > poll_s)
 
     def claim(self, key: str, who: str = "") -> bool:
         """Atomically claim a role; True for exactly one caller.
@@ -153,15 +202,20 @@ class Exchange:
             return int(self.store.add(key, amount))
 
 
-def _poll(probe: Callable[[], Any], deadline: float, poll_s: float, stop: Callable[[], bool] | None) -> Any | None:
+def _poll(
+    probe: Callable[[], Any], deadline: float, poll_s: float, stop: Callable[[], bool] | None, *, scaled: bool = False
+) -> Any | None:
     """probe()'s first value that is not None or False, polling with a backoff up to poll_s;
-    None at the deadline or once stop() says so (probe is always tried at least once)."""
-    delay = poll_s / 4
+    None at the deadline or once stop() says so (probe is always tried at least once).
+    `scaled`: poll_s was stretched for a large world: no quick first polls (N ranks arriving
+    together would send them all at once), and the first one at a random point of the
+    interval, so that the ranks' polls spread over it."""
+    delay = poll_s * random.uniform(0.5, 1.0) if scaled else poll_s / 4
     while True:
         value = probe()
         if value is not None and value is not False:
             return value
         if time.monotonic() >= deadline or (stop is not None and stop()):
             return None
-        time.sleep(delay)
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic()) + 0.001))
         delay = min(poll_s, delay * 2)

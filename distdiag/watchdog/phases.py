@@ -21,7 +21,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.exchange import BATCH, Exchange
 from distdiag.watchdog.progress import Progress
 
 __all__ = ["PhaseBoard", "importing"]
@@ -76,6 +76,7 @@ class PhaseBoard:
             ex.store.set(f"phase/{self.rank}", json.dumps({"name": name, "until": until}))
             if not self.published:
                 ex.store.add("phase_n", 1)
+                ex.store.set("phase_last", str(self.rank))  # peers read this rank first
         else:
             ex.store.set(f"phase/{self.rank}", "{}")
             ex.store.add("phase_n", -1)
@@ -87,14 +88,31 @@ class PhaseBoard:
             ex.store.add("phase_n", -1)
 
     def peer_in_phase(self, ex: Exchange) -> str | None:
-        """Which other rank is inside a declared phase that still has budget, if any."""
+        """Which other rank is inside a declared phase that still has budget, if any.
+
+        O(1) in the usual case (issue 21: each check read all N ranks' phases): the rank that
+        entered a phase last is read first; only when it has left is every rank's read, in
+        batches, stopping at the first one in a phase."""
         if int(ex.store.add("phase_n", 0)) <= 0:
             return None
-        values = ex.store.multi_get([f"phase/{r}" for r in range(self.world)])
+        last = ex.store.get("phase_last") if ex.store.check(["phase_last"]) else b""
+        first = [int(last)] if last.isdigit() and int(last) < self.world else []
+        for ranks in (first, *(range(s, min(s + BATCH, self.world)) for s in range(0, self.world, BATCH))):
+            found = self._in_phase(ex, list(ranks))
+            if found is not None:
+                return found
+        return None
+
+    def _in_phase(self, ex: Exchange, ranks: list[int]) -> str | None:
+        # a rank still starting has no phase key yet: a multi_get would wait for it
+        ranks = ex.present("phase", [r for r in ranks if r != self.rank])
+        if not ranks:
+            return None
+        values = ex.store.multi_get([f"phase/{r}" for r in ranks])
         now = time.time()
-        for r, raw in enumerate(values):
+        for r, raw in zip(ranks, values, strict=True):
             ph = json.loads(raw) if raw else {}
-            if r != self.rank and ph.get("until", 0) > now:
+            if ph.get("until", 0) > now:
                 return f"rank {r} in phase '{ph['name']}'"
         return None
 
@@ -106,7 +124,8 @@ class PhaseBoard:
         if ex.count("info") >= self.world:
             self._all_in = True
             return None
-        missing = [r for r in range(self.world) if r not in ex.present("info")]
+        posted = set(ex.present("info"))  # once: it was read again for every rank (N^2)
+        missing = [r for r in range(self.world) if r not in posted]
         return f"rank {missing[0]} still starting (its watchdog has not checked in)" if missing else None
 
     def hook_compile(self, compile_timeout: timedelta) -> None:

@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Any
 
-from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.exchange import BATCH, Exchange
 from distdiag.watchdog.config import WatchdogConfig
 from distdiag.watchdog.phases import PhaseBoard
 from distdiag.watchdog.progress import Progress
@@ -134,16 +134,23 @@ class StallCheck:
         """True when the only wait is the recorder's and, on every group it shows open, another
         rank has already completed that collective (a collective one rank completed cannot be
         waiting for this one). One peer's counts are enough: on a loaded machine a peer busy
-        importing may not have published yet. False when unsure: no peer published, a wrapper's wait."""
+        importing may not have published yet. False when unsure: no peer published, a wrapper's wait.
+
+        Only members of the open groups are read, at most BATCH of them (issue 21: every rank
+        reading all N-1 peers' counts was N^2 reads at a hang of the whole job): a collective
+        that any member completed was entered by all, so when it lags, most members show it."""
         prog = self.progress
         if prog.current is not None or prog.pending_async or not self._pending:
             return False
-        keys = [f"eng/{r}" for r in range(self.phase_board.world) if r != self.rank]
-        keys = [k for k in keys if ex.store.check([k])]
-        if not keys:
+        world = self.phase_board.world
+        peers: set[int] = set()
+        for group in self._pending:
+            peers.update(r for r in group_members(group, world) if r != self.rank)
+        sample = _spread(sorted(peers), BATCH)
+        counts = list(ex.collect("eng", sample).values()) if sample else []
+        if not counts:
             return False
-        peers = [json.loads(v) for v in ex.store.multi_get(keys)]
-        return all(any(p.get(group, -1) >= seq for p in peers) for group, seq in self._pending.items())
+        return all(any(p.get(group, -1) >= seq for p in counts) for group, seq in self._pending.items())
 
     def _waiting_since(self) -> float | None:
         """When this rank began waiting in a collective (ours seen by a wrapper, or torch's per
@@ -158,3 +165,24 @@ class StallCheck:
         if self.engine_pending:
             starts.append(self.pending_since)
         return min(starts) if starts else None
+
+
+def group_members(label: str, world: int) -> list[int]:
+    """The global ranks of a recorder group label ('ranks[0,8,16]', 'world'); every rank when
+    the label does not list them ('group NAME')."""
+    name = label.split(" (", 1)[0]
+    if name.startswith("ranks[") and name.endswith("]"):
+        try:
+            return [int(r) for r in name[6:-1].split(",") if r.strip()]
+        except ValueError:
+            pass
+    return list(range(world))
+
+
+def _spread(ranks: list[int], most: int) -> list[int]:
+    """At most `most` of `ranks`, evenly spread (hosts and stages alike)."""
+    if len(ranks) <= most:
+        return ranks
+    step = len(ranks) / most
+    return [ranks[int(i * step)] for i in range(most)]
+

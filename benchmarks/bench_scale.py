@@ -1,0 +1,502 @@
+"""distdiag's store traffic at cluster scale: one real TCPStore, N simulated ranks (issue 21).
+
+    python benchmarks/bench_scale.py --ranks 1024 4096 16384 [--json] [--clients 2] [--lean-from 16384]
+
+One torch TCPStore server (its own process, as torchrun's agent hosts it) and N simulated
+ranks, replaying the store operations distdiag's own code issues, through its own functions:
+
+- the hang incident: every rank's snapshot (tests/unit/hang_incident.py, a TP=8 x PP=4 x DP
+  job with rank 3 stalled outside any collective) is posted under `snap/1`; then, from the
+  declaration on, the writer runs `distdiag.watchdog.writer.gather_and_write` (in `_hang_write`,
+  the one place that calls it) and publishes the verdict, while every other rank polls for the
+  verdict as distdiag/watchdog/watcher.py does and each node's local rank 0 fetches the shared
+  report. `hang_report_s`: the declaration -> the report on disk and the verdict published.
+- the check's end: every rank posts its row (`info`) and its results of four probes (env,
+  gpu, collectives, bandwidth payloads of a healthy job); from the moment the last one posted
+  its last result, rank 0 runs the real distdiag.check.finish.RunEnd (`consolidate`, `emit`)
+  and waits for acks and leaving as distdiag/check/run.py `_finish` does, while the others
+  poll the verdict, node leaders fetch the shared report, and every rank acks and leaves.
+  `check_exchange_s`: that moment -> every simulated rank has read the verdict.
+
+Simulated ranks share clients: `--clients` processes each hold ONE TCPStore client and play
+N/clients ranks in turn (one connection per rank would be 16k sockets and 16k interpreters'
+worth of clients on a 2-core machine; the server's cost is per request, not per connection,
+so the requests are the same - what is not replayed is 16k requests in flight at once, and a
+rank's poll is late when its client is busy with the others: the offered poll rate is then
+below the real code's, which the output says as `poll_rate_shortfall`).
+
+Per N (`--json`: one object per line): ranks, hang_report_s, check_exchange_s,
+max_store_value_bytes (every set/compare_set of every client, writer included, measured by a
+wrapper around the client), writer_peak_mb (the writer process's RSS growth over the incident,
+psutil peak), store_ops_per_s (requests issued by all clients / the phase's wall time), and
+server_core_share (the server process's CPU time / wall time, psutil: 1.0 is one core busy).
+Also: check_consolidate_s / check_verdict_out_s (rank 0 had consolidated / had published the
+verdict, from the same moment), hang_max_value_bytes / check_max_value_bytes (the largest
+value each part set), rank_value_max_bytes (the largest a simulated rank set: its posted
+results, its snapshot), hang_error / check_error (what the writer raised), store_rejected_values
+(values the server refused: over its 8 MiB limit), ranks_without_verdict, and late_rounds
+(poll rounds a client could not finish within the real interval: the offered poll rate was
+then below the real code's).
+`--lean-from N`: from N ranks on, snapshots carry no `history`/`recent` lists (their size
+grows with the dp group's label; 40 KB a rank at 16k, 650 MB in all): the figure then
+underestimates the gather, which the output says (`lean_snapshots`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SERVER = (
+    "import sys, torch.distributed as d\n"
+    "s = d.TCPStore('127.0.0.1', 0, None, True, wait_for_workers=False)\n"
+    "print(s.port, flush=True)\n"
+    "sys.stdin.read()\n"
+)
+TARGET_VALUE_BYTES = 64 * 1024
+WATCHER_POLL_S = 0.05  # distdiag/watchdog/watcher.py: wait_read(verdict/epoch, poll_s=0.05)
+CHECK_VERDICT_POLL_S = 0.02  # distdiag/check/run.py: wait_read("verdict") at Exchange's default
+LEAVE_POLL_S = 0.05  # distdiag/check/finish.py: wait_count("left", poll_s=0.05)
+VERDICT_WAIT_S = 20.0  # distdiag/watchdog/watcher.py: how long a rank waits for the writer's verdict
+CHECK_WAIT_S = 60.0  # the check's ranks wait until their sentinel ends the run (its probe timeout)
+
+
+class Recorder:
+    """A store client that counts the requests it sends and the largest value it sets."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.ops = 0
+        self.max_value = 0
+
+    def _sized(self, value: Any) -> None:
+        self.max_value = max(self.max_value, len(value))
+
+    def set(self, key: str, value: Any) -> None:
+        self.ops += 1
+        self._sized(value)
+        self._store.set(key, value)
+
+    def compare_set(self, key: str, expected: Any, value: Any) -> Any:
+        self.ops += 1
+        self._sized(value)
+        return self._store.compare_set(key, expected, value)
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._store, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.ops += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+def _client(port: int, prefix: str) -> Recorder:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    base = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=300))
+    return Recorder(dist.PrefixStore(prefix, base))
+
+
+def _info(rank: int) -> dict[str, Any]:
+    from tests.unit.hang_incident import TP, host_of
+
+    return {"rank": rank, "host": host_of(rank), "node": rank // TP, "local_rank": rank % TP,
+            "device": f"cuda:{rank % TP}", "pid": 10000 + rank % TP}
+
+
+# -- simulated ranks (one client process plays ranks lo..hi-1) ---------------------------------
+def _snapshot(rank: int, world: int, lean: bool) -> dict[str, Any]:
+    from tests.unit.hang_incident import coords, rank_snapshot
+
+    dp, pp, _tp = coords(rank)
+    inside = (None if rank == 3 else "tp") if (dp, pp) == (0, 0) else ("pp" if dp == 0 else "dp")
+    snap = rank_snapshot(rank, world, inside)
+    snap["event"] = {"kind": "timeout", "rank": 3, "detail": "no progress for 60s"}
+    if lean:
+        snap["history"], snap["recent"] = [], []
+    return snap
+
+
+def _interval(poll_s: float, world: int) -> float:
+    """The interval one rank's wait polls at in the code under test (distdiag/runtime/exchange.py
+    scales it with the world since issue 21; before, it was the wait's own poll_s)."""
+    from distdiag.runtime import exchange
+
+    scaled = getattr(exchange, "poll_interval", None)
+    return scaled(poll_s, world) if scaled is not None else poll_s
+
+
+def _poll_until(ranks: list[int], period: float, poll: Any, limit_s: float) -> tuple[float, int, int]:
+    """Each of `ranks` runs poll(rank) once every `period` until it returns True (the real
+    code's wait loop, one rank after another on this client), for at most limit_s (the real
+    wait's own limit); (when the last one got it, how many rounds ran late, how many gave up)."""
+    waiting = list(ranks)
+    late = 0
+    end = time.monotonic() + limit_s
+    while waiting and time.monotonic() < end:
+        start = time.monotonic()
+        waiting = [r for r in waiting if not poll(r)]
+        spent = time.monotonic() - start
+        if spent > period:
+            late += 1
+        elif waiting:
+            time.sleep(period - spent)
+    return time.time(), late, len(waiting)
+
+
+def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, lean: bool, out: Any) -> None:
+    from distdiag.runtime.exchange import Exchange
+
+    store = _client(port, prefix)
+    for r in range(lo, hi):
+        Exchange(store, r, world).post("info", _info(r))
+    for r in range(lo, hi):
+        if r != 0:
+            Exchange(store, r, world).post("snap/1", _snapshot(r, world, lean))
+    store.add("ready", 1)
+    store.wait(["go"])
+    ex = {r: Exchange(store, r, world) for r in range(lo, hi) if r != 0}
+
+    def poll(r: int) -> bool:  # distdiag/watchdog/watcher.py: the reread check, then wait_read
+        ex[r].store.check([f"again/1/{r}"])
+        verdict = ex[r].read("verdict/1")
+        if verdict is not None and r % 8 == 0 and verdict.get("host") != _info(r)["host"]:
+            ex[r].read("report/1")  # _mirror: local rank 0 of every other host
+        return verdict is not None
+
+    done_at, late, gave_up = _poll_until(list(ex), _interval(WATCHER_POLL_S, world), poll, VERDICT_WAIT_S)
+    out.put({"ops": store.ops, "max_value": store.max_value, "done_at": done_at, "late_rounds": late, "gave_up": gave_up})
+
+
+def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) -> None:
+    from distdiag.runtime.exchange import Exchange
+
+    store = _client(port, prefix)
+    ex = {r: Exchange(store, r, world) for r in range(lo, hi)}
+    for r in range(lo, hi):
+        ex[r].post("info", _info(r))
+        for index, entry in enumerate(_probe_entries(r, world)):
+            ex[r].post(f"res/{index}", entry)
+    store.add("ready", 1)
+    store.wait(["go"])
+    others = [r for r in range(lo, hi) if r != 0]
+    got: dict[int, float] = {}
+
+    def poll(r: int) -> bool:  # distdiag/check/run.py _finish: wait_read("verdict"), mirror, ack
+        verdict = ex[r].read("verdict")
+        if verdict is None:
+            return False
+        got[r] = time.time()
+        if r % 8 == 0 and verdict.get("node") != r // 8:
+            _shared_report(ex[r])  # RunEnd.mirror: local rank 0 of every other node
+        ex[r].post("ack", 1)
+        ex[r].post("left", 1)
+        return True
+
+    _done, late, gave_up = _poll_until(others, _interval(CHECK_VERDICT_POLL_S, world), poll, CHECK_WAIT_S)
+    _poll_until(others, _interval(LEAVE_POLL_S, world), lambda r: ex[r].count("left") >= world, 2.0)
+    out.put({"ops": store.ops, "max_value": store.max_value, "done_at": max(got.values(), default=time.time()),
+             "late_rounds": late, "gave_up": gave_up})
+
+
+def _shared_report(ex: Any) -> Any:
+    """What RunEnd.mirror reads of the writer's report (distdiag/check/share.py since issue 21)."""
+    try:
+        from distdiag.check.share import read_shared
+    except ImportError:
+        return ex.read("report")
+    return read_shared(ex)
+
+
+def _probe_entries(rank: int, world: int) -> list[dict[str, Any]]:
+    from bench_gate_scaling import _bandwidth_payload, _gpu_payload
+
+    env = {  # as distdiag/probes/cluster/env.py `run` posts it, on a healthy 8-GPU host
+        "host": f"node{rank // 8:04d}", "pid": 10000 + rank % 8, "local_rank": rank % 8, "local_world_size": 8,
+        "node": rank // 8, "device": f"cuda:{rank % 8}", "python": "3.12.3", "torch": "2.13.0", "cuda": "12.4",
+        "nccl": "2.21.5", "driver": "550.54", "platform": "Linux-5.15-x86_64", "env": {"NCCL_DEBUG": "WARN", "MASTER_ADDR": "n0"},
+        "cores": 96, "cores_logical": 192, "threads": 12, "mem_total": 2**41, "mem_available": 2**40,
+        "shm": {"total": 2**39, "free": 2**39}, "executable": "/usr/bin/python3", "clock": 1000.0 + rank * 1e-6,
+    }
+    return [
+        {"status": "ok", "payload": env},
+        {"status": "ok", "payload": _gpu_payload(rank)},
+        {"status": "ok", "payload": {"failures": [], "checks": 30, "timings_s": {"all_reduce": 0.001}}},
+        {"status": "ok", "payload": _bandwidth_payload(rank, world)},
+    ]
+
+
+# -- the writers (rank 0) ----------------------------------------------------------------------
+def _hang_write(ex: Any, world: int, dump_dir: str) -> Any:
+    """What rank 0's watcher does once it claimed the writer of epoch 1 (watcher.py `_handle`):
+    the public gather_and_write, then the verdict. The only call into the writer's API."""
+    from distdiag.watchdog.writer import gather_and_write
+
+    event = json.loads(ex.store.get("event/1"))
+    report, _lost, _excuse = gather_and_write(
+        ex, epoch=1, event=event, world=world, host=_info(0)["host"], rank=0, timeout_s=60.0, grace_s=2.0,
+        dump_dir=dump_dir, config={}, started=time.monotonic(), own_snapshot=lambda: _snapshot(0, world, False),
+    )
+    ex.publish("verdict/1", {"writer": 0, "host": _info(0)["host"], "excused": None})
+    return report
+
+
+def _quiet() -> None:
+    """The writers print the report (a 16k-rank table): not into the benchmark's output."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+
+
+def _hang_writer(port: int, prefix: str, world: int, lean: bool, out: Any) -> None:
+    import psutil
+
+    _quiet()
+    from distdiag.runtime.exchange import Exchange
+
+    store = _client(port, prefix)
+    ex = Exchange(store, 0, world)
+    ex.post("info", _info(0))
+    ex.post("snap/1", _snapshot(0, world, lean))
+    store.compare_set("event/1", "", json.dumps({"kind": "timeout", "rank": 3, "detail": "no progress for 60s"}))
+    store.wait(["go"])
+    peak = _PeakRss(psutil.Process())
+    t0 = time.time()
+    error = None
+    with tempfile.TemporaryDirectory() as dump_dir:
+        try:
+            report = _hang_write(ex, world, dump_dir)
+        except Exception as exc:  # noqa: BLE001 - today's code breaks from ~500 ranks (issue 21): say how
+            report, error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    t1 = time.time()
+    peak.stop()
+    lost = len([f for f in report.probes[0].findings if "lost" in f.issue]) if report is not None else -1
+    out.put({"writer": "hang", "t0": t0, "t1": t1, "ops": store.ops, "max_value": store.max_value,
+             "peak_mb": peak.growth_mb, "lost_findings": lost, "error": error,
+             "report_kb": len(report.to_json()) // 1024 if report else 0})
+
+
+def _check_writer(port: int, prefix: str, world: int, out: Any) -> None:
+    import psutil
+
+    _quiet()
+    from distdiag.runtime.exchange import Exchange
+
+    store = _client(port, prefix)
+    ex = Exchange(store, 0, world)
+    ex.post("info", _info(0))
+    entries = _probe_entries(0, world)
+    for index, entry in enumerate(entries):
+        ex.post(f"res/{index}", entry)
+    end = _run_end(world, len(entries))
+    store.wait(["go"])
+    peak = _PeakRss(psutil.Process())
+    t0 = time.time()
+    marks: dict[str, float] = {}
+    error = _check_verdict(ex, end, world, marks)
+    t1 = time.time()
+    peak.stop()
+    out.put({"writer": "check", "t0": t0, "t1": t1, "ops": store.ops, "max_value": store.max_value, "marks": marks,
+             "peak_mb": peak.growth_mb, "error": error})
+
+
+def _run_end(world: int, probes: int) -> Any:
+    from distdiag.check.config import CheckConfig
+    from distdiag.check.finish import RunEnd
+    from distdiag.check.plan import Plan, PlannedProbe
+    from distdiag.probes import PROBES
+    from distdiag.report.render import ProgressLine
+    from distdiag.runtime.context import LaunchInfo
+
+    names = ["env", "gpu", "collectives", "bandwidth"][:probes]
+    config = CheckConfig(probes=names, quiet=True, report=os.path.join(tempfile.mkdtemp(), "report.json"))
+    plan = Plan(config, [PlannedProbe(PROBES[n](), PROBES[n].Config() if PROBES[n].Config else None) for n in names])
+    info = LaunchInfo(rank=0, world_size=world, local_rank=0, local_world_size=8, node=0, host=_info(0)["host"], pid=10000,
+                      restart_count=0, run_id="bench", master_addr=None, master_port=None, agent_store=True)
+    return RunEnd(config, plan, info, time.monotonic(), ProgressLine(None))
+
+
+def _check_verdict(ex: Any, end: Any, world: int, marks: dict[str, float]) -> str | None:
+    """Rank 0's end of the check as distdiag/check/run.py `_finish` runs it (its sentinel aside);
+    `marks`: when it had consolidated and when the verdict was out."""
+    from distdiag.check.run import ACK_WAIT_S
+
+    ex.wait_count(f"res/{len(end.plan.probes) - 1}", world, time.monotonic() + 60)
+    ex.claim("writer", "main")
+    report = end.consolidate(ex)
+    marks["consolidated"] = time.time()
+    try:
+        end.emit(report, ex)
+    except Exception as exc:  # noqa: BLE001 - today's code raises at ~4.7k ranks (issue 21)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    marks["verdict"] = time.time()
+    ex.wait_count("ack", world - 1, time.monotonic() + ACK_WAIT_S)
+    ex.post("left", 1)
+    ex.wait_count("left", world, time.monotonic() + 2.0, poll_s=LEAVE_POLL_S)
+    return None
+
+
+class _PeakRss:
+    """The process's RSS growth over a stretch, sampled every 10 ms on a thread."""
+
+    def __init__(self, proc: Any) -> None:
+        self.proc = proc
+        self.base = proc.memory_info().rss
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    @property
+    def growth_mb(self) -> float:
+        return round((self.peak - self.base) / 2**20, 1)
+
+
+# -- one phase, one N -------------------------------------------------------------------------
+def _phase(port: int, server: Any, world: int, clients: int, kind: str, lean: bool) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    prefix = f"{kind}{world}/"
+    cuts = [world * i // clients for i in range(clients + 1)]
+    if kind == "hang":
+        procs = [ctx.Process(target=_hang_writer, args=(port, prefix, world, lean, out))]
+        procs += [ctx.Process(target=_hang_ranks, args=(port, prefix, world, max(cuts[i], 1), cuts[i + 1], lean, out))
+                  for i in range(clients)]
+    else:
+        procs = [ctx.Process(target=_check_writer, args=(port, prefix, world, out))]
+        procs += [ctx.Process(target=_check_ranks, args=(port, prefix, world, max(cuts[i], 1), cuts[i + 1], out))
+                  for i in range(clients)]
+    for p in procs:
+        p.start()
+    main = dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", port, None, False))
+    while int(main.add("ready", 0)) < clients:
+        time.sleep(0.2)
+    time.sleep(1.0)  # the writer has imported its modules and waits for the go too
+    cpu0, wall0 = sum(server.cpu_times()[:2]), time.time()
+    main.set("go", "1")
+    results = [out.get(timeout=1800) for _ in procs]
+    wall1 = max(r.get("done_at", 0.0) or r.get("t1", 0.0) for r in results)
+    wall1 = max(wall1, max(r.get("t1", 0.0) for r in results))
+    cpu1 = sum(server.cpu_times()[:2])
+    for p in procs:
+        p.join(60)
+    writer = next(r for r in results if "writer" in r)
+    ranks = [r for r in results if "writer" not in r]
+    elapsed = max(wall1 - wall0, 1e-6)
+    return {
+        "writer_s": writer["t1"] - writer["t0"],
+        "all_s": max(r["done_at"] for r in ranks) - wall0 if kind == "check" else writer["t1"] - wall0,
+        "ops": sum(r["ops"] for r in results), "elapsed": elapsed, "server_cpu": cpu1 - cpu0,
+        "max_value": max(r["max_value"] for r in results), "peak_mb": writer["peak_mb"],
+        "rank_max_value": max(r["max_value"] for r in ranks),
+        "late_rounds": sum(r["late_rounds"] for r in ranks), "writer": writer,
+        "gave_up": sum(r["gave_up"] for r in ranks),
+    }
+
+
+def _since(writer: dict[str, Any], mark: str) -> float | None:
+    at = writer.get("marks", {}).get(mark)
+    return None if at is None else round(at - writer["t0"], 3)
+
+
+def measure(world: int, clients: int, lean: bool) -> dict[str, Any]:
+    import psutil
+
+    log = tempfile.TemporaryFile(mode="w+")  # the server's complaints (a value over its 8 MiB limit)
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                              text=True)
+    try:
+        port = int(server.stdout.readline())
+        proc = psutil.Process(server.pid)
+        hang = _phase(port, proc, world, clients, "hang", lean)
+        check = _phase(port, proc, world, clients, "check", lean)
+    finally:
+        server.stdin.close()
+        server.wait(30)
+        log.seek(0)
+        rejected = log.read().count("Invalid payload size")
+    ops = hang["ops"] + check["ops"]
+    elapsed = hang["elapsed"] + check["elapsed"]
+    return {
+        "ranks": world,
+        "hang_report_s": None if hang["writer"].get("error") else round(hang["writer_s"], 3),
+        "store_rejected_values": rejected,
+        "check_exchange_s": round(check["all_s"], 3),
+        "check_writer_s": round(check["writer_s"], 3),
+        "check_consolidate_s": _since(check["writer"], "consolidated"),
+        "check_verdict_out_s": _since(check["writer"], "verdict"),
+        "hang_max_value_bytes": hang["max_value"], "check_max_value_bytes": check["max_value"],
+        "rank_value_max_bytes": max(hang["rank_max_value"], check["rank_max_value"]),
+        "check_error": check["writer"].get("error"),
+        "hang_error": hang["writer"].get("error"),
+        "ranks_without_verdict": {"hang": hang["gave_up"], "check": check["gave_up"]},
+        "max_store_value_bytes": max(hang["max_value"], check["max_value"]),
+        "writer_peak_mb": max(hang["peak_mb"], check["peak_mb"]),
+        "hang_writer_peak_mb": hang["peak_mb"], "check_writer_peak_mb": check["peak_mb"],
+        "store_ops_per_s": round(ops / elapsed),
+        "server_core_share": round((hang["server_cpu"] + check["server_cpu"]) / elapsed, 2),
+        "hang_report_kb": hang["writer"].get("report_kb"),
+        "poll_rate_shortfall": {"late_rounds": hang["late_rounds"] + check["late_rounds"]},
+        "lean_snapshots": lean,
+        "clients": clients,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--clients", type=int, default=2, help="client processes playing the ranks (default 2)")
+    parser.add_argument("--lean-from", type=int, default=16384, help="from this N on, snapshots without history")
+    parser.add_argument("--json", action="store_true", help="one JSON object per N instead of the table")
+    args = parser.parse_args()
+    if not args.json:
+        print("| N | hang report s | check exchange s (writer s) | max store value | writer peak MB | store ops/s | "
+              "server cores | notes |")
+        print("|---|---|---|---|---|---|---|---|")
+    for world in args.ranks:
+        row = measure(world, args.clients, world >= args.lean_from)
+        if args.json:
+            print(json.dumps(row), flush=True)
+            continue
+        notes = [f"hang writer raised: {row['hang_error']}"] if row["hang_error"] else []
+        notes += [f"check raised: {row['check_error']}"] if row["check_error"] else []
+        notes += [f"{n} {k} ranks got no verdict" for k, n in row["ranks_without_verdict"].items() if n]
+        notes += ["lean snapshots"] if row["lean_snapshots"] else []
+        notes += [f"{row['poll_rate_shortfall']['late_rounds']} late poll rounds"] if row["poll_rate_shortfall"]["late_rounds"] else []
+        notes += [f"the store refused {row['store_rejected_values']} value(s) over 8 MiB"] if row["store_rejected_values"] else []
+        hang = "-" if row["hang_report_s"] is None else f"{row['hang_report_s']:.2f}"
+        print(f"| {world} | {hang} | {row['check_exchange_s']:.2f} ({row['check_writer_s']:.2f}) | "
+              f"{row['max_store_value_bytes'] / 1024:.0f} KB | {row['writer_peak_mb']:.0f} | {row['store_ops_per_s']} | "
+              f"{row['server_core_share']:.2f} | {'; '.join(notes) or '-'} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
