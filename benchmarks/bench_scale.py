@@ -7,8 +7,9 @@ ranks, replaying the store operations distdiag's own code issues, through its ow
 
 - the hang incident: every rank's snapshot (tests/unit/hang_incident.py, a TP=8 x PP=4 x DP
   job with rank 3 stalled outside any collective) is posted under `snap/1`; then, from the
-  declaration on, the writer runs `distdiag.watchdog.writer.gather_and_write` (in `_hang_write`,
-  the one place that calls it) and publishes the verdict, while every other rank polls for the
+  declaration on, the writer runs `distdiag.watchdog.writer.gather_and_write` and
+  `publish_outcome` (in `_hang_write`, the one place that calls them): the verdict first, then
+  the report's copy in chunks, while every other rank polls for the
   verdict as distdiag/watchdog/watcher.py does and each node's local rank 0 fetches the shared
   report. `hang_report_s`: the declaration -> the report on disk and the verdict published.
 - the check's end: every rank posts its row (`info`) and its results of four probes (env,
@@ -161,31 +162,35 @@ def _poll_until(ranks: list[int], period: float, poll: Any, limit_s: float) -> t
 
 
 def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, lean: bool, out: Any) -> None:
+    from distdiag.hang.incident import RankSnapshot
     from distdiag.runtime.exchange import Exchange
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys, Keys
 
     store = _client(port, prefix)
     for r in range(lo, hi):
-        Exchange(store, r, world).post("info", _info(r))
-    for r in range(lo, hi):
-        if r != 0:
-            Exchange(store, r, world).post("snap/1", _snapshot(r, world, lean))
+        Exchange(store, r, world).post(Keys.INFO, _info(r))
+    inc = {r: Incident(Exchange(store, r, world), IncidentKeys(1), world) for r in range(lo, hi) if r != 0}
+    for r, incident in inc.items():
+        incident.post_snapshot(RankSnapshot.from_dict(_snapshot(r, world, lean)))
     store.add("ready", 1)
     store.wait(["go"])
-    ex = {r: Exchange(store, r, world) for r in range(lo, hi) if r != 0}
 
-    def poll(r: int) -> bool:  # distdiag/watchdog/watcher.py: the reread check, then wait_read
-        ex[r].store.check([f"again/1/{r}"])
-        verdict = ex[r].read("verdict/1")
+    def poll(r: int) -> bool:  # distdiag/watchdog/watcher.py _await: the re-read check, then the verdict
+        incident = inc[r]
+        incident.ex.store.check([incident.keys.again(r)])
+        verdict = incident.ex.read(incident.keys.verdict)
         if verdict is not None and r % 8 == 0 and verdict.get("host") != _info(r)["host"]:
-            ex[r].read("report/1")  # _mirror: local rank 0 of every other host
+            incident.read_report()  # _mirror: local rank 0 of every other host
         return verdict is not None
 
-    done_at, late, gave_up = _poll_until(list(ex), _interval(WATCHER_POLL_S, world), poll, VERDICT_WAIT_S)
+    done_at, late, gave_up = _poll_until(list(inc), _interval(WATCHER_POLL_S, world), poll, VERDICT_WAIT_S)
     out.put({"ops": store.ops, "max_value": store.max_value, "done_at": done_at, "late_rounds": late, "gave_up": gave_up})
 
 
 def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) -> None:
     from distdiag.runtime.exchange import Exchange
+    from distdiag.runtime.keys import IncidentKeys
 
     store = _client(port, prefix)
     ex = {r: Exchange(store, r, world) for r in range(lo, hi)}
@@ -198,8 +203,8 @@ def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any)
     others = [r for r in range(lo, hi) if r != 0]
     got: dict[int, float] = {}
 
-    def poll(r: int) -> bool:  # distdiag/check/run.py _finish: wait_read("verdict"), mirror, ack
-        verdict = ex[r].read("verdict")
+    def poll(r: int) -> bool:  # distdiag/check/run.py _finish: wait_read(verdict), mirror, ack
+        verdict = ex[r].read(IncidentKeys().verdict)
         if verdict is None:
             return False
         got[r] = time.time()
@@ -216,12 +221,11 @@ def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any)
 
 
 def _shared_report(ex: Any) -> Any:
-    """What RunEnd.mirror reads of the writer's report (distdiag/check/share.py since issue 21)."""
-    try:
-        from distdiag.check.share import read_shared
-    except ImportError:
-        return ex.read("report")
-    return read_shared(ex)
+    """What RunEnd.mirror reads of the writer's report (distdiag/runtime/incident.py since issue 21)."""
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys
+
+    return Incident(ex, IncidentKeys(), ex.world_size).read_report()
 
 
 def _probe_entries(rank: int, world: int) -> list[dict[str, Any]]:
@@ -244,16 +248,23 @@ def _probe_entries(rank: int, world: int) -> list[dict[str, Any]]:
 
 # -- the writers (rank 0) ----------------------------------------------------------------------
 def _hang_write(ex: Any, world: int, dump_dir: str) -> Any:
-    """What rank 0's watcher does once it claimed the writer of epoch 1 (watcher.py `_handle`):
-    the public gather_and_write, then the verdict. The only call into the writer's API."""
-    from distdiag.watchdog.writer import gather_and_write
+    """What rank 0's watcher does once it claimed the writer of epoch 1 (watcher.py `_write`):
+    the public gather_and_write, then publish_outcome (the verdict first, then the report's
+    chunks). The only call into the writer's API."""
+    from distdiag.hang.incident import IncidentEvent, RankSnapshot
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys, Keys
+    from distdiag.watchdog.writer import gather_and_write, publish_outcome
 
-    event = json.loads(ex.store.get("event/1"))
-    report, _lost, _excuse = gather_and_write(
-        ex, epoch=1, event=event, world=world, host=_info(0)["host"], rank=0, timeout_s=60.0, grace_s=2.0,
-        dump_dir=dump_dir, config={}, started=time.monotonic(), own_snapshot=lambda: _snapshot(0, world, False),
+    incident = Incident(ex, IncidentKeys(1), world)
+    incident.claim_writer()
+    event = IncidentEvent.from_dict(json.loads(ex.store.get(Keys.event(1))))
+    host = _info(0)["host"]
+    report, _lost, excuse = gather_and_write(
+        incident, event=event, host=host, timeout_s=60.0, grace_s=2.0, dump_dir=dump_dir, config={},
+        started=time.monotonic(), own_snapshot=lambda: RankSnapshot.from_dict(_snapshot(0, world, False)),
     )
-    ex.publish("verdict/1", {"writer": 0, "host": _info(0)["host"], "excused": None})
+    publish_outcome(incident, report, excuse=excuse, host=host, dump_dir=dump_dir)
     return report
 
 
@@ -268,13 +279,16 @@ def _hang_writer(port: int, prefix: str, world: int, lean: bool, out: Any) -> No
     import psutil
 
     _quiet()
+    from distdiag.hang.incident import RankSnapshot
     from distdiag.runtime.exchange import Exchange
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys, Keys
 
     store = _client(port, prefix)
     ex = Exchange(store, 0, world)
-    ex.post("info", _info(0))
-    ex.post("snap/1", _snapshot(0, world, lean))
-    store.compare_set("event/1", "", json.dumps({"kind": "timeout", "rank": 3, "detail": "no progress for 60s"}))
+    ex.post(Keys.INFO, _info(0))
+    Incident(ex, IncidentKeys(1), world).post_snapshot(RankSnapshot.from_dict(_snapshot(0, world, lean)))
+    store.compare_set(Keys.event(1), "", json.dumps({"kind": "timeout", "rank": 3, "detail": "no progress for 60s"}))
     store.wait(["go"])
     peak = _PeakRss(psutil.Process())
     t0 = time.time()
@@ -286,7 +300,10 @@ def _hang_writer(port: int, prefix: str, world: int, lean: bool, out: Any) -> No
             report, error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     t1 = time.time()
     peak.stop()
-    lost = len([f for f in report.probes[0].findings if "lost" in f.issue]) if report is not None else -1
+    from distdiag.hang.incident import SilentReason
+
+    silent = {reason.cause for reason in SilentReason} | {"lost"}
+    lost = len([f for f in report.probes[0].findings if f.cause in silent]) if report is not None else -1
     out.put({"writer": "hang", "t0": t0, "t1": t1, "ops": store.ops, "max_value": store.max_value,
              "peak_mb": peak.growth_mb, "lost_findings": lost, "error": error,
              "report_kb": len(report.to_json()) // 1024 if report else 0})
@@ -338,7 +355,9 @@ def _check_verdict(ex: Any, end: Any, world: int, marks: dict[str, float]) -> st
     from distdiag.check.run import ACK_WAIT_S
 
     ex.wait_count(f"res/{len(end.plan.probes) - 1}", world, time.monotonic() + 60)
-    ex.claim("writer", "main")
+    from distdiag.runtime.keys import IncidentKeys
+
+    ex.claim(IncidentKeys().writer, "main")
     report = end.consolidate(ex)
     marks["consolidated"] = time.time()
     try:

@@ -174,7 +174,8 @@ class RunEnd:
         sys.stdout.flush()
         info = self.info
         path = os.path.abspath(where) if where else "(not written)"
-        shared = inc.shared_copy(text, path, info.host)
+        nodes = max(info.world_size // max(info.local_world_size, 1), 1)
+        shared = inc.shared_copy(text, path, info.host, readers=nodes - 1)
         inc.publish_verdict(Verdict(report.exit_code, info.rank, info.host, info.node, report.outcome, report.summary,
                                     path, chunks=inc.chunk_count(shared)))
         inc.publish_report(shared, {"host": info.host, "node": info.node})

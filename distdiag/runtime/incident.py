@@ -50,6 +50,10 @@ before it leaves with exit 3 on its own. Not a bound on the whole wait: a writer
 REPORT_STALL_S = 10.0
 """After the verdict, how long a host's copier waits for the writer's progress to move while
 the report's chunks are not all there."""
+SHARED_TOTAL_MAX = 256 * 2**20
+"""What all other hosts fetching the report's copy may cost the store together: every job of a
+few nodes gets the whole report on each (what each node's gate wants), a 16k-rank job's 2047
+other nodes get a cut copy (issue 21: N/8 hosts fetching an O(N) report is O(N^2) bytes)."""
 SHARED_REPORT_MAX = 4 * 1024 * 1024
 """The largest report copied through the store for the other hosts (64 chunks). Past it the
 copy leaves out the probes' details (the per-rank tables, stacks, recorder tails: what grows
@@ -209,16 +213,27 @@ class Incident:
         """How many chunks `publish_report` will write for this text (the verdict says it first)."""
         return len(self._parts(text))
 
-    def shared_copy(self, text: str, where: str, host: str) -> str:
-        """What the other hosts get of the report: all of it up to SHARED_REPORT_MAX, else the
-        report without its probes' details, with a note saying where the full one is."""
-        if len(text.encode()) <= SHARED_REPORT_MAX:
+    def shared_copy(self, text: str, where: str, host: str, readers: int = 1) -> str:
+        """What the other hosts get of the report, within SHARED_REPORT_MAX and within what
+        `readers` hosts fetching it may cost the store together (SHARED_TOTAL_MAX): the whole
+        report; else without the probes' details (the per-rank tables, stacks, recorder tails:
+        what grows with the ranks); else without the rank table too; else the verdict alone.
+        Each cut copy says where the full report is, and stays a valid report."""
+        limit = min(SHARED_REPORT_MAX, SHARED_TOTAL_MAX // max(readers, 1))
+        size = len(text.encode())
+        if size <= limit:
             return text
         data = json.loads(text)
-        note = (f"a copy: the details were left out (the full report is {len(text.encode())} bytes); "
-                f"the full report is on host {host} at {where}")
+        note = f"a copy: the details were left out (the full report is {size} bytes); the full report is on host {host} at {where}"
         for probe in data.get("probes") or []:
             probe["details"] = {"note": note}
+        for cut in ("ranks", "probes"):
+            copy_ = json.dumps(data)
+            if len(copy_.encode()) <= limit:
+                return copy_
+            data[cut] = []
+            data.pop("by_node", None)
+        data["summary"] = f"{str(data.get('summary', ''))[:2000]} ({note})"
         return json.dumps(data)
 
     def publish_report(self, text: str, meta: dict[str, Any]) -> int:

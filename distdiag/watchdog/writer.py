@@ -313,7 +313,8 @@ def publish_outcome(incident: Incident, report: Report | None, *, excuse: str | 
         return
     text = report.to_json()
     where = os.path.abspath(os.path.join(dump_dir, REPORT_NAME))
-    shared = incident.shared_copy(text, where, host)
+    hosts = {r.host for r in report.ranks if r.host and r.host != "?"}
+    shared = incident.shared_copy(text, where, host, readers=max(len(hosts) - 1, 1))
     incident.publish_verdict(Verdict(report.exit_code, rank, host, outcome=report.outcome, summary=report.summary,
                                      report=where, chunks=incident.chunk_count(shared)))
     incident.publish_report(shared, {"host": host})
