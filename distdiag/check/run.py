@@ -27,6 +27,7 @@ from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo
 from distdiag.report.render import ProgressLine
 from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.faults import FaultPlan
+from distdiag.runtime.keys import IncidentKeys, Keys
 
 __all__ = ["main", "run_check"]
 
@@ -98,7 +99,7 @@ class CheckRun:
             self._setup_failed(setup_exc, "could not select its device")
 
         note_phase("checking in (waiting for every rank to reach the store)")
-        self.ex.post("info", RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
+        self.ex.post(Keys.INFO, RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
         self._wait_for_checkin()
         note_phase("setting up (the target, the process groups)")
         self.tracker.enter_phase("setup")
@@ -159,7 +160,7 @@ class CheckRun:
 
     def _setup_failed(self, exc: BaseException, what: str) -> None:
         """This rank could not set up (`what` it could not do): post why, end the run."""
-        self.ex.post("setup_error", error_summary(exc))
+        self.ex.post(Keys.SETUP_ERROR, error_summary(exc))
         self.sentinel.trigger("setup", f"rank {self.info.rank} {what}: {type(exc).__name__}")
         self._park()
 
@@ -185,9 +186,9 @@ class CheckRun:
         limit. A rank that never checks in is named as such, not as lost on host '?'."""
         limit = checkin_limit(self.config.timeout_s)
         world = self.info.world_size
-        if not self.ex.wait_count("info", world, time.monotonic() + limit, poll_s=0.05, stop=self.sentinel.aborting.is_set):
+        if not self.ex.wait_count(Keys.INFO, world, time.monotonic() + limit, poll_s=0.05, stop=self.sentinel.aborting.is_set):
             if not self.sentinel.aborting.is_set():
-                missing = sorted(set(range(world)) - set(self.ex.present("info")))
+                missing = sorted(set(range(world)) - set(self.ex.present(Keys.INFO)))
                 self.sentinel.trigger("setup", f"ranks {missing} did not check in within {limit:g}s")
             self._park()
 
@@ -200,7 +201,7 @@ class CheckRun:
         self._caught_posted.add(index)
         summary = error_summary(exc)
         summary.update({"where": where, "probe": self.tracker.probe_name, "phase": self.tracker.phase})
-        self.ex.post(f"caught/{index}", summary)
+        self.ex.post(Keys.caught(index), summary)
 
     def _load_target_everywhere(self) -> Any:
         """Load the user's target on every rank; if any rank fails, every rank exits 2.
@@ -217,13 +218,13 @@ class CheckRun:
                 target = load_target(self.config.target)
             except ConfigError as exc:
                 error = str(exc)
-        self.ex.post("valid", error)
+        self.ex.post(Keys.VALID, error)
         limit = self.config.timeout_s
-        if not self.ex.wait_count("valid", self.info.world_size, time.monotonic() + limit):
-            missing = sorted(set(range(self.info.world_size)) - set(self.ex.collect("valid")))
+        if not self.ex.wait_count(Keys.VALID, self.info.world_size, time.monotonic() + limit):
+            missing = sorted(set(range(self.info.world_size)) - set(self.ex.collect(Keys.VALID)))
             self.sentinel.trigger("setup", f"ranks {missing} did not finish loading the target within {limit:g}s")
             self._park()
-        errors = {r: e for r, e in self.ex.collect("valid").items() if e}
+        errors = {r: e for r, e in self.ex.collect(Keys.VALID).items() if e}
         if errors:
             first = min(errors)
             where = "" if len(errors) == self.info.world_size else f" (on rank {first})"
@@ -264,12 +265,12 @@ class CheckRun:
     def _post_and_wait(self, index: int, name: str, entry: dict[str, Any]) -> None:
         """Post this rank's entry for probe `index` and wait until every rank posted; a broken
         connection, or a rank that raised while others did not finish, ends the run."""
-        key = f"res/{index}"
+        key = Keys.result(index)
         self.ex.post(key, entry)
         if entry["status"] == "error":
-            self.ex.bump(f"err/{index}")
+            self.ex.bump(Keys.errors(index))
             if entry.get("comm_error"):
-                self.ex.bump(f"commerr/{index}")
+                self.ex.bump(Keys.comm_errors(index))
         posted = time.monotonic()
         # Half the probe deadline: ranks that raise at different times (one computes
         # longer) must not be taken for ranks stranded in a collective.
@@ -282,13 +283,13 @@ class CheckRun:
         while not self.ex.wait_count(key, world, time.monotonic() + slice_s, stop=self.sentinel.aborting.is_set):
             if self.sentinel.aborting.is_set():
                 self._park()
-            if self.ex.bump(f"commerr/{index}", 0) > 0:
+            if self.ex.bump(Keys.comm_errors(index), 0) > 0:
                 self.sentinel.trigger("lost", f"a rank lost its connection to a peer during probe '{name}'")
                 self._park()
-            if time.monotonic() - posted > grace and self.ex.bump(f"err/{index}", 0) > 0:
+            if time.monotonic() - posted > grace and self.ex.bump(Keys.errors(index), 0) > 0:
                 self.sentinel.trigger("stranded", f"probe '{name}' raised on a rank; others did not finish")
                 self._park()
-        if self.ex.bump(f"commerr/{index}", 0) > 0:
+        if self.ex.bump(Keys.comm_errors(index), 0) > 0:
             # Every rank answered, but a connection broke: the main group is unusable now.
             self.sentinel.trigger("lost", f"a connection between ranks broke during probe '{name}'")
             self._park()
@@ -309,20 +310,20 @@ class CheckRun:
         self.tracker.enter_phase("final")
         self.faults.at("final", 0)
         if info.rank == 0:
-            if not self.ex.claim("writer", "main"):
+            if not self.ex.claim(IncidentKeys().writer, "main"):
                 self._park()
             report = self.end.consolidate(self.ex)
             self.end.emit(report, self.ex)
             self.end.verdict_report = report
             self.sentinel.finishing_code = report.exit_code
             self.sentinel.on_late_sigterm = lambda: self.end.after_verdict(self.sentinel.exchange or self.ex, wait_s=0.5)
-            self.ex.wait_count("ack", info.world_size - 1, time.monotonic() + ACK_WAIT_S)
+            self.ex.wait_count(Keys.ACK, info.world_size - 1, time.monotonic() + ACK_WAIT_S)
             return self.end.after_verdict(self.ex)
         verdict = None
         while verdict is None:
             # Long slices: `stop` ends the wait on an abort, and each new slice polls at once
             # (0.5 s slices polled twice a slice: 65k requests/s at 16k ranks, issue 21).
-            verdict = self.ex.wait_read("verdict", time.monotonic() + 30.0, stop=self.sentinel.aborting.is_set)
+            verdict = self.ex.wait_read(IncidentKeys().verdict, time.monotonic() + 30.0, stop=self.sentinel.aborting.is_set)
             if self.sentinel.aborting.is_set():
                 self._park()
         code = int(verdict["exit_code"])
@@ -330,7 +331,7 @@ class CheckRun:
         # local rank already left non-zero) ends this process at once.
         self.end.mirror(self.ex, verdict)
         self.sentinel.finishing_code = code
-        self.ex.post("ack", 1)
+        self.ex.post(Keys.ACK, 1)
         self.end.after_verdict(self.ex)
         return code
 
@@ -384,8 +385,8 @@ def _say_it_through_the_store(wait_s: float, done: threading.Event) -> None:
         if not info.distributed or info.world_size < 2:
             return
         ex = Exchange(connect_store(info, timedelta(seconds=wait_s)), info.rank, info.world_size)
-        ex.post("bad_input", 1)
-        ex.wait_count("bad_input", info.world_size, time.monotonic() + wait_s, poll_s=0.05)
+        ex.post(Keys.BAD_INPUT, 1)
+        ex.wait_count(Keys.BAD_INPUT, info.world_size, time.monotonic() + wait_s, poll_s=0.05)
     except Exception:  # noqa: BLE001 - best effort: the line is printed already
         return
     finally:

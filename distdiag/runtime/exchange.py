@@ -32,6 +32,12 @@ from typing import Any
 
 __all__ = ["Exchange", "STORE_STALL_S", "BATCH", "POLL_BUDGET_OPS_S", "bound_store_calls", "bounded", "poll_interval"]
 
+PART_BYTES = 63 * 1024
+"""The largest value Exchange sets; a larger one goes in parts (under the 64 KB every store
+value is kept to: runtime/keys.py MAX_STORE_VALUE)."""
+PARTS = "__distdiag_parts__"
+"""The one key of the small value that stands for a value set in parts."""
+
 STORE_STALL_S = 30.0
 """How long one call to the job's store may wait for an answer before the rank gives up on
 the store and leaves with exit 3 (a round trip takes milliseconds; seconds on a loaded node)."""
@@ -104,10 +110,34 @@ class Exchange:
         self.world_size = world_size
 
     def post(self, key: str, value: Any) -> None:
-        """Publish this rank's value under key and count it."""
+        """Publish this rank's value under key and count it (in parts if it is large)."""
         with bounded(f"set {key}"):
-            self.store.set(f"{key}/{self.rank}", json.dumps(value, default=str))
+            self._set(f"{key}/{self.rank}", json.dumps(value, default=str))
             self.store.add(f"{key}/n", 1)
+
+    def _set(self, key: str, text: str) -> None:
+        """Set one value; over PART_BYTES it goes in parts under KEY/part/I, and KEY holds
+        {PARTS: count}, set last (a reader that sees KEY finds its parts there): no value over
+        64 KB reaches the store, whatever a probe or a user's target posts (issue 21)."""
+        data = text.encode()
+        if len(data) <= PART_BYTES:
+            self.store.set(key, data)
+            return
+        count = 0
+        for count, start in enumerate(range(0, len(data), PART_BYTES), 1):
+            self.store.set(f"{key}/part/{count - 1}", data[start : start + PART_BYTES])
+        self.store.set(key, json.dumps({PARTS: count}))
+
+    def _loads(self, key: str, raw: Any) -> Any:
+        """A value set by _set, its parts read back when it was split."""
+        value = json.loads(raw)
+        if isinstance(value, dict) and len(value) == 1 and PARTS in value:
+            keys = [f"{key}/part/{i}" for i in range(int(value[PARTS]))]
+            parts: list[bytes] = []
+            for start in range(0, len(keys), BATCH):
+                parts += [bytes(p) for p in self.store.multi_get(keys[start : start + BATCH])]
+            value = json.loads(b"".join(parts))
+        return value
 
     def count(self, key: str) -> int:
         with bounded(f"add {key}/n"):
@@ -164,20 +194,20 @@ class Exchange:
             part = have[start : start + BATCH]
             with bounded(f"multi_get {key}"):
                 raw = self.store.multi_get([f"{key}/{r}" for r in part])
-            out.update((r, json.loads(v)) for r, v in zip(part, raw, strict=True))
+                out.update((r, self._loads(f"{key}/{r}", v)) for r, v in zip(part, raw, strict=True))
         return out
 
     def publish(self, key: str, value: Any) -> None:
-        """Set one job-wide value (e.g. the verdict)."""
+        """Set one job-wide value (e.g. the verdict; in parts if it is large)."""
         with bounded(f"set {key}"):
-            self.store.set(key, json.dumps(value, default=str))
+            self._set(key, json.dumps(value, default=str))
 
     def read(self, key: str) -> Any | None:
         """A job-wide value, or None when nobody set it yet."""
         with bounded(f"get {key}"):
             if not self.store.check([key]):
                 return None
-            return json.loads(self.store.get(key))
+            return self._loads(key, self.store.get(key))
 
     def wait_read(
         self, key: str, deadline: float, *, poll_s: float = 0.02, stop: Callable[[], bool] | None = None

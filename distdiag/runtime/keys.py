@@ -63,6 +63,14 @@ class Keys:
     """Per rank (check): a user mistake every rank saw; they leave with 2 together."""
     SETUP_ERROR = "setup_error"
     """Per rank (check): the exception setup raised; read by the incident's writer."""
+    PHASE = "phase"
+    """Per rank (watchdog): its declared phase now ({name, until} or {}); `phase(rank)`."""
+    PHASE_LAST = "phase_last"
+    """Job-wide (watchdog): the rank that entered a phase last (peers read it first)."""
+    MARKS = "marks"
+    """Per rank (watchdog): prefix of `marks(rank)`."""
+    ENGINE = "eng"
+    """Per rank (watchdog): prefix of `engine(rank)`."""
     PHASE_COUNT = "phase_n"
     """Job-wide counter (watchdog): how many ranks are inside a declared phase now (one round
     trip tells a waiting rank there is nothing to read). distdiag/watchdog/phases.py."""
@@ -95,17 +103,17 @@ class Keys:
     @staticmethod
     def phase(rank: int) -> str:
         """The rank's declared phase now ({name, until} or {}). distdiag/watchdog/phases.py."""
-        return f"phase/{rank}"
+        return f"{Keys.PHASE}/{rank}"
 
     @staticmethod
     def marks(rank: int) -> str:
         """The digests a group's lowest rank posted at its last step marks. distdiag/watchdog/marks.py."""
-        return f"marks/{rank}"
+        return f"{Keys.MARKS}/{rank}"
 
     @staticmethod
     def engine(rank: int) -> str:
         """The rank's completed counts per group from torch's recorder. distdiag/watchdog/stall.py."""
-        return f"eng/{rank}"
+        return f"{Keys.ENGINE}/{rank}"
 
     @staticmethod
     def event(epoch: int) -> str:

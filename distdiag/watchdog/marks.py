@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.keys import Keys
 from distdiag.watchdog.progress import Progress
 
 __all__ = ["MarkComparer", "MARK_WINDOW"]
@@ -76,7 +77,7 @@ class MarkComparer:
             self._posted[str(index)] = digest
         for old in sorted(self._posted, key=int)[:-MARK_WINDOW]:
             del self._posted[old]
-        ex.store.set(f"marks/{self.rank}", json.dumps(self._posted))
+        ex.store.set(Keys.marks(self.rank), json.dumps(self._posted))
 
     def _check(self, ex: Exchange) -> dict[str, Any] | None:
         """Compare the marks kept with the reference ranks' windows; drop those settled."""
@@ -90,7 +91,7 @@ class MarkComparer:
                     continue
                 ref = ranks[0]
                 if ref not in refs:
-                    refs[ref] = ex.read(f"marks/{ref}")
+                    refs[ref] = ex.read(Keys.marks(ref))
                 window = refs[ref]
                 if not window:  # not posted yet (None) or empty
                     done = False

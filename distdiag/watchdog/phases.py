@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from distdiag.runtime.exchange import BATCH, Exchange
+from distdiag.runtime.keys import Keys
 from distdiag.watchdog.progress import Progress
 
 __all__ = ["PhaseBoard", "importing"]
@@ -54,7 +55,7 @@ class PhaseBoard:
 
     def start(self, ex: Exchange) -> None:
         """No phase yet: peers read an empty one."""
-        ex.store.set(f"phase/{self.rank}", "{}")
+        ex.store.set(Keys.phase(self.rank), "{}")
         self.started = time.monotonic()
 
     def publish(self, ex: Exchange, import_budget_s: float = 0.0) -> None:
@@ -73,19 +74,19 @@ class PhaseBoard:
         if current:
             name, budget, since = current
             until = time.time() + budget - (time.monotonic() - since)
-            ex.store.set(f"phase/{self.rank}", json.dumps({"name": name, "until": until}))
+            ex.store.set(Keys.phase(self.rank), json.dumps({"name": name, "until": until}))
             if not self.published:
-                ex.store.add("phase_n", 1)
-                ex.store.set("phase_last", str(self.rank))  # peers read this rank first
+                ex.store.add(Keys.PHASE_COUNT, 1)
+                ex.store.set(Keys.PHASE_LAST, str(self.rank))  # peers read this rank first
         else:
-            ex.store.set(f"phase/{self.rank}", "{}")
-            ex.store.add("phase_n", -1)
+            ex.store.set(Keys.phase(self.rank), "{}")
+            ex.store.add(Keys.PHASE_COUNT, -1)
         self.published = current
 
     def leave(self, ex: Exchange) -> None:
         """This rank is done: it no longer counts among the ranks in a phase."""
         if self.published:
-            ex.store.add("phase_n", -1)
+            ex.store.add(Keys.PHASE_COUNT, -1)
 
     def peer_in_phase(self, ex: Exchange) -> str | None:
         """Which other rank is inside a declared phase that still has budget, if any.
@@ -93,9 +94,9 @@ class PhaseBoard:
         O(1) in the usual case (issue 21: each check read all N ranks' phases): the rank that
         entered a phase last is read first; only when it has left is every rank's read, in
         batches, stopping at the first one in a phase."""
-        if int(ex.store.add("phase_n", 0)) <= 0:
+        if int(ex.store.add(Keys.PHASE_COUNT, 0)) <= 0:
             return None
-        last = ex.store.get("phase_last") if ex.store.check(["phase_last"]) else b""
+        last = ex.store.get(Keys.PHASE_LAST) if ex.store.check([Keys.PHASE_LAST]) else b""
         first = [int(last)] if last.isdigit() and int(last) < self.world else []
         for ranks in (first, *(range(s, min(s + BATCH, self.world)) for s in range(0, self.world, BATCH))):
             found = self._in_phase(ex, list(ranks))
@@ -105,10 +106,10 @@ class PhaseBoard:
 
     def _in_phase(self, ex: Exchange, ranks: list[int]) -> str | None:
         # a rank still starting has no phase key yet: a multi_get would wait for it
-        ranks = ex.present("phase", [r for r in ranks if r != self.rank])
+        ranks = ex.present(Keys.PHASE, [r for r in ranks if r != self.rank])
         if not ranks:
             return None
-        values = ex.store.multi_get([f"phase/{r}" for r in ranks])
+        values = ex.store.multi_get([Keys.phase(r) for r in ranks])
         now = time.time()
         for r, raw in zip(ranks, values, strict=True):
             ph = json.loads(raw) if raw else {}
@@ -121,10 +122,10 @@ class PhaseBoard:
         before arming), while this rank's startup budget lasts; None once all have."""
         if self._all_in or time.monotonic() - self.started > budget_s:
             return None
-        if ex.count("info") >= self.world:
+        if ex.count(Keys.INFO) >= self.world:
             self._all_in = True
             return None
-        posted = set(ex.present("info"))  # once: it was read again for every rank (N^2)
+        posted = set(ex.present(Keys.INFO))  # once: it was read again for every rank (N^2)
         missing = [r for r in range(self.world) if r not in posted]
         return f"rank {missing[0]} still starting (its watchdog has not checked in)" if missing else None
 

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from distdiag.runtime.exchange import BATCH, Exchange
+from distdiag.runtime.keys import Keys
 from distdiag.watchdog.config import WatchdogConfig
 from distdiag.watchdog.phases import PhaseBoard
 from distdiag.watchdog.progress import Progress
@@ -77,7 +78,7 @@ class StallCheck:
             self._engine_total = total
             self.engine_progress = now
         if ex is not None and total != self._published[0] and now - self._published[1] >= self.config.timeout_s / 4:
-            ex.store.set(f"eng/{self.rank}", json.dumps({g["group"]: g["completed"] for g in view["groups"]}))
+            ex.store.set(Keys.engine(self.rank), json.dumps({g["group"]: g["completed"] for g in view["groups"]}))
             self._published = (total, now)
         pending = {g["group"]: g["enqueued"] for g in view["groups"] if g["enqueued"] > g["completed"]}
         if pending and not self._pending:
@@ -147,7 +148,7 @@ class StallCheck:
         for group in self._pending:
             peers.update(r for r in group_members(group, world) if r != self.rank)
         sample = _spread(sorted(peers), BATCH)
-        counts = list(ex.collect("eng", sample).values()) if sample else []
+        counts = list(ex.collect(Keys.ENGINE, sample).values()) if sample else []
         if not counts:
             return False
         return all(any(p.get(group, -1) >= seq for p in counts) for group, seq in self._pending.items())

@@ -116,3 +116,33 @@ def test_waits_still_end_at_the_deadline_and_on_the_count(store):
     small = Exchange(store, 0, 2)
     _post(store, 2, [0, 1], key="w2")
     assert small.wait_count("w2", 2, time.monotonic() + 5)
+
+
+class Sized:
+    """The real client, recording the size of every value set."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.sizes: list[int] = []
+
+    def set(self, key: str, value: Any) -> None:
+        self.sizes.append(len(value.encode() if isinstance(value, str) else value))
+        self.store.set(key, value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_a_large_value_goes_in_parts_and_comes_back_whole(server):
+    """A probe's payload of a user's big model (digests of thousands of tensors) or a job-wide
+    value: no set over 64 KB reaches the store, and collect/read give the value back."""
+    store = Sized(dist.PrefixStore("parts", server))
+    big = {"digests": [[i * 0.5] * 64 for i in range(2000)], "text": "\u00e9\u4e2d" * 30_000}
+    small = {"ok": 1}
+    Exchange(store, 0, 3).post("res/0", big)
+    Exchange(store, 1, 3).post("res/0", small)
+    Exchange(store, 0, 3).publish("verdict", big)
+    assert max(store.sizes) <= 64 * 1024
+    reader = Exchange(store, 2, 3)
+    assert reader.collect("res/0") == {0: big, 1: small}
+    assert reader.read("verdict") == big

@@ -126,7 +126,8 @@ def test_the_incident_keys_are_the_ones_reports_and_older_ranks_use():
 
 
 OWNED = ["distdiag/runtime/sentinel.py", "distdiag/runtime/incident.py", "distdiag/check/finish.py",
-         "distdiag/watchdog/watcher.py", "distdiag/watchdog/writer.py", "distdiag/watchdog/core.py"]
+         "distdiag/watchdog/watcher.py", "distdiag/watchdog/writer.py", "distdiag/watchdog/core.py",
+         "distdiag/watchdog/phases.py", "distdiag/watchdog/marks.py", "distdiag/watchdog/stall.py", "distdiag/check/run.py"]
 
 
 @pytest.mark.parametrize("path", OWNED)
