@@ -152,7 +152,7 @@ def raised(a: Analysis) -> None:
 def _direct_wait(a: Analysis, waiting: list[int], culprits: list[int]) -> dict[str, Any]:
     """What a rank waiting on one of `culprits` itself waits in (not one stranded behind another)."""
     for r in waiting:
-        for e in a.graph.edges.get(r, []):
+        for e in a.graph.direct(r):
             if e.dst in culprits:
                 node_waits = a.graph.waits_of(r)
                 return a.views[r].waits[node_waits.index(e.wait)]
@@ -439,8 +439,8 @@ def nobody_waiting(a: Analysis) -> None:
 
 
 RULES: tuple[Callable[[Analysis], None], ...] = (
-    raised, lost, uneven_data, deadlock, behind, chain_end, left_early, broken_connections, desync_in_flight, desync_in_records,
-    desync_in_histories, stall, nobody_waiting, stranded,
+    raised, lost, uneven_data, deadlock, desync_in_histories, behind, chain_end, left_early, broken_connections,
+    desync_in_flight, desync_in_records, stall, nobody_waiting, stranded,
 )
 
 

@@ -276,9 +276,15 @@ def _details(
     }
 
 
-def _outcome(event: IncidentEvent | dict[str, Any], lost: dict[int, str]) -> str:
+def _outcome(event: IncidentEvent | dict[str, Any], lost: dict[int, str], findings: list[Finding] | None = None) -> str:
+    """The report's outcome: a desync also when a declared hang's lead finding is one (the
+    ranks' histories located it: a watchdog thread starved by a loaded CPU can declare the
+    hang that follows a desync before it compares the step marks)."""
     kind = event_of(event).kind
-    return "desync" if kind is EventKind.DESYNC else ("lost_rank" if lost else ("raised" if kind is EventKind.RAISED else "hang"))
+    lead = next((f for f in findings or [] if f.severity == "critical"), None)
+    if kind is EventKind.DESYNC or (not lost and kind is EventKind.TIMEOUT and lead is not None and lead.cause == CAUSE_DESYNC):
+        return "desync"
+    return "lost_rank" if lost else ("raised" if kind is EventKind.RAISED else "hang")
 
 
 def _summary(findings: list[Finding]) -> str:
@@ -356,7 +362,7 @@ def gather_and_write(
     ranks = [infos.get(r, RankInfo(r, "?", -1, -1, "?", -1)) for r in range(world)]
     report = Report(
         world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG, verdict=verdict_for(EXIT_HANG, [result]),
-        outcome=_outcome(event, lost), summary=_summary(findings),
+        outcome=_outcome(event, lost, findings), summary=_summary(findings),
         restart_count=int(config.get("restart_count", 0)), run_id=str(config.get("run_id", "")),
         created=now_iso(),
         duration_s=time.monotonic() - started, config=config, written_by=rank,
