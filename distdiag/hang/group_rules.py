@@ -118,7 +118,7 @@ def chain_end(a: Analysis) -> None:
         if end.kind not in ("computing", "finished") or set(end.ranks) <= a.explained | a.causes:
             continue
         rank = end.ranks[0]
-        direct = [e for r, es in sorted(a.graph.edges.items()) for e in es if e.dst == rank]
+        direct = sorted(a.graph.into(rank), key=lambda e: e.src)
         if not direct:
             continue
         waiters = sorted({e.src for e in direct})

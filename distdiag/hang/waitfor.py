@@ -89,6 +89,33 @@ class WaitGraph:
     end_of: dict[int, End]
     """Rank (at an end, or stranded) -> the end its chain reaches."""
     nodes: dict[int, Node] = field(default_factory=dict)
+    _into: dict[int, list[Edge]] | None = field(default=None, repr=False)
+
+    def direct(self, rank: int) -> list[Edge]:
+        """The ranks `rank` waits for, one edge each (through a hub: its missing members)."""
+        out = []
+        for e in self.edges.get(rank, []):
+            if e.dst >= 0:
+                out.append(e)
+            else:
+                out += [Edge(rank, h.dst, e.wait) for h in self.edges.get(e.dst, []) if h.dst != rank]
+        return out
+
+    def into(self, rank: int) -> list[Edge]:
+        """The edges of the ranks that wait for `rank` (directly or through a hub), as
+        rank -> rank edges; the reverse index is built once."""
+        if self._into is None:
+            self._into = defaultdict(list)
+            for es in self.edges.values():
+                for e in es:
+                    self._into[e.dst].append(e)
+        out = []
+        for e in self._into.get(rank, []):
+            if e.src >= 0:
+                out.append(e)
+            else:
+                out += [Edge(w.src, rank, w.wait) for w in self._into.get(e.src, []) if w.src != rank]
+        return out
 
     def waits_of(self, rank: int) -> list[Wait]:
         n = self.nodes.get(rank)
@@ -134,10 +161,32 @@ def _pairs(a: Wait, b: Wait) -> bool:
     return ("recv" in str(a.key[0])) != ("recv" in str(b.key[0]))
 
 
-def _blockers(nodes: dict[int, Node], n: Node, world: int, missing: dict[tuple[Group, int], list[int]]) -> list[Edge]:
+HUB_MIN = 16
+"""From this many members missing from one collective, its waiters point at one hub node (a
+negative id) that points at the missing members: waiters + missing edges instead of waiters x
+missing (a world-wide collective half the ranks never entered: N^2/4 edges, 67M at 16k)."""
+
+
+class _Hubs:
+    """The hub nodes of one graph: (group, seq) -> id, and each hub's edges to the missing."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[Group, int], int] = {}
+        self.edges: dict[int, list[Edge]] = {}
+
+    def edge(self, src: int, w: Wait, members: list[int]) -> Edge:
+        hub = self.ids.setdefault((w.group, w.seq), -(len(self.ids) + 1))
+        if hub not in self.edges:
+            self.edges[hub] = [Edge(hub, m, w) for m in members]
+        return Edge(src, hub, w)
+
+
+def _blockers(nodes: dict[int, Node], n: Node, world: int, missing: dict[tuple[Group, int], list[int]],
+              hubs: _Hubs) -> list[Edge]:
     """Edges from `n` to the members of its collectives that have not entered them. Which
     members of a collective have not entered it is the same for every waiter: worked out once
-    per (group, seq) in `missing`, so the cost is the groups' sizes, not waiters x members."""
+    per (group, seq) in `missing`, so the cost is the groups' sizes, not waiters x members;
+    past HUB_MIN of them, one edge to the collective's hub."""
     out = []
     for w in n.waits:
         if w.peer is not None:  # a send/recv: whether the peer pairs depends on who asks
@@ -146,8 +195,23 @@ def _blockers(nodes: dict[int, Node], n: Node, world: int, missing: dict[tuple[G
             key = (w.group, w.seq)
             if key not in missing:
                 missing[key] = [m for m in w.group if 0 <= m < world and not _entered(nodes.get(m), w, -1)]
+            if len(missing[key]) >= HUB_MIN and n.rank not in missing[key]:
+                out.append(hubs.edge(n.rank, w, missing[key]))
+                continue
             late = [m for m in missing[key] if m != n.rank]
         out += [Edge(n.rank, m, w) for m in late]
+    return out
+
+
+def _through_hubs(chain: list[Edge]) -> list[Edge]:
+    """A chain or cycle as rank -> rank edges: each hop through a hub (rank -> hub -> member)
+    becomes one edge (rank -> member)."""
+    out: list[Edge] = []
+    for e in chain:
+        if e.src < 0 and out:
+            out[-1] = Edge(out[-1].src, e.dst, out[-1].wait)
+        elif e.src >= 0:
+            out.append(e)
     return out
 
 
@@ -228,8 +292,10 @@ def _cycle(comp: list[int], edges: dict[int, list[Edge]]) -> list[Edge]:
 def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
     """Edges from every waiting rank, the ends its chains reach, and the stranded ranks' chains."""
     missing: dict[tuple[Group, int], list[int]] = {}
-    edges = {r: _blockers(nodes, n, world, missing) for r, n in nodes.items() if n.state == "waiting"}
+    hubs = _Hubs()
+    edges = {r: _blockers(nodes, n, world, missing, hubs) for r, n in nodes.items() if n.state == "waiting"}
     waiting = sorted(edges)
+    edges.update(hubs.edges)
     reach: set[int] = set()
     todo = deque(waiting)
     while todo:
@@ -238,7 +304,7 @@ def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
             continue
         reach.add(v)
         todo.extend(e.dst for e in edges.get(v, []))
-    comps = _sccs(sorted(reach), edges)
+    comps = _sccs(sorted(reach, key=lambda v: (v < 0, v)), edges)  # ranks first, hubs after
     comp_of = {r: i for i, c in enumerate(comps) for r in c}
     ends: list[End] = []
     end_at: dict[int, End] = {}
@@ -247,8 +313,13 @@ def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
         out = {comp_of[e.dst] for r in comp for e in edges.get(r, [])} - {comp_of[comp[0]]}
         if out:
             continue  # not terminal: its ranks wait on something further along
+        if comp[0] < 0 and len(comp) == 1:
+            continue  # a hub always points at ranks: never an end by itself
         if len(comp) > 1:
-            end = End("deadlock", comp, "", _cycle(comp, edges))
+            cycle = _cycle(comp, edges)
+            if cycle and cycle[0].src < 0:  # start the cycle at a rank, not a hub
+                cycle = cycle[1:] + cycle[:1]
+            end = End("deadlock", [r for r in comp if r >= 0], "", _through_hubs(cycle))
         else:
             end = _end_for(comp[0], nodes.get(comp[0]), nodes)
             if end.kind in ("stall", "mismatch"):  # one end per collective, not one per member
@@ -261,7 +332,7 @@ def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
         for r in comp:
             end_at[r] = end
     stranded, end_of = _chains(waiting, edges, end_at)
-    end_of.update(end_at)
+    end_of.update((r, e) for r, e in end_at.items() if r >= 0)
     return WaitGraph(edges=edges, ends=ends, stranded=stranded, end_of=end_of, nodes=nodes)
 
 
@@ -276,8 +347,9 @@ def _chains(waiting: list[int], edges: dict[int, list[Edge]], end_at: dict[int, 
     for src, es in edges.items():
         for e in es:
             into[e.dst].append(src)
-    dist = dict.fromkeys(end_at, 0)
-    todo = deque(sorted(end_at))
+    ends = sorted(r for r in end_at if r >= 0)  # a hub inside a deadlock is reached through its ranks
+    dist = dict.fromkeys(ends, 0)
+    todo = deque(ends)
     while todo:
         v = todo.popleft()
         for src in into.get(v, ()):
@@ -291,11 +363,11 @@ def _chains(waiting: list[int], edges: dict[int, list[Edge]], end_at: dict[int, 
             continue
         chain: list[Edge] = []
         v = r
-        while v not in end_at:
+        while v not in end_at or v < 0:
             e = next(e for e in edges[v] if dist.get(e.dst) == dist[v] - 1)
             chain.append(e)
             v = e.dst
-        stranded[r] = chain
+        stranded[r] = _through_hubs(chain)
         end_of[r] = end_at[v]
     return stranded, end_of
 

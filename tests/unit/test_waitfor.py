@@ -136,3 +136,51 @@ def test_positions_from_a_dump_reader_feed_the_same_graph():
     g = build_graph(nodes_from_positions(per_rank, 4), 4)
     assert g.culprits() == [3] and sorted(g.stranded) == [0, 1, 2]
     assert g.chains([0])[0].startswith("rank 0 waits for 2 in all_reduce #3 on ranks[0,2]")
+
+
+# -- hubs: a collective many members never entered (N^2/4 edges without them) -----------------
+
+
+def _graph_summary(g):
+    return (g.culprits(), sorted(g.stranded), g.chains(sorted(g.stranded)), [(e.kind, e.ranks) for e in g.ends])
+
+
+def _both_ways(monkeypatch, nodes, world):
+    import distdiag.hang.waitfor as waitfor
+
+    with_hubs = build_graph(nodes, world)
+    monkeypatch.setattr(waitfor, "HUB_MIN", 10**9)
+    direct = build_graph(nodes, world)
+    monkeypatch.undo()
+    return with_hubs, direct
+
+
+def test_half_the_world_never_entered_costs_edges_linear_in_ranks(monkeypatch):
+    """1024 ranks: the first half waits in a world all-reduce the second half (computing)
+    never entered. One hub instead of 512 x 512 edges, and the same verdict."""
+    world = 1024
+    group = tuple(range(world))
+    nodes = {r: waiting(r, ar(group, 7), enq={group: 7}) for r in range(world // 2)}
+    nodes.update({r: Node(r, "computing", enqueued={group: 6}, where="eval.py:3 in evaluate") for r in range(world // 2, world)})
+    g, direct = _both_ways(monkeypatch, nodes, world)
+    assert sum(len(es) for es in g.edges.values()) <= 2 * world
+    assert sum(len(es) for es in direct.edges.values()) == (world // 2) ** 2
+    assert _graph_summary(g) == _graph_summary(direct)
+    assert g.culprits() == list(range(world // 2, world))
+    assert sorted(e.src for e in g.into(world - 1)) == list(range(world // 2))
+    assert {e.dst for e in g.direct(0)} == set(range(world // 2, world))
+
+
+def test_a_deadlock_through_two_hubs_is_named_with_ranks_only(monkeypatch):
+    """Ranks 0-19 wait in A #5 that 20-39 never entered; 20-40 wait in B #5 that 0-19 never
+    entered (opposite order, 20 missing on each side: both through hubs); rank 40 is stranded."""
+    a, b = tuple(range(40)), tuple(range(41))
+    nodes = {r: waiting(r, ar(a, 5), enq={a: 5, b: 4}) for r in range(20)}
+    nodes.update({r: waiting(r, ar(b, 5), enq={a: 4, b: 5}) for r in range(20, 41)})
+    g, direct = _both_ways(monkeypatch, nodes, 41)
+    assert _graph_summary(g)[:2] == _graph_summary(direct)[:2]
+    assert [(e.kind, e.ranks) for e in g.ends] == [("deadlock", list(range(40)))]
+    cycle = g.ends[0].cycle
+    assert cycle and all(e.src >= 0 and e.dst >= 0 for e in cycle)
+    assert all(x.dst == y.src for x, y in zip(cycle, cycle[1:] + cycle[:1], strict=True))
+    assert sorted(g.stranded) == [40] and all(e.dst >= 0 for e in g.stranded[40])
