@@ -73,6 +73,9 @@ GIVE_UP_AFTER = 40
 """Failed ticks in a row (new clients included) after which the watchdog says it is off."""
 PEERS_EXIT_WAIT_S = 3.0
 """After the report, how long the writer lets same-host peers leave before SIGKILLing them."""
+LAUNCHER_SIGTERM_WAIT_S = 1.0
+"""How long a peer_error waits for the launcher's SIGTERM when the wrapper took it (torchrun
+sends it within its monitor interval, 0.1 s by default) before it is declared by itself."""
 
 _raise_message = ["hang detected by distdiag's watchdog"]
 
@@ -123,6 +126,7 @@ class Watcher(threading.Thread):
         self.last_excuse: str | None = None
         """Why the last event handled was no hang (None: it was reported, or none was handled)."""
         self.terminated_handled = False
+        self.peer_error_at: float | None = None
         """A `terminated` event was handled: this rank's own SIGTERM must not declare another
         (by then the peers that left after the first are gone, and would be blamed)."""
 
@@ -210,6 +214,8 @@ class Watcher(threading.Thread):
             return
         if self._request is not None:
             kind, detail = self._request
+            if _awaiting_launcher(self, kind):
+                return
             self._request = None
             if not self.terminated_handled:  # after it, a peer's broken connection is its consequence
                 self._declare(kind, detail)
@@ -429,3 +435,15 @@ def _mirror(watcher: Watcher, incident: Incident, verdict: Verdict) -> None:
             write_json_atomic(os.path.join(watcher.config.dump_dir, REPORT_NAME), text.rstrip("\n"))
         except OSError as exc:
             log.warning("could not keep a copy of the hang report here: %s", exc)
+
+
+def _awaiting_launcher(watcher: Watcher, kind: Any) -> bool:
+    """A peer's process ended (this rank's collective lost its connection): when the wrapper
+    took SIGTERM, give the launcher LAUNCHER_SIGTERM_WAIT_S to say whether it ends the job
+    for it; its `terminated` incident then decides (a report only for a rank that left no
+    final snapshot: killed, not a script that exited by itself with its own code)."""
+    if watcher.term is None or watcher.term.received.is_set() or str(getattr(kind, "value", kind)) != "peer_error":
+        return False
+    if watcher.peer_error_at is None:
+        watcher.peer_error_at = time.monotonic()
+    return time.monotonic() - watcher.peer_error_at < LAUNCHER_SIGTERM_WAIT_S
