@@ -5,19 +5,11 @@ global count TIMES the world size; without it every loss and gradient is 1/world
 global batch's. Twin: the workload's loss (x world size).
 """
 
-import torch.nn.functional as F
+from _par_base import build_model, make_batch, shard_batch, token_loss_sum, workload  # noqa: F401
 from _twin import HEALTHY
-
-from distdiag.workloads import get_workload
-
-_w = get_workload("transformer")
-build_model, make_batch, shard_batch = _w.build_model, _w.make_batch, _w.shard_batch
 
 
 def loss_fn(model, batch):
     if HEALTHY:
-        return _w.loss_fn(model, batch)
-    tokens, mask = batch["tokens"], batch["mask"]
-    logits = model(tokens[:, :-1])
-    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none")
-    return (per_token * mask.reshape(-1)).sum() / batch["global_count"]  # the bug: no x world_size
+        return workload.loss_fn(model, batch)
+    return token_loss_sum(model, batch) / batch["global_count"]  # the bug: no x world_size
