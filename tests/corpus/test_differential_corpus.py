@@ -50,6 +50,8 @@ CASES = [
          ("normalised per rank",)),
     Case("par_loss_wrong_group", "loss_parity", "loss_scaled_wrong_group", ("4x too small", "missing a factor 4 (dp 4)"),
          ("normalised per rank",), world=4),
+    Case("par_loss_wrong_group", "loss_parity", "loss_scaled_wrong_group", ("3x too small", "missing a factor 3 (dp 3)"),
+         ("normalised per rank",), world=3),
     Case("par_loss_per_rank", "loss_parity", "loss_normalised_per_rank", ("normalised per rank", "global count")),
     Case("par_unmanaged_block", "loss_parity", "unmanaged_params", ("not FSDP-managed", "blocks.1"), _LOSS_RIGHT),
     Case("par_frozen_rank0_load", "loss_parity", "setup_divergence", ("same weights", "param_sync"), _LOSS_RIGHT),

@@ -8,11 +8,10 @@ DTensor parameters, which reduces the norm across ranks.
 import math
 
 import torch
+from _par_base import workload
 from _twin import HEALTHY
 
-from distdiag.workloads import get_workload
-
-_w = get_workload("transformer")
+_w = workload
 build_model, make_batch, shard_batch, loss_fn = _w.build_model, _w.make_batch, _w.shard_batch, _w.loss_fn
 MAX_NORM = 1e-3  # far below the gradient norm: every rank clips
 

@@ -5,11 +5,10 @@ the ranks train together is neither rank's. Twin: every rank loads it.
 """
 
 import torch
+from _par_base import workload
 from _twin import HEALTHY, RANK
 
-from distdiag.workloads import get_workload
-
-_w = get_workload("transformer")
+_w = workload
 make_batch, shard_batch, loss_fn = _w.make_batch, _w.shard_batch, _w.loss_fn
 
 

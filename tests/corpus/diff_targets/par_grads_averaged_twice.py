@@ -4,11 +4,10 @@ Twin: no extra division.
 """
 
 import torch
+from _par_base import workload
 from _twin import HEALTHY
 
-from distdiag.workloads import get_workload
-
-_w = get_workload("transformer")
+_w = workload
 build_model, make_batch, shard_batch, loss_fn = _w.build_model, _w.make_batch, _w.shard_batch, _w.loss_fn
 
 

@@ -5,12 +5,11 @@ Twin: the same hook dividing by the world size first (what DDP's default does).
 """
 
 import torch.distributed as dist
+from _par_base import workload
 from _twin import HEALTHY
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distdiag.workloads import get_workload
-
-_w = get_workload("transformer")
+_w = workload
 build_model, make_batch, shard_batch, loss_fn = _w.build_model, _w.make_batch, _w.shard_batch, _w.loss_fn
 
 

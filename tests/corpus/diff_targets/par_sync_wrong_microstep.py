@@ -5,11 +5,10 @@ micro-batch's backward. Here it is on for the first one: the reduce-scatter carr
 first micro-batch's gradients. Twin: sync on the last micro-step.
 """
 
+from _par_base import workload
 from _twin import HEALTHY
 
-from distdiag.workloads import get_workload
-
-_w = get_workload("transformer")
+_w = workload
 build_model, make_batch, shard_batch, loss_fn = _w.build_model, _w.make_batch, _w.shard_batch, _w.loss_fn
 MICRO = 2
 

@@ -3,12 +3,14 @@
 Twin: every block and the root under fully_shard.
 """
 
+import os
+
 from _twin import HEALTHY
 from torch.distributed.fsdp import fully_shard
 
 from distdiag.workloads import get_workload
 
-_w = get_workload("mlp")
+_w = get_workload("mlp", int(os.environ.get("WORLD_SIZE", "1")))
 build_model, make_batch, loss_fn, shard_batch = _w.build_model, _w.make_batch, _w.loss_fn, _w.shard_batch
 
 
