@@ -384,9 +384,10 @@ def write_json_atomic(path: str | os.PathLike[str], text: str) -> Path:
     return write_atomic(path, text + "\n")
 
 
-def write_report(report: Report, path: str | os.PathLike[str]) -> Path:
-    """Write the report atomically as JSON."""
-    return write_json_atomic(path, report.to_json())
+def write_report(report: Report, path: str | os.PathLike[str], text: str | None = None) -> Path:
+    """Write the report atomically as JSON; `text`: its `to_json()` when the caller already has
+    it (a 16k-rank report takes a second to serialise: the writers share it with other hosts too)."""
+    return write_json_atomic(path, report.to_json() if text is None else text)
 
 
 def read_report(path: str | os.PathLike[str]) -> Report:
