@@ -275,12 +275,20 @@ class RunEnd:
     # -- the broken end (called on the sentinel thread of the rank that claims the writer) --
     def write_abort_report(self, incident: Incident, reason: IncidentEvent) -> int:
         """The broken run's report from every rank's snapshot; the verdict published first."""
-        from distdiag.runtime.incident import kill_stopped_local, silent_rank_reasons
+        from distdiag.runtime.incident import (
+            collect_histories,
+            collect_snapshots,
+            kill_stopped_local,
+            silent_rank_reasons,
+        )
 
         ex, world = incident.ex, self.info.world_size
         incident.advance("reading the snapshots")
         self._load_rank_infos(ex)
-        snaps = {int(r): s for r, s in ex.collect(incident.keys.snap).items()}
+        snaps = collect_snapshots(ex, incident.keys.snap)
+        for r, history in collect_histories(ex, incident.keys.snap).items():
+            if r in snaps:
+                snaps[r]["history"] = history
         typed = {r: RankSnapshot.from_dict(s) for r, s in snaps.items()}
         reasons = {int(r): IncidentEvent.from_dict(v) for r, v in ex.collect(Keys.ABORT_REASON).items()}
         infos = self._checked_in()

@@ -6,6 +6,9 @@
     keys.py      every key distdiag uses in the store, who writes and who reads it
     incident.py  ending a broken run together, shared by the check and the watchdog: snapshot,
                  claim the writer, the small verdict first, waiting on the writer's progress
+    snapwire.py  a snapshot as the store carries it: labels by reference, compressed, the long
+                 history under its own key
+    nodes.py     snapshots gathered per node: local rank 0 posts its node's as one value
     sentinel.py  one daemon thread per rank that ends a broken run with a report
     tracker.py   where the main thread is: phase, probe, the collective it is inside
     comm.py      the tracked collectives probes issue (ctx.comm), open to injected faults
@@ -17,4 +20,4 @@ Importing this package imports nothing: each module is loaded where it is used (
 imports torch).
 """
 
-__all__ = ["comm", "context", "exchange", "faults", "incident", "keys", "sentinel", "tracker"]
+__all__ = ["comm", "context", "exchange", "faults", "incident", "keys", "nodes", "sentinel", "snapwire", "tracker"]

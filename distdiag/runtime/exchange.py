@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from distdiag.runtime.snapwire import decode
+
 __all__ = ["Exchange", "STORE_STALL_S", "BATCH", "POLL_BUDGET_OPS_S", "bound_store_calls", "bounded", "poll_interval"]
 
 PART_BYTES = 63 * 1024
@@ -115,11 +117,17 @@ class Exchange:
             self._set(f"{key}/{self.rank}", json.dumps(value, default=str))
             self.store.add(f"{key}/n", 1)
 
-    def _set(self, key: str, text: str) -> None:
-        """Set one value; over PART_BYTES it goes in parts under KEY/part/I, and KEY holds
-        {PARTS: count}, set last (a reader that sees KEY finds its parts there): no value over
-        64 KB reaches the store, whatever a probe or a user's target posts (issue 21)."""
-        data = text.encode()
+    def put(self, key: str, data: str | bytes) -> None:
+        """Set one value under its full key, in parts if it is large (no count)."""
+        with bounded(f"set {key}"):
+            self._set(key, data)
+
+    def _set(self, key: str, text: str | bytes) -> None:
+        """Set one value (JSON text, or a packed snapshot: distdiag/runtime/snapwire.py); over
+        PART_BYTES it goes in parts under KEY/part/I, and KEY holds {PARTS: count}, set last (a
+        reader that sees KEY finds its parts there): no value over 64 KB reaches the store,
+        whatever a probe or a user's target posts (issue 21)."""
+        data = text.encode() if isinstance(text, str) else text
         if len(data) <= PART_BYTES:
             self.store.set(key, data)
             return
@@ -130,13 +138,13 @@ class Exchange:
 
     def _loads(self, key: str, raw: Any) -> Any:
         """A value set by _set, its parts read back when it was split."""
-        value = json.loads(raw)
+        value = decode(raw)
         if isinstance(value, dict) and len(value) == 1 and PARTS in value:
             keys = [f"{key}/part/{i}" for i in range(int(value[PARTS]))]
             parts: list[bytes] = []
             for start in range(0, len(keys), BATCH):
                 parts += [bytes(p) for p in self.store.multi_get(keys[start : start + BATCH])]
-            value = json.loads(b"".join(parts))
+            value = decode(b"".join(parts))
         return value
 
     def count(self, key: str) -> int:

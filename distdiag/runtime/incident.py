@@ -31,11 +31,12 @@ import psutil
 
 from distdiag.errors import print_line
 from distdiag.hang.incident import RankSnapshot, Silence, SilentReason, Verdict
+from distdiag.runtime import snapwire
 from distdiag.runtime.exchange import Exchange, bounded
 from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys, StoreValueTooLarge, checked_value
 
 __all__ = [
-    "Incident", "StoreValueTooLarge", "post_snapshot", "WRITER_STALL_S", "checked_value", "compact_snapshot", "silent_rank_reasons",
+    "Incident", "StoreValueTooLarge", "post_snapshot", "collect_snapshots", "collect_histories", "WRITER_STALL_S", "checked_value", "compact_snapshot", "silent_rank_reasons",
     "process_state", "kill_pid", "kill_stopped_local",
 ]
 
@@ -66,46 +67,91 @@ CHUNK_BYTES = MAX_STORE_VALUE - 1024
 """One chunk of the shared report: raw JSON bytes, under MAX_STORE_VALUE."""
 
 
-_SHEDDABLE = ("history", "recent", "step_walls")
+_SHEDDABLE = ("recent", "step_walls")
 """What a snapshot can lose first when it is too big: the analysis reads them when present."""
+HISTORY_MAX_BYTES = 1024 * 1024
+"""The most one rank's packed history may take in the store (in parts under 64 KB): 512
+records pack to ~10 KB; a history past this keeps its newest records."""
 
 
-def compact_snapshot(snap: RankSnapshot, limit: int = MAX_STORE_VALUE) -> str:
-    """The snapshot's JSON within `limit`: drops the long history, the recorder's entries, then
-    the stack's deepest frames, saying what it dropped in `trimmed`."""
-    text = json.dumps(snap.to_dict(), default=str)
+def _packed(snap: RankSnapshot) -> tuple[bytes, bytes | None]:
+    return snapwire.pack(snap.to_dict())
+
+
+def compact_snapshot(snap: RankSnapshot, limit: int = MAX_STORE_VALUE) -> tuple[bytes, bytes | None]:
+    """(the snapshot, its long history) packed for the store (distdiag/runtime/snapwire.py:
+    labels by reference, compressed, the history under its own key). The snapshot fits `limit`:
+    it drops the recent records, the recorder's entries, then the stack's deepest frames,
+    saying what it dropped in `trimmed`; the history keeps its newest records within
+    HISTORY_MAX_BYTES."""
+    core, hist = _packed(snap)
     trimmed: list[str] = []
     steps: list[tuple[str, Callable[[], Any]]] = [(k, lambda k=k: snap.extra.pop(k, None)) for k in _SHEDDABLE]
     engine = snap.engine
     if engine is not None:
         engine.extra = dict(engine.extra)  # read from a dict the caller keeps: drop from a copy
         steps.append(("engine.entries", lambda: engine.extra.pop("entries", None)))
-    while len(text.encode()) > limit and (steps or len(snap.stack) > 4):
+    records = snap.extra.get("history")
+    while hist is not None and len(hist) > HISTORY_MAX_BYTES and isinstance(records, list) and len(records) > 16:
+        records = snap.extra["history"] = records[len(records) // 2:]
+        trimmed.append("history (oldest)")
+        snap.extra["trimmed"] = sorted(set(trimmed))
+        core, hist = _packed(snap)
+    while len(core) > limit and (steps or len(snap.stack) > 4):
         if steps:
             name, drop = steps.pop(0)
-            drop()
+            if drop() is None:
+                continue  # nothing of that kind in it
             trimmed.append(name)
         else:
             snap.stack = snap.stack[-max(4, len(snap.stack) // 2):]
             trimmed.append("stack")
         snap.extra["trimmed"] = sorted(set(trimmed))
-        text = json.dumps(snap.to_dict(), default=str)
-    if len(text.encode()) > limit:
-        # Still too big (thousands of groups, each labelled by its members): who it is and
-        # where, without the recorder's view; the writer judges it from its stack.
+        core, hist = _packed(snap)
+    if len(core) > limit:
+        # Still too big (thousands of groups of members in no order): who it is and where,
+        # without the recorder's view; the writer judges it from its stack.
         bare = RankSnapshot(rank=snap.rank, host=snap.host, pid=snap.pid, phase=snap.phase, probe_index=snap.probe_index,
                             step=snap.step, steps=snap.steps, event=snap.event, event_key=snap.event_key,
                             stack=[str(f)[:500] for f in snap.stack[-4:]], extra={"trimmed": ["engine", "history", "stack"]})
-        text = json.dumps(bare.to_dict(), default=str)
-    return checked_value("snap", text)
+        core, hist = _packed(bare)
+    if len(core) > MAX_STORE_VALUE:
+        raise StoreValueTooLarge(f"store value 'snap' is {len(core)} bytes, over distdiag's limit of {MAX_STORE_VALUE}")
+    return core, hist
 
 
-def post_snapshot(ex: Exchange, key: str, snap: RankSnapshot) -> None:
-    """Post a snapshot under `key` as Exchange.post does (KEY/<rank>, counted), capped."""
-    text = compact_snapshot(snap)
+def post_snapshot(ex: Exchange, key: str, snap: RankSnapshot, *, count: bool = True) -> None:
+    """Post a snapshot under `key` as Exchange.post does (KEY/<rank>, counted), packed; its
+    history first (under snapwire.history_key(key), in parts), so a writer that counts the
+    snapshot finds the history there. `count` False: a re-read replacing a snapshot."""
+    core, hist = compact_snapshot(snap)
+    if hist is not None:
+        ex.put(f"{snapwire.history_key(key)}/{ex.rank}", hist)
     with bounded(f"set {key}"):
-        ex.store.set(f"{key}/{ex.rank}", text)
-        ex.store.add(f"{key}/n", 1)
+        ex.store.set(f"{key}/{ex.rank}", core)
+        if count:
+            ex.store.add(f"{key}/n", 1)
+
+
+def collect_snapshots(ex: Exchange, key: str, ranks: list[int] | None = None,
+                      cache: dict[str, str] | None = None) -> dict[int, dict[str, Any]]:
+    """The snapshots posted under `key` (of `ranks`, default all), as dicts with their labels
+    restored (`cache`: one string per distinct label across the gather)."""
+    cache = {} if cache is None else cache
+    return {int(r): snapwire.unpack(s, cache) for r, s in ex.collect(key, ranks).items()}
+
+
+def collect_histories(ex: Exchange, key: str, ranks: list[int] | None = None,
+                      cache: dict[str, str] | None = None) -> dict[int, list[dict[str, Any]]]:
+    """The long histories posted with the snapshots under `key`, by rank (ranks that posted none
+    are absent)."""
+    cache = {} if cache is None else cache
+    out = {}
+    for r, value in ex.collect(snapwire.history_key(key), ranks).items():
+        value = snapwire.unpack(value, cache)
+        if isinstance(value, dict) and isinstance(value.get("history"), list):
+            out[int(r)] = value["history"]
+    return out
 
 
 class Incident:
@@ -127,8 +173,7 @@ class Incident:
     def repost_snapshot(self, snap: RankSnapshot) -> None:
         """Replace this rank's snapshot (the writer asked again); the count stays as it is."""
         snap.reread = True
-        with bounded(f"set {self.keys.snap}"):
-            self.ex.store.set(f"{self.keys.snap}/{self.rank}", compact_snapshot(snap))
+        post_snapshot(self.ex, self.keys.snap, snap, count=False)
 
     def wait_snapshots(self, deadline: float, *, poll_s: float = 0.05) -> bool:
         return self.ex.wait_count(self.keys.snap, self.world, deadline, poll_s=poll_s)
@@ -137,7 +182,12 @@ class Incident:
         return self.ex.claim(self.keys.writer, who)
 
     def snapshots(self, ranks: list[int] | None = None) -> dict[int, RankSnapshot]:
-        return {int(r): RankSnapshot.from_dict(s) for r, s in self.ex.collect(self.keys.snap, ranks).items()}
+        """The snapshots of `ranks` (a few: the writer's re-reads) with their long histories."""
+        labels: dict[str, str] = {}
+        snaps = collect_snapshots(self.ex, self.keys.snap, ranks, cache=labels)
+        for r, history in collect_histories(self.ex, self.keys.snap, sorted(snaps), cache=labels).items():
+            snaps[r]["history"] = history
+        return {r: RankSnapshot.from_dict(s) for r, s in snaps.items()}
 
     # -- the writer ------------------------------------------------------------------------
     def advance(self, stage: str) -> None:
@@ -213,18 +263,20 @@ class Incident:
         """How many chunks `publish_report` will write for this text (the verdict says it first)."""
         return len(self._parts(text))
 
-    def shared_copy(self, text: str, where: str, host: str, readers: int = 1) -> str:
+    def shared_copy(self, text: str, where: str, host: str, readers: int = 1, report: Any = None) -> str:
         """What the other hosts get of the report, within SHARED_REPORT_MAX and within what
         `readers` hosts fetching it may cost the store together (SHARED_TOTAL_MAX): the whole
         report; else without the probes' details (the per-rank tables, stacks, recorder tails:
         what grows with the ranks); else without the rank table too; else the verdict alone.
-        Each cut copy says where the full report is, and stays a valid report."""
+        Each cut copy says where the full report is, and stays a valid report. `report`: the
+        Report `text` is the JSON of, when the caller has it (a cut copy is then made from it
+        without its details, not by parsing 30-60 MB of JSON back)."""
         limit = min(SHARED_REPORT_MAX, SHARED_TOTAL_MAX // max(readers, 1))
         size = len(text.encode())
         if size <= limit:
             return text
-        data = json.loads(text)
         note = f"a copy: the details were left out (the full report is {size} bytes); the full report is on host {host} at {where}"
+        data = _without_details(report, note) if report is not None else json.loads(text)
         for probe in data.get("probes") or []:
             probe["details"] = {"note": note}
         for cut in ("ranks", "probes"):
@@ -329,6 +381,16 @@ _LOCAL_TEXT = {
     SilentReason.STOPPED: "its process (pid {pid}) is stopped (SIGSTOP or a debugger)",
     SilentReason.ALIVE_SILENT: "its process (pid {pid}) is alive but its {who} did not answer (holding the GIL?)",
 }
+
+
+def _without_details(report: Any, note: str) -> dict[str, Any]:
+    """The report's dict with each probe's details left out (they are most of a large report)."""
+    import copy
+    import dataclasses
+
+    cut = copy.copy(report)
+    cut.probes = [dataclasses.replace(p, details={"note": note}) for p in report.probes]
+    return cut.to_dict()
 
 
 def silent_rank_reasons(

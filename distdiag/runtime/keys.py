@@ -137,6 +137,12 @@ class IncidentKeys:
         return self._k("snap")
 
     @property
+    def node(self) -> str:
+        """Per node leader (local rank 0): its node's snapshots in one value (distdiag/runtime/nodes.py).
+        Written by each node leader that is not the writer; read by the writer (N/8 values, not N)."""
+        return self._k("node")
+
+    @property
     def writer(self) -> str:
         """Claimed (compare_set) by the rank that writes the report; read by nobody else."""
         return self._k("writer")

@@ -52,6 +52,7 @@ from distdiag.runtime.incident import (
     process_state,
 )
 from distdiag.runtime.keys import IncidentKeys, Keys
+from distdiag.runtime.nodes import aggregate_node, node_members
 from distdiag.runtime.sentinel import flush_and_exit
 from distdiag.watchdog.config import EXIT_WATCHDOG, WatchdogConfig
 from distdiag.watchdog.marks import MarkComparer
@@ -290,6 +291,7 @@ class Watcher(threading.Thread):
         if writer:
             excuse, lost = self._write(incident, event)
         else:
+            _aggregate_node(self, incident)
             excuse = self._await(incident, event)
         self.ex = incident.ex  # a new client, if the writer had to reconnect
         self.handled = epoch
@@ -421,6 +423,22 @@ def _raise_in_training_thread(watcher: Watcher, event: IncidentEvent, path: str)
             return True
         time.sleep(0.05)
     return False
+
+
+def _aggregate_node(watcher: Watcher, incident: Incident) -> None:
+    """Local rank 0 posts its node's snapshots as one value for the writer (distdiag/runtime/nodes.py)."""
+    info = watcher.info
+    if info.local_rank != 0 or getattr(info, "local_world_size", 1) < 2:
+        return
+    # Its node's ranks are those after it (torchrun numbers a node's ranks in a row): their rows
+    # say which are on this node, without reading the whole rank table.
+    candidates = list(range(watcher.rank, min(watcher.rank + info.local_world_size, watcher.world)))
+    try:
+        infos = {r: RankInfo.from_dict(v) for r, v in incident.ex.collect(Keys.INFO, candidates).items()}
+    except Exception as exc:  # noqa: BLE001 - the writer reads this node's snapshots one by one
+        log.debug("could not read this node's rank rows: %s", exc)
+        return
+    aggregate_node(incident, node_members(infos, watcher.rank))
 
 
 def _mirror(watcher: Watcher, incident: Incident, verdict: Verdict) -> None:

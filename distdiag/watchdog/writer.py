@@ -38,8 +38,9 @@ from distdiag.hang.incident import (
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
-from distdiag.runtime.incident import Incident, silent_rank_reasons
+from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons
 from distdiag.runtime.keys import Keys
+from distdiag.runtime.nodes import gather_snapshots
 
 __all__ = ["gather_and_write", "publish_outcome", "render_hang_report", "excused", "inconsistent_ranks", "REPORT_NAME"]
 
@@ -160,20 +161,72 @@ def _wait_for_snapshots(incident: Incident, infos: dict[int, RankInfo], *, host:
 
 
 def _gather(
-    incident: Incident, infos: dict[int, RankInfo], *, host: str, grace_s: float
+    incident: Incident, infos: dict[int, RankInfo], *, host: str, grace_s: float, event: IncidentEvent | None = None
 ) -> tuple[dict[int, dict[str, Any]], dict[int, Silence], dict[int, dict[str, Any]]]:
     """(merged, lost, errors): every rank's last snapshot (final ones overlaid by live ones),
-    why each rank that posted none is silent, and the exceptions ranks raised."""
+    why each rank that posted none is silent, and the exceptions ranks raised. The long
+    histories come with them where the analysis needs them (`_history_ranks`)."""
     ex, world = incident.ex, incident.world
     _wait_for_snapshots(incident, infos, host=host, grace_s=grace_s)
-    snaps = {int(r): s for r, s in ex.collect(incident.keys.snap).items()}
-    final_snaps = {int(r): s for r, s in ex.collect(Keys.FINAL).items() if int(r) not in snaps}
+    labels: dict[str, str] = {}
+    leaders = [r for r, i in infos.items() if i.local_rank == 0 and r != incident.rank]
+    snaps = gather_snapshots(incident, cache=labels, leaders=leaders)
+    final_snaps = {r: s for r, s in collect_snapshots(ex, Keys.FINAL, cache=labels).items() if r not in snaps}
     errors = {int(r): e for r, e in ex.collect(Keys.ERROR).items()}
     missing = [r for r in range(world) if r not in snaps and r not in final_snaps]
     lost = silent_rank_reasons(missing, infos, host, who="watchdog")
     merged = dict(final_snaps)
     merged.update(snaps)
+    wanted = _history_ranks(event, merged, world)
+    for key, source in ((incident.keys.snap, snaps), (Keys.FINAL, final_snaps)):
+        ranks = sorted(source) if wanted is None else sorted(wanted & set(source))
+        if ranks:
+            for r, history in collect_histories(ex, key, ranks, cache=labels).items():
+                merged[r]["history"] = history
     return merged, lost, errors
+
+
+HISTORY_ALL_RANKS = 1024
+"""Up to this many ranks the writer reads every rank's long history (512 records by default)
+with the snapshots; past it only where the analysis needs them (`_history_ranks`): 16k
+histories are 8M records, minutes to read and analyse."""
+HISTORY_MAX_RANKS = 2048
+"""Past HISTORY_ALL_RANKS, the most ranks whose histories the writer reads."""
+
+
+def _history_ranks(event: IncidentEvent | None, merged: dict[int, dict[str, Any]], world: int) -> set[int] | None:
+    """The ranks whose long history the writer reads: all (None) up to HISTORY_ALL_RANKS; past
+    it the members of the groups where the ranks' recent records disagree (a collective that
+    differs at one sequence number, where a desync shows) and the ranks a desync event names."""
+    if world <= HISTORY_ALL_RANKS:
+        return None
+    seen: dict[tuple[str, int], str] = {}
+    odd: set[str] = set()
+    for snap in merged.values():
+        for c in snap.get("recent") or []:
+            group, seq = c.get("group"), c.get("seq")
+            if isinstance(group, str) and isinstance(seq, int):
+                if seen.setdefault((group, seq), str(c.get("fp"))) != str(c.get("fp")):
+                    odd.add(group)
+    wanted: set[int] = set()
+    detail = event_of(event).detail if event is not None else None
+    if isinstance(detail, dict):
+        wanted |= {int(detail[k]) for k in ("rank", "ref") if isinstance(detail.get(k), int)}
+        if isinstance(detail.get("group"), str):
+            odd.add(detail["group"])
+    for group in sorted(odd):
+        wanted |= set(_members(group, world))
+    return set(sorted(wanted)[:HISTORY_MAX_RANKS])
+
+
+def _members(label: str, world: int) -> list[int]:
+    """The members a group's label names ('world', 'ranks[0,8,16]'; others: none known)."""
+    base = label.split(" (", 1)[0]
+    if base == "world":
+        return list(range(world))
+    if base.startswith("ranks[") and base.endswith("]"):
+        return [int(x) for x in base[6:-1].split(",") if x.strip().isdigit()]
+    return []
 
 
 def excused(event: IncidentEvent | dict[str, Any], merged: dict[int, Any]) -> str | None:
@@ -344,7 +397,7 @@ def gather_and_write(
     caller publishes the verdict and the report (publish_outcome)."""
     world, rank = incident.world, incident.rank
     infos = {r: RankInfo.from_dict(v) for r, v in incident.ex.collect(Keys.INFO).items()}
-    merged, lost, errors = _gather(incident, infos, host=host, grace_s=grace_s)
+    merged, lost, errors = _gather(incident, infos, host=host, grace_s=grace_s, event=event)
     _reread(incident, merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S)
     reason = excused(event, merged)
     if reason is None and event.kind is EventKind.TERMINATED and not lost and not errors:

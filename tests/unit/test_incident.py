@@ -23,6 +23,7 @@ from distdiag.hang.incident import (
     SilentReason,
     Verdict,
 )
+from distdiag.runtime import snapwire
 from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.incident import (
     Incident,
@@ -148,12 +149,19 @@ def test_nothing_over_the_limit_reaches_the_store():
 
 
 def test_a_huge_snapshot_is_cut_to_the_limit_and_says_what_it_dropped():
-    snap = RankSnapshot(rank=0, phase="training", stack=[f"/train.py:{i} in f: x = y" for i in range(2000)],
+    """Frames that do not compress (each one different) past the limit: the deepest go, and the
+    snapshot says so; the long history goes under its own key, whole."""
+    import random
+
+    rng = random.Random(1)
+    stack = [f"/train.py:{i} in f_{rng.getrandbits(64):x}: x = {rng.getrandbits(128):x}" for i in range(4000)]
+    snap = RankSnapshot(rank=0, phase="training", stack=stack,
                         extra={"history": [{"op": "all_reduce", "seq": i, "site": "a" * 100} for i in range(5000)]})
-    text = compact_snapshot(snap)
-    assert len(text.encode()) <= MAX_STORE_VALUE
-    back = json.loads(text)
-    assert "history" in back["trimmed"] and "history" not in back and back["stack"][-1] == "/train.py:1999 in f: x = y"
+    core, hist = compact_snapshot(snap)
+    assert len(core) <= MAX_STORE_VALUE
+    back = snapwire.decode(core)
+    assert back["trimmed"] == ["stack"] and "history" not in back and back["stack"][-1] == stack[-1]
+    assert len(snapwire.decode(hist)["history"]) == 5000
 
 
 def test_an_oversize_report_goes_out_verdict_first_in_chunks(server):
@@ -278,14 +286,17 @@ def test_a_report_too_large_to_copy_whole_leaves_its_details_on_the_writers_host
 
 
 def test_a_snapshot_too_big_even_without_its_history_keeps_who_and_where():
-    """Thousands of groups labelled by their members: the last resort keeps rank, phase, event
-    and the innermost frames, and says the recorder's view was left out."""
+    """Thousands of groups of members in no order (no run to write them as): the last resort
+    keeps rank, phase, event and the innermost frames, and says the recorder's view was left out."""
+    import random
+
     from distdiag.hang.incident import EngineView, GroupPosition
 
-    groups = [GroupPosition(f"ranks[{','.join(str(r) for r in range(g, 16384, 64))}]", 3, 2) for g in range(64)]
+    rng = random.Random(2)
+    groups = [GroupPosition(f"ranks[{','.join(map(str, sorted(rng.sample(range(16384), 256))))}]", 3, 2) for _ in range(256)]
     snap = RankSnapshot(rank=5, phase="training", stack=["/train.py:9 in main: step()"],
                         engine=EngineView("ok", groups), event=IncidentEvent(EventKind.TIMEOUT, "x", 0))
-    back = json.loads(compact_snapshot(snap))
+    back = snapwire.decode(compact_snapshot(snap)[0])
     assert back["rank"] == 5 and back["event"]["kind"] == "timeout" and "engine" not in back
     assert back["stack"] == ["/train.py:9 in main: step()"] and "engine" in back["trimmed"]
 

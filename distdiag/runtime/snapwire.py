@@ -1,0 +1,223 @@
+"""A rank's snapshot as the store carries it: group labels by reference, compressed (issue 21).
+
+A process group is known by its members, so its label lists them: `ranks[0,32,64,...]`. A
+data-parallel group of a 16k-rank job has 512 members (~3 KB), and a snapshot names its groups
+in every record (its position on each group, the collective it waits in, its recent history):
+40 KB a rank, 650 MB for the writer to read. On the wire instead:
+
+- each long label is written once, in the snapshot's own table (`~labels`), as its members'
+  arithmetic runs (`0+32x512`: 512 ranks from 0 every 32; a mesh slice is one run, a
+  flattened submesh a few), and the records name it `ranks@K`;
+- the JSON is compressed (zlib, level 1: records repeat their op, shape and call site);
+- the long history goes under its own key (`history_key`): the writer reads it where the
+  analysis needs it, not 16k of them for every hang.
+
+`unpack` restores the labels in the same fields (one string per distinct label for the whole
+gather: `cache`), so the analysis sees the snapshot it always saw. Values are JSON text inside
+zlib: no pickle. A value without the magic prefix is plain JSON (a rank of an older version).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from typing import Any
+
+__all__ = ["pack", "unpack", "pack_many", "unpack_many", "decode", "encode_members", "decode_members", "history_key", "MAGIC", "LONG_LABEL"]
+
+MAGIC = b"DDZ1"
+"""What a packed value starts with (JSON text never does)."""
+LONG_LABEL = 64
+"""Labels longer than this go in the table (a label of 8 members is shorter: it stays)."""
+MAX_UNPACKED = 64 * 2**20
+"""The most a value may inflate to: a corrupt or hostile value stops there."""
+_TABLE = "~labels"
+_MANY = "~snaps"
+_REF = "ranks@"
+_LIST = re.compile(r"ranks\[([0-9,]+)\]")
+_REFS = re.compile(re.escape(_REF) + r"(\d+)")
+
+
+def history_key(key: str) -> str:
+    """Where the long history of the snapshots posted under `key` goes (`KEY/hist/<rank>`)."""
+    return f"{key}/hist"
+
+
+# -- members as arithmetic runs ----------------------------------------------------------------
+def encode_members(members: list[int]) -> str:
+    """`0+32x512,7`: runs of `start+step x count`, single ranks as themselves, in order."""
+    out: list[str] = []
+    i, n = 0, len(members)
+    while i < n:
+        if i + 2 < n and members[i + 1] - members[i] == members[i + 2] - members[i + 1] > 0:
+            step = members[i + 1] - members[i]
+            j = i + 2
+            while j + 1 < n and members[j + 1] - members[j] == step:
+                j += 1
+            out.append(f"{members[i]}+{step}x{j - i + 1}")
+            i = j + 1
+        else:
+            out.append(str(members[i]))
+            i += 1
+    return ",".join(out)
+
+
+def decode_members(spec: str) -> list[int]:
+    """The members `encode_members` wrote."""
+    out: list[int] = []
+    for part in spec.split(","):
+        if "+" in part:
+            start, rest = part.split("+", 1)
+            step, count = rest.split("x", 1)
+            out.extend(range(int(start), int(start) + int(step) * int(count), int(step)))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+# -- the fields that carry a group's label ----------------------------------------------------
+def _labelled(snap: dict[str, Any], *, copy: bool) -> list[dict[str, Any]]:
+    """Every dict of the snapshot with a `group` label: the collective it waits in, its records,
+    its position on each group (and the entry it waits in there), the recorder's entries.
+    `copy`: each is replaced by a shallow copy first (packing must not touch the caller's dicts).
+    (Plain loops: the writer runs this on 16k snapshots.)"""
+    found: list[dict[str, Any]] = []
+    cur = snap.get("in_collective")
+    if isinstance(cur, dict):
+        found.append(_own(snap, "in_collective", copy))
+    for name in ("recent", "history"):
+        records = snap.get(name)
+        if isinstance(records, list):
+            found += _items(snap, name, copy)
+    engine = snap.get("engine")
+    if isinstance(engine, dict):
+        engine = _own(snap, "engine", copy)
+        for name in ("groups", "entries"):
+            if isinstance(engine.get(name), list):
+                for g in _items(engine, name, copy):
+                    found.append(g)
+                    if isinstance(g.get("pending"), dict):
+                        found.append(_own(g, "pending", copy))
+    return found
+
+
+def _own(holder: dict[str, Any], key: str, copy: bool) -> dict[str, Any]:
+    if copy:
+        holder[key] = dict(holder[key])
+    return holder[key]
+
+
+def _items(holder: dict[str, Any], key: str, copy: bool) -> list[dict[str, Any]]:
+    """The dicts of the list holder[key] (copies of the list and of them with `copy`)."""
+    if copy:
+        holder[key] = [dict(d) if isinstance(d, dict) else d for d in holder[key]]
+    return [d for d in holder[key] if isinstance(d, dict)]
+
+
+class _Table:
+    """The long labels of one packed value, each written once as its members' runs."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, str] = {}
+        self._refs: dict[str, str] = {}
+
+    def _ref(self, match: re.Match[str]) -> str:
+        spec = match.group(1)
+        if spec not in self._refs:
+            self._refs[spec] = f"{_REF}{len(self._refs)}"
+            self.table[str(len(self._refs) - 1)] = encode_members([int(x) for x in spec.split(",")])
+        return self._refs[spec]
+
+    def shorten(self, target: dict[str, Any]) -> None:
+        """Long labels of `target` (a snapshot, or {"history": [...]}) by reference, in copies."""
+        for d in _labelled(target, copy=True):
+            label = d.get("group")
+            if isinstance(label, str) and len(label) > LONG_LABEL:
+                d["group"] = _LIST.sub(self._ref, label)
+
+    def packed(self, value: dict[str, Any]) -> bytes:
+        if self.table:
+            value[_TABLE] = self.table
+        return MAGIC + zlib.compress(json.dumps(value, default=str).encode(), 1)
+
+
+def pack(snap: dict[str, Any], *, history: bool = True) -> tuple[bytes, bytes | None]:
+    """(the snapshot, its history) as store values; the history is None when it has none or
+    `history` is False (it stays inside then)."""
+    snap = dict(snap)
+    hist = snap.pop("history", None) if history else None
+    labels = _Table()
+    labels.shorten(snap)
+    wrapped = {"history": hist} if hist else None
+    if wrapped is not None:
+        labels.shorten(wrapped)
+    return labels.packed(snap), (labels.packed(wrapped) if wrapped is not None else None)
+
+
+def pack_many(snaps: dict[int, dict[str, Any]]) -> bytes:
+    """Several snapshots (a node's, without their long histories) as one value, their labels
+    in one table: what a node leader posts for its ranks."""
+    labels = _Table()
+    copies = {}
+    for rank, snap in snaps.items():
+        copies[str(rank)] = dict(snap)
+        copies[str(rank)].pop("history", None)
+        labels.shorten(copies[str(rank)])
+    return labels.packed({_MANY: copies})
+
+
+def unpack_many(value: Any, cache: dict[str, str] | None = None) -> dict[int, dict[str, Any]]:
+    """The snapshots `pack_many` packed, by rank, with their labels back ({} for anything else)."""
+    if not isinstance(value, dict) or not isinstance(value.get(_MANY), dict):
+        return {}
+    full = _resolved(value.pop(_TABLE, None), cache)
+    out = {}
+    for rank, snap in value[_MANY].items():
+        if isinstance(snap, dict) and str(rank).isdigit():
+            out[int(rank)] = _restore(snap, full)
+    return out
+
+
+def decode(raw: Any) -> Any:
+    """The JSON value of a store value: packed (inflated, at most MAX_UNPACKED) or plain."""
+    data = raw if isinstance(raw, bytes) else bytes(raw)
+    if not data.startswith(MAGIC):
+        return json.loads(data)
+    inflater = zlib.decompressobj()
+    text = inflater.decompress(data[len(MAGIC):], MAX_UNPACKED)
+    if inflater.unconsumed_tail:
+        raise ValueError(f"a packed snapshot inflates past {MAX_UNPACKED} bytes")
+    return json.loads(text)
+
+
+def unpack(value: Any, cache: dict[str, str] | None = None) -> Any:
+    """A decoded snapshot (or history) with its labels back as `ranks[...]`; `cache` shares
+    one string per distinct label across a gather (6k distinct groups for 16k snapshots)."""
+    if not isinstance(value, dict):
+        return value
+    return _restore(value, _resolved(value.pop(_TABLE, None), cache))
+
+
+def _resolved(table: Any, cache: dict[str, str] | None) -> dict[str, str]:
+    """A value's label table as reference -> full label (one string per label through `cache`)."""
+    if not isinstance(table, dict):
+        return {}
+    cache = {} if cache is None else cache
+    full: dict[str, str] = {}
+    for key, spec in table.items():
+        spec = str(spec)
+        if spec not in cache:
+            cache[spec] = "ranks[" + ",".join(map(str, decode_members(spec))) + "]"
+        full[str(key)] = cache[spec]
+    return full
+
+
+def _restore(snap: dict[str, Any], full: dict[str, str]) -> dict[str, Any]:
+    if not full:
+        return snap
+    for d in _labelled(snap, copy=False):
+        label = d.get("group")
+        if isinstance(label, str) and label.startswith(_REF):
+            d["group"] = full.get(label[len(_REF):]) or _REFS.sub(lambda m: full.get(m.group(1), m.group(0)), label)
+    return snap

@@ -1,0 +1,170 @@
+"""Snapshots on the wire (distdiag/runtime/snapwire.py): labels by reference, compressed, the
+long history under its own key; what the writer reads back is what the rank posted (issue 21
+item 2). The store round trips run on a real TCPStore served in this process."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import zlib
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from distdiag.hang.incident import RankSnapshot
+from distdiag.runtime import snapwire
+from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.incident import collect_histories, collect_snapshots, post_snapshot
+from distdiag.runtime.keys import MAX_STORE_VALUE
+from tests.unit.hang_incident import rank_snapshot
+
+
+@pytest.mark.parametrize("members", [
+    [], [7], [3, 9], list(range(8)), list(range(5, 16384, 32)), [0, 1, 2, 3, 8, 9, 10, 11, 40],
+    [1, 2, 4, 8, 16, 32], sorted(random.Random(0).sample(range(100000), 300)),
+])
+def test_members_come_back_from_their_runs(members):
+    spec = snapwire.encode_members(members)
+    assert snapwire.decode_members(spec) == members
+
+
+def test_a_mesh_slice_is_one_run():
+    assert snapwire.encode_members(list(range(3, 16384, 32))) == "3+32x512"
+
+
+def test_a_16k_rank_snapshot_packs_to_a_few_kb_and_unpacks_to_what_was_posted():
+    """Rank 35 of a TP=8 x PP=4 x DP=512 job waits in the dp all_reduce: its dp group's label
+    (512 members, ~3 KB) is in its records and positions; packed, the snapshot is a few KB."""
+    snap = rank_snapshot(35, 16384, "dp")
+    raw = len(json.dumps(snap))
+    core, hist = snapwire.pack(snap)
+    assert raw > 30_000 and len(core) < 3_000 and hist is not None
+    back = snapwire.unpack(snapwire.decode(core), {})
+    back["history"] = snapwire.unpack(snapwire.decode(hist), {})["history"]
+    assert back == snap
+
+
+def test_labels_are_one_string_per_group_across_a_gather():
+    cache: dict[str, str] = {}
+    a = snapwire.unpack(snapwire.decode(snapwire.pack(rank_snapshot(35, 16384, "dp"))[0]), cache)
+    b = snapwire.unpack(snapwire.decode(snapwire.pack(rank_snapshot(67, 16384, "dp"))[0]), cache)
+    assert a["in_collective"]["group"] is b["in_collective"]["group"]
+
+
+def test_a_label_with_its_backend_keeps_it():
+    """A group on two backends is labelled 'ranks[...] (gloo)' by the recorder's reader."""
+    label = "ranks[" + ",".join(map(str, range(0, 4096, 8))) + "] (gloo)"
+    snap = {"rank": 0, "engine": {"state": "ok", "groups": [{"group": label, "enqueued": 2, "completed": 1,
+                                                             "pending": {"group": label, "seq": 2}}]}}
+    core, _ = snapwire.pack(snap)
+    assert b"ranks[" not in zlib.decompress(core[len(snapwire.MAGIC):])
+    assert snapwire.unpack(snapwire.decode(core)) == snap
+
+
+def test_packing_leaves_the_callers_snapshot_as_it_was():
+    snap = rank_snapshot(35, 16384, "dp")
+    before = copy.deepcopy(snap)
+    snapwire.pack(snap)
+    assert snap == before
+
+
+def test_a_plain_json_value_still_reads():
+    """A snapshot posted as JSON text (a rank of an older distdiag) reads as it always did."""
+    assert snapwire.decode(b'{"rank": 3}') == {"rank": 3}
+
+
+def test_a_value_that_inflates_without_end_is_refused():
+    bomb = snapwire.MAGIC + zlib.compress(b"[" + b" " * (snapwire.MAX_UNPACKED + 10) + b"]", 9)
+    with pytest.raises(ValueError, match="inflates past"):
+        snapwire.decode(bomb)
+
+
+@pytest.fixture()
+def server():
+    yield dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timedelta(seconds=10))
+
+
+def _client(server) -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
+
+
+def test_snapshots_and_their_histories_through_a_real_store(server):
+    """Four ranks of a 16k-rank job post; the writer reads the snapshots, then the histories of
+    the ranks it asks for. No value over the limit; a history of 512 records goes in parts when
+    it must, and comes back whole."""
+    world = 16384
+    posted = {r: rank_snapshot(r, world, "dp") for r in (32, 33, 34, 35)}
+    posted[35]["history"] = [dict(posted[35]["history"][0], seq=i, call_site=f"f{i}.py:{i}") for i in range(512)]
+    for r, snap in posted.items():
+        post_snapshot(Exchange(_client(server), r, world), "snap/1", RankSnapshot.from_dict(copy.deepcopy(snap)))
+    reader = Exchange(_client(server), 0, world)
+    got = collect_snapshots(reader, "snap/1", [32, 33, 34, 35, 36])
+    assert sorted(got) == [32, 33, 34, 35] and all("history" not in s for s in got.values())
+    assert got[33]["engine"]["groups"][3]["group"] == posted[33]["engine"]["groups"][3]["group"]
+    histories = collect_histories(reader, "snap/1", [33, 35])
+    assert sorted(histories) == [33, 35] and histories[35] == posted[35]["history"]
+    assert all(len(server.get(f"snap/1/{r}")) <= MAX_STORE_VALUE for r in posted)
+
+
+# -- per node: the leaders' values (distdiag/runtime/nodes.py) ---------------------------------
+def _post_all(server, world: int, ranks: list[int]) -> dict[int, dict]:
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys
+
+    posted = {}
+    for r in ranks:
+        snap = RankSnapshot.from_dict(rank_snapshot(r, world, "dp" if r >= 32 else "tp"))
+        posted[r] = copy.deepcopy(snap.to_dict())
+        Incident(Exchange(_client(server), r, world), IncidentKeys(1), world).post_snapshot(snap)
+    return {r: {k: v for k, v in s.items() if k != "history"} for r, s in posted.items()}
+
+
+def test_a_node_leader_brings_its_nodes_snapshots_and_the_writer_reads_the_rest(server):
+    """Ranks 32-39 are one node: its leader posts their snapshots as one value. The writer
+    (rank 0) gets them from it even once their own keys are gone, and reads rank 0-7 one by one."""
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys
+    from distdiag.runtime.nodes import aggregate_node, gather_snapshots
+
+    world = 16384
+    ranks = [*range(8), *range(32, 40)]
+    posted = _post_all(server, world, ranks)
+    leader = Incident(Exchange(_client(server), 32, world), IncidentKeys(1), world)
+    assert aggregate_node(leader, list(range(32, 40)), wait_s=2.0) == 8
+    for r in range(33, 40):
+        server.delete_key(f"snap/1/{r}")  # the writer cannot have read them one by one
+    writer = Incident(Exchange(_client(server), 0, world), IncidentKeys(1), world)
+    got = gather_snapshots(writer, cache={}, leaders=[32], wait_s=2.0)
+    assert got == {r: posted[r] for r in ranks}
+
+
+def test_a_dead_leader_costs_its_nodes_snapshots_nothing(server):
+    """The leader of ranks 32-39 never posts (dead): the writer waits for no value of it and
+    reads the node's snapshots one by one."""
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys
+    from distdiag.runtime.nodes import gather_snapshots
+
+    world = 16384
+    posted = _post_all(server, world, list(range(33, 40)))
+    writer = Incident(Exchange(_client(server), 0, world), IncidentKeys(1), world)
+    got = gather_snapshots(writer, cache={}, leaders=[32], wait_s=30.0)
+    assert got == posted
+
+
+def test_a_snapshot_read_again_comes_with_its_history(server):
+    """The writer's re-read of a snapshot that contradicted itself (writer.py `_reread`) keeps
+    the rank's long history: without it, a desync is located from the 8 recent records only
+    (a loaded run of test_watchdog_faults named the wrong call site that way)."""
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys
+
+    world = 64
+    rank = Incident(Exchange(_client(server), 5, world), IncidentKeys(1), world)
+    snap = RankSnapshot.from_dict(rank_snapshot(5, world, "tp"))
+    rank.post_snapshot(snap)
+    rank.repost_snapshot(RankSnapshot.from_dict(rank_snapshot(5, world, "tp")))
+    again = Incident(Exchange(_client(server), 0, world), IncidentKeys(1), world).snapshots([5])[5]
+    assert again.reread and again.extra["history"] == rank_snapshot(5, world, "tp")["history"]
