@@ -1,6 +1,6 @@
 """distdiag's store traffic at cluster scale: one real TCPStore, N simulated ranks (issue 21).
 
-    python benchmarks/bench_scale.py --ranks 1024 4096 16384 [--json] [--clients 2] [--lean-from 16384]
+    python benchmarks/bench_scale.py --ranks 1024 4096 16384 [--json] [--clients 2]
 
 One torch TCPStore server (its own process, as torchrun's agent hosts it) and N simulated
 ranks, replaying the store operations distdiag's own code issues, through its own functions:
@@ -38,9 +38,13 @@ results, its snapshot), hang_error / check_error (what the writer raised), store
 (values the server refused: over its 8 MiB limit), ranks_without_verdict, and late_rounds
 (poll rounds a client could not finish within the real interval: the offered poll rate was
 then below the real code's).
-`--lean-from N`: from N ranks on, snapshots carry no `history`/`recent` lists (their size
-grows with the dp group's label; 40 KB a rank at 16k, 650 MB in all): the figure then
-underestimates the gather, which the output says (`lean_snapshots`).
+Snapshots are posted as the watchdog posts them (distdiag/runtime/snapwire.py: labels by
+reference, compressed, the history under its own key), and each node's leader (local rank 0,
+ranks 8, 16, ...) posts its node's snapshots as one value (distdiag/runtime/nodes.py). On a
+real job the 2048 leaders do that at once, each on its own host, while the writer waits for
+the snapshots; here two clients would do them one after another, so they run before the
+declaration and each leader's time is given apart: `leader_aggregate_ms` (median and max of
+one leader: its read of the node's rows, the wait for its 8 snapshots, the read and the post).
 """
 
 from __future__ import annotations
@@ -122,16 +126,31 @@ def _info(rank: int) -> dict[str, Any]:
 
 
 # -- simulated ranks (one client process plays ranks lo..hi-1) ---------------------------------
-def _snapshot(rank: int, world: int, lean: bool) -> dict[str, Any]:
+def _snapshot(rank: int, world: int) -> dict[str, Any]:
     from tests.unit.hang_incident import coords, rank_snapshot
 
     dp, pp, _tp = coords(rank)
     inside = (None if rank == 3 else "tp") if (dp, pp) == (0, 0) else ("pp" if dp == 0 else "dp")
     snap = rank_snapshot(rank, world, inside)
     snap["event"] = {"kind": "timeout", "rank": 3, "detail": "no progress for 60s"}
-    if lean:
-        snap["history"], snap["recent"] = [], []
     return snap
+
+
+def _leaders(incident_of: dict[int, Any], world: int) -> list[float]:
+    """Each node leader of these ranks (local rank 0, not the writer's node) posts its node's
+    snapshots as distdiag/watchdog/watcher.py `_aggregate_node` does; the seconds each took."""
+    from distdiag.report.model import RankInfo
+    from distdiag.runtime.keys import Keys
+    from distdiag.runtime.nodes import aggregate_node, node_members
+
+    took = []
+    for r in [r for r in incident_of if r % 8 == 0]:
+        incident = incident_of[r]
+        start = time.perf_counter()
+        rows = incident.ex.collect(Keys.INFO, list(range(r, min(r + 8, world))))
+        aggregate_node(incident, node_members({k: RankInfo.from_dict(v) for k, v in rows.items()}, r))
+        took.append(time.perf_counter() - start)
+    return took
 
 
 def _interval(poll_s: float, world: int) -> float:
@@ -161,7 +180,7 @@ def _poll_until(ranks: list[int], period: float, poll: Any, limit_s: float) -> t
     return time.time(), late, len(waiting)
 
 
-def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, lean: bool, out: Any) -> None:
+def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) -> None:
     from distdiag.hang.incident import RankSnapshot
     from distdiag.runtime.exchange import Exchange
     from distdiag.runtime.incident import Incident
@@ -172,7 +191,8 @@ def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, lean: bool
         Exchange(store, r, world).post(Keys.INFO, _info(r))
     inc = {r: Incident(Exchange(store, r, world), IncidentKeys(1), world) for r in range(lo, hi) if r != 0}
     for r, incident in inc.items():
-        incident.post_snapshot(RankSnapshot.from_dict(_snapshot(r, world, lean)))
+        incident.post_snapshot(RankSnapshot.from_dict(_snapshot(r, world)))
+    leaders = _leaders(inc, world)
     store.add("ready", 1)
     store.wait(["go"])
 
@@ -185,7 +205,8 @@ def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, lean: bool
         return verdict is not None
 
     done_at, late, gave_up = _poll_until(list(inc), _interval(WATCHER_POLL_S, world), poll, VERDICT_WAIT_S)
-    out.put({"ops": store.ops, "max_value": store.max_value, "done_at": done_at, "late_rounds": late, "gave_up": gave_up})
+    out.put({"ops": store.ops, "max_value": store.max_value, "done_at": done_at, "late_rounds": late, "gave_up": gave_up,
+             "leaders_s": leaders})
 
 
 def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) -> None:
@@ -262,7 +283,7 @@ def _hang_write(ex: Any, world: int, dump_dir: str) -> Any:
     host = _info(0)["host"]
     report, _lost, excuse = gather_and_write(
         incident, event=event, host=host, timeout_s=60.0, grace_s=2.0, dump_dir=dump_dir, config={},
-        started=time.monotonic(), own_snapshot=lambda: RankSnapshot.from_dict(_snapshot(0, world, False)),
+        started=time.monotonic(), own_snapshot=lambda: RankSnapshot.from_dict(_snapshot(0, world)),
     )
     publish_outcome(incident, report, excuse=excuse, host=host, dump_dir=dump_dir)
     return report
@@ -275,7 +296,7 @@ def _quiet() -> None:
     os.dup2(null, 2)
 
 
-def _hang_writer(port: int, prefix: str, world: int, lean: bool, out: Any) -> None:
+def _hang_writer(port: int, prefix: str, world: int, out: Any) -> None:
     import psutil
 
     _quiet()
@@ -287,7 +308,7 @@ def _hang_writer(port: int, prefix: str, world: int, lean: bool, out: Any) -> No
     store = _client(port, prefix)
     ex = Exchange(store, 0, world)
     ex.post(Keys.INFO, _info(0))
-    Incident(ex, IncidentKeys(1), world).post_snapshot(RankSnapshot.from_dict(_snapshot(0, world, lean)))
+    Incident(ex, IncidentKeys(1), world).post_snapshot(RankSnapshot.from_dict(_snapshot(0, world)))
     store.compare_set(Keys.event(1), "", json.dumps({"kind": "timeout", "rank": 3, "detail": "no progress for 60s"}))
     store.wait(["go"])
     peak = _PeakRss(psutil.Process())
@@ -397,7 +418,7 @@ class _PeakRss:
 
 
 # -- one phase, one N -------------------------------------------------------------------------
-def _phase(port: int, server: Any, world: int, clients: int, kind: str, lean: bool) -> dict[str, Any]:
+def _phase(port: int, server: Any, world: int, clients: int, kind: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     ctx = mp.get_context("spawn")
@@ -405,8 +426,8 @@ def _phase(port: int, server: Any, world: int, clients: int, kind: str, lean: bo
     prefix = f"{kind}{world}/"
     cuts = [world * i // clients for i in range(clients + 1)]
     if kind == "hang":
-        procs = [ctx.Process(target=_hang_writer, args=(port, prefix, world, lean, out))]
-        procs += [ctx.Process(target=_hang_ranks, args=(port, prefix, world, max(cuts[i], 1), cuts[i + 1], lean, out))
+        procs = [ctx.Process(target=_hang_writer, args=(port, prefix, world, out))]
+        procs += [ctx.Process(target=_hang_ranks, args=(port, prefix, world, max(cuts[i], 1), cuts[i + 1], out))
                   for i in range(clients)]
     else:
         procs = [ctx.Process(target=_check_writer, args=(port, prefix, world, out))]
@@ -437,7 +458,16 @@ def _phase(port: int, server: Any, world: int, clients: int, kind: str, lean: bo
         "rank_max_value": max(r["max_value"] for r in ranks),
         "late_rounds": sum(r["late_rounds"] for r in ranks), "writer": writer,
         "gave_up": sum(r["gave_up"] for r in ranks),
+        "leaders_ms": _spread([t for r in ranks for t in r.get("leaders_s", [])]),
     }
+
+
+def _spread(seconds: list[float]) -> dict[str, float | None]:
+    """Median and max of per-leader times, in ms."""
+    if not seconds:
+        return {"median": None, "max": None}
+    ordered = sorted(seconds)
+    return {"median": round(ordered[len(ordered) // 2] * 1000, 1), "max": round(ordered[-1] * 1000, 1)}
 
 
 def _since(writer: dict[str, Any], mark: str) -> float | None:
@@ -445,7 +475,7 @@ def _since(writer: dict[str, Any], mark: str) -> float | None:
     return None if at is None else round(at - writer["t0"], 3)
 
 
-def measure(world: int, clients: int, lean: bool) -> dict[str, Any]:
+def measure(world: int, clients: int) -> dict[str, Any]:
     import psutil
 
     log = tempfile.TemporaryFile(mode="w+")  # the server's complaints (a value over its 8 MiB limit)
@@ -454,8 +484,8 @@ def measure(world: int, clients: int, lean: bool) -> dict[str, Any]:
     try:
         port = int(server.stdout.readline())
         proc = psutil.Process(server.pid)
-        hang = _phase(port, proc, world, clients, "hang", lean)
-        check = _phase(port, proc, world, clients, "check", lean)
+        hang = _phase(port, proc, world, clients, "hang")
+        check = _phase(port, proc, world, clients, "check")
     finally:
         server.stdin.close()
         server.wait(30)
@@ -483,7 +513,7 @@ def measure(world: int, clients: int, lean: bool) -> dict[str, Any]:
         "server_core_share": round((hang["server_cpu"] + check["server_cpu"]) / elapsed, 2),
         "hang_report_kb": hang["writer"].get("report_kb"),
         "poll_rate_shortfall": {"late_rounds": hang["late_rounds"] + check["late_rounds"]},
-        "lean_snapshots": lean,
+        "leader_aggregate_ms": hang["leaders_ms"],
         "clients": clients,
     }
 
@@ -492,7 +522,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--clients", type=int, default=2, help="client processes playing the ranks (default 2)")
-    parser.add_argument("--lean-from", type=int, default=16384, help="from this N on, snapshots without history")
     parser.add_argument("--json", action="store_true", help="one JSON object per N instead of the table")
     args = parser.parse_args()
     if not args.json:
@@ -500,14 +529,14 @@ def main() -> int:
               "server cores | notes |")
         print("|---|---|---|---|---|---|---|---|")
     for world in args.ranks:
-        row = measure(world, args.clients, world >= args.lean_from)
+        row = measure(world, args.clients)
         if args.json:
             print(json.dumps(row), flush=True)
             continue
         notes = [f"hang writer raised: {row['hang_error']}"] if row["hang_error"] else []
         notes += [f"check raised: {row['check_error']}"] if row["check_error"] else []
         notes += [f"{n} {k} ranks got no verdict" for k, n in row["ranks_without_verdict"].items() if n]
-        notes += ["lean snapshots"] if row["lean_snapshots"] else []
+        notes += [f"one node leader {row['leader_aggregate_ms']['median']} ms (max {row['leader_aggregate_ms']['max']})"]
         notes += [f"{row['poll_rate_shortfall']['late_rounds']} late poll rounds"] if row["poll_rate_shortfall"]["late_rounds"] else []
         notes += [f"the store refused {row['store_rejected_values']} value(s) over 8 MiB"] if row["store_rejected_values"] else []
         hang = "-" if row["hang_report_s"] is None else f"{row['hang_report_s']:.2f}"
