@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -32,7 +33,7 @@ import psutil
 from distdiag.errors import print_line
 from distdiag.hang.incident import RankSnapshot, Silence, SilentReason, Verdict
 from distdiag.runtime import snapwire
-from distdiag.runtime.exchange import Exchange, bounded
+from distdiag.runtime.exchange import Exchange, bounded, poll_interval
 from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys, StoreValueTooLarge, checked_value
 
 __all__ = [
@@ -234,6 +235,7 @@ class Incident:
             try:
                 with bounded(f"set {self.keys.verdict}"):
                     self.ex.store.set(self.keys.verdict, text)
+                    self.ex.store.add(self.keys.progress, 1)  # the waiters read the verdict when it moves
                 return True
             except Exception as exc:  # noqa: BLE001 - reconnect once, then give up loudly
                 log.debug("publishing the verdict failed (attempt %d): %s", attempt, exc)
@@ -346,23 +348,41 @@ class Incident:
     def wait_verdict(self, stall_s: float = WRITER_STALL_S, *, poll_s: float = 0.05,
                      stop: Callable[[], bool] | None = None) -> tuple[Verdict | None, str]:
         """The verdict, waiting while the writer's progress moves; (None, why) once it stood
-        still for stall_s (no writer yet counts as standing still)."""
+        still for stall_s (no writer yet counts as standing still). One request a poll, the
+        progress counter: the writer bumps it after each stage, after asking ranks to re-read
+        and after the verdict, so the verdict and `stop()` are read only when it moved. Polls
+        every `poll_interval(poll_s, N)`, the first at a random point of it (16k ranks polling
+        every 50 ms with three requests each offered the store a million requests a second)."""
+        interval = poll_interval(poll_s, self.world)
         last, moved = -1, time.monotonic()
+        delay = interval * random.uniform(0.5, 1.0) if interval > poll_s else 0.0
         while True:
-            got = self.ex.read(self.keys.verdict)
-            if got is not None:
-                return Verdict.from_dict(got), ""
+            time.sleep(delay)
+            delay = interval
             now = time.monotonic()
             count = self.ex.bump(self.keys.progress, 0)
             if count != last:
                 last, moved = count, now
+                got = self.ex.read(self.keys.verdict)
+                if got is not None:
+                    return Verdict.from_dict(got), ""
+                if stop is not None and stop():
+                    return None, "stopped waiting"
             elif now - moved > stall_s:
+                got = self.ex.read(self.keys.verdict)  # published just before the writer stopped
+                if got is not None:
+                    return Verdict.from_dict(got), ""
                 stage = self._stage()
                 at = f" (last at: {stage})" if stage else (" (no rank claimed the writer role)" if last <= 0 else "")
                 return None, f"the writer made no progress for {stall_s:g}s{at}"
-            if stop is not None and stop():
-                return None, "stopped waiting"
-            time.sleep(poll_s)
+
+    def ask_again(self, ranks: list[int]) -> None:
+        """The writer asks `ranks` to post their snapshots again (they contradicted the others);
+        the progress moves after, so that the ranks waiting for the verdict look."""
+        for r in ranks:
+            with bounded(f"set {self.keys.again(r)}"):
+                self.ex.store.set(self.keys.again(r), "1")
+        self.advance(f"re-reading {len(ranks)} snapshot(s) that contradict the others")
 
     def _stage(self) -> str:
         try:

@@ -281,12 +281,9 @@ def _reread(
     bad = inconsistent_ranks(merged)
     if not bad:
         return
-    incident.advance(f"re-reading {len(bad)} snapshot(s) that contradict the others")
-    for r in bad:
-        if r == rank and own_snapshot is not None:
-            merged[r] = own_snapshot().to_dict()
-        elif r != rank:
-            incident.ex.store.set(incident.keys.again(r), "1")
+    if rank in bad and own_snapshot is not None:
+        merged[rank] = own_snapshot().to_dict()
+    incident.ask_again([r for r in bad if r != rank])
     end = time.monotonic() + wait_s
     waiting = [r for r in bad if r != rank]
     while waiting and time.monotonic() < end:
