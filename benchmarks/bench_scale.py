@@ -74,7 +74,7 @@ TARGET_VALUE_BYTES = 64 * 1024
 WATCHER_POLL_S = 0.05  # distdiag/watchdog/watcher.py: wait_read(verdict/epoch, poll_s=0.05)
 CHECK_VERDICT_POLL_S = 0.02  # distdiag/check/run.py: wait_read("verdict") at Exchange's default
 LEAVE_POLL_S = 0.05  # distdiag/check/finish.py: wait_count("left", poll_s=0.05)
-VERDICT_WAIT_S = 20.0  # distdiag/watchdog/watcher.py: how long a rank waits for the writer's verdict
+VERDICT_WAIT_S = 120.0  # watcher.py waits while the writer's progress moves (a 20 s stall ends it); it moves throughout here
 CHECK_WAIT_S = 60.0  # the check's ranks wait until their sentinel ends the run (its probe timeout)
 
 
@@ -196,13 +196,21 @@ def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) 
     store.add("ready", 1)
     store.wait(["go"])
 
-    def poll(r: int) -> bool:  # distdiag/watchdog/watcher.py _await: the re-read check, then the verdict
-        incident = inc[r]
-        incident.ex.store.check([incident.keys.again(r)])
+    last: dict[int, int] = {}
+
+    def poll(r: int) -> bool:  # watcher.py _await -> Incident.wait_verdict: the progress each poll,
+        incident = inc[r]      # the verdict and the re-read request only when it moved
+        count = incident.ex.bump(incident.keys.progress, 0)
+        if last.get(r) == count:
+            return False
+        last[r] = count
         verdict = incident.ex.read(incident.keys.verdict)
-        if verdict is not None and r % 8 == 0 and verdict.get("host") != _info(r)["host"]:
+        if verdict is None:
+            incident.ex.store.check([incident.keys.again(r)])
+            return False
+        if r % 8 == 0 and verdict.get("host") != _info(r)["host"]:
             incident.read_report()  # _mirror: local rank 0 of every other host
-        return verdict is not None
+        return True
 
     done_at, late, gave_up = _poll_until(list(inc), _interval(WATCHER_POLL_S, world), poll, VERDICT_WAIT_S)
     out.put({"ops": store.ops, "max_value": store.max_value, "done_at": done_at, "late_rounds": late, "gave_up": gave_up,
