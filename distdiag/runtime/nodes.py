@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from distdiag.runtime import snapwire
-from distdiag.runtime.exchange import bounded
+from distdiag.runtime.exchange import bounded, poll_interval
 from distdiag.runtime.incident import Incident, collect_snapshots
 
 __all__ = ["AGGREGATE_WAIT_S", "node_members", "aggregate_node", "gather_snapshots"]
@@ -42,11 +42,13 @@ def aggregate_node(incident: Incident, members: list[int], *, wait_s: float = AG
     one value; how many it holds (0: nothing posted, e.g. a node of one rank)."""
     ex, key = incident.ex, incident.keys.snap
     end = time.monotonic() + wait_s
+    # One check a poll for each of the job's N/len(members) leaders: together within the store's budget.
+    interval = poll_interval(POLL_S, incident.world // max(len(members), 1))
     while True:
         have = ex.present(key, members)
         if len(have) == len(members) or time.monotonic() >= end:
             break
-        time.sleep(POLL_S)
+        time.sleep(interval)
     if len(have) < 2:
         return 0
     try:
