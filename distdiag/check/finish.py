@@ -9,11 +9,14 @@ rank that claims the writer builds the report from the ranks' snapshots
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from distdiag.check.config import CheckConfig
@@ -49,6 +52,35 @@ def _outcome(kinds: set[Any], *, cancelled: bool, lost: Any) -> str:
         else "hang" if EventKind.TIMEOUT in kinds
         else "terminated"
     )
+
+
+_pause = threading.Lock()
+_pause_depth = 0
+_pause_restore = False
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (nested, and across threads: on
+    again when the last block ends, if it was on before the first).
+
+    The writer turns 16k ranks' results into one report: millions of small dicts and lists
+    that all live until the report is written, and each full collection walks every one of
+    them again (2.2 s of the writer's 7.2 s at 16k ranks, issue 21). Nothing built there is a
+    reference cycle that needs the collector: reference counting frees it as usual."""
+    global _pause_depth, _pause_restore
+    with _pause:
+        if _pause_depth == 0:
+            _pause_restore = gc.isenabled()
+            gc.disable()
+        _pause_depth += 1
+    try:
+        yield
+    finally:
+        with _pause:
+            _pause_depth -= 1
+            if _pause_depth == 0 and _pause_restore:
+                gc.enable()
 
 
 class RunEnd:
@@ -123,7 +155,7 @@ class RunEnd:
     def consolidate(self, ex: Exchange) -> Report:
         """The report of a run whose every probe finished, written by this rank."""
         # A rank whose sentinel ends the run meanwhile waits for this verdict while it moves.
-        with self.incident(ex).moving("consolidating the probes' results"):
+        with self.incident(ex).moving("consolidating the probes' results"), collector_paused():
             self._load_rank_infos(ex)
             results = self._completed(ex, len(self.plan.probes))
             return self._report(results, [], outcome="completed", hung=False, writer=self.info.rank)
@@ -155,11 +187,15 @@ class RunEnd:
     def emit(self, report: Report, ex: Exchange | Incident, *, show: bool = True) -> None:
         """Write the report atomically, print it (unless `show` is False), publish the small
         verdict the other ranks wait for, then the report's JSON for other nodes in chunks."""
-        inc = ex if isinstance(ex, Incident) else self.incident(ex)
+        with collector_paused():
+            self._emit(report, ex if isinstance(ex, Incident) else self.incident(ex), show)
+
+    def _emit(self, report: Report, inc: Incident, show: bool) -> None:
+        # Serialised once: the file, stdout and the other hosts' copy (1 s a time at 16k ranks).
         text = report.to_json()
         inc.advance("writing the report")
         try:
-            write_report(report, self.config.report)
+            write_report(report, self.config.report, text=text)
             where = self.config.report
         except OSError as exc:
             where = None
@@ -275,6 +311,10 @@ class RunEnd:
     # -- the broken end (called on the sentinel thread of the rank that claims the writer) --
     def write_abort_report(self, incident: Incident, reason: IncidentEvent) -> int:
         """The broken run's report from every rank's snapshot; the verdict published first."""
+        with collector_paused():
+            return self._write_abort_report(incident, reason)
+
+    def _write_abort_report(self, incident: Incident, reason: IncidentEvent) -> int:
         from distdiag.runtime.incident import kill_stopped_local, silent_rank_reasons
 
         ex, world = incident.ex, self.info.world_size
