@@ -119,5 +119,28 @@ def payloads(probe: str, world: int, scenario: str = "healthy") -> dict[int, dic
     """Every rank's payload of one probe."""
     if probe == "bandwidth":
         return {r: bandwidth_payload(r, world, scenario) for r in range(world)}
+    if probe == "data_shards":
+        return {r: data_payload(r, scenario) for r in range(world)}
     build = {"env": env_payload, "gpu": gpu_payload, "collectives": collectives_payload}[probe]
     return {r: build(r, scenario) for r in range(world)}
+
+
+DATA_SCENARIOS = ("healthy", "identical", "overlapping", "identical_overlapping", "repeated", "setup_error")
+
+
+def data_payload(rank: int, scenario: str = "healthy", batches: int = 2, rows: int = 4) -> dict[str, Any]:
+    """data_shards' payload: row hashes of the first batches, of epochs 0 and 1 when shuffled."""
+    if scenario == "setup_error" and rank in (3, 4, 9):
+        return {"setup_error": f"hook batches raised on rank {rank % 2}"}
+    owner = rank
+    if scenario in ("identical", "identical_overlapping"):
+        owner = rank // 4  # groups of 4 ranks see the same data
+    start = owner * batches * rows
+    if scenario in ("overlapping", "identical_overlapping"):
+        start = owner * batches * rows // 2  # half of each one's samples are its neighbour's
+    ids = list(range(start, start + batches * rows))
+    if rank in (0, 1) and scenario == "healthy":
+        ids[-1] = 10**6  # one of the dataset's own duplicate samples: no finding
+    epoch0 = [[f"{i:016x}" for i in ids[b * rows:(b + 1) * rows]] for b in range(batches)]
+    epoch1 = epoch0 if scenario == "repeated" and rank % 3 == 0 else [list(reversed(b)) for b in reversed(epoch0)]
+    return {"source": "synthetic", "epochs": [epoch0, epoch1], "shuffles": True}

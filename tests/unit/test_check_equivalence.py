@@ -1,8 +1,10 @@
-"""The cluster probes' consolidation gives the same findings and report content as before it
-was made linear for 16k ranks (issue 21): golden results recorded from the code at 8896294
-on synthetic payloads (tests/unit/check_payloads.py: healthy, a straggler, a bad link, a slow
-rank, a mismatched env, a sick GPU, wrong values, ragged timings), and the bandwidth arithmetic
-against the statistics module's median and fmean on random timings.
+"""The probes' consolidation gives the same findings and report content as before it was made
+linear for 16k ranks (issue 21): golden results recorded from the code at 8896294 on synthetic
+payloads (tests/unit/check_payloads.py: for env, gpu, collectives and bandwidth a healthy job, a
+straggler, a bad link, a slow rank, a mismatched env, a sick GPU, wrong values, ragged timings;
+for data_shards identical, overlapping and repeated data); the bandwidth arithmetic against the
+statistics module's median and fmean, and data_shards' overlap summary against every pair, on
+random inputs.
 
     python -m tests.unit.test_check_equivalence --write   # re-record after an intended change
 """
@@ -23,12 +25,14 @@ from distdiag.probes import PROBES
 from distdiag.probes.base import ConsolidationView
 from distdiag.probes.cluster.bandwidth import BandwidthConfig, format_size, straggler_scores
 from distdiag.probes.cluster.bandwidth_stats import bandwidth_rows
+from distdiag.probes.data.fingerprint import overlap_summary, overlaps
 from distdiag.report.model import ProbeResult
-from tests.unit.check_payloads import SCENARIOS, payloads, rank_infos
+from tests.unit.check_payloads import DATA_SCENARIOS, SCENARIOS, payloads, rank_infos
 
 GOLDEN = Path(__file__).with_name("check_golden.json")
 WORLDS = (3, 48)
 CLUSTER = ("env", "gpu", "collectives", "bandwidth")
+CASES = {**{p: SCENARIOS for p in CLUSTER}, "data_shards": DATA_SCENARIOS}
 
 
 def _digest(result: ProbeResult) -> dict[str, Any]:
@@ -46,15 +50,15 @@ def _consolidate(probe: str, world: int, scenario: str) -> ProbeResult:
 
 
 def _all_digests() -> dict[str, Any]:
-    return {f"{p}/{s}/{w}": _digest(_consolidate(p, w, s)) for w in WORLDS for p in CLUSTER for s in SCENARIOS}
+    return {f"{p}/{s}/{w}": _digest(_consolidate(p, w, s)) for w in WORLDS for p, cases in CASES.items() for s in cases}
 
 
-@pytest.mark.parametrize("probe", CLUSTER)
+@pytest.mark.parametrize("probe", list(CASES))
 def test_consolidation_matches_the_recorded_results(probe):
     """Every scenario at 3 and 48 ranks: the same findings, metrics and details as recorded."""
     golden = json.loads(GOLDEN.read_text())
     for world in WORLDS:
-        for scenario in SCENARIOS:
+        for scenario in CASES[probe]:
             key = f"{probe}/{scenario}/{world}"
             assert _digest(_consolidate(probe, world, scenario)) == golden[key], key
 
@@ -75,6 +79,32 @@ def test_the_healthy_twin_is_silent_and_each_fault_is_named():
     assert [5] in [f.ranks for f in env] and [16, 17] in [f.ranks for f in env] and len(env) == 6
     gpu = _consolidate("gpu", 48, "gpu_sick").findings
     assert {r for f in gpu for r in f.ranks} == {3, 9, 10, 11, 20, 30}
+    assert [f.severity for f in _consolidate("data_shards", 48, "healthy").findings] == ["info"]
+    overlapping = _consolidate("data_shards", 48, "overlapping").findings
+    assert overlapping[0].cause == "overlapping_data" and overlapping[0].ranks == list(range(48))
+
+
+def test_overlap_summary_equals_every_pair_compared():
+    """Random row hashes, identical groups among them: the same ranks, worst share and first pairs."""
+    rng = random.Random(22)
+    for _ in range(300):
+        world = rng.choice([2, 3, 5, 8, 13])
+        pool = rng.choice([6, 12, 40])
+        seqs = {r: [[f"{rng.randrange(pool):x}" for _ in range(rng.choice([0, 2, 3]))] for _ in range(2)] for r in range(world)}
+        groups: list[list[int]] = []
+        for r in range(world):
+            if rng.random() < 0.3 and r > 0:  # r joins r-1's data: an identical group
+                seqs[r] = seqs[r - 1]
+                if groups and groups[-1][-1] == r - 1:
+                    groups[-1].append(r)
+                else:
+                    groups.append([r - 1, r])
+        above = rng.choice([0.0, 0.25, 0.5])
+        bad = [p for p in overlaps(seqs, groups) if p[2] > above]
+        got = overlap_summary(seqs, groups, above, 8)
+        assert got.ranks == sorted({r for a, b, _, _ in bad for r in (a, b)})
+        assert got.worst == max((p[2] for p in bad), default=0.0)
+        assert got.first == bad[:8]
 
 
 # -- the bandwidth arithmetic against the statistics module (the code before issue 21) ---------
