@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -28,7 +29,7 @@ from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Silen
 from distdiag.probes.base import ConsolidationView
 from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, write_report
 from distdiag.report.render import ProgressLine, render_report
-from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.incident import Incident
 from distdiag.runtime.keys import IncidentKeys, Keys
 
@@ -37,8 +38,10 @@ __all__ = ["RunEnd", "LEAVE_WAIT_S"]
 log = logging.getLogger("distdiag.check")
 
 LEAVE_WAIT_S = 2.0
-"""After the verdict, how long a rank waits for the others to say they are leaving before it
-looks at the silent ones (a SIGSTOPped rank would keep torchrun waiting forever)."""
+"""After the verdict, how long the count of ranks that said they are leaving may stand still
+before a rank looks at the silent ones (a SIGSTOPped rank would keep torchrun waiting forever)."""
+LEAVE_MAX_STALLS = 10
+"""...and at most this many times LEAVE_WAIT_S in all, however the count moves."""
 
 
 def _outcome(kinds: set[Any], *, cancelled: bool, lost: Any) -> str:
@@ -81,6 +84,28 @@ def collector_paused() -> Iterator[None]:
             _pause_depth -= 1
             if _pause_depth == 0 and _pause_restore:
                 gc.enable()
+
+
+def _all_left(ex: Exchange, world: int, stall_s: float) -> bool:
+    """True once every rank said it is leaving; False once their count stood still for stall_s
+    (or after LEAVE_MAX_STALLS times that in all). Not a fixed bound: at 16k ranks each rank
+    polls the verdict every N / POLL_BUDGET_OPS_S s (0.66 s), so leaving takes seconds while the
+    count keeps moving; a rank stopped or dead after the verdict makes it stand still."""
+    interval = poll_interval(0.05, world)
+    started = last_move = time.monotonic()
+    last = -1
+    if interval > 0.05:
+        time.sleep(random.uniform(0, interval))  # spread the ranks' first looks
+    while True:
+        count = ex.count(Keys.LEFT)
+        now = time.monotonic()
+        if count >= world:
+            return True
+        if count != last:
+            last, last_move = count, now
+        if now - last_move >= stall_s or now - started >= LEAVE_MAX_STALLS * stall_s:
+            return False
+        time.sleep(min(interval, last_move + stall_s - now))
 
 
 class RunEnd:
@@ -282,11 +307,12 @@ class RunEnd:
         code = report.exit_code if report is not None else int(self.sentinel.finishing_code or 0)
         ex.post(Keys.LEFT, 1)
         world = self.info.world_size
-        if ex.wait_count(Keys.LEFT, world, time.monotonic() + wait_s, poll_s=0.05):
+        if _all_left(ex, world, wait_s):
             return code
         missing = sorted(set(range(world)) - set(ex.present(Keys.LEFT)))
-        self._load_rank_infos(ex)
-        infos = self._checked_in()
+        # The silent ranks' rows only: each late rank reading all N rows was N^2 at 16k (issue 21).
+        rows = (RankInfo.from_dict(v) for v in ex.collect(Keys.INFO, missing).values())
+        infos = {i.rank: i for i in rows if i.pid > 0}
         reasons = silent_rank_reasons(missing, infos, self.info.host, starting_host=self._one_host())
         kill_stopped_local(reasons, infos, self.info.host)
         definite = {r: why for r, why in reasons.items() if why.reason.definite}
