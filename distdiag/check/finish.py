@@ -24,6 +24,7 @@ from distdiag.check.config import CheckConfig
 from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
 from distdiag.check.launched import cancelled_by, launch_id, note_verdict, noted_rank
 from distdiag.check.plan import Plan
+from distdiag.check.shared_values import resolve_shared
 from distdiag.errors import print_line
 from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Silence, Verdict
 from distdiag.probes.base import ConsolidationView
@@ -173,7 +174,8 @@ class RunEnd:
     def _completed(self, ex: Exchange, count: int) -> list[ProbeResult]:
         """The consolidated results of the plan's first `count` probes, from the store."""
         return [
-            consolidate_probe(planned.probe, ex.collect(Keys.result(index)), self._view(planned.options))
+            consolidate_probe(planned.probe, resolve_shared(ex, index, ex.collect(Keys.result(index))),
+                              self._view(planned.options))
             for index, planned in enumerate(self.plan.probes[:count])
         ]
 

@@ -22,6 +22,7 @@ from distdiag.check.config import CheckConfig
 from distdiag.check.finish import RunEnd
 from distdiag.check.launched import note_phase
 from distdiag.check.plan import Plan, make_plan, parse_config
+from distdiag.check.shared_values import share_fields
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
 from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo
 from distdiag.report.render import ProgressLine
@@ -250,7 +251,7 @@ class CheckRun:
         entry = self._probe_entry(ctx, planned)
         entry["duration_s"] = round(time.perf_counter() - started, 4)
         self.tracker.enter_phase("barrier", index, probe.name)
-        self._post_and_wait(index, probe.name, entry)
+        self._post_and_wait(index, probe.name, share_fields(self.ex, index, entry, probe.shared_fields))
 
     def _probe_entry(self, ctx: Any, planned: Any) -> dict[str, Any]:
         """What this rank posts for one probe: skipped and why, its payload, or its error."""

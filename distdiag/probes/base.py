@@ -51,6 +51,10 @@ class Probe(abc.ABC):
     """False: left out of the default suite (too slow); runs when a profile or --probes names it."""
     Config: ClassVar[type | None] = None
     """A dataclass of options, read from the `[probes.NAME]` table of the config."""
+    shared_fields: ClassVar[tuple[str, ...]] = ()
+    """Payload fields usually the same on every rank (a model's digests): the check stores each
+    distinct value once instead of once per rank (distdiag/check/shared_values.py); consolidate
+    gets the payloads unchanged."""
 
     def options(self, holder: Any) -> Any:
         """This probe's options from a RankContext or ConsolidationView: the check always

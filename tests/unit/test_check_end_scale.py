@@ -123,3 +123,43 @@ def test_leaving_waits_while_the_count_moves():
     finally:
         thread.join(10)
     assert not _all_left(Exchange(store, 0, world + 1), world + 1, stall_s=0.2)
+
+
+def test_shared_fields_are_stored_once_and_read_back_as_posted():
+    """Ranks post a probe's shared fields: equal values are stored once (a large one in parts),
+    a differing one per rank; the writer gets every rank's entry exactly as it was made, each
+    rank's copy its own object."""
+    import copy
+    import json
+
+    from torch.distributed import HashStore
+
+    from distdiag.check.shared_values import SHARED, resolve_shared, share_fields
+    from distdiag.runtime.exchange import Exchange
+    from distdiag.runtime.keys import Keys
+
+    world, store = 5, _Recording(HashStore())
+    digests = {f"layer{i}.weight": {"bits": f"{i:016x}", "shape": [64, 64], "sum": i * 0.5} for i in range(40)}
+    big = {f"t{i}": "x" * 200 for i in range(500)}  # ~110 KB: over one store value
+    made = {}
+    for r in range(world):
+        payload = {"digests": copy.deepcopy(digests), "big": copy.deepcopy(big), "small": [r],
+                   "mine": {"rank": r, "pad": "y" * 2000}}
+        made[r] = {"status": "ok", "payload": payload}
+        ex = Exchange(store, r, world)
+        entry = share_fields(ex, 0, made[r], ("digests", "big", "small", "mine"))
+        assert entry["payload"]["small"] == [r] and SHARED in entry["payload"]["digests"]
+        ex.post(Keys.result(0), entry)
+    made[world] = {"status": "skip", "reason": "no GPU"}
+    Exchange(store, world, world + 1).post(Keys.result(0), made[world])
+    stored = [k for k in store.read if "/shared/" in k]
+    assert stored == []  # nothing read yet
+    posted = Exchange(store, 0, world + 1).collect(Keys.result(0))
+    sizes = [len(json.dumps(p)) for p in posted.values()]
+    assert max(sizes) < 1000  # references, not the values
+    resolved = resolve_shared(Exchange(store, 0, world + 1), 0, posted)
+    assert resolved == made
+    resolved[0]["payload"]["digests"]["layer0.weight"]["sum"] = -1.0
+    assert resolved[1]["payload"]["digests"]["layer0.weight"]["sum"] == 0.0
+    shared_reads = [k for k in store.read if "/shared/" in k and "/part/" not in k]
+    assert len(shared_reads) == len(set(shared_reads)) == 2 + world  # digests, big, each rank's "mine": once each
