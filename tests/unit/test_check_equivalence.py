@@ -184,3 +184,17 @@ def test_bandwidth_arithmetic_equals_the_statistics_module():
 if __name__ == "__main__" and "--write" in sys.argv:
     GOLDEN.write_text(json.dumps(_all_digests(), indent=1, sort_keys=True))
     print(f"wrote {GOLDEN}")
+
+
+def test_group_values_equals_group_ranks():
+    """Values taken up front, one group at once when all are equal: the same groups, in order."""
+    from distdiag.probes.base import group_ranks, group_values
+
+    rng = random.Random(23)
+    for _ in range(300):
+        ranks = sorted(rng.sample(range(40), rng.randrange(1, 12)))
+        pool = rng.choice([["a"], ["a", "b"], [1, 1.0, True, 2], ["x", "y", "z"]])
+        value = {r: rng.choice(pool) for r in ranks}
+        got = group_values(ranks, [value[r] for r in ranks])
+        want = group_ranks(ranks, value.__getitem__)
+        assert got == want and list(got) == list(want) and [type(k) for k in got] == [type(k) for k in want]
