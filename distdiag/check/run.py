@@ -22,15 +22,21 @@ from distdiag.check.config import CheckConfig
 from distdiag.check.finish import RunEnd
 from distdiag.check.launched import note_phase
 from distdiag.check.plan import Plan, make_plan, parse_config
+from distdiag.check.shared_values import share_fields
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
 from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo
 from distdiag.report.render import ProgressLine
-from distdiag.runtime.exchange import Exchange, poll_interval
+from distdiag.runtime.exchange import Exchange, bounded, poll_interval
 from distdiag.runtime.faults import FaultPlan
 from distdiag.runtime.keys import IncidentKeys, Keys
 
 __all__ = ["main", "run_check"]
 
+log = logging.getLogger("distdiag.check")
+
+VERDICT_WAIT_SLICE_S = 20.0
+"""One blocking wait for the verdict (below STORE_STALL_S, distdiag/runtime/exchange.py: a wait
+longer than that reads as a frozen store)."""
 ACK_WAIT_S = 3.0
 """Rank 0, after publishing the verdict: how long it waits for the others to acknowledge it
 before everyone leaves (LEAVE_WAIT_S, in distdiag.check.finish, bounds the leaving)."""
@@ -245,7 +251,7 @@ class CheckRun:
         entry = self._probe_entry(ctx, planned)
         entry["duration_s"] = round(time.perf_counter() - started, 4)
         self.tracker.enter_phase("barrier", index, probe.name)
-        self._post_and_wait(index, probe.name, entry)
+        self._post_and_wait(index, probe.name, share_fields(self.ex, index, entry, probe.shared_fields))
 
     def _probe_entry(self, ctx: Any, planned: Any) -> dict[str, Any]:
         """What this rank posts for one probe: skipped and why, its payload, or its error."""
@@ -302,6 +308,26 @@ class CheckRun:
         os._exit(3)
 
     # -- the normal end --------------------------------------------------------------------
+    def _await_verdict(self) -> dict[str, Any]:
+        """The verdict rank 0 publishes. A blocking wait on the store, not polls: the store
+        answers every waiting rank the moment the verdict is set, and costs nothing meanwhile
+        (16k ranks polling took a quarter of its core and saw the verdict up to a poll
+        interval, 0.66 s, late: issue 21). In slices: after each one, an abort parks this
+        thread (the sentinel ends the run); a slice that ends without the verdict (rank 0
+        consolidating for longer) makes torch log one line about its socket timing out."""
+        key = IncidentKeys().verdict
+        while True:
+            try:
+                with bounded(f"wait {key}"):
+                    self.ex.store.wait([key], timedelta(seconds=VERDICT_WAIT_SLICE_S))
+            except Exception as exc:  # noqa: BLE001 - the slice's timeout; a broken store raises in read below
+                log.debug("waiting for the verdict: %s", exc)
+            if self.sentinel.aborting.is_set():
+                self._park()
+            verdict = self.ex.read(key)
+            if verdict is not None:
+                return verdict
+
     def _finish(self) -> int:
         """After the last probe: rank 0 consolidates, writes the report and publishes the
         verdict; the others wait for it and acknowledge; then every rank leaves together."""
@@ -319,13 +345,7 @@ class CheckRun:
             self.sentinel.on_late_sigterm = lambda: self.end.after_verdict(self.sentinel.exchange or self.ex, wait_s=0.5)
             self.ex.wait_count(Keys.ACK, info.world_size - 1, time.monotonic() + ACK_WAIT_S)
             return self.end.after_verdict(self.ex)
-        verdict = None
-        while verdict is None:
-            # Long slices: `stop` ends the wait on an abort, and each new slice polls at once
-            # (0.5 s slices polled twice a slice: 65k requests/s at 16k ranks, issue 21).
-            verdict = self.ex.wait_read(IncidentKeys().verdict, time.monotonic() + 30.0, stop=self.sentinel.aborting.is_set)
-            if self.sentinel.aborting.is_set():
-                self._park()
+        verdict = self._await_verdict()
         code = int(verdict["exit_code"])
         # This node's copy first: once finishing_code is set, a SIGTERM from torchrun (another
         # local rank already left non-zero) ends this process at once.

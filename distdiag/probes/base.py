@@ -51,6 +51,10 @@ class Probe(abc.ABC):
     """False: left out of the default suite (too slow); runs when a profile or --probes names it."""
     Config: ClassVar[type | None] = None
     """A dataclass of options, read from the `[probes.NAME]` table of the config."""
+    shared_fields: ClassVar[tuple[str, ...]] = ()
+    """Payload fields usually the same on every rank (a model's digests): the check stores each
+    distinct value once instead of once per rank (distdiag/check/shared_values.py); consolidate
+    gets the payloads unchanged."""
 
     def options(self, holder: Any) -> Any:
         """This probe's options from a RankContext or ConsolidationView: the check always
@@ -148,6 +152,17 @@ def group_ranks(ranks: Any, value: Any) -> dict[Any, list[int]]:
     groups: dict[Any, list[int]] = {}
     for r in ranks:
         groups.setdefault(value(r), []).append(r)
+    return groups
+
+
+def group_values(ranks: list[int], values: list[Any]) -> dict[Any, list[int]]:
+    """group_ranks with each rank's value already taken (values[i] is ranks[i]'s): one group
+    without a per-rank step when all are equal, the common case at 16k ranks (issue 21)."""
+    if values and len(set(values)) == 1:
+        return {values[0]: list(ranks)}
+    groups: dict[Any, list[int]] = {}
+    for r, v in zip(ranks, values, strict=True):
+        groups.setdefault(v, []).append(r)
     return groups
 
 

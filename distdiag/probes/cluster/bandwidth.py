@@ -32,6 +32,15 @@ import torch.distributed as dist
 
 from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.probes.cluster.bandwidth_stats import (
+    bandwidth_rows,
+    bus_factor,
+    format_size,
+    group_timings,
+    ranks_named,
+    slow_links,
+    straggler_scores,
+)
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.runtime.comm import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE
 
@@ -71,29 +80,6 @@ def parse_size(value: Any, key: str = "probes.bandwidth.sizes") -> int:
     if not 1 <= nbytes <= 2**36:
         raise ConfigError(f"{key}: size {value!r} must be within [1 B, 64 GiB]")
     return nbytes
-
-
-def _sig(value: float) -> float:
-    """Four significant digits: GB/s on CPU are small numbers, on GPUs large ones."""
-    return float(f"{value:.4g}")
-
-
-def format_size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return f"{nbytes}B"
-
-
-def bus_factor(op: str, world: int) -> float:
-    """nccl-tests' busbw / algbw for an op on `world` ranks."""
-    if op == "all_reduce":
-        return 2 * (world - 1) / world
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (world - 1) / world
-    if op == "broadcast":
-        return 1.0
-    raise ValueError(f"unknown op {op!r}")
 
 
 @dataclass
@@ -347,9 +333,10 @@ class BandwidthProbe(Probe):
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
         opts: BandwidthConfig = self.options(view)
         n = view.world_size
-        rows, metrics = _bandwidth_rows(payloads, n, opts)
+        by_key = group_timings(payloads)
+        rows, metrics = bandwidth_rows(payloads, n, opts, by_key)
         findings: list[Finding] = []
-        scores = straggler_scores(payloads)
+        scores = straggler_scores(payloads, by_key)
         stragglers = {
             r: s for r, s in scores.items()
             if s["score"] > opts.straggler_score and s["late_s"] > opts.straggler_min_late_s
@@ -369,7 +356,7 @@ class BandwidthProbe(Probe):
         link_rows, link_findings = slow_links(links, n, opts, view, gpu)
         findings += link_findings
         if opts.expected:
-            findings += _expected_findings(rows, opts, view, sorted(stragglers) or _link_ranks(link_findings))
+            findings += _expected_findings(rows, opts, view, sorted(stragglers) or ranks_named(link_findings))
             findings += _floors_not_run(rows, opts)
         details: dict[str, Any] = {"table:bandwidth": rows}
         if link_rows:
@@ -380,167 +367,6 @@ class BandwidthProbe(Probe):
         ]
         metrics["max_straggler_score"] = round(max((s["score"] for s in scores.values()), default=0.0), 3)
         return ProbeResult.from_findings(self.name, findings, metrics=metrics, details=details)
-
-
-def _bandwidth_rows(
-    payloads: dict[int, dict[str, Any]], n: int, opts: BandwidthConfig
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    by_key: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for _rank, payload in sorted(payloads.items()):
-        for s in payload["samples"]:
-            by_key.setdefault((s["op"], s["size"]), []).append(s)
-    rows = []
-    busbw: dict[str, dict[str, float]] = {}
-    for (op, size), samples in by_key.items():
-        # Per timed loop, the mean over ranks of the loop time per call (nccl-tests' time);
-        # the row is the median loop.
-        totals = [s.get("totals_s") or [s["total_s"]] for s in samples]  # one loop in older payloads
-        loops = min(len(t) for t in totals)
-        times = sorted(
-            statistics.fmean(t[j] / s["iters"] for t, s in zip(totals, samples, strict=True)) for j in range(loops)
-        )
-        t = statistics.median(times)
-        nbytes = samples[0]["bytes"]
-        algbw = nbytes / t / 1e9
-        bus = algbw * bus_factor(op, n)
-        want = opts.expected.get(size, {}).get(op)
-        rows.append({
-            "op": op, "size": format_size(size), "bytes": nbytes, "time_us": round(t * 1e6, 1),
-            "algbw_GBps": _sig(algbw), "busbw_GBps": _sig(bus),
-            "loops": loops, "spread_pct": round((times[-1] - times[0]) / t * 100, 1),
-            **({"expected_GBps": want} if want else {}),
-        })
-        busbw.setdefault(op, {})[format_size(size)] = _sig(bus)
-    return rows, {"busbw_GBps": busbw}
-
-
-def straggler_scores(payloads: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Per rank: median over (op, size) of its lateness / the median iteration time."""
-    by_key: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
-    for rank, payload in payloads.items():
-        for s in payload["samples"]:
-            by_key.setdefault((s["op"], s["size"]), {})[rank] = s
-    per_rank: dict[int, list[tuple[float, float, str]]] = {r: [] for r in payloads}
-    for (op, size), samples in by_key.items():
-        if len(samples) < 2:
-            continue
-        incalls = sorted(s["incall_s"] for s in samples.values())
-        # The upper median: with 2 ranks it is the one that waited, so the late one scores.
-        reference = incalls[len(incalls) // 2]
-        iteration = statistics.median(s["total_s"] / s["iters"] for s in samples.values())
-        for rank, s in samples.items():
-            late = max(0.0, reference - s["incall_s"])
-            per_rank[rank].append((late / iteration if iteration > 0 else 0.0, late, f"{op} {format_size(size)}"))
-    out = {}
-    for rank, items in per_rank.items():
-        if not items:
-            continue
-        worst = max(items)
-        out[rank] = {
-            "score": statistics.median(i[0] for i in items),
-            "late_s": statistics.median(i[1] for i in items),
-            "samples": len(items),
-            "worst": f"{worst[2]} (score {worst[0]:.2f}, {worst[1] * 1e3:.2f} ms late)",
-        }
-    return out
-
-
-def slow_links(
-    links: list[dict[str, Any]], n: int, opts: BandwidthConfig, view: ConsolidationView, gpu: bool = False
-) -> tuple[list[dict[str, Any]], list[Finding]]:
-    """Ring-link rows, and findings for links much slower than the reference link."""
-    pairs: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for link in links:
-        pairs.setdefault(tuple(link["pair"]), []).append(link)
-    times = {pair: max(x["time_s"] for x in items) for pair, items in pairs.items()}
-    if not times:
-        return [], []
-    nbytes = links[0]["bytes"]
-    ordered = sorted(times.values())
-    # The 25th-percentile link: with one bad rank two of the ring's links are slow, so the
-    # median itself would be slow on small rings.
-    reference = ordered[len(ordered) // 4]
-    rows, slow = _link_rows(times, nbytes, reference, opts, view, gpu)
-    evidence = "; ".join(f"{row['link']} ({row['hosts']}): {row['GBps']} GB/s" for row in rows)
-    findings, named = _slow_rank_findings(slow, times, nbytes, reference, n, opts, view, evidence)
-    findings += _slow_pair_findings([p for p in slow if p not in named], times, nbytes, reference, opts, view, evidence)
-    return rows, findings
-
-
-def _link_rows(
-    times: dict[tuple[int, int], float], nbytes: int, reference: float, opts: BandwidthConfig,
-    view: ConsolidationView, gpu: bool,
-) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
-    """One row per ring link, and the links that are slow against the reference or the expected rate."""
-    plan = opts.resolved(gpu)
-    factor, floor = plan["slow_link_factor"], plan["slow_link_min_s"]
-    rows = []
-    slow: list[tuple[int, int]] = []
-    for (a, b), t in sorted(times.items()):
-        gbps = nbytes / t / 1e9
-        is_slow = len(times) >= 3 and t > factor * reference and t - reference > floor
-        below = opts.expected_p2p_gbps and gbps < opts.expected_p2p_gbps
-        rows.append({
-            "link": f"{a}<->{b}", "hosts": f"{view.host_of(a)}<->{view.host_of(b)}", "size": format_size(nbytes),
-            "time_us": round(t * 1e6, 1), "GBps": _sig(gbps), "vs_ref": round(t / reference, 2),
-        })
-        if is_slow or below:
-            slow.append((a, b))
-    return rows, slow
-
-
-def _slow_rank_findings(
-    slow: list[tuple[int, int]], times: dict[tuple[int, int], float], nbytes: int, reference: float, n: int,
-    opts: BandwidthConfig, view: ConsolidationView, evidence: str,
-) -> tuple[list[Finding], set[tuple[int, int]]]:
-    """A finding per rank whose two ring links are both slow, and the links those findings name."""
-    findings = []
-    count: dict[int, int] = {}
-    for a, b in slow:
-        count[a] = count.get(a, 0) + 1
-        count[b] = count.get(b, 0) + 1
-    both = {r for r, c in count.items() if c >= 2 and n >= 3}
-    named: set[tuple[int, int]] = set()
-    for r in sorted(both):
-        mine = [p for p in slow if r in p]
-        named.update(mine)
-        findings.append(Finding(
-            severity="error" if opts.expected_p2p_gbps else "warning",
-            issue=(f"rank {r} (host {view.host_of(r)}): both its ring links are slow: "
-                   + ", ".join(f"{a}<->{b} {times[(a, b)] * 1e6:.0f} us" for a, b in mine)
-                   + f" vs {reference * 1e6:.0f} us for the reference link ({format_size(nbytes)} each way)"),
-            evidence=evidence,
-            ranks=[r],
-            fix="the rank itself is slow (its NIC, its PCIe link, or a busy host): check that host and its device",
-            confidence=0.8,
-        ))
-    return findings, named
-
-
-def _slow_pair_findings(
-    pairs: list[tuple[int, int]], times: dict[tuple[int, int], float], nbytes: int, reference: float,
-    opts: BandwidthConfig, view: ConsolidationView, evidence: str,
-) -> list[Finding]:
-    """A finding per slow link not already blamed on one of its ranks."""
-    findings = []
-    for a, b in pairs:
-        gbps = nbytes / times[(a, b)] / 1e9
-        why = (f"{gbps:.3f} GB/s, below the expected {opts.expected_p2p_gbps} GB/s"
-               if opts.expected_p2p_gbps and gbps < opts.expected_p2p_gbps
-               else f"{times[(a, b)] / reference:.1f}x the reference link's time")
-        findings.append(Finding(
-            severity="error" if opts.expected_p2p_gbps and gbps < opts.expected_p2p_gbps else "warning",
-            issue=f"slow link between rank {a} (host {view.host_of(a)}) and rank {b} (host {view.host_of(b)}): {why}",
-            evidence=evidence,
-            ranks=[a, b],
-            fix="test that pair's path (NIC, cable, switch port, NVLink) with a point-to-point benchmark and reseat or drain",
-            confidence=0.7,
-        ))
-    return findings
-
-
-def _link_ranks(findings: list[Finding]) -> list[int]:
-    return sorted({r for f in findings for r in f.ranks})
 
 
 def _floors_not_run(rows: list[dict[str, Any]], opts: BandwidthConfig) -> list[Finding]:

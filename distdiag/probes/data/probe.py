@@ -16,7 +16,7 @@ from typing import Any
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView, Probe
-from distdiag.probes.data.fingerprint import OVERLAP_ERROR, OVERLAP_SHARE, identical_groups, overlaps, row_hashes
+from distdiag.probes.data.fingerprint import OVERLAP_ERROR, OVERLAP_SHARE, identical_groups, overlap_summary, row_hashes
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
 
@@ -69,12 +69,14 @@ class DataShardsProbe(Probe):
             return {"setup_error": str(exc)}
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
-        errors = {r: p["setup_error"] for r, p in payloads.items() if "setup_error" in p}
+        errors: dict[str, list[int]] = {}  # one pass: a message per rank is not N^2 (issue 21)
+        for r, p in payloads.items():
+            if "setup_error" in p:
+                errors.setdefault(p["setup_error"], []).append(r)
         if errors:
             return ProbeResult.from_findings(self.name, [Finding(
-                severity="error", issue=msg, ranks=[r for r, m in errors.items() if m == msg],
-                fix="fix the hook named above (docs/targets.md)",
-            ) for msg in dict.fromkeys(errors.values())])
+                severity="error", issue=msg, ranks=ranks, fix="fix the hook named above (docs/targets.md)",
+            ) for msg, ranks in errors.items()])
         ranks = sorted(payloads)
         first = {r: payloads[r]["epochs"][0] for r in ranks}
         findings = _identical(first) if len(ranks) > 1 else []
@@ -141,12 +143,11 @@ def _identical(first: dict[int, list[list[str]]]) -> list[Finding]:
 
 
 def _overlapping(first: dict[int, list[list[str]]], same: list[list[int]]) -> list[Finding]:
-    bad = [(a, b, share, n) for a, b, share, n in overlaps(first, same) if share > OVERLAP_SHARE]
-    if not bad:
+    bad = overlap_summary(first, same, OVERLAP_SHARE, 8)
+    if not bad.ranks:
         return []
-    ranks = sorted({r for a, b, _, _ in bad for r in (a, b)})
-    worst = max(share for _, _, share, _ in bad)
-    lines = [f"ranks {a},{b}: {n} shared samples, {share:.0%} of the smaller set" for a, b, share, n in bad[:8]]
+    ranks, worst = bad.ranks, bad.worst
+    lines = [f"ranks {a},{b}: {n} shared samples, {share:.0%} of the smaller set" for a, b, share, n in bad.first]
     return [Finding(
         severity="error" if worst >= OVERLAP_ERROR else "warning",
         issue=f"{format_ranks(ranks)} see overlapping data: up to {worst:.0%} of one rank's samples are also another's "

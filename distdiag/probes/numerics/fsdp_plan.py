@@ -121,6 +121,8 @@ class FsdpPlanProbe(tr.NumericsProbe):
     name = "fsdp_plan"
     summary = "parameters FSDP does not manage (never reduced), managed twice, ties broken, memory unbalanced, low-precision reduction"
     Config = FsdpPlanConfig
+    shared_fields = ("rows",)
+    """Stored once for all ranks (issue 21): the sharding plan's rows: the same on every rank but the last of an uneven split."""
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: FsdpPlanConfig = self.options(ctx)

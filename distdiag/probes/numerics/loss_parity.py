@@ -212,6 +212,8 @@ class LossParityProbe(tr.NumericsProbe):
     private_apis = ("torch.distributed.tensor._utils:compute_local_shape_and_global_offset",)
     summary = "an N-rank setup whose loss, gradients or parameters differ from a 1-process reference on the same global batch"
     Config = LossParityConfig
+    shared_fields = ("setup",)
+    """Stored once for all ranks (issue 21): how the workload was set up: the same on every rank."""
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: LossParityConfig = self.options(ctx)

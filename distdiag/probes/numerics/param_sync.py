@@ -11,11 +11,12 @@ shard under HSDP). The CPU (and CUDA) RNG states are checksummed too. Checksums 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
-from distdiag.probes.base import ConsolidationView, group_ranks, minority_ranks
+from distdiag.probes.base import ConsolidationView, group_ranks, group_values, minority_ranks
 from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.probes.numerics.setup_findings import FIXES
 from distdiag.probes.numerics.shared import parallel_run
@@ -74,13 +75,16 @@ class ParamSyncProbe(tr.NumericsProbe):
         keys = sorted({k for p in payloads.values() for k in p["snaps"][0]["sums"]})
         compared = 0
         drifts: dict[tuple[str, int, tuple[int, ...]], list[tuple[str, dict[str, list[int]]]]] = {}
+        # Each snapshot's sums of every rank, looked up once, not per tensor (16k ranks, issue 21).
+        sums = [[payloads[r]["snaps"][i]["sums"] for r in ranks] for i in range(nsnaps)]
         for key in keys:
-            holders = [r for r in ranks if key in payloads[r]["snaps"][0]["sums"]]
+            has = [key in s for s in sums[0]]
+            holders = list(compress(ranks, has))
             if len(holders) < 2:
                 continue
             compared += 1
             for i in range(nsnaps):
-                groups = group_ranks(holders, lambda r, i=i, key=key: payloads[r]["snaps"][i]["sums"][key][1])
+                groups = group_values(holders, [s[key][1] for s in compress(sums[i], has)])
                 if len(groups) > 1:
                     kind = payloads[holders[0]]["snaps"][0]["sums"][key][0]
                     drifts.setdefault((kind, i, tuple(minority_ranks(groups))), []).append((key, groups))

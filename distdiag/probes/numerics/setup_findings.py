@@ -3,9 +3,10 @@ that differ (with the mechanism setup_digest.classify names and a fix for it).""
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any
 
-from distdiag.probes.base import group_ranks, minority_ranks
+from distdiag.probes.base import group_values, minority_ranks
 from distdiag.probes.numerics.setup_after import reach
 from distdiag.probes.numerics.setup_digest import classify, outermost_modules, sample_diff
 from distdiag.report.model import Finding
@@ -50,15 +51,18 @@ def layout_findings(digests: dict[int, dict[str, dict[str, Any]]]) -> tuple[list
     skipped: set[str] = set()
     by_what: dict[str, list[tuple[str, dict[Any, list[int]]]]] = {"dtype": [], "shape": []}
     compared = 0
+    rows = [digests[r] for r in ranks]
     for key in keys:
-        holders = [r for r in ranks if key in digests[r]]
-        first = digests[holders[0]][key]
-        if len(holders) < 2 or first["kind"] == "sharded param" or any("bits" not in digests[r][key] for r in holders):
+        has = [key in d for d in rows]
+        holders = list(compress(ranks, has))
+        entries = [d[key] for d in compress(rows, has)]
+        first = entries[0]
+        if len(holders) < 2 or first["kind"] == "sharded param" or any("bits" not in e for e in entries):
             skipped.add(key)
             continue
         compared += 1
         for what in ("dtype", "shape"):
-            groups = group_ranks(holders, lambda r, key=key, what=what: str(digests[r][key][what]))
+            groups = group_values(holders, [str(e[what]) for e in entries])
             if len(groups) > 1:
                 by_what[what].append((key, groups))
                 skipped.add(key)

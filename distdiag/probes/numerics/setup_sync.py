@@ -57,6 +57,8 @@ class SetupSyncProbe(tr.NumericsProbe):
     summary = ("parameters and buffers that differ across ranks before the first step (loaded on one rank, "
                "rank-seeded init), dtypes, devices and the loss's precision of the model as set up")
     Config = SetupSyncConfig
+    shared_fields = ("digests", "built", "parallel", "precision")
+    """Stored once for all ranks (issue 21): the model as built and parallelized: the same on every rank of a healthy job."""
 
     def skip_reason(self, ctx: Any) -> str | None:
         target = getattr(ctx, "target", None)

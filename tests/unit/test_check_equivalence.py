@@ -1,0 +1,200 @@
+"""The probes' consolidation gives the same findings and report content as before it was made
+linear for 16k ranks (issue 21): golden results recorded from the code at 8896294 on synthetic
+payloads (tests/unit/check_payloads.py: for env, gpu, collectives and bandwidth a healthy job, a
+straggler, a bad link, a slow rank, a mismatched env, a sick GPU, wrong values, ragged timings;
+for data_shards identical, overlapping and repeated data); the bandwidth arithmetic against the
+statistics module's median and fmean, and data_shards' overlap summary against every pair, on
+random inputs.
+
+    python -m tests.unit.test_check_equivalence --write   # re-record after an intended change
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from distdiag.probes import PROBES
+from distdiag.probes.base import ConsolidationView
+from distdiag.probes.cluster.bandwidth import BandwidthConfig, format_size, straggler_scores
+from distdiag.probes.cluster.bandwidth_stats import bandwidth_rows
+from distdiag.probes.data.fingerprint import overlap_summary, overlaps
+from distdiag.report.model import ProbeResult
+from tests.unit.check_payloads import DATA_SCENARIOS, SCENARIOS, payloads, rank_infos
+
+GOLDEN = Path(__file__).with_name("check_golden.json")
+WORLDS = (3, 48)
+CLUSTER = ("env", "gpu", "collectives", "bandwidth")
+CASES = {**{p: SCENARIOS for p in CLUSTER}, "data_shards": DATA_SCENARIOS}
+
+
+def _digest(result: ProbeResult) -> dict[str, Any]:
+    """Findings, metrics and status in full; each details table by its hash (they hold a row per rank)."""
+    data = result.to_dict()
+    details = data.pop("details")
+    hashed = {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16] for k, v in details.items()}
+    return {**data, "details": hashed}
+
+
+def _consolidate(probe: str, world: int, scenario: str) -> ProbeResult:
+    cls = PROBES[probe]
+    view = ConsolidationView(world, rank_infos(world), cls.Config() if cls.Config else None)
+    return cls().consolidate(payloads(probe, world, scenario), view)
+
+
+def _all_digests() -> dict[str, Any]:
+    return {f"{p}/{s}/{w}": _digest(_consolidate(p, w, s)) for w in WORLDS for p, cases in CASES.items() for s in cases}
+
+
+@pytest.mark.parametrize("probe", list(CASES))
+def test_consolidation_matches_the_recorded_results(probe):
+    """Every scenario at 3 and 48 ranks: the same findings, metrics and details as recorded."""
+    golden = json.loads(GOLDEN.read_text())
+    for world in WORLDS:
+        for scenario in CASES[probe]:
+            key = f"{probe}/{scenario}/{world}"
+            assert _digest(_consolidate(probe, world, scenario)) == golden[key], key
+
+
+def test_the_healthy_twin_is_silent_and_each_fault_is_named():
+    """Healthy: no finding from any probe; each fault names its ranks."""
+    for probe in CLUSTER:
+        assert _consolidate(probe, 48, "healthy").findings == [], probe
+    named = {
+        ("bandwidth", "straggler"): [[13]],
+        ("bandwidth", "bad_link"): [[20, 21]],
+        ("bandwidth", "slow_rank"): [[30]],
+        ("collectives", "wrong_values"): [[6, 7]],
+    }
+    for (probe, scenario), ranks in named.items():
+        assert [f.ranks for f in _consolidate(probe, 48, scenario).findings] == ranks, (probe, scenario)
+    env = _consolidate("env", 48, "env_mismatch").findings
+    assert [5] in [f.ranks for f in env] and [16, 17] in [f.ranks for f in env] and len(env) == 6
+    gpu = _consolidate("gpu", 48, "gpu_sick").findings
+    assert {r for f in gpu for r in f.ranks} == {3, 9, 10, 11, 20, 30}
+    assert [f.severity for f in _consolidate("data_shards", 48, "healthy").findings] == ["info"]
+    overlapping = _consolidate("data_shards", 48, "overlapping").findings
+    assert overlapping[0].cause == "overlapping_data" and overlapping[0].ranks == list(range(48))
+
+
+def test_overlap_summary_equals_every_pair_compared():
+    """Random row hashes, identical groups among them: the same ranks, worst share and first pairs."""
+    rng = random.Random(22)
+    for _ in range(300):
+        world = rng.choice([2, 3, 5, 8, 13])
+        pool = rng.choice([6, 12, 40])
+        seqs = {r: [[f"{rng.randrange(pool):x}" for _ in range(rng.choice([0, 2, 3]))] for _ in range(2)] for r in range(world)}
+        groups: list[list[int]] = []
+        for r in range(world):
+            if rng.random() < 0.3 and r > 0:  # r joins r-1's data: an identical group
+                seqs[r] = seqs[r - 1]
+                if groups and groups[-1][-1] == r - 1:
+                    groups[-1].append(r)
+                else:
+                    groups.append([r - 1, r])
+        above = rng.choice([0.0, 0.25, 0.5])
+        bad = [p for p in overlaps(seqs, groups) if p[2] > above]
+        got = overlap_summary(seqs, groups, above, 8)
+        assert got.ranks == sorted({r for a, b, _, _ in bad for r in (a, b)})
+        assert got.worst == max((p[2] for p in bad), default=0.0)
+        assert got.first == bad[:8]
+
+
+# -- the bandwidth arithmetic against the statistics module (the code before issue 21) ---------
+def _reference_scores(payloads_: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    by_key: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for rank, payload in payloads_.items():
+        for s in payload["samples"]:
+            by_key.setdefault((s["op"], s["size"]), {})[rank] = s
+    per_rank: dict[int, list[tuple[float, float, str]]] = {r: [] for r in payloads_}
+    for (op, size), samples in by_key.items():
+        if len(samples) < 2:
+            continue
+        incalls = sorted(s["incall_s"] for s in samples.values())
+        reference = incalls[len(incalls) // 2]
+        iteration = statistics.median(s["total_s"] / s["iters"] for s in samples.values())
+        for rank, s in samples.items():
+            late = max(0.0, reference - s["incall_s"])
+            per_rank[rank].append((late / iteration if iteration > 0 else 0.0, late, f"{op} {format_size(size)}"))
+    out = {}
+    for rank, items in per_rank.items():
+        if items:
+            worst = max(items)
+            out[rank] = {"score": statistics.median(i[0] for i in items), "late_s": statistics.median(i[1] for i in items),
+                         "samples": len(items), "worst": f"{worst[2]} (score {worst[0]:.2f}, {worst[1] * 1e3:.2f} ms late)"}
+    return out
+
+
+def _reference_times(payloads_: dict[int, dict[str, Any]]) -> list[tuple[float, float]]:
+    by_key: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for _rank, payload in sorted(payloads_.items()):
+        for s in payload["samples"]:
+            by_key.setdefault((s["op"], s["size"]), []).append(s)
+    out = []
+    for samples in by_key.values():
+        totals = [s.get("totals_s") or [s["total_s"]] for s in samples]
+        loops = min(len(t) for t in totals)
+        times = sorted(statistics.fmean(t[j] / s["iters"] for t, s in zip(totals, samples, strict=True)) for j in range(loops))
+        t = statistics.median(times)
+        out.append((round(t * 1e6, 1), round((times[-1] - times[0]) / t * 100, 1) if t else None))
+    return out
+
+
+def _random_payloads(rng: random.Random, world: int) -> dict[int, dict[str, Any]]:
+    """Timings with ties, zeros, even and odd counts, ranks missing some timings, one-loop payloads."""
+    out = {}
+    for r in range(world):
+        samples = []
+        for op in ("all_reduce", "broadcast"):
+            for size in (4096, 65536, 2**20):
+                if rng.random() < 0.15:
+                    continue
+                incall = rng.choice([0.0, 0.001, 0.002, round(rng.random() * 0.003, 6)])
+                sample = {"op": op, "size": size, "bytes": size, "iters": rng.choice([4, 8]),
+                          "total_s": rng.choice([0.0, 0.01, rng.random() * 0.02]), "incall_s": incall}
+                if rng.random() < 0.8:
+                    sample["totals_s"] = [rng.random() * 0.02 for _ in range(rng.choice([1, 2, 3]))]
+                samples.append(sample)
+        out[r] = {"samples": samples, "links": [], "gpu": False}
+    return out
+
+
+def test_bandwidth_arithmetic_equals_the_statistics_module():
+    """Straggler scores and row times equal statistics.median / fmean exactly, ragged or not."""
+    rng = random.Random(21)
+    for trial in range(200):
+        world = rng.choice([2, 3, 4, 7, 16])
+        data = _random_payloads(rng, world)
+        if trial % 3 == 0:  # regular: every rank has every timing
+            data = {r: {**p, "samples": data[0]["samples"]} for r, p in data.items()}
+        assert straggler_scores(data) == _reference_scores(data)
+        reference = _reference_times(data)
+        if all(t for t, _ in reference):  # a zero time has no bandwidth (a ZeroDivisionError before and after)
+            rows, _ = bandwidth_rows(data, world, BandwidthConfig())
+            assert [(row["time_us"], row["spread_pct"]) for row in rows] == reference
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    GOLDEN.write_text(json.dumps(_all_digests(), indent=1, sort_keys=True))
+    print(f"wrote {GOLDEN}")
+
+
+def test_group_values_equals_group_ranks():
+    """Values taken up front, one group at once when all are equal: the same groups, in order."""
+    from distdiag.probes.base import group_ranks, group_values
+
+    rng = random.Random(23)
+    for _ in range(300):
+        ranks = sorted(rng.sample(range(40), rng.randrange(1, 12)))
+        pool = rng.choice([["a"], ["a", "b"], [1, 1.0, True, 2], ["x", "y", "z"]])
+        value = {r: rng.choice(pool) for r in ranks}
+        got = group_values(ranks, [value[r] for r in ranks])
+        want = group_ranks(ranks, value.__getitem__)
+        assert got == want and list(got) == list(want) and [type(k) for k in got] == [type(k) for k in want]
