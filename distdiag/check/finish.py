@@ -238,7 +238,7 @@ class RunEnd:
         info = self.info
         path = os.path.abspath(where) if where else "(not written)"
         nodes = max(info.world_size // max(info.local_world_size, 1), 1)
-        shared = inc.shared_copy(text, path, info.host, readers=nodes - 1)
+        shared = inc.shared_copy(text, path, info.host, readers=nodes - 1, report=report)
         inc.publish_verdict(Verdict(report.exit_code, info.rank, info.host, info.node, report.outcome, report.summary,
                                     path, chunks=inc.chunk_count(shared)))
         inc.publish_report(shared, {"host": info.host, "node": info.node})
@@ -343,20 +343,12 @@ class RunEnd:
             return self._write_abort_report(incident, reason)
 
     def _write_abort_report(self, incident: Incident, reason: IncidentEvent) -> int:
-        from distdiag.runtime.incident import (
-            collect_histories,
-            collect_snapshots,
-            kill_stopped_local,
-            silent_rank_reasons,
-        )
+        from distdiag.runtime.incident import collect_snapshots, kill_stopped_local, silent_rank_reasons
 
         ex, world = incident.ex, self.info.world_size
         incident.advance("reading the snapshots")
         self._load_rank_infos(ex)
-        snaps = collect_snapshots(ex, incident.keys.snap)
-        for r, history in collect_histories(ex, incident.keys.snap).items():
-            if r in snaps:
-                snaps[r]["history"] = history
+        snaps = collect_snapshots(ex, incident.keys.snap, histories=True)
         typed = {r: RankSnapshot.from_dict(s) for r, s in snaps.items()}
         reasons = {int(r): IncidentEvent.from_dict(v) for r, v in ex.collect(Keys.ABORT_REASON).items()}
         infos = self._checked_in()

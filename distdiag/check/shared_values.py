@@ -30,7 +30,7 @@ SHARE_MIN_BYTES = 1024
 
 def shared_key(index: int, digest: str) -> str:
     """Where the value with this hash of probe `index`'s payloads is stored."""
-    return f"{Keys.result(index)}/shared/{digest}"
+    return Keys.shared(index, digest)
 
 
 def share_fields(ex: Exchange, index: int, entry: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:

@@ -135,11 +135,17 @@ def post_snapshot(ex: Exchange, key: str, snap: RankSnapshot, *, count: bool = T
 
 
 def collect_snapshots(ex: Exchange, key: str, ranks: list[int] | None = None,
-                      cache: dict[str, str] | None = None) -> dict[int, dict[str, Any]]:
+                      cache: dict[str, str] | None = None, *, histories: bool = False) -> dict[int, dict[str, Any]]:
     """The snapshots posted under `key` (of `ranks`, default all), as dicts with their labels
-    restored (`cache`: one string per distinct label across the gather)."""
+    restored (`cache`: one string per distinct label across the gather); with `histories`,
+    each with its long history."""
     cache = {} if cache is None else cache
-    return {int(r): snapwire.unpack(s, cache) for r, s in ex.collect(key, ranks).items()}
+    snaps = {int(r): snapwire.unpack(s, cache) for r, s in ex.collect(key, ranks).items()}
+    if histories and snaps:
+        for r, history in collect_histories(ex, key, None if ranks is None else sorted(snaps), cache).items():
+            if r in snaps:
+                snaps[r]["history"] = history
+    return snaps
 
 
 def collect_histories(ex: Exchange, key: str, ranks: list[int] | None = None,
@@ -184,10 +190,7 @@ class Incident:
 
     def snapshots(self, ranks: list[int] | None = None) -> dict[int, RankSnapshot]:
         """The snapshots of `ranks` (a few: the writer's re-reads) with their long histories."""
-        labels: dict[str, str] = {}
-        snaps = collect_snapshots(self.ex, self.keys.snap, ranks, cache=labels)
-        for r, history in collect_histories(self.ex, self.keys.snap, sorted(snaps), cache=labels).items():
-            snaps[r]["history"] = history
+        snaps = collect_snapshots(self.ex, self.keys.snap, ranks, histories=True)
         return {r: RankSnapshot.from_dict(s) for r, s in snaps.items()}
 
     # -- the writer ------------------------------------------------------------------------

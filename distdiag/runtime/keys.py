@@ -86,6 +86,12 @@ class Keys:
         return f"res/{index}"
 
     @staticmethod
+    def shared(index: int, digest: str) -> str:
+        """Probe #index's payload field that ranks post alike, stored once under its hash by the
+        first rank that posts it; read by the consolidator (distdiag/check/shared_values.py)."""
+        return f"{Keys.result(index)}/shared/{digest}"
+
+    @staticmethod
     def errors(index: int) -> str:
         """Counter (check): ranks whose probe #index raised (distdiag/check/run.py)."""
         return f"err/{index}"
