@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from distdiag.runtime.snapwire import decode
+from distdiag.runtime.snapwire import MAGIC, decode
 
 __all__ = ["Exchange", "STORE_STALL_S", "BATCH", "POLL_BUDGET_OPS_S", "bound_store_calls", "bounded", "poll_interval"]
 
@@ -202,8 +202,24 @@ class Exchange:
             part = have[start : start + BATCH]
             with bounded(f"multi_get {key}"):
                 raw = self.store.multi_get([f"{key}/{r}" for r in part])
-                out.update((r, self._loads(f"{key}/{r}", v)) for r, v in zip(part, raw, strict=True))
+                out.update(zip(part, self._batch(key, part, raw), strict=True))
         return out
+
+    def _batch(self, key: str, part: list[int], raw: list[Any]) -> list[Any]:
+        """The values of one multi_get: the JSON ones parsed as one array (16k values one by one
+        cost ~30 us each in calls alone), packed ones and those set in parts one by one."""
+        data = [v if isinstance(v, bytes) else bytes(v) for v in raw]
+        plain = [i for i, v in enumerate(data) if not v.startswith(MAGIC)]
+        values: list[Any] = [None] * len(data)
+        if plain:
+            for i, value in zip(plain, json.loads(b"[" + b",".join([data[i] for i in plain]) + b"]"), strict=True):
+                values[i] = value
+        whole = set(plain)
+        for i, v in enumerate(data):
+            value = values[i]
+            if i not in whole or (isinstance(value, dict) and len(value) == 1 and PARTS in value):
+                values[i] = self._loads(f"{key}/{part[i]}", v)
+        return values
 
     def publish(self, key: str, value: Any) -> None:
         """Set one job-wide value (e.g. the verdict; in parts if it is large)."""

@@ -146,3 +146,21 @@ def test_a_large_value_goes_in_parts_and_comes_back_whole(server):
     reader = Exchange(store, 2, 3)
     assert reader.collect("res/0") == {0: big, 1: small}
     assert reader.read("verdict") == big
+
+
+def test_a_batch_of_plain_packed_and_split_values_reads_back_as_posted(server):
+    """collect parses a batch's JSON values as one array; a packed snapshot (runtime/snapwire.py)
+    and a value set in parts beside them are read one by one, each as it was posted."""
+    from distdiag.runtime import snapwire
+
+    store = dist.PrefixStore("mixed", server)
+    big = {"digests": [[i * 0.5] * 64 for i in range(2000)]}
+    snap = {"rank": 2, "engine": {"groups": [{"group": "ranks[" + ",".join(map(str, range(0, 4096, 8))) + "]"}]}}
+    Exchange(store, 0, 5).post("k", {"a": 0})
+    Exchange(store, 1, 5).post("k", big)
+    Exchange(store, 2, 5).put("k/2", snapwire.pack(snap)[0])
+    store.add("k/n", 1)
+    Exchange(store, 3, 5).post("k", [3, "x"])
+    got = Exchange(store, 4, 5).collect("k")
+    assert got[0] == {"a": 0} and got[1] == big and got[3] == [3, "x"]
+    assert snapwire.unpack(got[2]) == snap
