@@ -72,7 +72,7 @@ SERVER = (
 )
 TARGET_VALUE_BYTES = 64 * 1024
 WATCHER_POLL_S = 0.05  # distdiag/watchdog/watcher.py: wait_read(verdict/epoch, poll_s=0.05)
-CHECK_VERDICT_POLL_S = 0.02  # distdiag/check/run.py: wait_read("verdict") at Exchange's default
+CHECK_VERDICT_POLL_S = 0.02  # after the blocking wait (run.py _await_verdict) each rank reads the verdict once
 LEAVE_POLL_S = 0.05  # distdiag/check/finish.py: wait_count("left", poll_s=0.05)
 VERDICT_WAIT_S = 120.0  # watcher.py waits while the writer's progress moves (a 20 s stall ends it); it moves throughout here
 CHECK_WAIT_S = 60.0  # the check's ranks wait until their sentinel ends the run (its probe timeout)
@@ -232,18 +232,30 @@ def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any)
     others = [r for r in range(lo, hi) if r != 0]
     got: dict[int, float] = {}
 
-    def poll(r: int) -> bool:  # distdiag/check/run.py _finish: wait_read(verdict), mirror, ack
+    def poll(r: int) -> bool:  # distdiag/check/run.py _finish: read the verdict (its wait returned)
         verdict = ex[r].read(IncidentKeys().verdict)
         if verdict is None:
             return False
         got[r] = time.time()
-        if r % 8 == 0 and verdict.get("node") != r // 8:
-            _shared_report(ex[r])  # RunEnd.mirror: local rank 0 of every other node
-        ex[r].post("ack", 1)
-        ex[r].post("left", 1)
         return True
 
+    def leave(r: int) -> None:  # then: RunEnd.mirror (local rank 0 of every other node), ack, leave
+        if r % 8 == 0 and r // 8 != 0:
+            _shared_report(ex[r])
+        ex[r].post("ack", 1)
+        ex[r].post("left", 1)
+
+    # run.py `_await_verdict`: a blocking store wait, answered the moment rank 0 sets the key;
+    # every rank of this client is answered then, and reads it (one after another here).
+    from datetime import timedelta
+
+    store.wait([IncidentKeys().verdict], timedelta(seconds=CHECK_WAIT_S))
+    # Every rank reads the verdict first: on a real job they do it at once, each on its own
+    # connection; a client playing 8k ranks would otherwise put 1024 mirror copies between
+    # its first rank's read and its last's.
     _done, late, gave_up = _poll_until(others, _interval(CHECK_VERDICT_POLL_S, world), poll, CHECK_WAIT_S)
+    for r in others:
+        leave(r)
     _poll_until(others, _interval(LEAVE_POLL_S, world), lambda r: ex[r].count("left") >= world, 2.0)
     out.put({"ops": store.ops, "max_value": store.max_value, "done_at": max(got.values(), default=time.time()),
              "late_rounds": late, "gave_up": gave_up})

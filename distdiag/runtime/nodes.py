@@ -68,11 +68,12 @@ def gather_snapshots(incident: Incident, *, cache: dict[str, str], leaders: list
     first (waiting up to wait_s for those of `leaders` that posted a snapshot themselves: a
     dead leader posts nothing), then the ranks none of them brought."""
     ex, key = incident.ex, incident.keys.snap
-    live = len(ex.present(key, leaders)) if leaders else 0
-    if live > 0:
-        ex.wait_count(incident.keys.node, live, time.monotonic() + wait_s, poll_s=POLL_S)
+    live = ex.present(key, leaders) if leaders else []
+    if live:
+        ex.wait_count(incident.keys.node, len(live), time.monotonic() + wait_s, poll_s=POLL_S)
     snaps: dict[int, dict[str, Any]] = {}
-    for value in ex.collect(incident.keys.node).values():
+    # The leaders' keys only: found among all N ranks, 2047 of 16384 present cost 32k checks.
+    for value in (ex.collect(incident.keys.node, live) if live else {}).values():
         for rank, snap in snapwire.unpack_many(value, cache).items():
             if 0 <= rank < incident.world:
                 snaps.setdefault(rank, snap)
