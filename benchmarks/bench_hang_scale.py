@@ -33,14 +33,25 @@ KINDS = {"stall": ("stall", 0), "stage": ("stall", 3), "host": ("host", 1)}
 
 
 def _writer_path(snaps: dict, lost: dict, world: int) -> tuple[object, str, str]:
-    """What gather_and_write does once the snapshots are in: (findings, the JSON, the text)."""
+    """What gather_and_write does once the snapshots are in (distdiag/watchdog/writer.py):
+    type them once, look for contradicting ones, the excuse, the analysis and the details,
+    the report, its JSON (once) and its text; (findings, the JSON, the text)."""
     from distdiag.hang import ensure_critical
     from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, verdict_for
-    from distdiag.watchdog.writer import _details, _outcome, _summary, analyse, render_hang_report
+    from distdiag.watchdog.writer import (
+        _outcome,
+        _summary,
+        analyse_and_detail,
+        excused,
+        inconsistent_ranks,
+        render_hang_report,
+        typed_snapshots,
+    )
 
     event = {"kind": "timeout", "rank": 0, "detail": "no progress for 60s"}
-    findings = analyse(event, snaps, lost, {}, world, 60.0)
-    details = _details(event, snaps, lost, {}, world)
+    records = typed_snapshots(snaps)
+    assert not inconsistent_ranks(records) and excused(event, records) is None
+    findings, details = analyse_and_detail(event, snaps, lost, {}, world, 60.0, records=records)
     ensure_critical(findings, "no progress", "-", "-")
     result = ProbeResult.from_findings("watchdog", findings, details=details, duration_s=0.0)
     ranks = [RankInfo(r, f"node{r // 8:04d}", r // 8, r % 8, f"cuda:{r % 8}", 10000 + r % 8) for r in range(world)]
