@@ -216,9 +216,9 @@ def render_report(
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
     # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
     # escaped before wrapping and splitting (which would act on a CR or a C1 line break)
-    report = Report.from_dict(_printable_shown(report.to_dict(), max_rows))
+    hosts = {printable(h) for h in known_hosts(report)}
+    report = Report.from_dict(_printable_shown(_shown_dict(report), max_rows))
     out: list[str] = []
-    hosts = known_hosts(report)
     out.append(
         title
         or f"distdiag check: {report.world_size} rank(s) on {len(hosts) or 1} host(s)"
@@ -243,6 +243,15 @@ def render_report(
         code = f"exit {exit_code}; --exit-code exits {report.exit_code}"
     out.append(f"verdict: {report.verdict.upper()} ({code}) - {report.summary}")
     return printable("\n".join(out))  # the title too
+
+
+def _shown_dict(report: Report) -> dict[str, Any]:
+    """What the text reads of `report.to_dict()`: without the rank table and `by_node`, whose
+    only use here is the hosts' count (16k rows of each at 16k ranks, copied and escaped for
+    nothing)."""
+    return {"schema": report.schema, "verdict": report.verdict, "exit_code": report.exit_code,
+            "summary": report.summary, "world_size": report.world_size, "restart_count": report.restart_count,
+            "probes": [p.to_dict() for p in report.probes], "not_run": list(report.not_run)}
 
 
 def _printable_shown(data: dict[str, Any], max_rows: int | None) -> dict[str, Any]:

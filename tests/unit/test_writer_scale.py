@@ -7,12 +7,20 @@ ranks, findings, details and text. Timings live in benchmarks/bench_hang_scale.p
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import random
 
 import pytest
+import torch.distributed as dist
 
 from distdiag.hang import analyze_hang, state_rows
 from distdiag.hang import incident as incident_types
+from distdiag.report import render
+from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, verdict_for
+from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.incident import Incident
+from distdiag.runtime.keys import IncidentKeys
 from distdiag.watchdog import writer
 from tests.unit.hang_incident import incident
 
@@ -97,3 +105,55 @@ def test_one_typing_and_one_set_of_views_give_the_same_findings_and_table(kind, 
     assert [f.to_dict() for f in shared] == [f.to_dict() for f in findings]
     assert [{k: v for k, v in r.items() if k not in ("step", "steps")} for r in details["table:ranks at the end"]] == rows
     assert snaps == posted  # nothing the writer read was changed
+
+
+def test_findings_and_rank_rows_serialise_as_the_dataclasses_do():
+    """The explicit to_dict of Finding and RankInfo: every field, in field order, the same values
+    as dataclasses.asdict (drain and cause left out when unset, as before)."""
+    full = Finding(severity="error", issue="i", evidence="e", ranks=[3, 1], fix="f", confidence=0.5,
+                   drain={"host": "node-a", "device": {"index": 1}}, cause="uneven_data")
+    assert full.to_dict() == dataclasses.asdict(full)
+    assert list(full.to_dict()) == [f.name for f in dataclasses.fields(Finding)]
+    assert full.to_dict()["drain"] is not full.drain and full.to_dict()["ranks"] is not full.ranks
+    bare = Finding(severity="info", issue="i")
+    assert bare.to_dict() == {k: v for k, v in dataclasses.asdict(bare).items() if k not in ("drain", "cause")}
+    info = RankInfo(5, "node-b", 1, 1, "cuda:1", 4242)
+    assert info.to_dict() == dataclasses.asdict(info) and list(info.to_dict()) == [f.name for f in dataclasses.fields(RankInfo)]
+
+
+def _hang_report(world: int, hosts: list[str]) -> Report:
+    snaps, lost = incident(world, "stall", 0)
+    event = {"kind": "timeout", "rank": 0, "detail": "no progress for 60s"}
+    findings, details = writer.analyse_and_detail(event, snaps, lost, {}, world, 60.0)
+    result = ProbeResult.from_findings("watchdog", findings, details=details, duration_s=1.25)
+    ranks = [RankInfo(r, hosts[r % len(hosts)], r // 8, r % 8, "cpu", 100 + r) for r in range(world)]
+    return Report(world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG,
+                  verdict=verdict_for(EXIT_HANG, [result]), outcome="hang", summary=findings[0].issue)
+
+
+def test_the_text_reads_only_what_it_shows(monkeypatch):
+    """The text is built without the rank table's and by_node's copies: the same text as from
+    the whole report's dict; hosts counted as printed, a rank nobody placed ('?') no host."""
+    report = _hang_report(WORLD, ["node-a", "node-b\x1b[2J", "?", ""])
+    text = render.render_report(report)
+    monkeypatch.setattr(render, "_shown_dict", lambda r: r.to_dict())
+    assert render.render_report(report) == text
+    assert text.splitlines()[0] == f"distdiag check: {WORLD} rank(s) on 2 host(s)"
+    assert "table:" not in text and "... 1012 more row(s)" in text
+
+
+def test_the_shared_copy_is_the_written_file_serialised_once(tmp_path, monkeypatch):
+    """The writer serialises the report once: the file and the other hosts' copy are one text."""
+    report = _hang_report(64, [f"node{i}" for i in range(8)])
+    calls = []
+    to_json = Report.to_json
+    monkeypatch.setattr(Report, "to_json", lambda self: calls.append(1) or to_json(self))
+    store = dist.HashStore()
+    keys = IncidentKeys(1)
+    writer._write_and_print(report, dump_dir=str(tmp_path))
+    writer.publish_outcome(Incident(Exchange(store, 0, 64), keys, 64), report, excuse=None, host="node0",
+                           dump_dir=str(tmp_path))
+    text, meta = Incident(Exchange(store, 9, 64), keys, 64).wait_report(5.0)
+    assert calls == [1] and meta["host"] == "node0"
+    assert text + "\n" == (tmp_path / writer.REPORT_NAME).read_text()
+    assert json.loads(text)["summary"] == report.summary
