@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import json
 import random
 
@@ -157,3 +158,18 @@ def test_the_shared_copy_is_the_written_file_serialised_once(tmp_path, monkeypat
     assert calls == [1] and meta["host"] == "node0"
     assert text + "\n" == (tmp_path / writer.REPORT_NAME).read_text()
     assert json.loads(text)["summary"] == report.summary
+
+
+def test_the_collector_is_held_off_while_the_writer_works_and_restored_after():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), writer._no_gc_pauses():
+        assert not gc.isenabled()
+        raise RuntimeError("the analysis failed")
+    assert gc.isenabled()
+    gc.disable()  # a job that runs without the collector keeps it off
+    try:
+        with writer._no_gc_pauses():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
