@@ -24,7 +24,6 @@ from pathlib import Path
 import torch.distributed as dist
 
 from distdiag.check.consolidate import build_report
-from distdiag.check.finish import collector_paused
 from distdiag.probes.base import ConsolidationView
 from distdiag.probes.cluster.bandwidth import OPS, BandwidthConfig, BandwidthProbe
 from distdiag.probes.cluster.collectives import CollectivesProbe
@@ -34,6 +33,7 @@ from distdiag.probes.data.probe import DataShardsProbe
 from distdiag.report.junit import junit_xml
 from distdiag.report.model import RankInfo, group_by_node
 from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.gcpause import collector_paused
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.unit.check_payloads
 

@@ -10,7 +10,9 @@ does; `host` - host node0001 (ranks 8-15) is lost. For each N it runs the writer
 prints:
   analysis s  - analyze_hang alone (best of --repeats), the target is <= 2 s at 16k; in
                 parentheses the process's CPU time (what counts on a shared, loaded machine);
-  writer s    - the whole path above once (and its CPU time);
+  writer s    - the whole path above once (and its CPU time): the snapshots typed once, the
+                contradiction check, the excuse, the analysis, the details, the report's JSON
+                and its text, the collector held off as the writer does (gather_and_write);
   peak MB     - tracemalloc's peak over the writer's path (a second run: tracemalloc slows it);
   report KB   - the JSON report's size; lines - the text report's lines; culprit - the lead
   critical finding's ranks; shapes - lines of the stranded finding.
@@ -33,21 +35,35 @@ KINDS = {"stall": ("stall", 0), "stage": ("stall", 3), "host": ("host", 1)}
 
 
 def _writer_path(snaps: dict, lost: dict, world: int) -> tuple[object, str, str]:
-    """What gather_and_write does once the snapshots are in: (findings, the JSON, the text)."""
+    """What gather_and_write does once the snapshots are in (distdiag/watchdog/writer.py):
+    type them once, look for contradicting ones, the excuse, the analysis and the details,
+    the report, its JSON (once) and its text, with Python's cyclic collector held off as the
+    writer holds it; (findings, the JSON, the text)."""
     from distdiag.hang import ensure_critical
     from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, verdict_for
-    from distdiag.watchdog.writer import _details, _outcome, _summary, analyse, render_hang_report
+    from distdiag.runtime.gcpause import collector_paused
+    from distdiag.watchdog.writer import (
+        _outcome,
+        _summary,
+        analyse_and_detail,
+        excused,
+        inconsistent_ranks,
+        render_hang_report,
+        typed_snapshots,
+    )
 
     event = {"kind": "timeout", "rank": 0, "detail": "no progress for 60s"}
-    findings = analyse(event, snaps, lost, {}, world, 60.0)
-    details = _details(event, snaps, lost, {}, world)
-    ensure_critical(findings, "no progress", "-", "-")
-    result = ProbeResult.from_findings("watchdog", findings, details=details, duration_s=0.0)
-    ranks = [RankInfo(r, f"node{r // 8:04d}", r // 8, r % 8, f"cuda:{r % 8}", 10000 + r % 8) for r in range(world)]
-    report = Report(world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG,
-                    verdict=verdict_for(EXIT_HANG, [result]), outcome=_outcome(event, lost), summary=_summary(findings),
-                    written_by=0)
-    return findings, report.to_json(), render_hang_report(report)
+    with collector_paused():  # as gather_and_write holds the collector off
+        records = typed_snapshots(snaps)
+        assert not inconsistent_ranks(records) and excused(event, records) is None
+        findings, details = analyse_and_detail(event, snaps, lost, {}, world, 60.0, records=records)
+        ensure_critical(findings, "no progress", "-", "-")
+        result = ProbeResult.from_findings("watchdog", findings, details=details, duration_s=0.0)
+        ranks = [RankInfo(r, f"node{r // 8:04d}", r // 8, r % 8, f"cuda:{r % 8}", 10000 + r % 8) for r in range(world)]
+        report = Report(world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG,
+                        verdict=verdict_for(EXIT_HANG, [result]), outcome=_outcome(event, lost),
+                        summary=_summary(findings), written_by=0)
+        return findings, report.to_json(), render_hang_report(report)
 
 
 def measure(world: int, kind: str, repeats: int) -> dict:

@@ -9,15 +9,12 @@ rank that claims the writer builds the report from the ranks' snapshots
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import random
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from distdiag.check.config import CheckConfig
@@ -31,6 +28,7 @@ from distdiag.probes.base import ConsolidationView
 from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, write_report
 from distdiag.report.render import ProgressLine, render_report
 from distdiag.runtime.exchange import Exchange, poll_interval
+from distdiag.runtime.gcpause import collector_paused
 from distdiag.runtime.incident import Incident
 from distdiag.runtime.keys import IncidentKeys, Keys
 
@@ -58,33 +56,6 @@ def _outcome(kinds: set[Any], *, cancelled: bool, lost: Any) -> str:
     )
 
 
-_pause = threading.Lock()
-_pause_depth = 0
-_pause_restore = False
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block (nested, and across threads: on
-    again when the last block ends, if it was on before the first).
-
-    The writer turns 16k ranks' results into one report: millions of small dicts and lists
-    that all live until the report is written, and each full collection walks every one of
-    them again (2.2 s of the writer's 7.2 s at 16k ranks, issue 21). Nothing built there is a
-    reference cycle that needs the collector: reference counting frees it as usual."""
-    global _pause_depth, _pause_restore
-    with _pause:
-        if _pause_depth == 0:
-            _pause_restore = gc.isenabled()
-            gc.disable()
-        _pause_depth += 1
-    try:
-        yield
-    finally:
-        with _pause:
-            _pause_depth -= 1
-            if _pause_depth == 0 and _pause_restore:
-                gc.enable()
 
 
 def _all_left(ex: Exchange, world: int, stall_s: float) -> bool:

@@ -71,16 +71,21 @@ class Analysis:
     graph: WaitGraph = field(init=False)
     """Who waits for whom across groups (distdiag.hang.waitfor): stranded ranks are never blamed."""
 
+    _waiters: dict[str, dict[int, dict[str, Any]]] | None = field(default=None, init=False, repr=False)
+
     def __post_init__(self) -> None:
         self.graph = build_graph(nodes_from_views(self.views, self.lost, self.errors, self.world), self.world)
 
     def waiters(self) -> dict[str, dict[int, dict[str, Any]]]:
-        """group -> {rank: the collective it waits in on that group}."""
-        out: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
-        for rank, v in sorted(self.views.items()):
-            for w in v.waits:
-                out[w["group"]][rank] = w
-        return out
+        """group -> {rank: the collective it waits in on that group}. Built once (no rule
+        changes the views; five rules ask): read it, do not change it."""
+        if self._waiters is None:
+            out: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+            for rank, v in sorted(self.views.items()):
+                for w in v.waits:
+                    out[w["group"]][rank] = w
+            self._waiters = out
+        return self._waiters
 
     def waiting_ranks(self) -> list[int]:
         return sorted(r for r, v in self.views.items() if v.waiting)
@@ -453,13 +458,16 @@ def analyze_hang(
     what: str,
     timeout_s: float,
     raise_ends_run: bool = False,
+    views: dict[int, RankView] | None = None,
 ) -> list[Finding]:
     """Findings for a run that stopped. `what` names the step (e.g. "probe 'collectives'").
 
     `raise_ends_run`: the run ended because of this step, so when nothing else is critical a
-    rank's exception is the cause (e.g. a failed setup) and leads as critical.
+    rank's exception is the cause (e.g. a failed setup) and leads as critical. `views`:
+    build_views(snaps, lost_ranks) when the caller built them already (no rule changes them).
     """
-    a = Analysis(build_views(snaps, lost_ranks), dict(lost_ranks), dict(errors), world, what, timeout_s)
+    views = build_views(snaps, lost_ranks) if views is None else views
+    a = Analysis(views, dict(lost_ranks), dict(errors), world, what, timeout_s)
     for rule in RULES:
         rule(a)
     _settle(a, raise_ends_run)

@@ -69,12 +69,23 @@ def counted_shape_lines(a: Analysis, ranks: list[int], limit: int | None = None)
         chains = a.graph.chains(ranks)
         return chains, len(chains)
     by_shape: dict[tuple[Any, ...], tuple[list[int], set[int]]] = {}
+    # thousands of chains share a few waits and ends: each one's text worked out once
+    shape_of: dict[Wait, str] = {}
+    end_key: dict[int, tuple[str, str]] = {}
     for r in sorted(ranks):
         chain = a.graph.stranded.get(r)
         if chain is None:
             continue
         end = a.graph.end_of[r]
-        key = (tuple(wait_shape(e.wait) for e in chain), _end_key(end))
+        waits = []
+        for e in chain:
+            shape = shape_of.get(e.wait)
+            if shape is None:
+                shape = shape_of[e.wait] = wait_shape(e.wait)
+            waits.append(shape)
+        if id(end) not in end_key:
+            end_key[id(end)] = _end_key(end)
+        key = (tuple(waits), end_key[id(end)])
         who, ends = by_shape.setdefault(key, ([], set()))
         who.append(r)
         ends.update(end.ranks if end.kind != "stall" else ())

@@ -422,8 +422,6 @@ def nodes_from_views(views: dict[int, RankView], lost: dict[int, str], errors: d
         if v is None:
             continue
         err = errors.get(rank)
-        stack = v.record.stack
-        at = where(stack)
         enq = {_members(g, world): n for g, n in v.positions.items()} if v.engine_ok else None
         if enq is not None:
             enq.pop((), None)
@@ -433,7 +431,7 @@ def nodes_from_views(views: dict[int, RankView], lost: dict[int, str], errors: d
             nodes[rank] = Node(rank, "waiting", [_view_wait(rank, w, world) for w in v.waits], enq)
         else:
             state = "finished" if v.state in ("finished", "final") else "computing"
-            nodes[rank] = Node(rank, state, enqueued=enq, where=at if state == "computing" else "")
+            nodes[rank] = Node(rank, state, enqueued=enq, where=where(v.record.stack) if state == "computing" else "")
     return nodes
 
 

@@ -16,7 +16,9 @@ from typing import Any
 
 from distdiag.errors import print_line
 from distdiag.hang import (
+    RankView,
     analyze_hang,
+    build_views,
     desync_finding,
     ensure_critical,
     find_desync,
@@ -29,6 +31,7 @@ from distdiag.hang.incident import (
     EngineView,
     EventKind,
     IncidentEvent,
+    RankSnapshot,
     Silence,
     SilentReason,
     Verdict,
@@ -38,11 +41,15 @@ from distdiag.hang.incident import (
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
+from distdiag.runtime.gcpause import collector_paused
 from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons
 from distdiag.runtime.keys import Keys
 from distdiag.runtime.nodes import gather_snapshots
 
-__all__ = ["gather_and_write", "publish_outcome", "render_hang_report", "excused", "inconsistent_ranks", "REPORT_NAME"]
+__all__ = [
+    "gather_and_write", "publish_outcome", "render_hang_report", "excused", "inconsistent_ranks", "typed_snapshots",
+    "analyse_and_detail", "REPORT_NAME",
+]
 
 REPORT_NAME = "hang-report.json"
 
@@ -73,8 +80,10 @@ def analyse(
     errors: dict[int, dict[str, Any]],
     world: int,
     timeout_s: float,
+    views: dict[int, RankView] | None = None,
 ) -> list[Finding]:
-    """Findings from every rank's last snapshot (`merged`: final snapshots overlaid by live ones)."""
+    """Findings from every rank's last snapshot (`merged`: final snapshots overlaid by live ones;
+    `views`: build_views(merged, lost), when the caller built them already)."""
     steps = sorted({str(s.get("step")) for s in merged.values() if s.get("step") is not None})
     what = f"step {steps[0]}" if len(steps) == 1 else (f"steps {', '.join(steps[:4])}" if steps else "training")
     findings: list[Finding] = []
@@ -102,7 +111,7 @@ def analyse(
             )
         return findings
     findings += _phase_findings(merged)
-    findings += analyze_hang(merged, lost, errors, world, what=what, timeout_s=timeout_s)
+    findings += analyze_hang(merged, lost, errors, world, what=what, timeout_s=timeout_s, views=views)
     return findings
 
 
@@ -257,32 +266,65 @@ def inconsistent_ranks(merged: dict[int, Any]) -> list[int]:
     """Ranks whose recorder shows them inside collective #k of a group on which another rank
     has completed #k or later. A collective completes on no rank before every rank entered it,
     so the snapshot contradicts itself (a read while the recorder was being updated, gloo
-    marking completions late): it must be re-read, not judged."""
+    marking completions late): it must be re-read, not judged. `merged`: snapshots, typed or
+    as posted.
+
+    Linear in ranks x their groups: what a rank is compared with is the most any *other*
+    member completed, the group's highest count, or its second highest where the rank itself
+    holds the highest (comparing every pair was ranks x group size: 8.4M steps at 16k ranks)."""
     engines = {r: snapshot_of(s).engine for r, s in sorted(merged.items())}
     done: dict[str, dict[int, int]] = {}
     for rank, engine in engines.items():
         for g in engine.groups if engine is not None and engine.ok else []:
             done.setdefault(g.group, {})[rank] = g.completed
+    tops = {group: _top_two(counts) for group, counts in done.items()}
     out = []
     for rank, engine in engines.items():
         for g in engine.groups if engine is not None and engine.ok else []:
-            if g.inside and any(c >= g.enqueued for r, c in done.get(g.group, {}).items() if r != rank):
+            if not g.inside:
+                continue
+            top_rank, first, second = tops[g.group]
+            others = second if top_rank == rank else first
+            if others is not None and others >= g.enqueued:
                 out.append(rank)
                 break
     return out
 
 
+def _top_two(counts: dict[int, int]) -> tuple[int, int | None, int | None]:
+    """(the rank with the highest count, the highest, the second highest) of rank -> count;
+    with a tie for the highest the second equals it."""
+    top_rank, first, second = -1, None, None
+    for rank, c in counts.items():
+        if first is None or c > first:
+            top_rank, first, second = rank, c, first
+        elif second is None or c > second:
+            second = c
+    return top_rank, first, second
+
+
+def typed_snapshots(merged: dict[int, dict[str, Any]]) -> dict[int, RankSnapshot]:
+    """Every snapshot typed once for the incident, by rank: the re-read, the excuse, the views
+    and the table all read these (each typed them again: four passes of ~0.15 s at 16k ranks).
+    They share the posted dicts' nested values (from_dict copies nothing deep)."""
+    return {r: RankSnapshot.from_dict(s) for r, s in sorted(merged.items())}
+
+
 def _reread(
-    incident: Incident, merged: dict[int, dict[str, Any]], *, rank: int, own_snapshot: Any, wait_s: float
+    incident: Incident, merged: dict[int, dict[str, Any]], *, rank: int, own_snapshot: Any, wait_s: float,
+    records: dict[int, RankSnapshot] | None = None,
 ) -> None:
     """Ask each rank whose snapshot contradicts itself for a new one (the writer re-reads its
     own); a rank still inconsistent after that keeps its snapshot without the recorder's view,
-    so the rules judge it from its stack and the wrappers' records, never from a stale count."""
-    bad = inconsistent_ranks(merged)
+    so the rules judge it from its stack and the wrappers' records, never from a stale count.
+    `records` (typed_snapshots of `merged`) follow every snapshot replaced or changed here."""
+    records = typed_snapshots(merged) if records is None else records
+    bad = inconsistent_ranks(records)
     if not bad:
         return
     if rank in bad and own_snapshot is not None:
         merged[rank] = own_snapshot().to_dict()
+        records[rank] = RankSnapshot.from_dict(merged[rank])
     incident.ask_again([r for r in bad if r != rank])
     end = time.monotonic() + wait_s
     waiting = [r for r in bad if r != rank]
@@ -291,13 +333,15 @@ def _reread(
         for r, snap in incident.snapshots(waiting).items():
             if snap.reread:
                 merged[r] = snap.to_dict()
+                records[r] = RankSnapshot.from_dict(merged[r])
                 waiting.remove(r)
-    for r in inconsistent_ranks(merged):
+    for r in inconsistent_ranks(records):
         if r in bad:
             merged[r]["engine"] = EngineView.stale(
                 "the flight recorder's counts contradicted the other ranks' twice (a rank inside a "
                 "collective its peers had completed): left out of the analysis"
             ).to_dict()
+            records[r] = RankSnapshot.from_dict(merged[r])
 
 
 def _details(
@@ -307,9 +351,11 @@ def _details(
     errors: dict[int, dict[str, Any]],
     world: int,
     infos: dict[int, RankInfo] | None = None,
+    views: dict[int, RankView] | None = None,
 ) -> dict[str, Any]:
-    """The watchdog probe's details: the ranks' table, the event, the snapshots, steps, errors."""
-    rows = state_rows(merged, lost, world, infos)
+    """The watchdog probe's details: the ranks' table, the event, the snapshots, steps, errors.
+    `views`: build_views(merged, lost), when the analysis built them already."""
+    rows = state_rows(merged, lost, world, infos, views=views)
     for row in rows:
         s = merged.get(row["rank"])
         row["step"] = "-" if s is None or s.get("step") is None else s.get("step")
@@ -324,6 +370,24 @@ def _details(
         "steps": _step_summary(merged),
         "errors": {str(r): e for r, e in errors.items()},
     }
+
+
+def analyse_and_detail(
+    event: IncidentEvent | dict[str, Any],
+    merged: dict[int, dict[str, Any]],
+    lost: dict[int, str],
+    errors: dict[int, dict[str, Any]],
+    world: int,
+    timeout_s: float,
+    *,
+    infos: dict[int, RankInfo] | None = None,
+    records: dict[int, RankSnapshot] | None = None,
+) -> tuple[list[Finding], dict[str, Any]]:
+    """(findings, the probe's details): the rules and the ranks' table read one set of views,
+    built once from the typed snapshots (`records`: typed_snapshots(merged), when typed already)."""
+    views = build_views(merged, lost, records)
+    findings = analyse(event, merged, lost, errors, world, timeout_s, views=views)
+    return findings, _details(event, merged, lost, errors, world, infos, views=views)
 
 
 def _outcome(event: IncidentEvent | dict[str, Any], lost: dict[int, str], findings: list[Finding] | None = None) -> str:
@@ -344,36 +408,45 @@ def _summary(findings: list[Finding]) -> str:
     return top.issue + (f" (+{more} more finding(s))" if more > 0 else "")
 
 
+_WRITTEN_JSON = "_distdiag_written_json"
+"""The attribute under which _write_and_print leaves the report's JSON for publish_outcome:
+a 16k-rank report takes ~0.5 s to serialise, and the shared copy is the file's text."""
+
+
 def _write_and_print(report: Report, *, dump_dir: str) -> str:
     """Write the report (atomically) and print it; where it is, or why it is not."""
     path = os.path.join(dump_dir, REPORT_NAME)
+    text = report.to_json()
+    setattr(report, _WRITTEN_JSON, text)
     try:
-        write_report(report, path)
+        write_report(report, path, text=text)
         where = os.path.abspath(path)
     except OSError as exc:
         where = f"(not written: {exc.strerror})"
-    text = render_hang_report(report)
-    print_line(f"{text}\nhang report: {where}")
+    shown = render_hang_report(report)
+    print_line(f"{shown}\nhang report: {where}")
     return where
 
 
 def publish_outcome(incident: Incident, report: Report | None, *, excuse: str | None, host: str, dump_dir: str) -> None:
     """The verdict first (small: every waiting rank acts on it), then the report's JSON in
-    chunks for the other hosts' copies. Without a report (the writer failed) the verdict
-    still comes, so nobody waits for a writer that has given up."""
+    chunks for the other hosts' copies: the text gather_and_write wrote to the file, not
+    serialised again. Without a report (the writer failed) the verdict still comes, so nobody
+    waits for a writer that has given up."""
     rank = incident.rank
     if report is None:
         verdict = Verdict(EXIT_HANG, rank, host, outcome="hang", excused=excuse,
                           summary="" if excuse else "the writer could not build the report (see its stderr)")
         incident.publish_verdict(verdict)
         return
-    text = report.to_json()
-    where = os.path.abspath(os.path.join(dump_dir, REPORT_NAME))
-    hosts = {r.host for r in report.ranks if r.host and r.host != "?"}
-    shared = incident.shared_copy(text, where, host, readers=max(len(hosts) - 1, 1))
-    incident.publish_verdict(Verdict(report.exit_code, rank, host, outcome=report.outcome, summary=report.summary,
-                                     report=where, chunks=incident.chunk_count(shared)))
-    incident.publish_report(shared, {"host": host})
+    with collector_paused():  # the report's objects are still young: a collection now walks them all
+        text = report.__dict__.pop(_WRITTEN_JSON, None) or report.to_json()
+        where = os.path.abspath(os.path.join(dump_dir, REPORT_NAME))
+        hosts = {r.host for r in report.ranks if r.host and r.host != "?"}
+        shared = incident.shared_copy(text, where, host, readers=max(len(hosts) - 1, 1))
+        incident.publish_verdict(Verdict(report.exit_code, rank, host, outcome=report.outcome, summary=report.summary,
+                                         report=where, chunks=incident.chunk_count(shared)))
+        incident.publish_report(shared, {"host": host})
 
 
 def gather_and_write(
@@ -393,30 +466,44 @@ def gather_and_write(
     declared timeout (`excused`). `own_snapshot()` takes the writer's snapshot again. The
     caller publishes the verdict and the report (publish_outcome)."""
     world, rank = incident.world, incident.rank
-    infos = {r: RankInfo.from_dict(v) for r, v in incident.ex.collect(Keys.INFO).items()}
-    merged, lost, errors = _gather(incident, infos, host=host, grace_s=grace_s, event=event)
-    _reread(incident, merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S)
-    reason = excused(event, merged)
-    if reason is None and event.kind is EventKind.TERMINATED and not lost and not errors:
-        reason = "every rank answered after the launcher's SIGTERM: the job was ended from outside, no rank failed"
-    if reason is not None:
-        return None, {}, reason
-    with incident.moving(f"analysing {len(merged)} snapshot(s)"):
-        findings = analyse(event, merged, lost, errors, world, timeout_s)
-        details = _details(event, merged, lost, errors, world, infos)
+    with collector_paused():  # 16k ranks' rows parsed at once: young objects each collection would walk
+        infos = {r: RankInfo.from_dict(v) for r, v in incident.ex.collect(Keys.INFO).items()}
+    with collector_paused():  # 16k snapshots parsed at once: the same
+        merged, lost, errors = _gather(incident, infos, host=host, grace_s=grace_s, event=event)
+    with collector_paused():
+        records = typed_snapshots(merged)
+        _reread(incident, merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S, records=records)
+        reason = excused(event, records)
+        if reason is None and event.kind is EventKind.TERMINATED and not lost and not errors:
+            reason = "every rank answered after the launcher's SIGTERM: the job was ended from outside, no rank failed"
+        if reason is not None:
+            return None, {}, reason
+        with incident.moving(f"analysing {len(merged)} snapshot(s)"):
+            findings, details = analyse_and_detail(event, merged, lost, errors, world, timeout_s, infos=infos, records=records)
+        report = _report(event, findings, details, lost, infos, world=world, rank=rank, timeout_s=timeout_s,
+                         config=config, started=started)
+        incident.advance("writing the report")
+        _write_and_print(report, dump_dir=dump_dir)
+    return report, lost, None
+
+
+def _report(
+    event: IncidentEvent, findings: list[Finding], details: dict[str, Any], lost: dict[int, Silence],
+    infos: dict[int, RankInfo], *, world: int, rank: int, timeout_s: float, config: dict[str, Any], started: float,
+) -> Report:
+    """The watchdog's report: the findings (led by a critical one), the details, the rank table."""
     ensure_critical(
         findings, f"no progress for {timeout_s:g}s: {event.detail_line()}",
         "ranks' states are in the table below", "see the per-rank stacks",
     )
     result = ProbeResult.from_findings("watchdog", findings, details=details, duration_s=time.monotonic() - started)
     ranks = [infos.get(r, RankInfo(r, "?", -1, -1, "?", -1)) for r in range(world)]
-    report = Report(
+    return Report(
         world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG, verdict=verdict_for(EXIT_HANG, [result]),
         outcome=_outcome(event, lost, findings), summary=_summary(findings),
         restart_count=int(config.get("restart_count", 0)), run_id=str(config.get("run_id", "")),
         created=now_iso(),
         duration_s=time.monotonic() - started, config=config, written_by=rank,
     )
-    incident.advance("writing the report")
-    _write_and_print(report, dump_dir=dump_dir)
-    return report, lost, None
+
+
