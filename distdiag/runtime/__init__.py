@@ -9,6 +9,7 @@
     snapwire.py  a snapshot as the store carries it: labels by reference, compressed, the long
                  history under its own key
     nodes.py     snapshots gathered per node: local rank 0 posts its node's as one value
+    gcpause.py   Python's cyclic collector held off while a writer builds a 16k-rank report
     sentinel.py  one daemon thread per rank that ends a broken run with a report
     tracker.py   where the main thread is: phase, probe, the collective it is inside
     comm.py      the tracked collectives probes issue (ctx.comm), open to injected faults
@@ -20,4 +21,4 @@ Importing this package imports nothing: each module is loaded where it is used (
 imports torch).
 """
 
-__all__ = ["comm", "context", "exchange", "faults", "incident", "keys", "nodes", "sentinel", "snapwire", "tracker"]
+__all__ = ["comm", "context", "exchange", "faults", "gcpause", "incident", "keys", "nodes", "sentinel", "snapwire", "tracker"]
