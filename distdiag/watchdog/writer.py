@@ -443,7 +443,7 @@ def publish_outcome(incident: Incident, report: Report | None, *, excuse: str | 
         text = report.__dict__.pop(_WRITTEN_JSON, None) or report.to_json()
         where = os.path.abspath(os.path.join(dump_dir, REPORT_NAME))
         hosts = {r.host for r in report.ranks if r.host and r.host != "?"}
-        shared = incident.shared_copy(text, where, host, readers=max(len(hosts) - 1, 1))
+        shared = incident.shared_copy(text, where, host, readers=max(len(hosts) - 1, 1), report=report)
         incident.publish_verdict(Verdict(report.exit_code, rank, host, outcome=report.outcome, summary=report.summary,
                                          report=where, chunks=incident.chunk_count(shared)))
         incident.publish_report(shared, {"host": host})

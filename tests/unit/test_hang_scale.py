@@ -115,3 +115,20 @@ def test_details_hold_each_large_group_once():
     assert details["group_members"][dp] == "ranks[" + ",".join(str(r) for r in range(3, WORLD, 32)) + "]"
     text = json.dumps(details)
     assert text.count("ranks[3,35,67,") == 1  # the full label once, not in every rank's records
+
+
+def test_past_1024_ranks_stacks_are_grouped_and_the_engine_view_left_to_the_table():
+    """4096 ranks: one entry per distinct stack with every rank that shares it (all of them,
+    as a list), no per-rank engine view (the recorder's table holds the same positions)."""
+    world = 4096
+    snaps, _lost = incident(world, "stall", stage=0)
+    details = snapshot_details(snaps)
+    assert "stacks" not in details and "engine" not in details and "4096 ranks" in details["details_note"]
+    groups = details["stacks_grouped"]
+    assert sorted(r for g in groups for r in g["ranks"]) == sorted(snaps)
+    culprit = next(g for g in groups if g["ranks"] == [3])
+    assert culprit["count"] == 1 and culprit["about"] == "rank 3" and "load_next_microbatch" in culprit["value"][-1]
+    assert len(details["recent_collectives"]) == len(snaps)
+    assert len(details["table:collectives per group (torch's flight recorder)"]) == 4 * len(snaps)
+    small = snapshot_details(incident(WORLD, "stall", stage=0)[0])
+    assert "stacks" in small and "engine" in small and "stacks_grouped" not in small
