@@ -330,6 +330,7 @@ def _hang_writer(port: int, prefix: str, world: int, out: Any) -> None:
     ex.post(Keys.INFO, _info(0))
     Incident(ex, IncidentKeys(1), world).post_snapshot(RankSnapshot.from_dict(_snapshot(0, world)))
     store.compare_set(Keys.event(1), "", json.dumps({"kind": "timeout", "rank": 3, "detail": "no progress for 60s"}))
+    import distdiag.watchdog.writer  # noqa: F401 - a real watcher imported it when it was armed
     store.wait(["go"])
     peak = _PeakRss(psutil.Process())
     t0 = time.time()
