@@ -31,7 +31,9 @@ max_store_value_bytes (every set/compare_set of every client, writer included, m
 wrapper around the client), writer_peak_mb (the writer process's RSS growth over the incident,
 psutil peak), store_ops_per_s (requests issued by all clients / the phase's wall time), and
 server_core_share (the server process's CPU time / wall time, psutil: 1.0 is one core busy).
-Also: check_consolidate_s / check_verdict_out_s (rank 0 had consolidated / had published the
+Also: hang_writer_cpu_s / check_writer_cpu_s (the writer process's CPU seconds over the same
+stretch: its own work, apart from waiting for a core it shares here with the store server and
+the client processes), check_consolidate_s / check_verdict_out_s (rank 0 had consolidated / had published the
 verdict, from the same moment), hang_max_value_bytes / check_max_value_bytes (the largest
 value each part set), rank_value_max_bytes (the largest a simulated rank set: its posted
 results, its snapshot), hang_error / check_error (what the writer raised), store_rejected_values
@@ -333,6 +335,7 @@ def _hang_writer(port: int, prefix: str, world: int, out: Any) -> None:
     import distdiag.watchdog.writer  # noqa: F401 - a real watcher imported it when it was armed
     store.wait(["go"])
     peak = _PeakRss(psutil.Process())
+    cpu0 = _cpu()
     t0 = time.time()
     error = None
     with tempfile.TemporaryDirectory() as dump_dir:
@@ -341,12 +344,13 @@ def _hang_writer(port: int, prefix: str, world: int, out: Any) -> None:
         except Exception as exc:  # noqa: BLE001 - today's code breaks from ~500 ranks (issue 21): say how
             report, error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     t1 = time.time()
+    cpu = _cpu() - cpu0
     peak.stop()
     from distdiag.hang.incident import SilentReason
 
     silent = {reason.cause for reason in SilentReason} | {"lost"}
     lost = len([f for f in report.probes[0].findings if f.cause in silent]) if report is not None else -1
-    out.put({"writer": "hang", "t0": t0, "t1": t1, "ops": store.ops, "max_value": store.max_value,
+    out.put({"writer": "hang", "t0": t0, "t1": t1, "cpu_s": cpu, "ops": store.ops, "max_value": store.max_value,
              "peak_mb": peak.growth_mb, "lost_findings": lost, "error": error,
              "report_kb": len(report.to_json()) // 1024 if report else 0})
 
@@ -366,12 +370,14 @@ def _check_writer(port: int, prefix: str, world: int, out: Any) -> None:
     end = _run_end(world, len(entries))
     store.wait(["go"])
     peak = _PeakRss(psutil.Process())
+    cpu0 = _cpu()
     t0 = time.time()
     marks: dict[str, float] = {}
     error = _check_verdict(ex, end, world, marks)
     t1 = time.time()
+    cpu = _cpu() - cpu0
     peak.stop()
-    out.put({"writer": "check", "t0": t0, "t1": t1, "ops": store.ops, "max_value": store.max_value, "marks": marks,
+    out.put({"writer": "check", "t0": t0, "t1": t1, "cpu_s": cpu, "ops": store.ops, "max_value": store.max_value, "marks": marks,
              "peak_mb": peak.growth_mb, "error": error})
 
 
@@ -411,6 +417,13 @@ def _check_verdict(ex: Any, end: Any, world: int, marks: dict[str, float]) -> st
     ex.post("left", 1)
     ex.wait_count("left", world, time.monotonic() + 2.0, poll_s=LEAVE_POLL_S)
     return None
+
+
+def _cpu() -> float:
+    """This process's CPU seconds (user + system, every thread): the writer's own work, apart
+    from the wait for a core it shares here with the store and the simulated ranks."""
+    t = os.times()
+    return t.user + t.system
 
 
 class _PeakRss:
@@ -520,6 +533,8 @@ def measure(world: int, clients: int) -> dict[str, Any]:
         "store_rejected_values": rejected,
         "check_exchange_s": round(check["all_s"], 3),
         "check_writer_s": round(check["writer_s"], 3),
+        "hang_writer_cpu_s": round(hang["writer"]["cpu_s"], 3),
+        "check_writer_cpu_s": round(check["writer"]["cpu_s"], 3),
         "check_consolidate_s": _since(check["writer"], "consolidated"),
         "check_verdict_out_s": _since(check["writer"], "verdict"),
         "hang_max_value_bytes": hang["max_value"], "check_max_value_bytes": check["max_value"],
