@@ -171,6 +171,8 @@ class Incident:
         self.rank = ex.rank
         self.store_factory = store_factory
         self.stage_text = ""
+        self.gathered: dict[str, int] = {}
+        """The writer's: how the snapshots came (distdiag/runtime/nodes.py gather_snapshots)."""
 
     # -- every rank ------------------------------------------------------------------------
     def post_snapshot(self, snap: RankSnapshot) -> None:

@@ -63,10 +63,11 @@ def aggregate_node(incident: Incident, members: list[int], *, wait_s: float = AG
 
 
 def gather_snapshots(incident: Incident, *, cache: dict[str, str], leaders: list[int],
-                     wait_s: float = AGGREGATE_WAIT_S) -> dict[int, dict[str, Any]]:
+                     wait_s: float = AGGREGATE_WAIT_S, stats: dict[str, int] | None = None) -> dict[int, dict[str, Any]]:
     """The writer's part: every snapshot posted under the incident, the node leaders' values
     first (waiting up to wait_s for those of `leaders` that posted a snapshot themselves: a
-    dead leader posts nothing), then the ranks none of them brought."""
+    dead leader posts nothing), then the ranks none of them brought. `stats` gets how many
+    came each way (node_values, from_node_leaders, one_by_one)."""
     ex, key = incident.ex, incident.keys.snap
     live = ex.present(key, leaders) if leaders else []
     if live:
@@ -77,7 +78,10 @@ def gather_snapshots(incident: Incident, *, cache: dict[str, str], leaders: list
         for rank, snap in snapwire.unpack_many(value, cache).items():
             if 0 <= rank < incident.world:
                 snaps.setdefault(rank, snap)
+    brought = len(snaps)
     rest = [r for r in range(incident.world) if r not in snaps]
     if rest:
         snaps.update(collect_snapshots(ex, key, rest, cache=cache))
+    if stats is not None:
+        stats.update(node_values=len(live), from_node_leaders=brought, one_by_one=len(snaps) - brought)
     return snaps

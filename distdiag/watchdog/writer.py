@@ -179,7 +179,8 @@ def _gather(
     _wait_for_snapshots(incident, infos, host=host, grace_s=grace_s)
     labels: dict[str, str] = {}
     leaders = [r for r, i in infos.items() if i.local_rank == 0 and r != incident.rank]
-    snaps = gather_snapshots(incident, cache=labels, leaders=leaders)
+    gathered: dict[str, int] = {}
+    snaps = gather_snapshots(incident, cache=labels, leaders=leaders, stats=gathered)
     final_snaps = {r: s for r, s in collect_snapshots(ex, Keys.FINAL, cache=labels).items() if r not in snaps}
     errors = {int(r): e for r, e in ex.collect(Keys.ERROR).items()}
     missing = [r for r in range(world) if r not in snaps and r not in final_snaps]
@@ -192,6 +193,8 @@ def _gather(
         if ranks:
             for r, history in collect_histories(ex, key, ranks, cache=labels).items():
                 merged[r]["history"] = history
+    gathered["histories"] = sum(1 for s in merged.values() if "history" in s)
+    incident.gathered = gathered
     return merged, lost, errors
 
 
@@ -480,6 +483,8 @@ def gather_and_write(
             return None, {}, reason
         with incident.moving(f"analysing {len(merged)} snapshot(s)"):
             findings, details = analyse_and_detail(event, merged, lost, errors, world, timeout_s, infos=infos, records=records)
+        # How the snapshots came: through node leaders (distdiag/runtime/nodes.py) or one by one.
+        details["gathered"] = incident.gathered
         report = _report(event, findings, details, lost, infos, world=world, rank=rank, timeout_s=timeout_s,
                          config=config, started=started)
         incident.advance("writing the report")
