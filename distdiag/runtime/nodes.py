@@ -19,7 +19,7 @@ from distdiag.runtime import snapwire
 from distdiag.runtime.exchange import bounded, poll_interval
 from distdiag.runtime.incident import Incident, collect_snapshots
 
-__all__ = ["AGGREGATE_WAIT_S", "node_members", "aggregate_node", "gather_snapshots"]
+__all__ = ["AGGREGATE_WAIT_S", "node_members", "node_leaders", "aggregate_node", "gather_snapshots"]
 
 log = logging.getLogger("distdiag.runtime.nodes")
 
@@ -37,9 +37,18 @@ def node_members(infos: dict[int, Any], rank: int) -> list[int]:
     return sorted(r for r, i in infos.items() if i.node == me.node and i.host == me.host)
 
 
+def node_leaders(infos: dict[int, Any], writer: int) -> list[int]:
+    """The ranks that post a node's snapshots: local rank 0 of each node of two ranks or more
+    (by their RankInfo rows), but the writer."""
+    size: dict[tuple[Any, Any], int] = {}
+    for i in infos.values():
+        size[(i.node, i.host)] = size.get((i.node, i.host), 0) + 1
+    return sorted(r for r, i in infos.items() if i.local_rank == 0 and r != writer and size[(i.node, i.host)] >= 2)
+
+
 def aggregate_node(incident: Incident, members: list[int], *, wait_s: float = AGGREGATE_WAIT_S) -> int:
     """The leader's part: once `members` posted their snapshots (or after wait_s), post them as
-    one value; how many it holds (0: nothing posted, e.g. a node of one rank)."""
+    one value; how many it holds (0 for a node of one rank: nothing posted)."""
     ex, key = incident.ex, incident.keys.snap
     end = time.monotonic() + wait_s
     # One check a poll for each of the job's N/len(members) leaders: together within the store's budget.
@@ -49,9 +58,9 @@ def aggregate_node(incident: Incident, members: list[int], *, wait_s: float = AG
         if len(have) == len(members) or time.monotonic() >= end:
             break
         time.sleep(interval)
-    if len(have) < 2:
-        return 0
-    try:
+    if len(members) < 2:
+        return 0  # a node of one rank: the writer expects no value from it (node_leaders)
+    try:  # posted even when few came: the writer waits for this value, then reads the rest one by one
         value = snapwire.pack_many(collect_snapshots(ex, key, have))
         ex.put(f"{incident.keys.node}/{ex.rank}", value)
         with bounded(f"add {incident.keys.node}/n"):

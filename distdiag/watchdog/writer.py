@@ -44,7 +44,7 @@ from distdiag.report.safefile import printable
 from distdiag.runtime.gcpause import collector_paused
 from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons
 from distdiag.runtime.keys import Keys
-from distdiag.runtime.nodes import gather_snapshots
+from distdiag.runtime.nodes import gather_snapshots, node_leaders
 
 __all__ = [
     "gather_and_write", "publish_outcome", "render_hang_report", "excused", "inconsistent_ranks", "typed_snapshots",
@@ -178,7 +178,7 @@ def _gather(
     ex, world = incident.ex, incident.world
     _wait_for_snapshots(incident, infos, host=host, grace_s=grace_s)
     labels: dict[str, str] = {}
-    leaders = [r for r, i in infos.items() if i.local_rank == 0 and r != incident.rank]
+    leaders = node_leaders(infos, incident.rank)
     gathered: dict[str, int] = {}
     snaps = gather_snapshots(incident, cache=labels, leaders=leaders, stats=gathered)
     final_snaps = {r: s for r, s in collect_snapshots(ex, Keys.FINAL, cache=labels).items() if r not in snaps}

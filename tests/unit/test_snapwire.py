@@ -168,3 +168,35 @@ def test_a_snapshot_read_again_comes_with_its_history(server):
     rank.repost_snapshot(RankSnapshot.from_dict(rank_snapshot(5, world, "tp")))
     again = Incident(Exchange(_client(server), 0, world), IncidentKeys(1), world).snapshots([5])[5]
     assert again.reread and again.extra["history"] == rank_snapshot(5, world, "tp")["history"]
+
+
+def test_only_nodes_of_two_ranks_or_more_have_a_leader_the_writer_waits_for():
+    """One rank per node (or the writer's own node): no value to wait for, no second lost."""
+    from distdiag.report.model import RankInfo
+    from distdiag.runtime.nodes import node_leaders
+
+    infos = {r: RankInfo(r, f"h{r // 2}", r // 2, r % 2, "cpu", 100 + r) for r in range(6)}
+    infos[6] = RankInfo(6, "h3", 3, 0, "cpu", 106)  # a node of one rank
+    assert node_leaders(infos, writer=0) == [2, 4]
+    single = {r: RankInfo(r, f"h{r}", r, 0, "cpu", 100 + r) for r in range(4)}
+    assert node_leaders(single, writer=1) == []
+
+
+def test_a_leader_posts_what_came_so_the_writer_need_not_wait_for_it(server):
+    """Rank 33 never posts (dead): rank 32, its node's leader, posts its own snapshot alone after
+    its wait, and the writer reads rank 33's absence from that, not after a second of its own."""
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys
+    from distdiag.runtime.nodes import aggregate_node
+
+    world = 64
+    posted = _post_all(server, world, [32])
+    leader = Incident(Exchange(_client(server), 32, world), IncidentKeys(1), world)
+    assert aggregate_node(leader, [32, 33], wait_s=0.2) == 1
+    assert int(server.add("node/1/n", 0)) == 1
+    writer = Incident(Exchange(_client(server), 0, world), IncidentKeys(1), world)
+    from distdiag.runtime.nodes import gather_snapshots
+
+    stats: dict[str, int] = {}
+    assert gather_snapshots(writer, cache={}, leaders=[32], wait_s=30.0, stats=stats) == posted
+    assert stats == {"node_values": 1, "from_node_leaders": 1, "one_by_one": 0}
