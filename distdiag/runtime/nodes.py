@@ -49,6 +49,8 @@ def node_leaders(infos: dict[int, Any], writer: int) -> list[int]:
 def aggregate_node(incident: Incident, members: list[int], *, wait_s: float = AGGREGATE_WAIT_S) -> int:
     """The leader's part: once `members` posted their snapshots (or after wait_s), post them as
     one value; how many it holds (0 for a node of one rank: nothing posted)."""
+    if len(members) < 2:
+        return 0  # a node of one rank: the writer expects no value from it (node_leaders)
     ex, key = incident.ex, incident.keys.snap
     end = time.monotonic() + wait_s
     # One check a poll for each of the job's N/len(members) leaders: together within the store's budget.
@@ -58,8 +60,6 @@ def aggregate_node(incident: Incident, members: list[int], *, wait_s: float = AG
         if len(have) == len(members) or time.monotonic() >= end:
             break
         time.sleep(interval)
-    if len(members) < 2:
-        return 0  # a node of one rank: the writer expects no value from it (node_leaders)
     try:  # posted even when few came: the writer waits for this value, then reads the rest one by one
         value = snapwire.pack_many(collect_snapshots(ex, key, have))
         ex.put(f"{incident.keys.node}/{ex.rank}", value)
