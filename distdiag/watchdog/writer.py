@@ -38,6 +38,7 @@ from distdiag.hang.incident import (
     event_of,
     snapshot_of,
 )
+from distdiag.hang.views import group_members
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
@@ -227,18 +228,8 @@ def _history_ranks(event: IncidentEvent | None, merged: dict[int, dict[str, Any]
         if isinstance(detail.get("group"), str):
             odd.add(detail["group"])
     for group in sorted(odd):
-        wanted |= set(_members(group, world))
+        wanted |= set(group_members(group, world) or [])
     return set(sorted(wanted)[:HISTORY_MAX_RANKS])
-
-
-def _members(label: str, world: int) -> list[int]:
-    """The members a group's label names ('world', 'ranks[0,8,16]'; others: none known)."""
-    base = label.split(" (", 1)[0]
-    if base == "world":
-        return list(range(world))
-    if base.startswith("ranks[") and base.endswith("]"):
-        return [int(x) for x in base[6:-1].split(",") if x.strip().isdigit()]
-    return []
 
 
 def excused(event: IncidentEvent | dict[str, Any], merged: dict[int, Any]) -> str | None:
