@@ -33,6 +33,7 @@ from distdiag.runtime.incident import (
     silent_rank_reasons,
 )
 from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys, Keys
+from tests.unit.test_exchange_scale import Counting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -218,22 +219,6 @@ def test_a_waiter_waits_while_the_writer_moves_and_leaves_when_it_stalls(server)
     assert verdict is None and why == "the writer made no progress for 0.3s (last at: analysing)"
 
 
-class _Counted:
-    """A real client that counts the requests it sends."""
-
-    def __init__(self, store) -> None:
-        self.store, self.requests = store, 0
-
-    def __getattr__(self, name):
-        fn = getattr(self.store, name)
-
-        def counted(*args, **kwargs):
-            self.requests += 1
-            return fn(*args, **kwargs)
-
-        return counted
-
-
 def test_a_waiter_of_a_16k_rank_job_costs_the_store_one_request_a_poll(server):
     """16k ranks wait for one verdict: each polls the writer's progress alone, every
     N / 25,000 s (0.66 s), and reads the verdict only once the progress moved (issue 21 item 3:
@@ -241,7 +226,7 @@ def test_a_waiter_of_a_16k_rank_job_costs_the_store_one_request_a_poll(server):
     world = 16384
     keys = IncidentKeys(11)
     writer = Incident(Exchange(_client(server), 0, world), keys, world)
-    counted = _Counted(_client(server))
+    counted = Counting(_client(server))
     waiter = Incident(Exchange(counted, 5, world), keys, world)
     writer.advance("analysing")
     timer = threading.Timer(2.0, lambda: writer.publish_verdict(Verdict(3, 0, "h", outcome="hang")))
@@ -249,8 +234,8 @@ def test_a_waiter_of_a_16k_rank_job_costs_the_store_one_request_a_poll(server):
     verdict, why = waiter.wait_verdict(30.0, stop=lambda: False)
     timer.join()
     assert verdict is not None and verdict.exit_code == 3, why
-    polls = counted.requests - 3  # the verdict read as the progress moved: a check at first, a check and a get after
-    assert 3 <= polls <= 6, counted.requests
+    polls = len(counted.calls) - 3  # the verdict read as the progress moved: a check at first, a check and a get after
+    assert 3 <= polls <= 6, counted.calls
 
 
 def test_a_rank_asked_to_read_again_sees_it_though_it_polls_only_the_progress(server):
