@@ -134,7 +134,8 @@ def report_from_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = N
     _dump_wording(findings, dumps, world)
     findings.append(_read_note(dumps, notes))
     details = snapshot_details(snaps)
-    for key in ("stacks", "recent_collectives", "table:collectives per group (torch's flight recorder)"):
+    for key in ("stacks", "recent_collectives", "recent_collectives_table",
+                "table:collectives per group (torch's flight recorder)"):
         details.pop(key, None)
     details["table:last op per group and rank (flight-recorder dumps)"] = groups_table(dumps, world)
     details["groups"] = {str(r): {group_label(g, world): g.as_dict() for g in d.by_key().values()}

@@ -341,8 +341,11 @@ def snapshot_details(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
         details["stacks_grouped"] = _grouped({r: s.get("stack") or [] for r, s in snaps.items()})
     else:
         details["stacks"] = {str(r): s.get("stack", []) for r, s in sorted(snaps.items())}
-    details["recent_collectives"] = {str(r): [{**c, "group": nm(str(c.get("group")))} for c in s.get("recent", [])]
-                                     for r, s in sorted(snaps.items())}
+    if grouped:
+        details["recent_collectives_table"] = recent_table(snaps, nm)
+    else:
+        details["recent_collectives"] = {str(r): [{**c, "group": nm(str(c.get("group")))} for c in s.get("recent", [])]
+                                         for r, s in sorted(snaps.items())}
     engine = {str(r): s["engine"] for r, s in sorted(snaps.items()) if s.get("engine")}
     if engine:
         if not grouped:
@@ -367,9 +370,41 @@ def snapshot_details(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 GROUPED_DETAILS_RANKS = 1024
 """Past this many ranks a hang report's stacks are written once per distinct stack with the
-ranks that share it (4.7 MB at 16k ranks, 0.1 MB grouped), and the per-rank engine view, which
-repeats the recorder's table (11 MB), is left out. Each rank's recent collectives stay (35 MB:
-they name each rank's own groups, so no two ranks share them)."""
+ranks that share it (4.7 MB at 16k ranks, 0.1 MB grouped), the per-rank engine view, which
+repeats the recorder's table (11 MB), is left out, and each rank's recent collectives are
+written as rows that point at the fields they share (`recent_table`: 35 MB -> ~6 MB)."""
+
+RECENT_COLUMNS = ("group", "seq", "step", "duration_s")
+"""The fields of a recent collective that differ between ranks and calls; the others (op,
+shape, dtype, call site, fingerprint, ...) are what many records share."""
+
+
+def recent_table(snaps: dict[int, dict[str, Any]], name: Callable[[str], str]) -> dict[str, Any]:
+    """Every rank's recent collectives, lossless and compact: `shared` holds each distinct set of
+    the other fields once, and each record is a row [the index of its shared fields, then its
+    RECENT_COLUMNS values] (null: the record has no such field), in each rank's order.
+    `name`: a group's short name (its full label is in `group_members`)."""
+    index: dict[Any, list[int]] = {}
+    shared: list[dict[str, Any]] = []
+    by_rank: dict[str, list[list[Any]]] = {}
+    for rank, snap in sorted(snaps.items()):
+        rows = by_rank[str(rank)] = []
+        for c in snap.get("recent") or []:
+            rest = c.copy()
+            for k in RECENT_COLUMNS:
+                rest.pop(k, None)
+            # a cheap first key, then equality: repr() of 131k records was 0.1 s at 16k ranks
+            known = index.setdefault((c.get("fp"), c.get("op"), c.get("call_site"), len(rest)), [])
+            for at in known:
+                if shared[at] == rest:
+                    break
+            else:
+                at = len(shared)
+                known.append(at)
+                shared.append(rest)
+            group = c.get("group")
+            rows.append([at, group if group is None else name(str(group)), c.get("seq"), c.get("step"), c.get("duration_s")])
+    return {"columns": ["shared", *RECENT_COLUMNS], "shared": shared, "by_rank": by_rank}
 
 
 def _grouped(by_rank: dict[int, Any]) -> list[dict[str, Any]]:

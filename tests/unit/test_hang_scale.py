@@ -128,7 +128,27 @@ def test_past_1024_ranks_stacks_are_grouped_and_the_engine_view_left_to_the_tabl
     assert sorted(r for g in groups for r in g["ranks"]) == sorted(snaps)
     culprit = next(g for g in groups if g["ranks"] == [3])
     assert culprit["count"] == 1 and culprit["about"] == "rank 3" and "load_next_microbatch" in culprit["value"][-1]
-    assert len(details["recent_collectives"]) == len(snaps)
+    table = details["recent_collectives_table"]
+    assert "recent_collectives" not in details and len(table["by_rank"]) == len(snaps)
+    assert table["columns"] == ["shared", "group", "seq", "step", "duration_s"]
     assert len(details["table:collectives per group (torch's flight recorder)"]) == 4 * len(snaps)
     small = snapshot_details(incident(WORLD, "stall", stage=0)[0])
     assert "stacks" in small and "engine" in small and "stacks_grouped" not in small
+
+
+def test_past_1024_ranks_the_recent_collectives_table_is_lossless():
+    """Each rank's records rebuilt from the table (its shared fields, then its own columns,
+    the group by its full label) equal the records the rank posted, in order."""
+    world = 2048
+    snaps, _lost = incident(world, "stall", stage=0)
+    snaps[5]["recent"].append({"op": "barrier", "extra": {"nested": [1, 2]}, "seq": 9})  # no group, a nested field
+    details = snapshot_details(snaps)
+    table, names = details["recent_collectives_table"], details["group_members"]
+    assert len(table["shared"]) < 10  # a handful of distinct calls for 2048 x 8 records
+    for rank, snap in snaps.items():
+        rebuilt = []
+        for at, group, seq, step, duration in table["by_rank"][str(rank)]:
+            record = {**table["shared"][at], "group": names.get(group, group), "seq": seq, "step": step,
+                      "duration_s": duration}
+            rebuilt.append({k: v for k, v in record.items() if v is not None})
+        assert rebuilt == [{k: v for k, v in c.items() if v is not None} for c in snap["recent"]], rank
