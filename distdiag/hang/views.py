@@ -64,24 +64,54 @@ def _innermost(stack: list[str]) -> str:
     return stack[-1] if stack else "?"
 
 
+STACK_CACHE = 4096
+"""Distinct stacks whose reading (`where`, `user_frame`, `issued_via`) is kept: the ranks of a
+job share a few stacks (16k ranks of the 16k-rank benchmark have 5), and each reading is a
+walk with regular expressions over every frame (0.15 s for 16k ranks, done 3 times)."""
+
+
 def where(stack: list[str]) -> str:
     """The innermost frame of the stack that is not distdiag's own runner, and the job's own
     line that led there when that frame is in torch or a training library."""
-    inner = _innermost(stack)
-    mine = user_frame(stack)
+    return _by_stack(_where, stack)
+
+
+def _by_stack(reading: Any, stack: list[Any]) -> Any:
+    """reading(stack), kept per distinct stack (a stack with an unhashable frame: not kept)."""
+    key = tuple(stack)
+    try:
+        return reading(key)
+    except TypeError:
+        return reading.__wrapped__(key)
+
+
+@lru_cache(maxsize=STACK_CACHE)
+def _where(stack: tuple[str, ...]) -> str:
+    inner = _innermost(list(stack))
+    mine = _user_frame(stack)
     return inner if mine is None or mine == inner else f"{inner} (called from {mine})"
 
 
 def with_user_site(site: str, stack: list[str]) -> str:
     """A call site in a library (accelerate's wait_for_everyone), with the job's line that called it."""
-    if not _LIBS.search(_path(site)) and not _TORCH.search(_path(site)):
+    if not _in_library(site):
         return site
     mine = user_frame(stack)
     return site if mine is None or mine == site else f"{mine} (through {site})"
 
 
+@lru_cache(maxsize=STACK_CACHE)
+def _in_library(site: str) -> bool:
+    return bool(_LIBS.search(_path(site)) or _TORCH.search(_path(site)))
+
+
 def user_frame(stack: list[str]) -> str | None:
     """The innermost frame outside torch and distdiag's runner: the line of the job that led here."""
+    return _by_stack(_user_frame, stack)
+
+
+@lru_cache(maxsize=STACK_CACHE)
+def _user_frame(stack: tuple[str, ...]) -> str | None:
     for line in reversed(stack):
         path = _path(line)
         if _TORCH.search(path) or _runner(path) or "/threading.py" in path:
@@ -98,6 +128,11 @@ def issued_via(stack: list[str]) -> str:
     """How torch came to issue the collective a rank waits in, from its main-thread stack:
     the torch.distributed API called (`scatter_object_list`), or `backward()` (DDP's and
     FSDP's gradient hooks run inside it), or a compiled graph."""
+    return _by_stack(_issued_via, stack)
+
+
+@lru_cache(maxsize=STACK_CACHE)
+def _issued_via(stack: tuple[str, ...]) -> str:
     api = None
     for line in stack:  # outermost first: the API the job (or a library) called
         if _C10D in _path(line):

@@ -213,13 +213,14 @@ def _history_ranks(event: IncidentEvent | None, merged: dict[int, dict[str, Any]
     differs at one sequence number, where a desync shows) and the ranks a desync event names."""
     if world <= HISTORY_ALL_RANKS:
         return None
-    seen: dict[tuple[str, int], str] = {}
+    seen: dict[tuple[str, int], Any] = {}
     odd: set[str] = set()
     for snap in merged.values():
-        for c in snap.get("recent") or []:
-            group, seq = c.get("group"), c.get("seq")
+        for c in snap.get("recent") or ():
+            group, seq, fp = c.get("group"), c.get("seq"), c.get("fp")
             if isinstance(group, str) and isinstance(seq, int):
-                if seen.setdefault((group, seq), str(c.get("fp"))) != str(c.get("fp")):
+                known = seen.setdefault((group, seq), fp)
+                if known != fp and str(known) != str(fp):  # str() only where they differ: 131k records at 16k ranks
                     odd.add(group)
     wanted: set[int] = set()
     detail = event_of(event).detail if event is not None else None
