@@ -61,6 +61,11 @@ SHARED_REPORT_MAX = 4 * 1024 * 1024
 copy leaves out the probes' details (the per-rank tables, stacks, recorder tails: what grows
 with the ranks) and says where the full report is: each host's copy is read by its local rank
 0, so a 16k-rank job's full copies would move N/8 x the report through the store."""
+NEWS_STEP = 1 << 32
+"""What the writer adds to its progress counter when the waiters must look (the verdict is out,
+ranks are asked to re-read), where it adds 1 for "still going": each waiter reads the verdict
+only on news (count // NEWS_STEP moved), not at every stage (16k ranks x 2 requests a stage).
+Far above any count of stages and heartbeats; far below the store's 64-bit counter."""
 LONG_STAGE_MAX_S = 300.0
 """The longest a stage of the writer keeps its progress moving by itself (`Incident.moving`):
 the analysis of 16k ranks' snapshots is estimated at a minute or two (issue 21)."""
@@ -196,12 +201,13 @@ class Incident:
         return {r: RankSnapshot.from_dict(s) for r, s in snaps.items()}
 
     # -- the writer ------------------------------------------------------------------------
-    def advance(self, stage: str) -> None:
-        """The writer moved on (a stage, or k more snapshots): waiters keep waiting."""
+    def advance(self, stage: str, *, news: bool = False) -> None:
+        """The writer moved on (a stage, or k more snapshots): waiters keep waiting. `news`:
+        something the waiters must read (a request to re-read) came with it (NEWS_STEP)."""
         self.stage_text = stage
         try:
             with bounded(f"add {self.keys.progress}"):
-                self.ex.store.add(self.keys.progress, 1)
+                self.ex.store.add(self.keys.progress, NEWS_STEP if news else 1)
                 self.ex.store.set(self.keys.stage, checked_value(self.keys.stage, stage[:200]))
         except Exception as exc:  # noqa: BLE001 - progress is advisory; the verdict is what matters
             log.debug("could not note the writer's progress: %s", exc)
@@ -240,7 +246,7 @@ class Incident:
             try:
                 with bounded(f"set {self.keys.verdict}"):
                     self.ex.store.set(self.keys.verdict, text)
-                    self.ex.store.add(self.keys.progress, 1)  # the waiters read the verdict when it moves
+                    self.ex.store.add(self.keys.progress, NEWS_STEP)  # the waiters read the verdict on news
                 return True
             except Exception as exc:  # noqa: BLE001 - reconnect once, then give up loudly
                 log.debug("publishing the verdict failed (attempt %d): %s", attempt, exc)
@@ -354,12 +360,14 @@ class Incident:
                      stop: Callable[[], bool] | None = None) -> tuple[Verdict | None, str]:
         """The verdict, waiting while the writer's progress moves; (None, why) once it stood
         still for stall_s (no writer yet counts as standing still). One request a poll, the
-        progress counter: the writer bumps it after each stage, after asking ranks to re-read
-        and after the verdict, so the verdict and `stop()` are read only when it moved. Polls
-        every `poll_interval(poll_s, N)`, the first at a random point of it (16k ranks polling
-        every 50 ms with three requests each offered the store a million requests a second)."""
+        progress counter: the writer bumps it by 1 as it goes and by NEWS_STEP after asking
+        ranks to re-read and after the verdict, so the verdict and `stop()` are read only when
+        there is news (at the first poll, then twice an incident at most), not at every stage.
+        Polls every `poll_interval(poll_s, N)`, the first at a random point of it (16k ranks
+        polling every 50 ms with three requests each offered the store a million requests a
+        second)."""
         interval = poll_interval(poll_s, self.world)
-        last, moved = -1, time.monotonic()
+        last, seen_news, moved = -1, -1, time.monotonic()
         delay = interval * random.uniform(0.5, 1.0) if interval > poll_s else 0.0
         while True:
             time.sleep(delay)
@@ -368,11 +376,13 @@ class Incident:
             count = self.ex.bump(self.keys.progress, 0)
             if count != last:
                 last, moved = count, now
-                got = self.ex.read(self.keys.verdict)
-                if got is not None:
-                    return Verdict.from_dict(got), ""
-                if stop is not None and stop():
-                    return None, "stopped waiting"
+                if count // NEWS_STEP != seen_news:
+                    seen_news = count // NEWS_STEP
+                    got = self.ex.read(self.keys.verdict)
+                    if got is not None:
+                        return Verdict.from_dict(got), ""
+                    if stop is not None and stop():
+                        return None, "stopped waiting"
             elif now - moved > stall_s:
                 got = self.ex.read(self.keys.verdict)  # published just before the writer stopped
                 if got is not None:
@@ -387,7 +397,7 @@ class Incident:
         for r in ranks:
             with bounded(f"set {self.keys.again(r)}"):
                 self.ex.store.set(self.keys.again(r), "1")
-        self.advance(f"re-reading {len(ranks)} snapshot(s) that contradict the others")
+        self.advance(f"re-reading {len(ranks)} snapshot(s) that contradict the others", news=True)
 
     def _stage(self) -> str:
         try:

@@ -238,6 +238,31 @@ def test_a_waiter_of_a_16k_rank_job_costs_the_store_one_request_a_poll(server):
     assert 3 <= polls <= 6, counted.calls
 
 
+def test_a_waiter_reads_the_verdict_on_news_not_at_every_stage(server):
+    """The writer's stages and heartbeats keep a waiter waiting without sending it to read the
+    verdict (16k ranks x 2 requests a stage); the verdict's news does: read at the first poll
+    and once it is out."""
+    keys = IncidentKeys(13)
+    writer = Incident(Exchange(_client(server), 0, 2), keys, 2)
+    counted = Counting(_client(server))
+    waiter = Incident(Exchange(counted, 1, 2), keys, 2)
+    stops: list[bool] = []
+
+    def write() -> None:
+        for k in range(10):
+            writer.advance(f"stage {k}")
+            time.sleep(0.06)
+        writer.publish_verdict(Verdict(3, 0, "h"))
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    verdict, why = waiter.wait_verdict(5.0, poll_s=0.02, stop=lambda: stops.append(True) or False)
+    thread.join(10)
+    assert verdict is not None, why
+    assert len(stops) == 1, counted.calls  # at the first poll only: no stage was news
+    assert counted.count("add") >= 10  # it did see the stages go by
+
+
 def test_a_rank_asked_to_read_again_sees_it_though_it_polls_only_the_progress(server):
     """The writer asks again and then moves its progress: the waiter's `stop()` runs then."""
     keys = IncidentKeys(12)
