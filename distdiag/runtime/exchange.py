@@ -27,6 +27,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,6 +48,9 @@ the store and leaves with exit 3 (a round trip takes milliseconds; seconds on a 
 BATCH = 256
 """Keys per multi_get or check: the server answers a request whole, so one of 16k values
 holds it (and every other client) for seconds."""
+
+PREFETCH_PARTS = 4
+"""From this many multi_gets on, Exchange.collect reads the next while it parses one."""
 
 POLL_BUDGET_OPS_S = 25_000.0
 """Requests per second that all ranks polling one wait may cost the store together: about a
@@ -104,7 +108,8 @@ def bounded(op: str) -> Iterator[None]:
 
 
 class Exchange:
-    """Store-backed gather/publish for one rank. Not shared between threads."""
+    """Store-backed gather/publish for one rank. Not shared between threads (its `collect`
+    reads ahead on a thread of its own; the store client serialises its requests)."""
 
     def __init__(self, store: Any, rank: int, world_size: int) -> None:
         self.store = store
@@ -197,13 +202,31 @@ class Exchange:
         """The values posted so far under key, by rank (missing ranks are absent); read
         BATCH keys a request."""
         have = self.present(key, ranks)
+        parts = [have[start : start + BATCH] for start in range(0, len(have), BATCH)]
         out: dict[int, Any] = {}
-        for start in range(0, len(have), BATCH):
-            part = have[start : start + BATCH]
-            with bounded(f"multi_get {key}"):
-                raw = self.store.multi_get([f"{key}/{r}" for r in part])
-                out.update(zip(part, self._batch(key, part, raw), strict=True))
+        for part, raw in zip(parts, self._fetched(key, parts), strict=True):
+            out.update(zip(part, self._batch(key, part, raw), strict=True))
         return out
+
+    def _get(self, key: str, part: list[int]) -> list[Any]:
+        with bounded(f"multi_get {key}"):
+            return self.store.multi_get([f"{key}/{r}" for r in part])
+
+    def _fetched(self, key: str, parts: list[list[int]]) -> Iterator[list[Any]]:
+        """Each part's raw values, in order. Past PREFETCH_PARTS parts the next is read on a
+        second thread while the caller parses this one: a read waits on the server (busy with
+        every other rank's polls) with the GIL released, the parsing needs the GIL; the client
+        serialises its own requests."""
+        if len(parts) < PREFETCH_PARTS:
+            yield from (self._get(key, part) for part in parts)
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="distdiag-prefetch") as pool:
+            pending = pool.submit(self._get, key, parts[0])
+            for part in parts[1:]:
+                raw = pending.result()
+                pending = pool.submit(self._get, key, part)
+                yield raw
+            yield pending.result()
 
     def _batch(self, key: str, part: list[int], raw: list[Any]) -> list[Any]:
         """The values of one multi_get: the JSON ones parsed as one array (16k values one by one

@@ -164,3 +164,21 @@ def test_a_batch_of_plain_packed_and_split_values_reads_back_as_posted(server):
     got = Exchange(store, 4, 5).collect("k")
     assert got[0] == {"a": 0} and got[1] == big and got[3] == [3, "x"]
     assert snapwire.unpack(got[2]) == snap
+
+
+def test_collect_reads_ahead_and_keeps_every_value_in_its_place(server):
+    """Past PREFETCH_PARTS batches the next multi_get runs on a second thread while a batch is
+    parsed: every value still lands under its own rank, silent ranks absent, in every batch."""
+    from distdiag.runtime.exchange import PREFETCH_PARTS
+
+    world = (PREFETCH_PARTS + 1) * BATCH + 7
+    store = dist.PrefixStore("readahead/", server)
+    silent = {3, BATCH + 1, 3 * BATCH + 5, world - 1}
+    for r in range(world):
+        if r not in silent:
+            Exchange(store, r, world).post("v", {"rank": r, "pad": "x" * (r % 13)})
+    counted = Counting(store)
+    got = Exchange(counted, 0, world).collect("v")
+    assert sorted(got) == [r for r in range(world) if r not in silent]
+    assert all(v["rank"] == r and v["pad"] == "x" * (r % 13) for r, v in got.items())
+    assert counted.count("multi_get") == -(-len(got) // BATCH)
