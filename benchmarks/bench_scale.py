@@ -40,6 +40,11 @@ results, its snapshot), hang_error / check_error (what the writer raised), store
 (values the server refused: over its 8 MiB limit), ranks_without_verdict, and late_rounds
 (poll rounds a client could not finish within the real interval: the offered poll rate was
 then below the real code's).
+hang_cores_busy: the server's, the client processes' and the writer's CPU over the hang phase, in
+cores. writer_core: "own" by default, where the writer has core 0 to itself and the store server,
+the client processes and this one share the others (on a real job the 16k ranks run on other
+hosts; two client processes playing them beside the writer took half of its core here);
+`--shared-cores` lets them all share every core.
 Snapshots are posted as the watchdog posts them (distdiag/runtime/snapwire.py: labels by
 reference, compressed, the history under its own key), and each node's leader (local rank 0,
 ranks 8, 16, ...) posts its node's snapshots as one value (distdiag/runtime/nodes.py). On a
@@ -183,6 +188,7 @@ def _poll_until(ranks: list[int], period: float, poll: Any, limit_s: float) -> t
 
 
 def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) -> None:
+    import distdiag.runtime.incident as incident_module
     from distdiag.hang.incident import RankSnapshot
     from distdiag.runtime.exchange import Exchange
     from distdiag.runtime.incident import Incident
@@ -197,12 +203,15 @@ def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) 
     leaders = _leaders(inc, world)
     store.add("ready", 1)
     store.wait(["go"])
+    cpu0 = _cpu()
 
     last: dict[int, int] = {}
 
+    news_step = getattr(incident_module, "NEWS_STEP", 1)  # before it, every move of the progress was news
+
     def poll(r: int) -> bool:  # watcher.py _await -> Incident.wait_verdict: the progress each poll,
-        incident = inc[r]      # the verdict and the re-read request only when it moved
-        count = incident.ex.bump(incident.keys.progress, 0)
+        incident = inc[r]      # the verdict and the re-read request only on news (the verdict, a re-read)
+        count = incident.ex.bump(incident.keys.progress, 0) // news_step
         if last.get(r) == count:
             return False
         last[r] = count
@@ -216,7 +225,7 @@ def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) 
 
     done_at, late, gave_up = _poll_until(list(inc), _interval(WATCHER_POLL_S, world), poll, VERDICT_WAIT_S)
     out.put({"ops": store.ops, "max_value": store.max_value, "done_at": done_at, "late_rounds": late, "gave_up": gave_up,
-             "leaders_s": leaders})
+             "leaders_s": leaders, "cpu_s": _cpu() - cpu0})
 
 
 def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) -> None:
@@ -311,6 +320,23 @@ def _hang_write(ex: Any, world: int, dump_dir: str) -> Any:
     return report
 
 
+PIN_ENV = "DISTDIAG_BENCH_WRITER_CORE"
+"""Set by main (`--shared-cores` leaves it unset): the writer gets core 0 to itself, the store
+server, the simulated ranks and this process share the others."""
+
+
+def _pin(role: str, pid: int = 0) -> None:
+    """Keep the writer (`role` "writer") on its own core and everything else off it: on a real
+    job the writer's host has cores to spare during a hang, the store server its host's, and
+    the 16k ranks, played here by two client processes, run on other hosts."""
+    core = os.environ.get(PIN_ENV)
+    if core is None:
+        return
+    own = int(core)
+    others = set(range(os.cpu_count() or 1)) - {own}
+    os.sched_setaffinity(pid, {own} if role == "writer" or not others else others)
+
+
 def _quiet() -> None:
     """The writers print the report (a 16k-rank table): not into the benchmark's output."""
     null = os.open(os.devnull, os.O_WRONLY)
@@ -321,6 +347,7 @@ def _quiet() -> None:
 def _hang_writer(port: int, prefix: str, world: int, out: Any) -> None:
     import psutil
 
+    _pin("writer")
     _quiet()
     from distdiag.hang.incident import RankSnapshot
     from distdiag.runtime.exchange import Exchange
@@ -358,6 +385,7 @@ def _hang_writer(port: int, prefix: str, world: int, out: Any) -> None:
 def _check_writer(port: int, prefix: str, world: int, out: Any) -> None:
     import psutil
 
+    _pin("writer")
     _quiet()
     from distdiag.runtime.exchange import Exchange
 
@@ -493,6 +521,7 @@ def _phase(port: int, server: Any, world: int, clients: int, kind: str) -> dict[
         "late_rounds": sum(r["late_rounds"] for r in ranks), "writer": writer,
         "gave_up": sum(r["gave_up"] for r in ranks),
         "leaders_ms": _spread([t for r in ranks for t in r.get("leaders_s", [])]),
+        "clients_cpu": sum(r.get("cpu_s", 0.0) for r in ranks),
     }
 
 
@@ -517,6 +546,7 @@ def measure(world: int, clients: int) -> dict[str, Any]:
                               text=True)
     try:
         port = int(server.stdout.readline())
+        _pin("server", server.pid)
         proc = psutil.Process(server.pid)
         hang = _phase(port, proc, world, clients, "hang")
         check = _phase(port, proc, world, clients, "check")
@@ -547,10 +577,14 @@ def measure(world: int, clients: int) -> dict[str, Any]:
         "hang_writer_peak_mb": hang["peak_mb"], "check_writer_peak_mb": check["peak_mb"],
         "store_ops_per_s": round(ops / elapsed),
         "server_core_share": round((hang["server_cpu"] + check["server_cpu"]) / elapsed, 2),
+        "hang_cores_busy": {"server": round(hang["server_cpu"] / hang["elapsed"], 2),
+                            "clients": round(hang["clients_cpu"] / hang["elapsed"], 2),
+                            "writer": round(hang["writer"]["cpu_s"] / hang["elapsed"], 2)},
         "hang_report_kb": hang["writer"].get("report_kb"),
         "poll_rate_shortfall": {"late_rounds": hang["late_rounds"] + check["late_rounds"]},
         "leader_aggregate_ms": hang["leaders_ms"],
         "clients": clients,
+        "writer_core": "own" if os.environ.get(PIN_ENV) else "shared",
     }
 
 
@@ -559,7 +593,13 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--clients", type=int, default=2, help="client processes playing the ranks (default 2)")
     parser.add_argument("--json", action="store_true", help="one JSON object per N instead of the table")
+    parser.add_argument("--shared-cores", action="store_true",
+                        help="let the writer share every core with the store server and the client processes (by "
+                             "default it has core 0 to itself and they have the others, as on a real job)")
     args = parser.parse_args()
+    if not args.shared_cores and (os.cpu_count() or 1) >= 2:
+        os.environ[PIN_ENV] = "0"
+        _pin("main")  # the client processes start from here: off the writer's core
     if not args.json:
         print("| N | hang report s | check exchange s (writer s) | max store value | writer peak MB | store ops/s | "
               "server cores | notes |")
