@@ -11,7 +11,9 @@ ranks, replaying the store operations distdiag's own code issues, through its ow
   `publish_outcome` (in `_hang_write`, the one place that calls them): the verdict first, then
   the report's copy in chunks, while every other rank polls for the
   verdict as distdiag/watchdog/watcher.py does and each node's local rank 0 fetches the shared
-  report. `hang_report_s`: the declaration -> the report on disk and the verdict published.
+  report. `hang_report_s`: the declaration -> the verdict published (the report is on disk
+  before it); `hang_writer_done_s`: -> the writer done (the other hosts' copy shared, what it
+  worked on freed).
 - the check's end: every rank posts its row (`info`) and its results of four probes (env,
   gpu, collectives, bandwidth payloads of a healthy job); from the moment the last one posted
   its last result, rank 0 runs the real distdiag.check.finish.RunEnd (`consolidate`, `emit`)
@@ -92,6 +94,8 @@ class Recorder:
         self._store = store
         self.ops = 0
         self.max_value = 0
+        self.verdict_at: float | None = None
+        """When this client first set a verdict key (the writer publishing it)."""
 
     def _sized(self, value: Any) -> None:
         self.max_value = max(self.max_value, len(value))
@@ -100,6 +104,8 @@ class Recorder:
         self.ops += 1
         self._sized(value)
         self._store.set(key, value)
+        if self.verdict_at is None and key.startswith("verdict"):
+            self.verdict_at = time.time()
 
     def compare_set(self, key: str, expected: Any, value: Any) -> Any:
         self.ops += 1
@@ -378,7 +384,7 @@ def _hang_writer(port: int, prefix: str, world: int, out: Any) -> None:
     silent = {reason.cause for reason in SilentReason} | {"lost"}
     lost = len([f for f in report.probes[0].findings if f.cause in silent]) if report is not None else -1
     out.put({"writer": "hang", "t0": t0, "t1": t1, "cpu_s": cpu, "ops": store.ops, "max_value": store.max_value,
-             "peak_mb": peak.growth_mb, "lost_findings": lost, "error": error,
+             "marks": {"verdict": store.verdict_at}, "peak_mb": peak.growth_mb, "lost_findings": lost, "error": error,
              "report_kb": len(report.to_json()) // 1024 if report else 0})
 
 
@@ -559,7 +565,8 @@ def measure(world: int, clients: int) -> dict[str, Any]:
     elapsed = hang["elapsed"] + check["elapsed"]
     return {
         "ranks": world,
-        "hang_report_s": None if hang["writer"].get("error") else round(hang["writer_s"], 3),
+        "hang_report_s": None if hang["writer"].get("error") else _since(hang["writer"], "verdict"),
+        "hang_writer_done_s": round(hang["writer_s"], 3),
         "store_rejected_values": rejected,
         "check_exchange_s": round(check["all_s"], 3),
         "check_writer_s": round(check["writer_s"], 3),
