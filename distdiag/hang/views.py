@@ -66,7 +66,7 @@ def _innermost(stack: list[str]) -> str:
 
 STACK_CACHE = 4096
 """Distinct stacks whose reading (`where`, `user_frame`, `issued_via`) is kept: the ranks of a
-job share a few stacks (16k ranks of the 16k-rank benchmark have 5), and each reading is a
+job share a few stacks (the 16k ranks of benchmarks/bench_scale.py have 4), and each reading is a
 walk with regular expressions over every frame (0.15 s for 16k ranks, done 3 times)."""
 
 
