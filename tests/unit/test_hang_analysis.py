@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from distdiag.hang import analyze_hang
 
 
@@ -201,6 +203,26 @@ def test_the_check_s_own_entry_files_are_never_named_as_the_job_s_line():
         assert user_frame([*stack, torch_wait]) is None
         probe = f"{site}/distdiag/probes/cluster/collectives.py:150 in reductions: comm.all_reduce(x)"
         assert user_frame([*stack, probe, torch_wait]) == probe
+
+
+def test_a_stacks_reading_is_the_same_kept_or_not_and_odd_frames_are_still_read():
+    """where / user_frame / issued_via are kept per distinct stack (the ranks of a job share a
+    few): the kept answer is the uncached one, for the list and for a copy of it; a stack with
+    an unhashable frame (a dict from an odd tracker) is read, not kept."""
+    from distdiag.hang import views
+
+    site = "/venv/lib/python3.11/site-packages"
+    stack = ["train.py:88 in main: loss.backward()", f"{site}/torch/_tensor.py:521 in backward: torch.autograd.backward(",
+             f"{site}/torch/distributed/distributed_c10d.py:2501 in all_reduce: work.wait()"]
+    for reading, cached in ((views.where, views._where), (views.user_frame, views._user_frame),
+                            (views.issued_via, views._issued_via)):
+        plain = cached.__wrapped__(tuple(stack))
+        assert reading(stack) == reading(list(stack)) == plain, reading.__name__
+    assert views.user_frame(stack) == "train.py:88 in main: loss.backward()"
+    odd = [{"frame": 1}, "train.py:9 in main: x()"]
+    assert views.user_frame(odd) == "train.py:9 in main: x()"  # read through the fallback: tuple(odd) has no hash
+    with pytest.raises(TypeError):
+        hash(tuple(odd))
 
 
 def test_nobody_waiting_does_not_contradict_a_table_that_shows_ranks_in_a_call():
