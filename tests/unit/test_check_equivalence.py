@@ -2,7 +2,11 @@
 linear for 16k ranks (issue 21): golden results recorded from the code at 8896294 on synthetic
 payloads (tests/unit/check_payloads.py: for env, gpu, collectives and bandwidth a healthy job, a
 straggler, a bad link, a slow rank, a mismatched env, a sick GPU, wrong values, ragged timings;
-for data_shards identical, overlapping and repeated data); the bandwidth arithmetic against the
+for data_shards identical, overlapping and repeated data); the rest of the default suite's
+probes (setup_sync, fsdp_plan, loss_parity, param_sync, determinism, sequence_parallel,
+moe_routing, checkpoint: tests/unit/check_suite_payloads.py, a healthy job and a faulty twin
+each, at 8 and 48 ranks) recorded from the code at 7a2ebeb, before their consolidation was made
+linear; the bandwidth arithmetic against the
 statistics module's median and fmean, and data_shards' overlap summary against every pair, on
 random inputs.
 
@@ -27,12 +31,18 @@ from distdiag.probes.cluster.bandwidth import BandwidthConfig, format_size, stra
 from distdiag.probes.cluster.bandwidth_stats import bandwidth_rows
 from distdiag.probes.data.fingerprint import overlap_summary, overlaps
 from distdiag.report.model import ProbeResult
-from tests.unit.check_payloads import DATA_SCENARIOS, SCENARIOS, payloads, rank_infos
+from tests.unit.check_payloads import DATA_SCENARIOS, SCENARIOS, SUITE_SCENARIOS, payloads, rank_infos
 
 GOLDEN = Path(__file__).with_name("check_golden.json")
 WORLDS = (3, 48)
 CLUSTER = ("env", "gpu", "collectives", "bandwidth")
-CASES = {**{p: SCENARIOS for p in CLUSTER}, "data_shards": DATA_SCENARIOS}
+CASES = {**{p: SCENARIOS for p in CLUSTER}, "data_shards": DATA_SCENARIOS, **SUITE_SCENARIOS}
+SUITE_WORLDS = (8, 48)
+"""The suite's payloads cycle what 4 real ranks posted: a healthy job has a multiple of 4 ranks."""
+
+
+def _worlds(probe: str) -> tuple[int, ...]:
+    return SUITE_WORLDS if probe in SUITE_SCENARIOS else WORLDS
 
 
 def _digest(result: ProbeResult) -> dict[str, Any]:
@@ -50,14 +60,14 @@ def _consolidate(probe: str, world: int, scenario: str) -> ProbeResult:
 
 
 def _all_digests() -> dict[str, Any]:
-    return {f"{p}/{s}/{w}": _digest(_consolidate(p, w, s)) for w in WORLDS for p, cases in CASES.items() for s in cases}
+    return {f"{p}/{s}/{w}": _digest(_consolidate(p, w, s)) for p, cases in CASES.items() for w in _worlds(p) for s in cases}
 
 
 @pytest.mark.parametrize("probe", list(CASES))
 def test_consolidation_matches_the_recorded_results(probe):
-    """Every scenario at 3 and 48 ranks: the same findings, metrics and details as recorded."""
+    """Every scenario at 3 and 48 ranks (8 and 48 for the suite's): the same findings, metrics and details as recorded."""
     golden = json.loads(GOLDEN.read_text())
-    for world in WORLDS:
+    for world in _worlds(probe):
         for scenario in CASES[probe]:
             key = f"{probe}/{scenario}/{world}"
             assert _digest(_consolidate(probe, world, scenario)) == golden[key], key
@@ -82,6 +92,22 @@ def test_the_healthy_twin_is_silent_and_each_fault_is_named():
     assert [f.severity for f in _consolidate("data_shards", 48, "healthy").findings] == ["info"]
     overlapping = _consolidate("data_shards", 48, "overlapping").findings
     assert overlapping[0].cause == "overlapping_data" and overlapping[0].ranks == list(range(48))
+
+
+SUITE_NAMED = {
+    "setup_sync": [[5]], "fsdp_plan": [[4, 5, 6, 7]], "loss_parity": [list(range(48))], "param_sync": [[5]],
+    "determinism": [[4], [7]], "sequence_parallel": [[2]], "moe_routing": [list(range(48))], "checkpoint": [[4]],
+}
+"""The ranks each faulty twin's findings name (a divergence from the reference, tokens lost
+between two ranks: the whole job)."""
+
+
+def test_the_suites_healthy_twins_are_quiet_and_each_fault_is_named():
+    """The rest of the default suite at 48 ranks: healthy, nothing above info; each fault, its ranks."""
+    for probe, (healthy, fault) in SUITE_SCENARIOS.items():
+        assert [f for f in _consolidate(probe, 48, healthy).findings if f.severity != "info"] == [], probe
+        named = [f.ranks for f in _consolidate(probe, 48, fault).findings if f.severity != "info"]
+        assert named == SUITE_NAMED[probe], probe
 
 
 def test_overlap_summary_equals_every_pair_compared():
