@@ -11,7 +11,6 @@ shard under HSDP). The CPU (and CUDA) RNG states are checksummed too. Checksums 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import compress
 from typing import Any
 
 from distdiag.errors import ConfigError
@@ -72,19 +71,25 @@ class ParamSyncProbe(tr.NumericsProbe):
         ranks = sorted(payloads)
         nsnaps = min(len(p["snaps"]) for p in payloads.values())
         findings: list[Finding] = []
-        keys = sorted({k for p in payloads.values() for k in p["snaps"][0]["sums"]})
         compared = 0
         drifts: dict[tuple[str, int, tuple[int, ...]], list[tuple[str, dict[str, list[int]]]]] = {}
         # Each snapshot's sums of every rank, looked up once, not per tensor (16k ranks, issue 21).
         sums = [[payloads[r]["snaps"][i]["sums"] for r in ranks] for i in range(nsnaps)]
-        for key in keys:
-            has = [key in s for s in sums[0]]
-            holders = list(compress(ranks, has))
-            if len(holders) < 2:
+        # Who holds each tensor, from one pass over every rank's keys: asking every rank about
+        # every key was keys x ranks, and a sharded model has a key per shard (N^2 at 16k ranks).
+        holding: dict[str, list[int]] = {}
+        for j, snap0 in enumerate(sums[0]):
+            for key in snap0:
+                holding.setdefault(key, []).append(j)
+        for key in sorted(holding):
+            at = holding[key]
+            if len(at) < 2:
                 continue
+            holders = [ranks[j] for j in at]
             compared += 1
             for i in range(nsnaps):
-                groups = group_values(holders, [s[key][1] for s in compress(sums[i], has)])
+                per_rank = sums[i]
+                groups = group_values(holders, [per_rank[j][key][1] for j in at])
                 if len(groups) > 1:
                     kind = payloads[holders[0]]["snaps"][0]["sums"][key][0]
                     drifts.setdefault((kind, i, tuple(minority_ranks(groups))), []).append((key, groups))
