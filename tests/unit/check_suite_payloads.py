@@ -227,3 +227,23 @@ SUITE_BUILDERS = {
     "determinism": determinism, "sequence_parallel": sequence_parallel, "moe_routing": moe_routing,
     "checkpoint": checkpoint,
 }
+
+
+def as_collected(probe: Any, index: int, made: dict[int, dict[str, Any]], store: Any = None) -> dict[int, dict[str, Any]]:
+    """The payloads as the writer has them: each rank's entry posted as distdiag/check/run.py
+    posts it (its probe's shared fields stored once, distdiag/check/shared_values.py) into a
+    store (an in-process HashStore unless given), collected and resolved by the writer's code."""
+    from torch.distributed import HashStore
+
+    from distdiag.check.shared_values import resolve_shared, share_fields
+    from distdiag.runtime.exchange import Exchange
+    from distdiag.runtime.keys import Keys
+
+    store = store if store is not None else HashStore()
+    world = len(made)
+    for r, payload in made.items():
+        ex = Exchange(store, r, world)
+        ex.post(Keys.result(index), share_fields(ex, index, {"status": "ok", "payload": payload}, probe.shared_fields))
+    ex = Exchange(store, 0, world)
+    posted = resolve_shared(ex, index, ex.collect(Keys.result(index)))
+    return {r: e["payload"] for r, e in sorted(posted.items())}

@@ -32,6 +32,7 @@ from distdiag.probes.cluster.bandwidth_stats import bandwidth_rows
 from distdiag.probes.data.fingerprint import overlap_summary, overlaps
 from distdiag.report.model import ProbeResult
 from tests.unit.check_payloads import DATA_SCENARIOS, SCENARIOS, SUITE_SCENARIOS, payloads, rank_infos
+from tests.unit.check_suite_payloads import as_collected
 
 GOLDEN = Path(__file__).with_name("check_golden.json")
 WORLDS = (3, 48)
@@ -53,10 +54,20 @@ def _digest(result: ProbeResult) -> dict[str, Any]:
     return {**data, "details": hashed}
 
 
-def _consolidate(probe: str, world: int, scenario: str) -> ProbeResult:
+def _consolidate(probe: str, world: int, scenario: str, collected: bool = False) -> ProbeResult:
+    """One probe's result over its synthetic payloads: as built (every rank its own objects), or
+    as the writer has them (`collected`: through the store, shared fields one object for the
+    ranks that posted them alike) - then also checked to leave the payloads as they were."""
     cls = PROBES[probe]
     view = ConsolidationView(world, rank_infos(world), cls.Config() if cls.Config else None)
-    return cls().consolidate(payloads(probe, world, scenario), view)
+    made = payloads(probe, world, scenario)
+    if not collected:
+        return cls().consolidate(made, view)
+    got = as_collected(cls(), list(PROBES).index(probe), made)
+    before = json.dumps(got, sort_keys=True)
+    result = cls().consolidate(got, view)
+    assert json.dumps(got, sort_keys=True) == before, f"{probe}/{scenario}: consolidation changed a payload"
+    return result
 
 
 def _all_digests() -> dict[str, Any]:
@@ -65,12 +76,14 @@ def _all_digests() -> dict[str, Any]:
 
 @pytest.mark.parametrize("probe", list(CASES))
 def test_consolidation_matches_the_recorded_results(probe):
-    """Every scenario at 3 and 48 ranks (8 and 48 for the suite's): the same findings, metrics and details as recorded."""
+    """Every scenario at 3 and 48 ranks (8 and 48 for the suite's): the same findings, metrics and
+    details as recorded, from the payloads as built and as the writer has them."""
     golden = json.loads(GOLDEN.read_text())
     for world in _worlds(probe):
         for scenario in CASES[probe]:
             key = f"{probe}/{scenario}/{world}"
             assert _digest(_consolidate(probe, world, scenario)) == golden[key], key
+            assert _digest(_consolidate(probe, world, scenario, collected=True)) == golden[key], f"{key}, as collected"
 
 
 def test_the_healthy_twin_is_silent_and_each_fault_is_named():
