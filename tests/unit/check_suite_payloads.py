@@ -48,85 +48,91 @@ def _texts() -> dict[str, str]:
     return out
 
 
+def _which(world: int, ranks: Any) -> Any:
+    """The ranks to build: `ranks` (a client of the scale benchmark plays some), else every rank."""
+    return range(world) if ranks is None else ranks
+
+
 def _copy(name: str) -> Any:
     return json.loads(_texts()[name])
 
 
-def setup_sync(world: int, scenario: str) -> dict[int, dict[str, Any]]:
+def setup_sync(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[str, Any]]:
     """Every rank built the same model; `drift`: rank 5's qkv weight of layer 0 differs."""
-    out = {r: _copy("setup_sync") for r in range(world)}
-    if scenario == "drift" and world > 5:
+    out = {r: _copy("setup_sync") for r in _which(world, ranks)}
+    if scenario == "drift" and 5 in out:
         digest = out[5]["digests"]["layers.0.qkv.weight"]
         digest.update(bits="0badc0de" + digest["bits"][8:], sum=digest["sum"] + 0.25)
     return out
 
 
-def fsdp_plan(world: int, scenario: str) -> dict[int, dict[str, Any]]:
+def fsdp_plan(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[str, Any]]:
     """Every parameter sharded over all `world` ranks; `imbalance`: ranks 4-7 hold 8x their share."""
     text = _texts()["fsdp_plan"].replace(f'"mesh": "({CAPTURED},) ', f'"mesh": "({world},) ')
     text = text.replace(f'"mesh_size": {CAPTURED},', f'"mesh_size": {world},')
-    out = {r: json.loads(text) for r in range(world)}
+    out = {r: json.loads(text) for r in _which(world, ranks)}
     if scenario == "imbalance":
-        for r in range(4, min(8, world)):
+        for r in [r for r in range(4, 8) if r in out]:
             for row in out[r]["rows"]:
                 row.update(local_numel=row["local_numel"] * 8, local_bytes=row["local_bytes"] * 8)
     return out
 
 
-def loss_parity(world: int, scenario: str) -> dict[int, dict[str, Any]]:
+def loss_parity(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[str, Any]]:
     """Rank r's losses and gradient share those of captured rank r % 4 (the shares scaled so
     that they still add up to the reference's norm); `loss_off`: rank 6's second loss is off."""
     out = {}
-    for r in range(world):
+    for r in _which(world, ranks):
         p = _copy(f"loss_parity/{r % CAPTURED}")
         for step in p["steps"]:
             step["grad_sq_share"] *= CAPTURED / world
         out[r] = p
-    if scenario == "loss_off" and world > 6:
+    if scenario == "loss_off" and 6 in out:
         out[6]["steps"][1]["loss"] += 2.0
     return out
 
 
-def param_sync(world: int, scenario: str) -> dict[int, dict[str, Any]]:
+def param_sync(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[str, Any]]:
     """Rank r's shard sums under its own `[shard dp=r]` keys, its buffer's like every rank's;
     `drift`: rank 5's buffer differs from the second snapshot on."""
     out = {}
-    for r in range(world):
+    for r in _which(world, ranks):
         k = r % CAPTURED
         out[r] = json.loads(_texts()[f"param_sync/{k}"].replace(f"[shard dp={k}]", f"[shard dp={r}]"))
-    if scenario == "drift" and world > 5:
+    if scenario == "drift" and 5 in out:
         for snap in out[5]["snaps"][1:]:
             kind, bits, total = snap["sums"]["buffer scale"]
             snap["sums"]["buffer scale"] = [kind, "0badc0de" + bits[8:], total + 1.0]
     return out
 
 
-def determinism(world: int, scenario: str) -> dict[int, dict[str, Any]]:
+def determinism(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[str, Any]]:
     """Each rank's loss twice alike (captured rank r % 4's); `nondeterministic`: rank 4's parallel
     step is not repeatable, rank 7's reference loss differs from every other rank's."""
     losses = json.loads(_texts()["determinism_losses"])
     out = {}
-    for r in range(world):
+    for r in _which(world, ranks):
         p = _copy("determinism")
         p["par_losses"] = [losses[r % CAPTURED]] * 2
         out[r] = p
-    if scenario == "nondeterministic" and world > 7:
+    if scenario == "nondeterministic" and 4 in out:
         out[4]["par_losses"][1] += 1e-3
         out[4]["par_diff"] = ["loss", "grad layers.0.qkv.weight"]
+    if scenario == "nondeterministic" and 7 in out:
         out[7]["ref"]["loss"] = float.hex(float.fromhex(out[7]["ref"]["loss"]) + 1e-6)  # its reference step's bits differ
     return out
 
 
-def checkpoint(world: int, scenario: str) -> dict[int, dict[str, Any]]:
+def checkpoint(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[str, Any]]:
     """A round trip that gave every key back (rank 0 removed the directory); `unequal`: rank 4
     read one tensor back different."""
     out = {}
-    for r in range(world):
+    for r in _which(world, ranks):
         p = _copy("checkpoint")
         if r:
             del p["removed"]
         out[r] = p
-    if scenario == "unequal" and world > 4:
+    if scenario == "unequal" and 4 in out:
         out[4]["unequal"] = ["model.layers.0.weight"]
     return out
 
@@ -175,23 +181,23 @@ def _sp_split(splitter: str, variant: str, full: dict[str, Any], rank: int, worl
     return entry
 
 
-def sequence_parallel(world: int, scenario: str) -> dict[int, dict[str, Any]]:
+def sequence_parallel(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[str, Any]]:
     """Each rank's split of the built-in batch (the full batch on rank 0), Ulysses and the
     end-to-end step as captured rank r % 4's; `restart`: rank 2's contiguous positions restart at 0."""
     batches = _sp_batches(world)
     templ = _copy("sequence_parallel")
     out = {}
-    for r in range(world):
+    for r in _which(world, ranks):
         splits = [_sp_split(s, v, full, r, world) for s in ("built-in contiguous", "built-in zigzag") for v, full in batches]
         out[r] = {"findings": [], "splits": splits, "ulysses": dict(templ["ulysses"]),
                   "e2e": json.loads(json.dumps(templ["e2e"][r % CAPTURED]))}
-    if scenario == "restart" and world > 2:
+    if scenario == "restart" and 2 in out:
         local = out[2]["splits"][0]["local"]
         local["position_ids"] = [list(range(len(row))) for row in local["position_ids"]]
     return out
 
 
-def moe_routing(world: int, scenario: str) -> dict[int, dict[str, Any]]:
+def moe_routing(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[str, Any]]:
     """The built-in router (the same on every rank) and expert-parallel layer over 2 x world
     experts; `lost_tokens`: rank 5 received one token fewer from rank 3 than rank 3 sent."""
     experts, tokens, k = 2 * world, 64, 2
@@ -211,13 +217,13 @@ def moe_routing(world: int, scenario: str) -> dict[int, dict[str, Any]]:
     group, rows = list(range(world)), [capacity * 2] * world
     calls = [{"call": c, "group": group, "send": rows, "recv": rows, "mismatch": []} for c in range(1, 5)]
     out = {}
-    for r in range(world):
+    for r in _which(world, ranks):
         stats = {"capacity": capacity, "sent_valid": sent[r], "recv_valid": [sent[j][r] for j in range(world)],
                  "assignments": tokens * k, "dropped": tokens * k - sum(sent[r]), "tokens_per_expert": per_expert[r],
                  "round_trip_ok": True}
         builtin = {"stats": stats, "max_err": 0.0, "scale": templ["scale"], "calls": calls, "router_sums": templ["router_sums"]}
         out[r] = json.loads(json.dumps({"findings": [], "router": templ["router"], "builtin": builtin}))
-    if scenario == "lost_tokens" and world > 5:
+    if scenario == "lost_tokens" and 5 in out:
         out[5]["builtin"]["stats"]["recv_valid"][3] -= 1
     return out
 

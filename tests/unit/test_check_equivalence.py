@@ -237,3 +237,146 @@ def test_group_values_equals_group_ranks():
         got = group_values(ranks, [value[r] for r in ranks])
         want = group_ranks(ranks, value.__getitem__)
         assert got == want and list(got) == list(want) and [type(k) for k in got] == [type(k) for k in want]
+
+
+# -- sequence_parallel's split walk against the walk by token (the code before issue 21) ---------
+class _ReferenceWalk:
+    """distdiag/probes/sequence_parallel/checks.py's _SplitWalk at 7a2ebeb: every token walked."""
+
+    def __init__(self, full: dict[str, Any], local: dict[int, dict[str, Any]]) -> None:
+        self.ids, self.labels = full["input_ids"], full["labels"]
+        self.batch, self.seq = len(self.ids), len(self.ids[0])
+        self.mask = full.get("attention_mask")
+        full_pos = full.get("position_ids") or [list(range(self.seq)) for _ in range(self.batch)]
+        self.where_pos = {b: {p: i for i, p in enumerate(full_pos[b])} for b in range(self.batch)}
+        self.owners: dict[tuple[int, int], list[int]] = {}
+        self.token_bad: dict[int, list[str]] = {}
+        self.target_bad: dict[int, list[str]] = {}
+        self.boundary_lost: dict[int, list[int]] = {}
+        self.mask_bad: dict[int, list[int]] = {}
+        self.restart: list[int] = []
+        self.no_shift = [r for r in sorted(local) if local[r].get("shift_labels") is None]
+        self.no_pos = [r for r in sorted(local) if local[r].get("position_ids") is None]
+        offset = 0
+        for r in sorted(local):
+            loc = local[r]
+            lids = loc["input_ids"]
+            width = len(lids[0]) if lids else 0
+            pos = loc.get("position_ids") or [list(range(offset, offset + width)) for _ in range(self.batch)]
+            if r > 0 and loc.get("position_ids") is not None and width and all(row and row[0] == 0 for row in pos):
+                self.restart.append(r)
+            if loc.get("shift_labels") is not None:
+                tgts = loc["shift_labels"]
+            else:
+                lab = loc.get("labels") or [[-100] * width for _ in range(self.batch)]
+                tgts = [row[1:] + [-100] for row in lab]
+            for b in range(self.batch):
+                for i in range(width):
+                    self._token(r, loc, b, i, pos[b][i], tgts, width)
+            offset += width
+
+    def _token(self, r, loc, b, i, p, tgts, width) -> None:
+        j = self.where_pos[b].get(p)
+        if j is None:
+            self.token_bad.setdefault(r, []).append(f"sample {b} index {i}: position {p} is outside 0..{self.seq - 1}")
+            return
+        self.owners.setdefault((b, j), []).append(r)
+        if loc["input_ids"][b][i] != self.ids[b][j]:
+            self.token_bad.setdefault(r, []).append(f"position {p} (sample {b}): token {loc['input_ids'][b][i]}, expected {self.ids[b][j]}")
+        want = self.labels[b][j + 1] if j + 1 < self.seq else -100
+        got = tgts[b][i]
+        if got != want:
+            if got == -100 and i == width - 1:
+                self.boundary_lost.setdefault(r, []).append(p)
+            else:
+                self.target_bad.setdefault(r, []).append(f"position {p} (sample {b}): target {got}, expected {want}")
+        if self.mask is not None:
+            lmask = loc.get("attention_mask")
+            if lmask is None or lmask[b][i] != self.mask[b][j]:
+                self.mask_bad.setdefault(r, []).append(p)
+
+    def missing(self):
+        return [(b, j) for b in range(self.batch) for j in range(self.seq) if (b, j) not in self.owners]
+
+    def duplicated(self):
+        return {k: v for k, v in self.owners.items() if len(v) > 1}
+
+
+def _random_split(rng: random.Random) -> tuple[dict[str, Any], dict[int, dict[str, Any]], int]:
+    """A full batch and every rank's split of it (contiguous or zigzag), with faults mixed in."""
+    world, rows, seq = rng.choice([2, 3, 4]), rng.choice([1, 2]), rng.choice([6, 8, 9, 12])
+    ids = [[rng.randrange(20) for _ in range(seq)] for _ in range(rows)]
+    labels = [[t if rng.random() > 0.2 else -100 for t in row] for row in ids]
+    mask = [[int(t != -100) for t in row] for row in labels] if rng.random() < 0.7 else None
+    full = {"input_ids": ids, "labels": labels, "position_ids": None, "attention_mask": mask}
+    if rng.random() < 0.2:  # the batch carries its own positions (packed sequences)
+        full["position_ids"] = [rng.sample(range(seq), seq) for _ in range(rows)]
+    targets = [row[1:] + [-100] for row in labels]
+    local, victim, contiguous = {}, rng.randrange(world) if rng.random() < 0.6 else None, rng.random() < 0.5
+    for r in range(world):
+        if contiguous:
+            q, m = divmod(seq, world)
+            index = list(range(r * q + min(r, m), (r + 1) * q + min(r + 1, m)))
+        else:
+            chunks = [list(range(seq))[i::2 * world] for i in (r, 2 * world - 1 - r)]
+            index = sorted(chunks[0] + chunks[1])
+        pos_of = full["position_ids"] or [list(range(seq))] * rows
+        loc = {"input_ids": [[row[i] for i in index] for row in ids],
+               "shift_labels": [[row[i] for i in index] for row in targets],
+               "labels": None, "position_ids": [[pos_of[b][i] for i in index] for b in range(rows)],
+               "attention_mask": [[row[i] for i in index] for row in mask] if mask else None}
+        if r == victim:
+            _break(rng, loc, index, seq)
+        local[r] = loc
+    return full, local, world
+
+
+def _break(rng: random.Random, loc: dict[str, Any], index: list[int], seq: int) -> None:
+    """Sometimes one fault of a split: a lost, wrong or duplicated token, a target, the mask, the positions."""
+    if not index:
+        return
+    fault, b, i = rng.randrange(9), 0, rng.randrange(len(index))
+    if fault == 0:
+        loc["input_ids"][b][i] += 1
+    elif fault == 1:
+        loc["shift_labels"][b][-1] = -100
+    elif fault == 2:
+        loc["shift_labels"], loc["labels"] = None, [list(row) for row in loc["input_ids"]]
+    elif fault == 3 and loc["attention_mask"]:
+        loc["attention_mask"][b][i] ^= 1
+    elif fault == 4:
+        loc["attention_mask"] = None
+    elif fault == 5:
+        loc["position_ids"] = None
+    elif fault == 6:
+        loc["position_ids"] = [list(range(len(row))) for row in loc["position_ids"]]
+    elif fault == 7:
+        loc["position_ids"][b][i] = seq + 3
+    else:
+        for key in ("input_ids", "shift_labels", "position_ids"):
+            loc[key] = [row[:-1] for row in loc[key]] if rng.random() < 0.5 else [row + row[:1] for row in loc[key]]
+        if loc["attention_mask"]:
+            loc["attention_mask"] = [row[: len(loc["input_ids"][0])] + [1] * max(0, len(loc["input_ids"][0]) - len(row)) for row in loc["attention_mask"]]
+
+
+def test_the_split_walk_by_rows_equals_the_walk_by_token(monkeypatch):
+    """Random splits, healthy and broken: the same findings as the walk that checked every token."""
+    from distdiag.probes.sequence_parallel import checks
+
+    def outcome() -> Any:  # the findings, or what the walk raised (a ragged shard: consolidation reports it)
+        try:
+            return checks.analyze_split("x", full, local, world)
+        except Exception as exc:  # noqa: BLE001
+            return f"{type(exc).__name__}: {exc}"
+
+    rng = random.Random(24)
+    raised = 0
+    for _ in range(800):
+        full, local, world = _random_split(rng)
+        got = outcome()
+        with monkeypatch.context() as m:
+            m.setattr(checks, "_SplitWalk", _ReferenceWalk)
+            want = outcome()
+        assert got == want
+        raised += isinstance(want, str)
+    assert 0 < raised < 400

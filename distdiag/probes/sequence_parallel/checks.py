@@ -56,6 +56,11 @@ class _SplitWalk:
 
     Collects, per rank, what disagrees (tokens, targets, lost boundary targets, mask), which
     rank holds each (sample, position), and the ranks whose position ids restart at 0.
+
+    A shard row that matches the unsplit batch everywhere (every row of a healthy job) is
+    judged with a few list comparisons; only a row that differs somewhere is walked token by
+    token for the messages: at 16k ranks the built-in batch has 4 x 2 x 32k tokens, and the
+    walk by token was most of the check's consolidation (issue 21).
     """
 
     def __init__(self, full: dict[str, Any], local: dict[int, dict[str, Any]]) -> None:
@@ -64,7 +69,10 @@ class _SplitWalk:
         self.mask = full.get("attention_mask")
         full_pos = full.get("position_ids") or [list(range(self.seq)) for _ in range(self.batch)]
         self.where_pos = {b: {p: i for i, p in enumerate(full_pos[b])} for b in range(self.batch)}
-        self.owners: dict[tuple[int, int], list[int]] = {}
+        # Each full row's target at each index (None, every row walked by token: rows of other lengths).
+        even = all(len(row) == self.seq for rows in (self.ids, self.labels) for row in rows)
+        self.want_targets = [row[1:] + [IGNORE] for row in self.labels] if even else None
+        self.visits: list[tuple[int, int, list[int]]] = []  # (rank, sample, indices into the full row it holds)
         self.token_bad: dict[int, list[str]] = {}
         self.target_bad: dict[int, list[str]] = {}
         self.boundary_lost: dict[int, list[int]] = {}
@@ -85,9 +93,32 @@ class _SplitWalk:
             self.restart.append(r)
         tgts = self._targets(loc, width)
         for b in range(self.batch):
-            for i in range(width):
-                self._token(r, loc, b, i, pos[b][i], tgts, width)
+            if not self._row_matches(loc, b, pos, tgts, width, r):
+                for i in range(width):
+                    self._token(r, loc, b, i, pos[b][i], tgts, width)
         return offset + width
+
+    def _row_matches(self, loc: dict[str, Any], b: int, pos: list[list[int]], tgts: list[list[int]], width: int, r: int) -> bool:
+        """Whether rank r's row b holds, at each of its positions, the full batch's token, target
+        and mask (then noted as visited); False: walk it token by token."""
+        if self.want_targets is None:
+            return False
+        try:
+            where = self.where_pos[b]
+            js = [where.get(p) for p in pos[b][:width]]
+            if len(js) != width or None in js:
+                return False
+            ids, lmask = loc["input_ids"][b], loc.get("attention_mask")
+            if len(ids) != width or [self.ids[b][j] for j in js] != ids:
+                return False
+            if len(tgts[b]) != width or [self.want_targets[b][j] for j in js] != tgts[b]:
+                return False
+            if self.mask is not None and (lmask is None or len(lmask[b]) != width or [self.mask[b][j] for j in js] != lmask[b]):
+                return False
+        except (IndexError, TypeError, KeyError):
+            return False  # the walk by token meets the same and says what it says of it
+        self.visits.append((r, b, js))
+        return True
 
     def _targets(self, loc: dict[str, Any], width: int) -> list[list[int]]:
         """The shard's targets: its shift_labels, else what a model that shifts its own labels would train on."""
@@ -102,7 +133,7 @@ class _SplitWalk:
         if j is None:
             self.token_bad.setdefault(r, []).append(f"sample {b} index {i}: position {p} is outside 0..{self.seq - 1}")
             return
-        self.owners.setdefault((b, j), []).append(r)
+        self.visits.append((r, b, [j]))
         if loc["input_ids"][b][i] != self.ids[b][j]:
             self.token_bad.setdefault(r, []).append(f"position {p} (sample {b}): token {loc['input_ids'][b][i]}, expected {self.ids[b][j]}")
         want = self.labels[b][j + 1] if j + 1 < self.seq else IGNORE
@@ -116,6 +147,30 @@ class _SplitWalk:
             lmask = loc.get("attention_mask")
             if lmask is None or lmask[b][i] != self.mask[b][j]:
                 self.mask_bad.setdefault(r, []).append(p)
+
+    def _holders(self) -> list[list[int]]:
+        """How many times some rank holds each (sample, position)."""
+        counts = [[0] * self.seq for _ in range(self.batch)]
+        for _r, b, js in self.visits:
+            row = counts[b]
+            for j in js:
+                row[j] += 1
+        return counts
+
+    def missing(self) -> list[tuple[int, int]]:
+        """(sample, position) pairs no rank holds, in order."""
+        counts = self._holders()
+        return [(b, j) for b in range(self.batch) for j, n in enumerate(counts[b]) if n == 0]
+
+    def duplicated(self) -> dict[tuple[int, int], list[int]]:
+        """(sample, position) pairs held more than once -> the ranks holding them, in walk order."""
+        counts = self._holders()
+        dup: dict[tuple[int, int], list[int]] = {}
+        for r, b, js in self.visits:
+            for j in js:
+                if counts[b][j] > 1:
+                    dup.setdefault((b, j), []).append(r)
+        return dup
 
 
 def _restarted_positions(split_name: str, local: dict[int, dict[str, Any]], restart: list[int], world: int) -> Finding:
@@ -201,7 +256,7 @@ def _mask_not_split(split_name: str, walk: _SplitWalk, world: int) -> list[Findi
 
 def _tokens_lost(split_name: str, walk: _SplitWalk) -> list[Finding]:
     """(sample, position) pairs no rank holds."""
-    missing = [(b, j) for b in range(walk.batch) for j in range(walk.seq) if (b, j) not in walk.owners]
+    missing = walk.missing()
     if not missing:
         return []
     return [_finding(
@@ -214,7 +269,7 @@ def _tokens_lost(split_name: str, walk: _SplitWalk) -> list[Finding]:
 
 def _tokens_duplicated(split_name: str, walk: _SplitWalk, world: int) -> list[Finding]:
     """(sample, position) pairs more than one rank holds."""
-    dup = {k: v for k, v in walk.owners.items() if len(v) > 1}
+    dup = walk.duplicated()
     if not dup:
         return []
     ranks = sorted({r for v in dup.values() for r in v})
