@@ -380,3 +380,21 @@ def test_the_split_walk_by_rows_equals_the_walk_by_token(monkeypatch):
         assert got == want
         raised += isinstance(want, str)
     assert 0 < raised < 400
+
+
+def test_grouping_alike_objects_equals_group_values():
+    """Values shared as objects by some ranks (as collected) and equal values in other objects:
+    alike + group_alike give group_values' groups, in its order."""
+    from distdiag.probes.base import alike, group_alike, group_values
+
+    rng = random.Random(25)
+    for _ in range(300):
+        ranks = sorted(rng.sample(range(40), rng.randrange(1, 14)))
+        objects = [{"v": rng.choice("abc")} for _ in range(rng.randrange(1, 5))]
+        held = {r: rng.choice(objects) if rng.random() < 0.7 else {"v": rng.choice("abc")} for r in ranks}
+        classes = alike(ranks, [held[r] for r in ranks])
+        assert sorted(r for _, rs in classes for r in rs) == ranks
+        assert all(held[r] is obj for obj, rs in classes for r in rs)
+        got = group_alike([(obj["v"], rs) for obj, rs in classes])
+        want = group_values(ranks, [held[r]["v"] for r in ranks])
+        assert got == want and list(got) == list(want)
