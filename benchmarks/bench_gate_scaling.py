@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -41,6 +42,8 @@ from distdiag.runtime.gcpause import collector_paused
 from distdiag.runtime.keys import Keys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.unit.check_payloads
+
+from tests.unit.check_suite_payloads import SUITE_BUILDERS  # noqa: E402 - found through the path above
 
 SIZES = (4096, 262144, 4194304)
 
@@ -70,25 +73,29 @@ the whole job: sent/received counts and all_to_all splits per peer), so the job'
 square of the ranks: 16k ranks would post ~10 GB. Above this it is left out (printed as n/a)."""
 
 
-def _made(name: str, world: int) -> dict[int, dict]:
-    """Every rank's healthy payload of probe `name` (tests/unit/check_payloads.py)."""
-    from tests.unit.check_payloads import data_payload, env_payload, payloads
+def made(name: str, world: int, ranks: Any = None) -> dict[int, dict]:
+    """Each of `ranks`' (default: every rank's) healthy payload of probe `name` in a job of
+    `world` ranks (tests/unit/check_payloads.py; benchmarks/bench_scale.py posts them too)."""
+    from tests.unit.check_payloads import data_payload, env_payload
 
+    which = range(world) if ranks is None else ranks
     if name == "bandwidth":
-        return {r: _bandwidth_payload(r, world) for r in range(world)}
+        return {r: _bandwidth_payload(r, world) for r in which}
     if name == "gpu":
-        return {r: _gpu_payload(r) for r in range(world)}
+        return {r: _gpu_payload(r) for r in which}
     if name == "collectives":
-        return {r: {"failures": [], "checks": 30, "timings_s": {"all_reduce": 0.001}} for r in range(world)}
+        return {r: {"failures": [], "checks": 30, "timings_s": {"all_reduce": 0.001}} for r in which}
     if name == "env":
-        return {r: env_payload(r) for r in range(world)}
+        return {r: env_payload(r) for r in which}
     if name == "data_shards":
-        return {r: data_payload(r) for r in range(world)}
-    return payloads(name, world)
+        return {r: data_payload(r) for r in which}
+    return SUITE_BUILDERS[name](world, "healthy", ranks)
 
 
-def _probes(names: list[str], world: int) -> list[str]:
-    return [n for n in names if n != "moe_routing" or world <= MOE_MAX_WORLD]
+def suite(world: int, names: list[str] | None = None) -> list[str]:
+    """The probes posted at this world size: `names` (default: the default suite), moe_routing
+    only up to MOE_MAX_WORLD ranks."""
+    return [n for n in (names or DEFAULT_SUITE) if n != "moe_routing" or world <= MOE_MAX_WORLD]
 
 
 def _post_all(world: int, store, names: list[str]) -> float:
@@ -98,20 +105,20 @@ def _post_all(world: int, store, names: list[str]) -> float:
 
     spent = 0.0
     for index, name in enumerate(names):
-        made, probe = _made(name, world), PROBES[name]()
+        made_, probe = made(name, world), PROBES[name]()
         t0 = time.perf_counter()
         for r in range(world):
             ex = Exchange(store, r, world)
-            ex.post(Keys.result(index), share_fields(ex, index, {"status": "ok", "payload": made[r]}, probe.shared_fields))
+            ex.post(Keys.result(index), share_fields(ex, index, {"status": "ok", "payload": made_[r]}, probe.shared_fields))
         spent += time.perf_counter() - t0
-        del made
+        del made_
     return spent
 
 
 def _one(world: int, store, names: list[str]) -> tuple[dict[str, float], dict[str, float]]:
     """(seconds per stage, seconds per probe's consolidation) of one world size."""
     ranks = [RankInfo(r, f"h{r // 8}", r // 8, r % 8, f"cuda:{r % 8}", 1000 + r) for r in range(world)]
-    names = _probes(names, world)
+    names = suite(world, names)
     posting = _post_all(world, store, names)
     per_probe: dict[str, float] = {}
     results = []
