@@ -8,9 +8,9 @@ setup_sync, data_shards, fsdp_plan, loss_parity, param_sync, determinism, sequen
 moe_routing, checkpoint; `--probes` may add bandwidth) as distdiag/check/run.py posts it
 (Exchange.post, shared fields stored once), with healthy payloads of that many ranks
 (tests/unit/check_payloads.py, scaled from what the real probes posted; its faulty twins are
-for the tests). Then the writer collects them (Exchange.collect: one counter read and a
-multi_get per 256 keys, and the shared values once), consolidates each probe
-(distdiag.check.consolidate.consolidate_probe), builds the report, serialises it, groups it by
+for the tests). Then the writer, probe by probe as RunEnd._completed does, collects them
+(Exchange.collect: one counter read and a multi_get per 256 keys, and the shared values once)
+and consolidates them (distdiag.check.consolidate.consolidate_probe); it builds the report, serialises it, groups it by
 node, renders the JUnit XML - with the cyclic garbage collector paused as the writer pauses it
 (distdiag/check/finish.py). moe_routing is left out above MOE_MAX_WORLD ranks (its payload
 grows with the world, the job's with its square).
@@ -124,15 +124,19 @@ def _one(world: int, store, names: list[str]) -> tuple[dict[str, float], dict[st
     results = []
     with collector_paused():  # as the writer consolidates (distdiag/check/finish.py)
         writer = Exchange(store, 0, world)
+        collecting = 0.0
         t1 = time.perf_counter()
-        posted = [resolve_shared(writer, i, writer.collect(Keys.result(i))) for i in range(len(names))]
-        t2 = time.perf_counter()
-        assert all(len(p) == world for p in posted)
-        for name, entries in zip(names, posted, strict=True):
-            cls = PROBES[name]
+        # Probe by probe, as RunEnd._completed: one probe's payloads held at a time.
+        for index, name in enumerate(names):
             c0 = time.perf_counter()
+            entries = resolve_shared(writer, index, writer.collect(Keys.result(index)))
+            c1 = time.perf_counter()
+            assert len(entries) == world
+            cls = PROBES[name]
             results.append(consolidate_probe(cls(), entries, ConsolidationView(world, ranks, cls.Config() if cls.Config else None)))
-            per_probe[name] = time.perf_counter() - c0
+            per_probe[name] = time.perf_counter() - c1
+            collecting += c1 - c0
+            del entries
         t3 = time.perf_counter()
         report = build_report(world_size=world, ranks=ranks, probes=results, not_run=[], outcome="completed", hung=False,
                               restart_count=0, run_id="bench", duration_s=1.0, config={}, written_by=0)
@@ -142,7 +146,7 @@ def _one(world: int, store, names: list[str]) -> tuple[dict[str, float], dict[st
         t4 = time.perf_counter()
     bad = [f"{r.name}: {f.issue}" for r in results for f in r.findings if f.severity not in ("info",)]
     assert not bad, bad  # healthy payloads: a finding would mean the builders or the probe drifted
-    return {"post (all ranks)": posting, "collect": t2 - t1, "consolidate": t3 - t2, "report+junit": t4 - t3}, per_probe
+    return {"post (all ranks)": posting, "collect": collecting, "consolidate": t3 - t1 - collecting, "report+junit": t4 - t3}, per_probe
 
 
 def main() -> None:
