@@ -9,6 +9,7 @@ reference, using the per-rank valid-token counts.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from itertools import accumulate, chain
 from operator import itemgetter
 from typing import Any
@@ -77,7 +78,7 @@ class _SplitWalk:
         self.want_targets = [row[1:] + [IGNORE] for row in self.labels] if even else None
         self.visits: list[tuple[int, int, list[int]]] = []  # (rank, sample, indices into the full row it holds)
         self.together: tuple[list[int], list[int], list[list[int]]] | None = None  # (ranks, widths, indices per sample)
-        self._counts: list[list[int]] | None = None
+        self._counts: list[Counter[int]] | None = None
         self.token_bad: dict[int, list[str]] = {}
         self.target_bad: dict[int, list[str]] = {}
         self.boundary_lost: dict[int, list[int]] = {}
@@ -198,29 +199,27 @@ class _SplitWalk:
             start += width
         return out
 
-    def _holders(self) -> list[list[int]]:
+    def _holders(self) -> list[Counter[int]]:
         """How many times some rank holds each (sample, position) (counted once, on first ask)."""
         if self._counts is None:
-            counts = [[0] * self.seq for _ in range(self.batch)]
+            counts: list[Counter[int]] = [Counter() for _ in range(self.batch)]
             visits = [(None, b, js) for b, js in enumerate(self.together[2])] if self.together else self.visits
             for _r, b, js in visits:
-                row = counts[b]
-                for j in js:
-                    row[j] += 1
+                counts[b].update(js)
             self._counts = counts
         return self._counts
 
     def missing(self) -> list[tuple[int, int]]:
         """(sample, position) pairs no rank holds, in order."""
         counts = self._holders()
-        return [(b, j) for b in range(self.batch) for j, n in enumerate(counts[b]) if n == 0]
+        return [(b, j) for b in range(self.batch) for j in range(self.seq) if j not in counts[b]]
 
     def duplicated(self) -> dict[tuple[int, int], list[int]]:
         """(sample, position) pairs held more than once -> the ranks holding them, in walk order."""
         counts = self._holders()
         dup: dict[tuple[int, int], list[int]] = {}
-        if all(n <= 1 for row in counts for n in row):
-            return dup
+        if all(c.total() == len(c) for c in counts):
+            return dup  # every position held once at most
         for r, b, js in self._visited():
             for j in js:
                 if counts[b][j] > 1:
