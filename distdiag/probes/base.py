@@ -54,7 +54,8 @@ class Probe(abc.ABC):
     shared_fields: ClassVar[tuple[str, ...]] = ()
     """Payload fields usually the same on every rank (a model's digests): the check stores each
     distinct value once instead of once per rank (distdiag/check/shared_values.py); consolidate
-    gets the payloads unchanged."""
+    gets the payloads unchanged, the ranks that posted a value alike holding one object: it reads
+    these fields and never changes them (`alike` judges each distinct one once)."""
 
     def options(self, holder: Any) -> Any:
         """This probe's options from a RankContext or ConsolidationView: the check always
