@@ -1,16 +1,22 @@
 """How the verdict's exchange and consolidation grow with the number of ranks (issues 6, 21).
 
-    python benchmarks/bench_gate_scaling.py [--worlds 2 8 32 128 512 1024 4096 16384]
+    python benchmarks/bench_gate_scaling.py [--worlds 1024 4096 16384] [--repeats 3] [--probes A,B]
 
-One process plays every rank against a real TCPStore (the one torchrun's agent hosts):
-each pretend rank posts a gate-sized result (Exchange.post, what every rank does once per
-probe), then the writer collects them (Exchange.collect: one counter read and a multi_get per
-256 keys), and consolidates the bandwidth, gpu, collectives, env and data_shards probes over
-synthetic payloads of that many ranks (healthy: tests/unit/check_payloads.py has their faulty
-twins), builds the report, serialises it, groups it by node, renders the JUnit XML - with the
-cyclic garbage collector paused as the writer pauses it (distdiag/check/finish.py).
-Printed: milliseconds per stage and per rank, and the growth factor from the previous world
-size against the growth in ranks (linear: equal; quadratic: its square).
+One process plays every rank against a real TCPStore (the one torchrun's agent hosts): each
+pretend rank posts its result of every probe of the default suite (env, collectives, gpu,
+setup_sync, data_shards, fsdp_plan, loss_parity, param_sync, determinism, sequence_parallel,
+moe_routing, checkpoint; `--probes` may add bandwidth) as distdiag/check/run.py posts it
+(Exchange.post, shared fields stored once), with healthy payloads of that many ranks
+(tests/unit/check_payloads.py, scaled from what the real probes posted; its faulty twins are
+for the tests). Then the writer, probe by probe as RunEnd._completed does, collects them
+(Exchange.collect: one counter read and a multi_get per 256 keys, and the shared values once)
+and consolidates them (distdiag.check.consolidate.consolidate_probe); it builds the report, serialises it, groups it by
+node, renders the JUnit XML - with the cyclic garbage collector paused as the writer pauses it
+(distdiag/check/finish.py). moe_routing is left out above MOE_MAX_WORLD ranks (its payload
+grows with the world, the job's with its square).
+Printed: milliseconds per stage and per rank, the growth factor from the previous world size
+against the growth in ranks (linear: equal; quadratic: its square); then each probe's
+consolidation in ms per world size, their total, and the total with the report's build.
 """
 
 from __future__ import annotations
@@ -20,22 +26,24 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
-from distdiag.check.consolidate import build_report
+from distdiag.check.consolidate import build_report, consolidate_probe
+from distdiag.check.shared_values import resolve_shared
+from distdiag.probes import PROBES
 from distdiag.probes.base import ConsolidationView
-from distdiag.probes.cluster.bandwidth import OPS, BandwidthConfig, BandwidthProbe
-from distdiag.probes.cluster.collectives import CollectivesProbe
-from distdiag.probes.cluster.env import EnvConfig, EnvProbe
-from distdiag.probes.cluster.gpu import GpuConfig, GpuProbe
-from distdiag.probes.data.probe import DataShardsProbe
+from distdiag.probes.cluster.bandwidth import OPS
 from distdiag.report.junit import junit_xml
 from distdiag.report.model import RankInfo, group_by_node
 from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.gcpause import collector_paused
+from distdiag.runtime.keys import Keys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.unit.check_payloads
+
+from tests.unit.check_suite_payloads import SUITE_BUILDERS  # noqa: E402 - found through the path above
 
 SIZES = (4096, 262144, 4194304)
 
@@ -58,43 +66,77 @@ def _gpu_payload(rank: int) -> dict:
             "gpu_count": 8, "reading": reading}
 
 
-def _payloads(world: int) -> dict[str, dict[int, dict]]:
-    """The other four probes' payloads of `world` healthy ranks (as the writer has them once collected)."""
+DEFAULT_SUITE = [name for name, cls in PROBES.items() if cls.default_enabled]
+MOE_MAX_WORLD = 1024
+"""moe_routing's payload is world-sized on every rank (its built-in expert-parallel layer spans
+the whole job: sent/received counts and all_to_all splits per peer), so the job's grows with the
+square of the ranks: 16k ranks would post ~10 GB. Above this it is left out (printed as n/a)."""
+
+
+def made(name: str, world: int, ranks: Any = None) -> dict[int, dict]:
+    """Each of `ranks`' (default: every rank's) healthy payload of probe `name` in a job of
+    `world` ranks (tests/unit/check_payloads.py; benchmarks/bench_scale.py posts them too)."""
     from tests.unit.check_payloads import data_payload, env_payload
 
-    return {
-        "gpu": {r: _gpu_payload(r) for r in range(world)},
-        "collectives": {r: {"failures": [], "checks": 30, "timings_s": {"all_reduce": 0.001}} for r in range(world)},
-        "env": {r: env_payload(r) for r in range(world)},
-        "data_shards": {r: data_payload(r) for r in range(world)},
-    }
+    which = range(world) if ranks is None else ranks
+    if name == "bandwidth":
+        return {r: _bandwidth_payload(r, world) for r in which}
+    if name == "gpu":
+        return {r: _gpu_payload(r) for r in which}
+    if name == "collectives":
+        return {r: {"failures": [], "checks": 30, "timings_s": {"all_reduce": 0.001}} for r in which}
+    if name == "env":
+        return {r: env_payload(r) for r in which}
+    if name == "data_shards":
+        return {r: data_payload(r) for r in which}
+    return SUITE_BUILDERS[name](world, "healthy", ranks)
 
 
-def _consolidated(world: int, ranks: list[RankInfo], posted: dict[int, dict], others: dict[str, dict[int, dict]]) -> list:
-    """The five probes' results over `world` ranks (bandwidth's payloads as collected)."""
-    return [
-        BandwidthProbe().consolidate({r: p["payload"] for r, p in posted.items()},
-                                     ConsolidationView(world, ranks, BandwidthConfig())),
-        GpuProbe().consolidate(others["gpu"], ConsolidationView(world, ranks, GpuConfig())),
-        CollectivesProbe().consolidate(others["collectives"], ConsolidationView(world, ranks, None)),
-        EnvProbe().consolidate(others["env"], ConsolidationView(world, ranks, EnvConfig())),
-        DataShardsProbe().consolidate(others["data_shards"], ConsolidationView(world, ranks, None)),
-    ]
+def suite(world: int, names: list[str] | None = None) -> list[str]:
+    """The probes posted at this world size: `names` (default: the default suite), moe_routing
+    only up to MOE_MAX_WORLD ranks."""
+    return [n for n in (names or DEFAULT_SUITE) if n != "moe_routing" or world <= MOE_MAX_WORLD]
 
 
-def _one(world: int, store) -> dict[str, float]:
+def _post_all(world: int, store, names: list[str]) -> float:
+    """Every rank posts its entry of each probe as distdiag/check/run.py posts it (shared fields
+    stored once, distdiag/check/shared_values.py); the seconds it took (payloads built apart)."""
+    from distdiag.check.shared_values import share_fields
+
+    spent = 0.0
+    for index, name in enumerate(names):
+        made_, probe = made(name, world), PROBES[name]()
+        t0 = time.perf_counter()
+        for r in range(world):
+            ex = Exchange(store, r, world)
+            ex.post(Keys.result(index), share_fields(ex, index, {"status": "ok", "payload": made_[r]}, probe.shared_fields))
+        spent += time.perf_counter() - t0
+        del made_
+    return spent
+
+
+def _one(world: int, store, names: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """(seconds per stage, seconds per probe's consolidation) of one world size."""
     ranks = [RankInfo(r, f"h{r // 8}", r // 8, r % 8, f"cuda:{r % 8}", 1000 + r) for r in range(world)]
-    others = _payloads(world)
-    key = f"w{world}/res/0"
-    t0 = time.perf_counter()
-    for r in range(world):
-        Exchange(store, r, world).post(key, {"status": "ok", "payload": _bandwidth_payload(r, world)})
-    t1 = time.perf_counter()
+    names = suite(world, names)
+    posting = _post_all(world, store, names)
+    per_probe: dict[str, float] = {}
+    results = []
     with collector_paused():  # as the writer consolidates (distdiag/check/finish.py)
-        posted = Exchange(store, 0, world).collect(key)
-        t2 = time.perf_counter()
-        assert len(posted) == world
-        results = _consolidated(world, ranks, posted, others)
+        writer = Exchange(store, 0, world)
+        collecting = 0.0
+        t1 = time.perf_counter()
+        # Probe by probe, as RunEnd._completed: one probe's payloads held at a time.
+        for index, name in enumerate(names):
+            c0 = time.perf_counter()
+            entries = resolve_shared(writer, index, writer.collect(Keys.result(index)))
+            c1 = time.perf_counter()
+            assert len(entries) == world
+            cls = PROBES[name]
+            results.append(consolidate_probe(cls(), entries, ConsolidationView(world, ranks, cls.Config() if cls.Config else None)))
+            per_probe[name] = time.perf_counter() - c1
+            collecting += c1 - c0
+            del entries
         t3 = time.perf_counter()
         report = build_report(world_size=world, ranks=ranks, probes=results, not_run=[], outcome="completed", hung=False,
                               restart_count=0, run_id="bench", duration_s=1.0, config={}, written_by=0)
@@ -102,28 +144,52 @@ def _one(world: int, store) -> dict[str, float]:
         group_by_node(report)
         junit_xml(report)
         t4 = time.perf_counter()
-    return {"post (all ranks)": t1 - t0, "collect": t2 - t1, "consolidate": t3 - t2, "report+junit": t4 - t3}
+    bad = [f"{r.name}: {f.issue}" for r in results for f in r.findings if f.severity not in ("info",)]
+    assert not bad, bad  # healthy payloads: a finding would mean the builders or the probe drifted
+    return {"post (all ranks)": posting, "collect": collecting, "consolidate": t3 - t1 - collecting, "report+junit": t4 - t3}, per_probe
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 8, 32, 128, 512, 1024, 4096, 16384])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--probes", default=",".join(DEFAULT_SUITE),
+                        help="probes to post and consolidate, in the suite's order (default: the default suite)")
     args = parser.parse_args()
+    names = args.probes.split(",")
     server = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
     store = dist.TCPStore("127.0.0.1", server.port, 1, is_master=False)
     rows = []
     for world in args.worlds:
-        runs = [_one(world, dist.PrefixStore(f"rep{i}/", store)) for i in range(args.repeats)]
-        rows.append((world, {k: statistics.median(r[k] for r in runs) for k in runs[0]}))
+        runs = [_one(world, dist.PrefixStore(f"w{world}/rep{i}/", store), names) for i in range(args.repeats)]
+        stages = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
+        probes = {k: statistics.median(r[1][k] for r in runs) for k in runs[0][1]}
+        rows.append((world, stages, probes))
+        print(f"{world} ranks done", file=sys.stderr, flush=True)
+    _print_stages(rows)
+    _print_probes(rows, names)
+
+
+def _print_stages(rows: list[tuple[int, dict[str, float], dict[str, float]]]) -> None:
     stages = list(rows[0][1])
     print(f"{'ranks':>6}  " + "  ".join(f"{s:>18}" for s in stages) + "  per-rank total   growth (ranks x)")
     prev = None
-    for world, t in rows:
+    for world, t, _ in rows:
         total = sum(t.values())
         growth = f"{total / prev[1]:6.1f}x ({world / prev[0]:.0f}x)" if prev else ""
         print(f"{world:>6}  " + "  ".join(f"{t[s] * 1e3:15.2f} ms" for s in stages) + f"  {total / world * 1e6:9.0f} us   {growth}")
         prev = (world, total)
+
+
+def _print_probes(rows: list[tuple[int, dict[str, float], dict[str, float]]], names: list[str]) -> None:
+    """Each probe's consolidation (ms) per world size; the total, and consolidation + report."""
+    print()
+    print(f"{'probe (consolidate, ms)':<26}" + "".join(f"{w:>12}" for w, _, _ in rows))
+    for name in names:
+        cells = [f"{p[name] * 1e3:12.1f}" if name in p else f"{'n/a':>12}" for _, _, p in rows]
+        print(f"{name:<26}" + "".join(cells))
+    print(f"{'total':<26}" + "".join(f"{sum(p.values()) * 1e3:12.1f}" for _, _, p in rows))
+    print(f"{'+ report+junit':<26}" + "".join(f"{(sum(p.values()) + t['report+junit']) * 1e3:12.1f}" for _, t, p in rows))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,11 @@ ranks, replaying the store operations distdiag's own code issues, through its ow
   report. `hang_report_s`: the declaration -> the verdict published (the report is on disk
   before it); `hang_writer_done_s`: -> the writer done (the other hosts' copy shared, what it
   worked on freed).
-- the check's end: every rank posts its row (`info`) and its results of four probes (env,
-  gpu, collectives, bandwidth payloads of a healthy job); from the moment the last one posted
+- the check's end: every rank posts its row (`info`) and its results of the default suite's
+  probes as distdiag/check/run.py posts them (shared fields stored once), with the healthy
+  payloads of benchmarks/bench_gate_scaling.py `made` (tests/unit/check_payloads.py: scaled
+  from what the real probes posted; moe_routing only up to 1,024 ranks, its payload grows with
+  the world); from the moment the last one posted
   its last result, rank 0 runs the real distdiag.check.finish.RunEnd (`consolidate`, `emit`)
   and waits for acks and leaving as distdiag/check/run.py `_finish` does, while the others
   poll the verdict, node leaders fetch the shared report, and every rank acks and leaves.
@@ -242,8 +245,7 @@ def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any)
     ex = {r: Exchange(store, r, world) for r in range(lo, hi)}
     for r in range(lo, hi):
         ex[r].post("info", _info(r))
-        for index, entry in enumerate(_probe_entries(r, world)):
-            ex[r].post(f"res/{index}", entry)
+    _post_results(ex, world, range(lo, hi))
     store.add("ready", 1)
     store.wait(["go"])
     others = [r for r in range(lo, hi) if r != 0]
@@ -286,22 +288,18 @@ def _shared_report(ex: Any) -> Any:
     return Incident(ex, IncidentKeys(), ex.world_size).read_report()
 
 
-def _probe_entries(rank: int, world: int) -> list[dict[str, Any]]:
-    from bench_gate_scaling import _bandwidth_payload, _gpu_payload
+def _post_results(ex: dict[int, Any], world: int, ranks: range) -> None:
+    """These ranks' results of the default suite, posted probe by probe as distdiag/check/run.py
+    posts them (share_fields: a shared field's value stored once, a reference posted)."""
+    from bench_gate_scaling import made, suite
 
-    env = {  # as distdiag/probes/cluster/env.py `run` posts it, on a healthy 8-GPU host
-        "host": f"node{rank // 8:04d}", "pid": 10000 + rank % 8, "local_rank": rank % 8, "local_world_size": 8,
-        "node": rank // 8, "device": f"cuda:{rank % 8}", "python": "3.12.3", "torch": "2.13.0", "cuda": "12.4",
-        "nccl": "2.21.5", "driver": "550.54", "platform": "Linux-5.15-x86_64", "env": {"NCCL_DEBUG": "WARN", "MASTER_ADDR": "n0"},
-        "cores": 96, "cores_logical": 192, "threads": 12, "mem_total": 2**41, "mem_available": 2**40,
-        "shm": {"total": 2**39, "free": 2**39}, "executable": "/usr/bin/python3", "clock": 1000.0 + rank * 1e-6,
-    }
-    return [
-        {"status": "ok", "payload": env},
-        {"status": "ok", "payload": _gpu_payload(rank)},
-        {"status": "ok", "payload": {"failures": [], "checks": 30, "timings_s": {"all_reduce": 0.001}}},
-        {"status": "ok", "payload": _bandwidth_payload(rank, world)},
-    ]
+    from distdiag.check.shared_values import share_fields
+    from distdiag.probes import PROBES
+
+    for index, name in enumerate(suite(world)):
+        payloads, fields = made(name, world, ranks), PROBES[name].shared_fields
+        for r in ranks:
+            ex[r].post(f"res/{index}", share_fields(ex[r], index, {"status": "ok", "payload": payloads[r]}, fields))
 
 
 # -- the writers (rank 0) ----------------------------------------------------------------------
@@ -398,10 +396,8 @@ def _check_writer(port: int, prefix: str, world: int, out: Any) -> None:
     store = _client(port, prefix)
     ex = Exchange(store, 0, world)
     ex.post("info", _info(0))
-    entries = _probe_entries(0, world)
-    for index, entry in enumerate(entries):
-        ex.post(f"res/{index}", entry)
-    end = _run_end(world, len(entries))
+    _post_results({0: ex}, world, range(1))
+    end = _run_end(world)
     store.wait(["go"])
     peak = _PeakRss(psutil.Process())
     cpu0 = _cpu()
@@ -415,7 +411,9 @@ def _check_writer(port: int, prefix: str, world: int, out: Any) -> None:
              "peak_mb": peak.growth_mb, "error": error})
 
 
-def _run_end(world: int, probes: int) -> Any:
+def _run_end(world: int) -> Any:
+    from bench_gate_scaling import suite
+
     from distdiag.check.config import CheckConfig
     from distdiag.check.finish import RunEnd
     from distdiag.check.plan import Plan, PlannedProbe
@@ -423,7 +421,7 @@ def _run_end(world: int, probes: int) -> Any:
     from distdiag.report.render import ProgressLine
     from distdiag.runtime.context import LaunchInfo
 
-    names = ["env", "gpu", "collectives", "bandwidth"][:probes]
+    names = suite(world)
     config = CheckConfig(probes=names, quiet=True, report=os.path.join(tempfile.mkdtemp(), "report.json"))
     plan = Plan(config, [PlannedProbe(PROBES[n](), PROBES[n].Config() if PROBES[n].Config else None) for n in names])
     info = LaunchInfo(rank=0, world_size=world, local_rank=0, local_world_size=8, node=0, host=_info(0)["host"], pid=10000,

@@ -5,10 +5,13 @@ A probe names the fields of its payload that are usually the same on every rank
 built-in workload and as much as the model has tensors for a user's). At 16k ranks posting
 them whole put 400 MB into torchrun's store, and the writer read it all back. Instead each rank
 stores a field's JSON under a key named by its hash, only when no rank stored it yet, and posts
-a reference; the writer reads each distinct value once, in batches, and gives every rank that
-referenced it its own copy parsed from the same text: consolidation sees the payloads it saw
-before. A field that differs between ranks (the bug the probe reports) costs one value per rank,
-as before, plus a check and a reference.
+a reference; the writer reads and parses each distinct value once, in batches, and every rank
+that referenced it gets that one object: consolidation sees the payloads it saw before, and a
+probe may judge each distinct object once for all the ranks that hold it (distdiag.probes.base
+`alike`) - at 16k ranks parsing setup_sync's digests once per rank alone took seconds. So a
+consolidation reads shared fields and never changes them (tests/unit/test_check_equivalence.py
+checks the probes that declare some). A field that differs between ranks (the bug the probe
+reports) costs one value per rank, as before, plus a check and a reference.
 """
 
 from __future__ import annotations
@@ -65,8 +68,8 @@ def _reference(value: Any) -> str | None:
 
 
 def resolve_shared(ex: Exchange, index: int, posted: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """The entries as the ranks made them: each reference replaced by its value, parsed anew
-    for every rank (a consolidation that changes one rank's payload changes no other's)."""
+    """The entries as the ranks made them: each reference replaced by its value, parsed once
+    and the same object for every rank that referenced it (read-only to consolidation)."""
     refs: dict[str, list[tuple[dict[str, Any], str]]] = {}
     for entry in posted.values():
         payload = entry.get("payload")
@@ -85,9 +88,6 @@ def resolve_shared(ex: Exchange, index: int, posted: dict[int, dict[str, Any]]) 
             value = json.loads(raw)
             if isinstance(value, dict) and len(value) == 1 and PARTS in value:
                 value = ex.read(key)  # a value over 63 KB: read with its parts
-                raw = json.dumps(value).encode()
-            (first, field), *others = refs[digest]
-            first[field] = value
-            for payload, field in others:
-                payload[field] = json.loads(raw)
+            for payload, field in refs[digest]:
+                payload[field] = value
     return posted

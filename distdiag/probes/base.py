@@ -10,7 +10,7 @@ from distdiag.report.model import Finding, ProbeResult, RankInfo
 
 __all__ = [
     "Probe", "ConsolidationView", "SHARDING_IMPORTS", "DCP_IMPORTS",
-    "merge_local_findings", "local_finding", "group_ranks", "minority_ranks",
+    "merge_local_findings", "local_finding", "group_ranks", "minority_ranks", "alike", "group_alike",
 ]
 
 
@@ -54,7 +54,8 @@ class Probe(abc.ABC):
     shared_fields: ClassVar[tuple[str, ...]] = ()
     """Payload fields usually the same on every rank (a model's digests): the check stores each
     distinct value once instead of once per rank (distdiag/check/shared_values.py); consolidate
-    gets the payloads unchanged."""
+    gets the payloads unchanged, the ranks that posted a value alike holding one object: it reads
+    these fields and never changes them (`alike` judges each distinct one once)."""
 
     def options(self, holder: Any) -> Any:
         """This probe's options from a RankContext or ConsolidationView: the check always
@@ -172,3 +173,35 @@ def minority_ranks(groups: dict[Any, list[int]]) -> list[int]:
     if len(ordered[0]) == len(ordered[1]):
         return sorted(r for g in ordered for r in g)
     return sorted(r for g in ordered[1:] for r in g)
+
+
+def alike(ranks: list[int], values: list[Any]) -> list[tuple[Any, list[int]]]:
+    """(value, the ranks holding that very object) per distinct object, in order of first
+    appearance (values[i] is ranks[i]'s). Ranks that posted a shared field alike hold one object
+    (distdiag/check/shared_values.py): a probe judges each distinct one once, not 16k times."""
+    by_id: dict[int, tuple[Any, list[int]]] = {}
+    for r, v in zip(ranks, values, strict=True):
+        held = by_id.get(id(v))
+        if held is None:
+            by_id[id(v)] = (v, [r])
+        else:
+            held[1].append(r)
+    return list(by_id.values())
+
+
+def group_alike(pairs: list[tuple[Any, list[int]]]) -> dict[Any, list[int]]:
+    """group_values over `alike`'s classes, each judged once: (value, ranks) pairs in order of
+    their first rank -> value -> its ranks in ascending order, groups in order of first rank."""
+    groups: dict[Any, list[int]] = {}
+    merged = False
+    for value, ranks in pairs:
+        held = groups.get(value)
+        if held is None:
+            groups[value] = list(ranks)
+        else:
+            held += ranks
+            merged = True
+    if merged:
+        for value in groups:
+            groups[value].sort()
+    return groups

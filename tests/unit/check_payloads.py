@@ -1,9 +1,12 @@
-"""Synthetic per-rank payloads of the cluster probes (env, gpu, collectives, bandwidth) for
-consolidation tests: a healthy job and its faulty variants (a straggler, a bad link, a
-mismatched env, a sick GPU, a wrong collective), deterministic for a given world size.
+"""Synthetic per-rank payloads of every probe of the default suite (and bandwidth) for
+consolidation tests and the scale benchmarks: a healthy job and its faulty variants (a
+straggler, a bad link, a mismatched env, a sick GPU, a wrong collective, ...), deterministic
+for a given world size.
 
-The layout follows what each probe's `run` returns (distdiag/probes/cluster/*.py); the
-values are those of a healthy 8-GPU-per-node job unless a scenario changes them.
+The cluster probes' layout follows what each probe's `run` returns (distdiag/probes/cluster/*.py),
+with the values of a healthy 8-GPU-per-node job unless a scenario changes them. The other
+probes' payloads are scaled from what the real probes posted on 4 ranks (check_suite_templates.json,
+see tests/unit/check_suite_payloads.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 from distdiag.probes.cluster.bandwidth import OPS
 from distdiag.report.model import RankInfo
+from tests.unit.check_suite_payloads import SUITE_BUILDERS, SUITE_SCENARIOS  # noqa: F401 - the suite's scenarios, here with the others
 
 PER_NODE = 8
 SIZES = (4096, 262144, 4194304)
@@ -121,6 +125,8 @@ def payloads(probe: str, world: int, scenario: str = "healthy") -> dict[int, dic
         return {r: bandwidth_payload(r, world, scenario) for r in range(world)}
     if probe == "data_shards":
         return {r: data_payload(r, scenario) for r in range(world)}
+    if probe in SUITE_BUILDERS:
+        return SUITE_BUILDERS[probe](world, scenario)
     build = {"env": env_payload, "gpu": gpu_payload, "collectives": collectives_payload}[probe]
     return {r: build(r, scenario) for r in range(world)}
 

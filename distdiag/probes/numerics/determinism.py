@@ -22,7 +22,7 @@ from torch import nn
 
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
-from distdiag.probes.base import ConsolidationView, group_ranks, minority_ranks
+from distdiag.probes.base import ConsolidationView, alike, group_alike, group_values, minority_ranks
 from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.probes.numerics.replicas import bit_checksum
 from distdiag.probes.numerics.shared import fingerprint, parallel_run, release
@@ -84,6 +84,9 @@ class DeterminismProbe(tr.NumericsProbe):
     name = "determinism"
     summary = "a step that is not bitwise reproducible, or a rank whose identical computation gives different bits (SDC suspect)"
     Config = DeterminismConfig
+    shared_fields = ("ref",)
+    """The reference step's fingerprint: the same on every rank unless one computes other bits
+    (the bug it reports), 1.5 KB a rank for the built-in workload."""
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: DeterminismConfig = self.options(ctx)
@@ -138,11 +141,12 @@ class DeterminismProbe(tr.NumericsProbe):
         unstable = {r: p["ref_diff"] for r, p in payloads.items() if p["ref_diff"]}
         par_unstable = {r: p["par_diff"] for r, p in payloads.items() if p.get("par_diff")}
         findings = _repeat_findings(payloads, unstable, par_unstable)
-        inputs = group_ranks(ranks, lambda r: payloads[r].get("inputs", ""))
+        inputs = group_values(ranks, [payloads[r].get("inputs", "") for r in ranks])
         if len(inputs) > 1:
             findings.append(_inputs_finding(inputs))
         stable = [r for r in ranks if r not in unstable and len(inputs) == 1]
-        groups = group_ranks(stable, lambda r: _ref_key(payloads[r]["ref"]))
+        # Each distinct reference fingerprint keyed once (ranks that posted it alike hold one object).
+        groups = group_alike([(_ref_key(ref), rs) for ref, rs in alike(stable, [payloads[r]["ref"] for r in stable])])
         if len(groups) > 1:
             findings.append(_cross_rank_finding(payloads, view, stable, groups))
         elif unstable and not stable:

@@ -10,13 +10,14 @@ shard under HSDP). The CPU (and CUDA) RNG states are checksummed too. Checksums 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from itertools import compress
+from itertools import chain
 from typing import Any
 
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
-from distdiag.probes.base import ConsolidationView, group_ranks, group_values, minority_ranks
+from distdiag.probes.base import ConsolidationView, group_values, minority_ranks
 from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.probes.numerics.setup_findings import FIXES
 from distdiag.probes.numerics.shared import parallel_run
@@ -72,19 +73,20 @@ class ParamSyncProbe(tr.NumericsProbe):
         ranks = sorted(payloads)
         nsnaps = min(len(p["snaps"]) for p in payloads.values())
         findings: list[Finding] = []
-        keys = sorted({k for p in payloads.values() for k in p["snaps"][0]["sums"]})
         compared = 0
         drifts: dict[tuple[str, int, tuple[int, ...]], list[tuple[str, dict[str, list[int]]]]] = {}
         # Each snapshot's sums of every rank, looked up once, not per tensor (16k ranks, issue 21).
-        sums = [[payloads[r]["snaps"][i]["sums"] for r in ranks] for i in range(nsnaps)]
-        for key in keys:
-            has = [key in s for s in sums[0]]
-            holders = list(compress(ranks, has))
-            if len(holders) < 2:
-                continue
+        snaps = [payloads[r]["snaps"] for r in ranks]
+        sums = [[s[i]["sums"] for s in snaps] for i in range(nsnaps)]
+        rngs = [[s[i]["rng"] for s in snaps] for i in range(nsnaps)]
+        holding = _replicated(sums[0])
+        for key in sorted(holding):
+            at = holding[key]
+            holders = [ranks[j] for j in at]
             compared += 1
             for i in range(nsnaps):
-                groups = group_values(holders, [s[key][1] for s in compress(sums[i], has)])
+                per_rank = sums[i]
+                groups = group_values(holders, [per_rank[j][key][1] for j in at])
                 if len(groups) > 1:
                     kind = payloads[holders[0]]["snaps"][0]["sums"][key][0]
                     drifts.setdefault((kind, i, tuple(minority_ranks(groups))), []).append((key, groups))
@@ -94,8 +96,8 @@ class ParamSyncProbe(tr.NumericsProbe):
             findings.append(_drift_finding(kind, i, items, payloads))
         for which in ("cpu", "cuda"):
             for i in range(nsnaps):
-                holders = [r for r in ranks if which in payloads[r]["snaps"][i]["rng"]]
-                groups = group_ranks(holders, lambda r, i=i, which=which: payloads[r]["snaps"][i]["rng"][which])
+                held = [(r, s[which]) for r, s in zip(ranks, rngs[i], strict=True) if which in s]
+                groups = group_values([r for r, _ in held], [v for _, v in held])
                 if len(groups) > 1:
                     odd = minority_ranks(groups)
                     findings.append(Finding(
@@ -119,6 +121,26 @@ class ParamSyncProbe(tr.NumericsProbe):
         ))
         metrics = {"replicated_tensors": compared, "steps": nsnaps - 1, "drifting": sum(1 for f in findings if f.severity == "error")}
         return ProbeResult.from_findings(self.name, findings, metrics=metrics)
+
+
+def _replicated(first: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Each tensor more than one rank holds -> the indices (into `first`, every rank's sums of
+    the first snapshot, in rank order) of the ranks holding it.
+
+    Counted in one pass (asking every rank about every key was keys x ranks, and a sharded model
+    has a key per shard: N^2 at 16k ranks); then each replicated key's holders: a scan of the
+    ranks per key when few are replicated (buffers beside FSDP shards; every key under DDP), else
+    one pass over every rank's keys (HSDP: each shard held by a few replicas)."""
+    counts = Counter(chain.from_iterable(first))
+    multi = {k for k, n in counts.items() if n > 1}
+    if len(multi) * len(first) <= 4 * sum(counts.values()):
+        return {key: [j for j, held in enumerate(first) if key in held] for key in multi}
+    holding: dict[str, list[int]] = {}
+    for j, held in enumerate(first):
+        for key in held:
+            if key in multi:
+                holding.setdefault(key, []).append(j)
+    return holding
 
 
 def _when(i: int) -> str:

@@ -59,8 +59,12 @@ def setup_failure(name: str, payloads: dict[int, dict[str, Any]], key: str) -> P
     return None
 
 
-def _merge_bad(payloads: dict[int, dict[str, Any]], i: int, kind: str) -> dict[str, dict[str, Any]]:
-    return _merge_cmp({rank: p["steps"][i][kind] for rank, p in payloads.items()})
+def _merge_bad(ranks: list[int], steps: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    """_merge_cmp of one step's `kind` comparison (`steps[k]` is ranks[k]'s record of the step)."""
+    cmps = [s[kind] for s in steps]
+    if not any(c["bad"] or c.get("bad_names") for c in cmps):
+        return {}  # nothing over tolerance anywhere (a healthy step): no per-rank merge
+    return _merge_cmp(dict(zip(ranks, cmps, strict=True)))
 
 
 def _merge_cmp(cmps: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -142,19 +146,21 @@ class _StepTable:
 
     def _step(self, payloads: dict[int, dict[str, Any]], ranks: list[int], world: int, i: int, s0: dict[str, Any]) -> None:
         """Step i's row (`s0` is the first rank's record of it)."""
-        losses = [payloads[r]["steps"][i]["loss"] for r in ranks]
+        steps = [payloads[r]["steps"][i] for r in ranks]  # looked up once (16k ranks, issue 21)
+        losses = [s["loss"] for s in steps]
         mean_loss = sum(losses) / len(losses)
         ref_loss = s0["ref_loss"]
         loss_rel = abs(mean_loss - ref_loss) / max(abs(ref_loss), 1e-12)
         loss_tol = _loss_tol(s0)
-        par_norm = math.sqrt(max(sum(payloads[r]["steps"][i]["grad_sq_share"] for r in ranks), 0.0))
-        grad_rel = max(payloads[r]["steps"][i]["grad"]["max_rel"] for r in ranks)
-        param_rel = max(payloads[r]["steps"][i]["param"]["max_rel"] for r in ranks)
-        grad_abs = max(payloads[r]["steps"][i]["grad"]["max_abs"] for r in ranks)
+        par_norm = math.sqrt(max(sum([s["grad_sq_share"] for s in steps]), 0.0))
+        grads, params = [s["grad"] for s in steps], [s["param"] for s in steps]
+        grad_rel = max([g["max_rel"] for g in grads])
+        param_rel = max([p["max_rel"] for p in params])
+        grad_abs = max([g["max_abs"] for g in grads])
         self.max_grad_rel = max(self.max_grad_rel, grad_rel)
         self.max_param_rel = max(self.max_param_rel, param_rel)
         self.max_loss_rel = max(self.max_loss_rel, loss_rel)
-        gbad, pbad = _merge_bad(payloads, i, "grad"), _merge_bad(payloads, i, "param")
+        gbad, pbad = _merge_bad(ranks, steps, "grad"), _merge_bad(ranks, steps, "param")
         off = bool(gbad or pbad or loss_rel > loss_tol)
         self.rows.append({
             "step": s0["step"], "ref loss": f"{ref_loss:.6g}", f"loss (mean of {world})": f"{mean_loss:.6g}",

@@ -3,10 +3,9 @@ that differ (with the mechanism setup_digest.classify names and a fix for it).""
 
 from __future__ import annotations
 
-from itertools import compress
 from typing import Any
 
-from distdiag.probes.base import group_values, minority_ranks
+from distdiag.probes.base import alike, group_alike, minority_ranks
 from distdiag.probes.numerics.setup_after import reach
 from distdiag.probes.numerics.setup_digest import classify, outermost_modules, sample_diff
 from distdiag.report.model import Finding
@@ -47,22 +46,21 @@ def layout_findings(digests: dict[int, dict[str, dict[str, Any]]]) -> tuple[list
     comparison (held by one rank, on meta, sharded, or of a different dtype/shape).
     """
     ranks = sorted(digests)
-    keys = sorted({k for d in digests.values() for k in d})
+    # Each distinct digests object once (ranks that posted them alike hold one: shared_fields).
+    classes = alike(ranks, [digests[r] for r in ranks])
+    keys = sorted({k for d, _ in classes for k in d})
     skipped: set[str] = set()
     by_what: dict[str, list[tuple[str, dict[Any, list[int]]]]] = {"dtype": [], "shape": []}
     compared = 0
-    rows = [digests[r] for r in ranks]
     for key in keys:
-        has = [key in d for d in rows]
-        holders = list(compress(ranks, has))
-        entries = [d[key] for d in compress(rows, has)]
-        first = entries[0]
-        if len(holders) < 2 or first["kind"] == "sharded param" or any("bits" not in e for e in entries):
+        holding = [(d[key], rs) for d, rs in classes if key in d]
+        first = holding[0][0]
+        if sum(len(rs) for _, rs in holding) < 2 or first["kind"] == "sharded param" or any("bits" not in e for e, _ in holding):
             skipped.add(key)
             continue
         compared += 1
         for what in ("dtype", "shape"):
-            groups = group_values(holders, [str(e[what]) for e in entries])
+            groups = group_alike([(str(e[what]), rs) for e, rs in holding])
             if len(groups) > 1:
                 by_what[what].append((key, groups))
                 skipped.add(key)
@@ -96,8 +94,9 @@ def divergence_findings(
     """Tensors whose values differ across ranks before parallelize, as one finding with its cause
     (those that parallelize made equal, or replaced everywhere, as an info)."""
     ranks = sorted(digests)
-    keys = sorted({k for d in digests.values() for k in d} - skipped)
-    differing = [k for k in keys if len({digests[r][k]["bits"] for r in ranks if k in digests[r]}) > 1]
+    distinct = [d for d, _ in alike(ranks, [digests[r] for r in ranks])]
+    keys = sorted({k for d in distinct for k in d} - skipped)
+    differing = [k for k in keys if len({d[k]["bits"] for d in distinct if k in d}) > 1]
     if not differing:
         return []
     out: list[Finding] = []

@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from distdiag.probes import training as tr
-from distdiag.probes.base import minority_ranks
+from distdiag.probes.base import alike, group_alike, minority_ranks
 from distdiag.probes.numerics.setup_digest import outermost_modules
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -86,20 +86,31 @@ _FIX = {
 }
 
 
+def _judged_rows(rows: list[list[Any]], device: str, meta_is_wrong: bool) -> tuple[list[Any], set[str], list[tuple[str, str]]]:
+    """One rank's rows judged: (its device problems, the GPUs it holds tensors on, its
+    low-precision trainable (dtype, fqn))."""
+    return (device_problems(rows, device, meta_is_wrong), {r[2] for r in rows if r[2].startswith("cuda")},
+            [(r[3], r[0]) for r in rows if r[4] and r[3] in LOW])
+
+
 def placement_findings(payloads: dict[int, dict[str, Any]], view: Any) -> list[Finding]:
     merged: dict[tuple[str, str, str], list[int]] = {}
     shared: dict[tuple[str, str], list[int]] = {}
     half: dict[str, dict[str, list[int]]] = {}
+    judged: dict[tuple[int, str, bool], tuple[list[Any], set[str], list[tuple[str, str]]]] = {}
     for rank, p in sorted(payloads.items()):
         rows = p.get("parallel") or p.get("built") or []
-        for problem in device_problems(rows, p.get("device", "cpu"), meta_is_wrong="parallel" in p):
+        # Rows posted alike are one object (shared_fields): judged once per object, device and phase.
+        key = (id(rows), p.get("device", "cpu"), "parallel" in p)
+        if key not in judged:
+            judged[key] = _judged_rows(rows, key[1], key[2])
+        problems, devs, low = judged[key]
+        for problem in problems:
             merged.setdefault(problem, []).append(rank)
-        devs = {r[2] for r in rows if r[2].startswith("cuda")}
         if len(devs) == 1:
-            shared.setdefault((view.host_of(rank), devs.pop()), []).append(rank)
-        for r in rows:
-            if r[4] and r[3] in LOW:
-                half.setdefault(r[3], {}).setdefault(r[0], []).append(rank)
+            shared.setdefault((view.host_of(rank), next(iter(devs))), []).append(rank)
+        for dtype, fqn in low:
+            half.setdefault(dtype, {}).setdefault(fqn, []).append(rank)
     out = [Finding(
         severity="error", issue=f"{modules}: {detail} ({format_ranks(ranks)})", ranks=ranks,
         evidence="after parallelize" if "parallel" in payloads[ranks[0]] else "the model as built", fix=_FIX[cause],
@@ -180,14 +191,17 @@ def precision_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
     which would exchange buffers of different dtypes and sizes (a hang or a garbled reduction).
     """
     ranks = [r for r in sorted(payloads) if payloads[r].get("precision")]
-    keys = sorted({k for r in ranks for k in payloads[r]["precision"]})
+    # Each distinct precision table once (ranks that posted it alike hold one object: shared_fields).
+    classes = alike(ranks, [payloads[r]["precision"] for r in ranks])
+    keys = sorted({k for table, _ in classes for k in table})
     differ: dict[str, dict[str, list[int]]] = {}
     for key in keys:
-        groups: dict[str, list[int]] = {}
-        for r in ranks:
-            if key in payloads[r]["precision"]:
-                stored, param, reduce = payloads[r]["precision"][key]
-                groups.setdefault(f"stored {stored}, compute {param or stored}, reduce {reduce or param or stored}", []).append(r)
+        labels = []
+        for table, rs in classes:
+            if key in table:
+                stored, param, reduce = table[key]
+                labels.append((f"stored {stored}, compute {param or stored}, reduce {reduce or param or stored}", rs))
+        groups = group_alike(labels)
         if len(groups) > 1:
             differ[key] = groups
     if not differ:

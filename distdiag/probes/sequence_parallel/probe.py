@@ -219,7 +219,8 @@ def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Fin
             continue  # the uneven length would only repeat what the batch itself showed
         label = f"{entry0['splitter']!s}" + (" (seq len +1)" if made_up else "")
         seq_len = entry0["seq_len"]
-        problems = {r: p["splits"][i]["problem"] for r, p in payloads.items() if p["splits"][i]["problem"]}
+        entries = {r: p["splits"][i] for r, p in payloads.items()}  # looked up once (16k ranks, issue 21)
+        problems = {r: e["problem"] for r, e in entries.items() if e["problem"]}
         if problems:
             ranks = sorted(problems)
             raised = all(str(v).startswith("raised") for v in problems.values())
@@ -240,7 +241,7 @@ def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Fin
                     "shift_labels, position_ids and attention_mask when the batch has one", 0.95,
                     cause="split_bad_output"))
             continue
-        local = {r: p["splits"][i]["local"] for r, p in payloads.items()}
+        local = {r: e["local"] for r, e in entries.items()}
         found = analyze_split(label, entry0["full"], local, world)
         bad = [f for f in found if f.severity != "info"]
         if bad and made_up:
