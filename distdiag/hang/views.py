@@ -56,7 +56,7 @@ def _path(line: str) -> str:
     return line.split(":", 1)[0]
 
 
-def _innermost(stack: list[str]) -> str:
+def _innermost(stack: list[str] | tuple[str, ...]) -> str:
     for line in reversed(stack):
         path = _path(line)
         if not _runner(path) and "/threading.py" not in path:
@@ -87,7 +87,7 @@ def _by_stack(reading: Any, stack: list[Any]) -> Any:
 
 @lru_cache(maxsize=STACK_CACHE)
 def _where(stack: tuple[str, ...]) -> str:
-    inner = _innermost(list(stack))
+    inner = _innermost(stack)
     mine = _user_frame(stack)
     return inner if mine is None or mine == inner else f"{inner} (called from {mine})"
 
@@ -407,7 +407,7 @@ GROUPED_DETAILS_RANKS = 1024
 """Past this many ranks a hang report's stacks are written once per distinct stack with the
 ranks that share it (4.7 MB at 16k ranks, 0.1 MB grouped), the per-rank engine view, which
 repeats the recorder's table (11 MB), is left out, and each rank's recent collectives are
-written as rows that point at the fields they share (`recent_table`: 35 MB -> ~6 MB)."""
+written as rows that point at the fields they share (`recent_table`: 35 MB -> 7 MB)."""
 
 RECENT_COLUMNS = ("group", "seq", "step", "duration_s")
 """The fields of a recent collective that differ between ranks and calls; the others (op,
