@@ -125,16 +125,11 @@ class ParamSyncProbe(tr.NumericsProbe):
 
 def _replicated(first: list[dict[str, Any]]) -> dict[str, list[int]]:
     """Each tensor more than one rank holds -> the indices (into `first`, every rank's sums of
-    the first snapshot, in rank order) of the ranks holding it.
-
-    Counted in one pass (asking every rank about every key was keys x ranks, and a sharded model
-    has a key per shard: N^2 at 16k ranks); then each replicated key's holders: a scan of the
-    ranks per key when few are replicated (buffers beside FSDP shards; every key under DDP), else
-    one pass over every rank's keys (HSDP: each shard held by a few replicas)."""
+    the first snapshot, in rank order) of the ranks holding it: counted in one pass, then one
+    pass over every rank's keys (asking every rank about every key was keys x ranks, and a
+    sharded model has a key per shard: N^2 at 16k ranks)."""
     counts = Counter(chain.from_iterable(first))
     multi = {k for k, n in counts.items() if n > 1}
-    if len(multi) * len(first) <= 4 * sum(counts.values()):
-        return {key: [j for j, held in enumerate(first) if key in held] for key in multi}
     holding: dict[str, list[int]] = {}
     for j, held in enumerate(first):
         for key in held:
