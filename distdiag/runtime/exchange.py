@@ -164,9 +164,12 @@ class Exchange:
         *,
         poll_s: float = 0.01,
         stop: Callable[[], bool] | None = None,
+        alone: bool = False,
     ) -> bool:
-        """Wait until `expected` ranks posted under key; False at the deadline or on stop()."""
-        interval = poll_interval(poll_s, self.world_size)
+        """Wait until `expected` ranks posted under key; False at the deadline or on stop().
+        `alone`: this rank polls at poll_s whatever the world (one rank's polls cost the store
+        nothing; the check's writer learns at once that the last rank posted, issue 21)."""
+        interval = poll_s if alone else poll_interval(poll_s, self.world_size)
         return _poll(lambda: self.count(key) >= expected, deadline, interval, stop, scaled=interval > poll_s) is not None
 
     def present(self, key: str, ranks: list[int] | None = None) -> list[int]:
