@@ -80,6 +80,18 @@ def _all_left(ex: Exchange, world: int, stall_s: float) -> bool:
         time.sleep(min(interval, last_move + stall_s - now))
 
 
+def _print(config: CheckConfig, report: Report, text: str, where: str | None) -> None:
+    """The report on stdout, in the format asked for (`where`: the file written, if any)."""
+    if config.format == "json":
+        sys.stdout.write(text + "\n")
+    elif config.quiet:
+        sys.stdout.write(f"verdict: {report.verdict.upper()} (exit {report.exit_code}) - {report.summary}\n")
+    else:
+        sys.stdout.write(render_report(report, verbose=config.verbose) + "\n")
+        if where:
+            sys.stdout.write(f"report: {os.path.abspath(where)}\n")
+
+
 class RunEnd:
     """One rank's end of the run: the report, the verdict, and leaving."""
 
@@ -92,6 +104,7 @@ class RunEnd:
         self.sentinel: Any = None  # set once the run has started it
         self.rank_infos: list[RankInfo] = []
         self.verdict_report: Report | None = None  # the report this rank wrote on the normal end
+        self.ahead: Any = None  # rank 0: the probes consolidated while the others ran (distdiag.check.ahead)
         self._leaving = threading.Lock()
         self._left_code: int | None = None
 
@@ -107,8 +120,7 @@ class RunEnd:
         ]
 
     def _checked_in(self) -> dict[int, RankInfo]:
-        """The rank table's real entries (a rank that never posted its row has a placeholder
-        with host '?', which read as "no answer from host ?")."""
+        """The rank table's real entries, not the placeholders (host '?') of ranks that never posted."""
         return {r: i for r, i in enumerate(self.rank_infos) if i.pid > 0}
 
     def _known_rank_infos(self) -> list[RankInfo]:
@@ -142,19 +154,32 @@ class RunEnd:
         """This host, when every rank of the job starts on it (one node)."""
         return self.info.host if self.info.local_world_size == self.info.world_size else None
 
+    def consolidated(self, ex: Exchange, index: int) -> ProbeResult:
+        """Probe `index`'s result, from what every rank posted of it."""
+        planned = self.plan.probes[index]
+        posted = resolve_shared(ex, index, ex.collect(Keys.result(index)))
+        return consolidate_probe(planned.probe, posted, self._view(planned.options))
+
     def _completed(self, ex: Exchange, count: int) -> list[ProbeResult]:
-        """The consolidated results of the plan's first `count` probes, from the store."""
-        return [
-            consolidate_probe(planned.probe, resolve_shared(ex, index, ex.collect(Keys.result(index))),
-                              self._view(planned.options))
-            for index, planned in enumerate(self.plan.probes[:count])
-        ]
+        """The plan's first `count` probes' results: made ahead (`ahead`), or read now."""
+        made = [self.ahead.result(i) if self.ahead is not None else None for i in range(count)]
+        return [r if r is not None else self.consolidated(ex, i) for i, r in enumerate(made)]
+
+    def consolidate_ahead(self, ex: Exchange, connect: Any = None) -> None:
+        """Rank 0, once all checked in: each probe consolidated on a thread as it completes."""
+        from distdiag.check.ahead import Ahead
+
+        own = None if connect is None else lambda: Exchange(connect(), ex.rank, ex.world_size)
+        self.ahead = Ahead(self.consolidated, ex, own, prepare=self._load_rank_infos)
 
     def consolidate(self, ex: Exchange) -> Report:
         """The report of a run whose every probe finished, written by this rank."""
         # A rank whose sentinel ends the run meanwhile waits for this verdict while it moves.
         with self.incident(ex).moving("consolidating the probes' results"), collector_paused():
-            self._load_rank_infos(ex)
+            if self.ahead is not None:
+                self.ahead.finish()
+            if not self.rank_infos:
+                self._load_rank_infos(ex)
             results = self._completed(ex, len(self.plan.probes))
             return self._report(results, [], outcome="completed", hung=False, writer=self.info.rank)
 
@@ -204,7 +229,7 @@ class RunEnd:
         if report.outcome == "cancelled" and cancelled_by():
             show = False  # the user stopped distdiag check, which says so in one line
         if show:
-            self._print(report, text, where)
+            _print(self.config, report, text, where)
         sys.stdout.flush()
         info = self.info
         path = os.path.abspath(where) if where else "(not written)"
@@ -213,17 +238,6 @@ class RunEnd:
         inc.publish_verdict(Verdict(report.exit_code, info.rank, info.host, info.node, report.outcome, report.summary,
                                     path, chunks=inc.chunk_count(shared)))
         inc.publish_report(shared, {"host": info.host, "node": info.node})
-
-    def _print(self, report: Report, text: str, where: str | None) -> None:
-        """The report on stdout, in the format asked for (`where`: the file written, if any)."""
-        if self.config.format == "json":
-            sys.stdout.write(text + "\n")
-        elif self.config.quiet:
-            sys.stdout.write(f"verdict: {report.verdict.upper()} (exit {report.exit_code}) - {report.summary}\n")
-        else:
-            sys.stdout.write(render_report(report, verbose=self.config.verbose) + "\n")
-            if where:
-                sys.stdout.write(f"report: {os.path.abspath(where)}\n")
 
     def mirror(self, ex: Exchange, verdict: Verdict | dict[str, Any]) -> None:
         """Local rank 0 of every other node writes the same report there."""
@@ -317,6 +331,8 @@ class RunEnd:
         from distdiag.runtime.incident import collect_snapshots, kill_stopped_local, silent_rank_reasons
 
         ex, world = incident.ex, self.info.world_size
+        if self.ahead is not None:
+            self.ahead.stop()  # what it made is used; the rest is read here
         incident.advance("reading the snapshots")
         self._load_rank_infos(ex)
         snaps = collect_snapshots(ex, incident.keys.snap, histories=True)

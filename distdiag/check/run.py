@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -107,6 +108,8 @@ class CheckRun:
         note_phase("checking in (waiting for every rank to reach the store)")
         self.ex.post(Keys.INFO, RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
         self._wait_for_checkin()
+        if info.rank == 0:  # the writer of the normal end: each probe consolidated as it completes
+            self.end.consolidate_ahead(self.ex, self._store)
         note_phase("setting up (the target, the process groups)")
         self.tracker.enter_phase("setup")
         target = self._load_target_everywhere()
@@ -252,6 +255,8 @@ class CheckRun:
         entry["duration_s"] = round(time.perf_counter() - started, 4)
         self.tracker.enter_phase("barrier", index, probe.name)
         self._post_and_wait(index, probe.name, share_fields(self.ex, index, entry, probe.shared_fields))
+        if self.end.ahead is not None:
+            self.end.ahead.ready(index)
 
     def _probe_entry(self, ctx: Any, planned: Any) -> dict[str, Any]:
         """What this rank posts for one probe: skipped and why, its payload, or its error."""
@@ -286,7 +291,10 @@ class CheckRun:
         # several cores of torchrun's store), so a slice spans 8 of its polls there.
         world = self.info.world_size
         slice_s = max(0.25, 8 * poll_interval(0.01, world))
-        while not self.ex.wait_count(key, world, time.monotonic() + slice_s, stop=self.sentinel.aborting.is_set):
+        # Rank 0 alone polls at the wait's own 10 ms: it consolidates each probe the moment the
+        # last rank posted it (distdiag/check/ahead.py), the last one before the verdict.
+        writer = self.info.rank == 0
+        while not self.ex.wait_count(key, world, time.monotonic() + slice_s, stop=self.sentinel.aborting.is_set, alone=writer):
             if self.sentinel.aborting.is_set():
                 self._park()
             if self.ex.bump(Keys.comm_errors(index), 0) > 0:
@@ -308,26 +316,6 @@ class CheckRun:
         os._exit(3)
 
     # -- the normal end --------------------------------------------------------------------
-    def _await_verdict(self) -> dict[str, Any]:
-        """The verdict rank 0 publishes. A blocking wait on the store, not polls: the store
-        answers every waiting rank the moment the verdict is set, and costs nothing meanwhile
-        (16k ranks polling took a quarter of its core and saw the verdict up to a poll
-        interval, 0.66 s, late: issue 21). In slices: after each one, an abort parks this
-        thread (the sentinel ends the run); a slice that ends without the verdict (rank 0
-        consolidating for longer) makes torch log one line about its socket timing out."""
-        key = IncidentKeys().verdict
-        while True:
-            try:
-                with bounded(f"wait {key}"):
-                    self.ex.store.wait([key], timedelta(seconds=VERDICT_WAIT_SLICE_S))
-            except Exception as exc:  # noqa: BLE001 - the slice's timeout; a broken store raises in read below
-                log.debug("waiting for the verdict: %s", exc)
-            if self.sentinel.aborting.is_set():
-                self._park()
-            verdict = self.ex.read(key)
-            if verdict is not None:
-                return verdict
-
     def _finish(self) -> int:
         """After the last probe: rank 0 consolidates, writes the report and publishes the
         verdict; the others wait for it and acknowledge; then every rank leaves together."""
@@ -345,7 +333,7 @@ class CheckRun:
             self.sentinel.on_late_sigterm = lambda: self.end.after_verdict(self.sentinel.exchange or self.ex, wait_s=0.5)
             self.ex.wait_count(Keys.ACK, info.world_size - 1, time.monotonic() + ACK_WAIT_S)
             return self.end.after_verdict(self.ex)
-        verdict = self._await_verdict()
+        verdict = _await_verdict(self.ex, self.sentinel.aborting, self._park)
         code = int(verdict["exit_code"])
         # This node's copy first: once finishing_code is set, a SIGTERM from torchrun (another
         # local rank already left non-zero) ends this process at once.
@@ -354,6 +342,27 @@ class CheckRun:
         self.ex.post(Keys.ACK, 1)
         self.end.after_verdict(self.ex)
         return code
+
+
+def _await_verdict(ex: Exchange, aborting: threading.Event, park: Callable[[], None]) -> dict[str, Any]:
+    """The verdict rank 0 publishes. A blocking wait on the store, not polls: the store
+    answers every waiting rank the moment the verdict is set, and costs nothing meanwhile
+    (16k ranks polling took a quarter of its core and saw the verdict up to a poll
+    interval, 0.66 s, late: issue 21). In slices: after each one, an abort parks this
+    thread (the sentinel ends the run); a slice that ends without the verdict (rank 0
+    consolidating for longer) makes torch log one line about its socket timing out."""
+    key = IncidentKeys().verdict
+    while True:
+        try:
+            with bounded(f"wait {key}"):
+                ex.store.wait([key], timedelta(seconds=VERDICT_WAIT_SLICE_S))
+        except Exception as exc:  # noqa: BLE001 - the slice's timeout; a broken store raises in read below
+            log.debug("waiting for the verdict: %s", exc)
+        if aborting.is_set():
+            park()
+        verdict = ex.read(key)
+        if verdict is not None:
+            return verdict
 
 
 def _bad_input(exc: ConfigError, argv: list[str], report_path: str | None = None) -> int:
