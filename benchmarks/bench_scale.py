@@ -14,15 +14,23 @@ ranks, replaying the store operations distdiag's own code issues, through its ow
   report. `hang_report_s`: the declaration -> the verdict published (the report is on disk
   before it); `hang_writer_done_s`: -> the writer done (the other hosts' copy shared, what it
   worked on freed).
-- the check's end: every rank posts its row (`info`) and its results of the default suite's
-  probes as distdiag/check/run.py posts them (shared fields stored once), with the healthy
-  payloads of benchmarks/bench_gate_scaling.py `made` (tests/unit/check_payloads.py: scaled
-  from what the real probes posted; moe_routing only up to 1,024 ranks, its payload grows with
-  the world); from the moment the last one posted
-  its last result, rank 0 runs the real distdiag.check.finish.RunEnd (`consolidate`, `emit`)
-  and waits for acks and leaving as distdiag/check/run.py `_finish` does, while the others
-  poll the verdict, node leaders fetch the shared report, and every rank acks and leaves.
-  `check_exchange_s`: that moment -> every simulated rank has read the verdict.
+- the check's end: every rank posts its row (`info`), then, once the clock starts, its results
+  of the default suite's probes one probe after another, as distdiag/check/run.py posts them
+  (shared fields stored once; the JSON made beforehand, as each real rank makes its own), with
+  the healthy payloads of benchmarks/bench_gate_scaling.py `made` (tests/unit/check_payloads.py:
+  scaled from what the real probes posted; moe_routing only up to 1,024 ranks, its payload
+  grows with the world); between two probes each client waits in the probe's barrier as
+  run.py `_post_and_wait` does (a count polled at the scaled interval, 0.66 s at 16k); the
+  probes themselves take no time (a real one takes its time: more lead for rank 0's thread).
+  Rank 0 runs the real distdiag.check.finish.RunEnd: its thread consolidates each probe as
+  its barrier returns (`consolidate_ahead`, `Ahead.ready`; distdiag/check/ahead.py), then
+  `consolidate` and `emit`, and waits for acks and leaving as `_finish` does, while the
+  others wait for the verdict, node leaders fetch the shared report, and every rank acks and
+  leaves. `check_exchange_s`: the last result posted -> every simulated rank has read the
+  verdict; `check_seen_s`: -> rank 0's barrier returned; `check_ahead_behind_s`: how long
+  after that its thread finished the probes before the last (<= 0: it was done);
+  `check_probes_s`: each probe's [name, barrier returned, consolidated] from that moment;
+  `check_posting_s`: the clock's start -> the last result posted (the probes' spacing here).
 
 Simulated ranks share clients: `--clients` processes each hold ONE TCPStore client and play
 N/clients ranks in turn (one connection per rank would be 16k sockets and 16k interpreters'
@@ -65,6 +73,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -245,9 +254,23 @@ def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any)
     ex = {r: Exchange(store, r, world) for r in range(lo, hi)}
     for r in range(lo, hi):
         ex[r].post("info", _info(r))
-    _post_results(ex, world, range(lo, hi))
+    entries = _entries(ex, world, range(lo, hi))
     store.add("ready", 1)
     store.wait(["go"])
+    # Probe by probe: each rank posts its result, then waits in the probe's barrier (run.py
+    # `_post_and_wait`: a count polled at the scaled interval) before the next probe; the probes
+    # themselves take no time here (on a real job they take what they take: more lead for the
+    # writer's thread, distdiag/check/ahead.py).
+    barrier = _interval(0.01, world)
+    for key, texts in entries:
+        for r, text in zip(range(lo, hi), texts, strict=True):
+            ex[r].put(f"{key}/{r}", text)
+            store.add(f"{key}/n", 1)
+        posted_at = time.time()
+        time.sleep(random.uniform(0, barrier))  # this client's ranks' polls start at random phases
+        while int(store.add(f"{key}/n", 0)) < world:
+            time.sleep(barrier)
+    del entries
     others = [r for r in range(lo, hi) if r != 0]
     got: dict[int, float] = {}
 
@@ -277,7 +300,7 @@ def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any)
         leave(r)
     _poll_until(others, _interval(LEAVE_POLL_S, world), lambda r: ex[r].count("left") >= world, 2.0)
     out.put({"ops": store.ops, "max_value": store.max_value, "done_at": max(got.values(), default=time.time()),
-             "late_rounds": late, "gave_up": gave_up})
+             "late_rounds": late, "gave_up": gave_up, "posted_at": posted_at})
 
 
 def _shared_report(ex: Any) -> Any:
@@ -288,18 +311,30 @@ def _shared_report(ex: Any) -> Any:
     return Incident(ex, IncidentKeys(), ex.world_size).read_report()
 
 
-def _post_results(ex: dict[int, Any], world: int, ranks: range) -> None:
-    """These ranks' results of the default suite, posted probe by probe as distdiag/check/run.py
-    posts them (share_fields: a shared field's value stored once, a reference posted)."""
+def _entries(ex: dict[int, Any], world: int, ranks: range) -> list[tuple[str, list[str]]]:
+    """These ranks' results of the default suite, probe by probe, as distdiag/check/run.py posts
+    them (share_fields: a shared field's value stored once - set now -, a reference posted): the
+    key and each rank's JSON, made before the clock starts (on a real job each rank makes its
+    own, on its own core)."""
     from bench_gate_scaling import made, suite
 
     from distdiag.check.shared_values import share_fields
     from distdiag.probes import PROBES
 
+    out = []
     for index, name in enumerate(suite(world)):
         payloads, fields = made(name, world, ranks), PROBES[name].shared_fields
-        for r in ranks:
-            ex[r].post(f"res/{index}", share_fields(ex[r], index, {"status": "ok", "payload": payloads[r]}, fields))
+        out.append((f"res/{index}", [json.dumps(share_fields(ex[r], index, {"status": "ok", "payload": payloads[r]}, fields))
+                                     for r in ranks]))
+    return out
+
+
+def _post_results(ex: dict[int, Any], world: int, ranks: range) -> None:
+    """These ranks' results of the default suite, posted now."""
+    for key, texts in _entries(ex, world, ranks):
+        for r, text in zip(ranks, texts, strict=True):
+            ex[r].put(f"{key}/{r}", text)
+            ex[r].store.add(f"{key}/n", 1)
 
 
 # -- the writers (rank 0) ----------------------------------------------------------------------
@@ -398,17 +433,39 @@ def _check_writer(port: int, prefix: str, world: int, out: Any) -> None:
     ex.post("info", _info(0))
     _post_results({0: ex}, world, range(1))
     end = _run_end(world)
+    made_at: dict[int, float] = {}
+    consolidated = end.consolidated
+
+    def timed(ex_: Any, index: int) -> Any:
+        result = consolidated(ex_, index)
+        made_at[index] = time.time()
+        return result
+
+    end.consolidated = timed
     store.wait(["go"])
     peak = _PeakRss(psutil.Process())
     cpu0 = _cpu()
+    # distdiag/check/run.py: rank 0 starts the thread once every rank checked in (its own store
+    # client), and hands it each probe when its barrier returns (every rank posted the probe).
+    end.consolidate_ahead(ex, lambda: _client(port, prefix))
+    count = len(end.plan.probes)
+    seen_at: dict[int, float] = {}
+    for index in range(count):
+        ex.wait_count(f"res/{index}", world, time.monotonic() + 600, alone=True)  # run.py `_post_and_wait`, rank 0
+        seen_at[index] = time.time()
+        end.ahead.ready(index)
     t0 = time.time()
     marks: dict[str, float] = {}
     error = _check_verdict(ex, end, world, marks)
     t1 = time.time()
     cpu = _cpu() - cpu0
     peak.stop()
+    behind = max((made_at[i] for i in range(count - 1) if i in made_at), default=t0) - t0
     out.put({"writer": "check", "t0": t0, "t1": t1, "cpu_s": cpu, "ops": store.ops, "max_value": store.max_value, "marks": marks,
-             "peak_mb": peak.growth_mb, "error": error})
+             "peak_mb": peak.growth_mb, "error": error, "ahead_behind_s": round(behind, 3),
+             "made_ahead": sum(1 for i in made_at if made_at[i] <= t0),
+             "probes": [[end.plan.probes[i].probe.name, round(seen_at[i] - t0, 3), round(made_at.get(i, t1) - t0, 3)]
+                        for i in range(count)]})
 
 
 def _run_end(world: int) -> Any:
@@ -518,7 +575,9 @@ def _phase(port: int, server: Any, world: int, clients: int, kind: str) -> dict[
     elapsed = max(wall1 - wall0, 1e-6)
     return {
         "writer_s": writer["t1"] - writer["t0"],
-        "all_s": max(r["done_at"] for r in ranks) - wall0 if kind == "check" else writer["t1"] - wall0,
+        "all_s": max(r["done_at"] for r in ranks) - max(r["posted_at"] for r in ranks) if kind == "check" else writer["t1"] - wall0,
+        "posting_s": max(r["posted_at"] for r in ranks) - wall0 if kind == "check" else None,
+        "posted_at": max(r["posted_at"] for r in ranks) if kind == "check" else None,
         "ops": sum(r["ops"] for r in results), "elapsed": elapsed, "server_cpu": cpu1 - cpu0,
         "max_value": max(r["max_value"] for r in results), "peak_mb": writer["peak_mb"],
         "rank_max_value": max(r["max_value"] for r in ranks),
@@ -572,6 +631,10 @@ def measure(world: int, clients: int) -> dict[str, Any]:
         "check_writer_cpu_s": round(check["writer"]["cpu_s"], 3),
         "check_consolidate_s": _since(check["writer"], "consolidated"),
         "check_verdict_out_s": _since(check["writer"], "verdict"),
+        "check_posting_s": round(check["posting_s"], 3),
+        "check_ahead_behind_s": check["writer"]["ahead_behind_s"],
+        "check_seen_s": round(check["writer"]["t0"] - check["posted_at"], 3),
+        "check_probes_s": check["writer"]["probes"],
         "hang_max_value_bytes": hang["max_value"], "check_max_value_bytes": check["max_value"],
         "rank_value_max_bytes": max(hang["rank_max_value"], check["rank_max_value"]),
         "check_error": check["writer"].get("error"),
