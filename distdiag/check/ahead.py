@@ -6,7 +6,8 @@ probe's results are complete the moment every rank posted them (rank 0's barrier
 so rank 0 hands that probe to a thread of its own and goes on to the next probe; after the last
 one only the last probe is left to read. Rank 0's share of a probe is mostly waiting in
 collectives (the GIL released), which is when this thread runs; no probe of the default suite
-compares ranks by how long rank 0 took, so the thread cannot make rank 0 look slow.
+compares ranks by how long rank 0 took, and before one that does (`Probe.times_ranks`:
+bandwidth) rank 0 waits for this thread to finish (`drain`), so it cannot make rank 0 look slow.
 
 The thread reads through a store client of its own (one more connection, rank 0's only): its
 multi_gets of 4 MB would otherwise queue rank 0's barrier polls behind them.
@@ -69,10 +70,14 @@ class Ahead:
         """Probe `index`'s result, if the thread made it (read from any thread: one dict get)."""
         return self._results.get(index)
 
-    def finish(self) -> None:
-        """Wait until every probe handed over is consolidated (or the thread is gone), then stop."""
+    def drain(self) -> None:
+        """Wait until every probe handed over is consolidated (or the thread is gone)."""
         while not self._idle.wait(1.0) and self._thread.is_alive():
             pass
+
+    def finish(self) -> None:
+        """drain, then stop."""
+        self.drain()
         self.stop()
 
     def stop(self) -> None:
@@ -105,7 +110,9 @@ class Ahead:
                     self._idle.set()
                 return
             try:
-                with collector_paused():
+                # No freeze at the end: the young objects then are rank 0's running probe's too
+                # (a released model's cycles must stay collectable), not only this thread's.
+                with collector_paused(freeze=False):
                     self._results[index] = self._consolidate(ex, index)
             except Exception as exc:  # noqa: BLE001 - the writer consolidates it itself
                 log.debug("consolidating probe %d ahead failed: %s: %s", index, type(exc).__name__, exc)

@@ -249,6 +249,8 @@ class CheckRun:
         probe = planned.probe
         note_phase(f"in probe '{probe.name}'")
         self.progress.show(index, len(self.plan.probes), probe.name)
+        if probe.times_ranks and self.end.ahead is not None:
+            self.end.ahead.drain()  # no other thread of rank 0 holding the GIL while it is timed
         self.tracker.enter_phase("probe", index, probe.name)
         started = time.perf_counter()
         entry = self._probe_entry(ctx, planned)

@@ -51,6 +51,10 @@ class Probe(abc.ABC):
     """False: left out of the default suite (too slow); runs when a profile or --probes names it."""
     Config: ClassVar[type | None] = None
     """A dataclass of options, read from the `[probes.NAME]` table of the config."""
+    times_ranks: ClassVar[bool] = False
+    """True: the probe compares ranks by how long they took (bandwidth's straggler scores): the
+    check's rank 0 finishes consolidating the probes before it (distdiag/check/ahead.py) on its
+    other thread first, so that this thread holding the GIL cannot make rank 0 look slow."""
     shared_fields: ClassVar[tuple[str, ...]] = ()
     """Payload fields usually the same on every rank (a model's digests): the check stores each
     distinct value once instead of once per rank (distdiag/check/shared_values.py); consolidate

@@ -19,30 +19,35 @@ __all__ = ["collector_paused"]
 _lock = threading.Lock()
 _depth = 0
 _restore = False
+_freeze = False
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused(*, freeze: bool = True) -> Iterator[None]:
     """The collector off for the block (nested, and across threads: on again when the last block
     ends, if it was on before the first; left off if the program had turned it off).
 
     When the last block ends, what is still alive (the report) is moved to the oldest generation
     without being walked (gc.freeze then gc.unfreeze: two list splices): left young, the first
     allocation after the block would walk it all (0.1 s at 16k ranks, before the verdict goes
-    out). Not where the program froze objects itself: unfreeze would undo its freeze."""
-    global _depth, _restore
+    out). Not where the program froze objects itself: unfreeze would undo its freeze. Not when
+    no block of the span asked for it (`freeze=False`: a thread working beside the program's
+    own, whose young objects - a released model's cycles - must stay collectable)."""
+    global _depth, _restore, _freeze
     with _lock:
         if _depth == 0:
             _restore = gc.isenabled()
+            _freeze = False
             gc.disable()
         _depth += 1
+        _freeze = _freeze or freeze
     try:
         yield
     finally:
         with _lock:
             _depth -= 1
             if _depth == 0 and _restore:
-                if gc.get_freeze_count() == 0:
+                if _freeze and gc.get_freeze_count() == 0:
                     gc.freeze()
                     gc.unfreeze()
                 gc.enable()

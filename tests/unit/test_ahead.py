@@ -161,3 +161,24 @@ def test_a_stopped_thread_does_not_hold_the_writer():
     ahead.finish()
     assert time.monotonic() - started < 5
     assert ahead.result(1) is None
+
+
+def test_drain_waits_for_what_was_handed_over_and_keeps_the_thread():
+    """Before a probe that times the ranks (bandwidth: `Probe.times_ranks`) rank 0 drains the
+    thread: nothing of it holds the GIL while rank 0 is timed; the probes after it still go ahead."""
+    from distdiag.probes import PROBES
+
+    assert PROBES["bandwidth"].times_ranks and not any(
+        cls.times_ranks for name, cls in PROBES.items() if name != "bandwidth")
+
+    def consolidate(ex, index):
+        time.sleep(0.2)
+        return _result(index)
+
+    ahead = Ahead(consolidate, ex=None)
+    ahead.ready(0)
+    ahead.drain()
+    assert ahead.result(0) is not None
+    ahead.ready(1)
+    ahead.finish()
+    assert ahead.result(1) is not None

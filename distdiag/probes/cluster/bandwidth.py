@@ -270,6 +270,7 @@ def _timed_loop(comm: Any, timer: _Timer, iters: int, fn: Any, delay: float, rec
 
 class BandwidthProbe(Probe):
     name = "bandwidth"
+    times_ranks = True  # its straggler score is each rank's lateness: nothing else runs on rank 0 meanwhile
     summary = "slow collectives per op and size (time, algbw, busbw as nccl-tests), straggler ranks, slow links between ranks"
     min_world_size = 2
     default_enabled = False
