@@ -12,8 +12,9 @@ for the tests). Then the writer, probe by probe as RunEnd._completed does, colle
 (Exchange.collect: one counter read and a multi_get per 256 keys, and the shared values once)
 and consolidates them (distdiag.check.consolidate.consolidate_probe); it builds the report, serialises it, groups it by
 node, renders the JUnit XML - with the cyclic garbage collector paused as the writer pauses it
-(distdiag/check/finish.py). moe_routing is left out above MOE_MAX_WORLD ranks (its payload
-grows with the world, the job's with its square).
+(distdiag/check/finish.py). moe_routing's built-in layer posts by expert-parallel groups of up
+to 8 ranks (distdiag/probes/moe/probe.py ep_size_for), as the probe runs it since issue 21:
+what a rank posts no longer grows with the world.
 Printed: milliseconds per stage and per rank, the growth factor from the previous world size
 against the growth in ranks (linear: equal; quadratic: its square); then each probe's
 consolidation in ms per world size, their total, and the total with the report's build.
@@ -67,10 +68,6 @@ def _gpu_payload(rank: int) -> dict:
 
 
 DEFAULT_SUITE = [name for name, cls in PROBES.items() if cls.default_enabled]
-MOE_MAX_WORLD = 1024
-"""moe_routing's payload is world-sized on every rank (its built-in expert-parallel layer spans
-the whole job: sent/received counts and all_to_all splits per peer), so the job's grows with the
-square of the ranks: 16k ranks would post ~10 GB. Above this it is left out (printed as n/a)."""
 
 
 def made(name: str, world: int, ranks: Any = None) -> dict[int, dict]:
@@ -89,13 +86,16 @@ def made(name: str, world: int, ranks: Any = None) -> dict[int, dict]:
         return {r: env_payload(r) for r in which}
     if name == "data_shards":
         return {r: data_payload(r) for r in which}
+    if name == "moe_routing":  # the built-in layer in expert-parallel groups of up to 8 ranks
+        from distdiag.probes.moe.probe import ep_size_for
+
+        return SUITE_BUILDERS[name](world, "healthy", ranks, ep=ep_size_for(world))
     return SUITE_BUILDERS[name](world, "healthy", ranks)
 
 
 def suite(world: int, names: list[str] | None = None) -> list[str]:
-    """The probes posted at this world size: `names` (default: the default suite), moe_routing
-    only up to MOE_MAX_WORLD ranks."""
-    return [n for n in (names or DEFAULT_SUITE) if n != "moe_routing" or world <= MOE_MAX_WORLD]
+    """The probes posted at this world size: `names` (default: the default suite)."""
+    return list(names or DEFAULT_SUITE)
 
 
 def _post_all(world: int, store, names: list[str]) -> float:

@@ -18,8 +18,8 @@ ranks, replaying the store operations distdiag's own code issues, through its ow
   of the default suite's probes one probe after another, as distdiag/check/run.py posts them
   (shared fields stored once; the JSON made beforehand, as each real rank makes its own), with
   the healthy payloads of benchmarks/bench_gate_scaling.py `made` (tests/unit/check_payloads.py:
-  scaled from what the real probes posted; moe_routing only up to 1,024 ranks, its payload
-  grows with the world); between two probes each client waits in the probe's barrier as
+  scaled from what the real probes posted; moe_routing's built-in layer in expert-parallel
+  groups of up to 8 ranks); between two probes each client waits in the probe's barrier as
   run.py `_post_and_wait` does (a count polled at the scaled interval, 0.66 s at 16k); the
   probes themselves take no time (a real one takes its time: more lead for rank 0's thread).
   Rank 0 runs the real distdiag.check.finish.RunEnd: its thread consolidates each probe as

@@ -87,6 +87,9 @@ def make_plan(config: CheckConfig, world_size: int) -> Plan:
             continue
         probe = PROBES[name]()
         options = _probe_options(PROBES[name], config.probe_options.get(name, {}), name)
+        bad = probe.options_problem(options, world_size)
+        if bad:
+            raise ConfigError(bad)
         problem = probe.world_problem(world_size)
         if problem and explicit:
             raise ConfigError(problem)

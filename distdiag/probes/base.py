@@ -75,6 +75,10 @@ class Probe(abc.ABC):
             )
         return None
 
+    def options_problem(self, options: Any, world_size: int) -> str | None:
+        """Why these options cannot run in this world (a size that must divide it): bad input."""
+        return None
+
     preload: ClassVar[tuple[str, ...]] = ()
     """Modules `run` imports that cost seconds (FSDP2, DTensor, DCP): `distdiag check` imports
     those of the planned probes once per node, before it forks the ranks

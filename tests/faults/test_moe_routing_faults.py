@@ -92,3 +92,29 @@ def test_a_router_of_another_width_is_not_checked_rather_than_failed(workdir):
     assert result.codes == [0, 0], result.stderr
     assert [f.issue for f in probe.findings if f.severity != "info"] == []
     assert any("load per expert" in f.issue and "made up" in f.evidence for f in probe.findings)
+
+
+def test_builtin_layer_in_two_expert_parallel_groups_conserves_tokens(workdir):
+    """4 ranks, ep_size 2: each group of two exchanges its own tokens over its own all_to_all;
+    sent == received pairwise within each group, EP == dense, the twin of the whole-world run."""
+    cfg = workdir / "ep.toml"
+    cfg.write_text("[probes.moe_routing]\nep_size = 2\n")
+    result, probe = _run(workdir, None, "--config", str(cfg), world=4)
+    assert result.codes == [0] * 4, result.stderr
+    assert [f.issue for f in probe.findings if f.severity != "info"] == []
+    rows = probe.details["table:moe_dispatch"]
+    assert [r["group"] for r in rows] == ["ranks 0-1", "ranks 0-1", "ranks 2-3", "ranks 2-3"]
+    for start in (0, 2):
+        for i in range(2):
+            for j in range(2):
+                assert rows[start + i]["sent"][j] == rows[start + j]["received"][i]
+    assert probe.metrics["builtin_max_err"] < 1e-5
+
+
+def test_an_ep_size_that_does_not_divide_the_world_is_one_clear_line(workdir):
+    cfg = workdir / "ep.toml"
+    cfg.write_text("[probes.moe_routing]\nep_size = 3\n")
+    result = run_check(4, ["--probes", "moe_routing", "--config", str(cfg)], workdir, timeout=90)
+    assert not result.timed_out, result.stderr
+    assert set(result.codes) == {2}, (result.codes, result.stderr)
+    assert "ep_size (3) must divide the world size 4" in result.stderr + result.stdout

@@ -197,10 +197,13 @@ def sequence_parallel(world: int, scenario: str, ranks: Any = None) -> dict[int,
     return out
 
 
-def moe_routing(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[str, Any]]:
-    """The built-in router (the same on every rank) and expert-parallel layer over 2 x world
-    experts; `lost_tokens`: rank 5 received one token fewer from rank 3 than rank 3 sent."""
-    experts, tokens, k = 2 * world, 64, 2
+def moe_routing(world: int, scenario: str, ranks: Any = None, ep: int | None = None) -> dict[int, dict[str, Any]]:
+    """The built-in router (the same on every rank) and expert-parallel layer over 2 x ep
+    experts in groups of `ep` consecutive ranks (None: the whole world, one group, as the
+    payloads recorded for the equivalence test); `lost_tokens`: rank 5 received one token fewer
+    from rank 3 (its group's 4th member, or rank 3 when 3 is not in its group) than was sent."""
+    ep = ep or world
+    experts, tokens, k = 2 * ep, 64, 2
     templ = _copy("moe_routing")
     rng = random.Random(11)
     templ["router"].update(indices=[rng.sample(range(experts), k) for _ in range(tokens)], num_experts=experts)
@@ -213,18 +216,22 @@ def moe_routing(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[
         for e in chosen:
             counts[e] += 1
         per_expert[r] = counts
-        sent[r] = [min(counts[2 * j], capacity) + min(counts[2 * j + 1], capacity) for j in range(world)]
-    group, rows = list(range(world)), [capacity * 2] * world
-    calls = [{"call": c, "group": group, "send": rows, "recv": rows, "mismatch": []} for c in range(1, 5)]
+        sent[r] = [min(counts[2 * j], capacity) + min(counts[2 * j + 1], capacity) for j in range(ep)]
+    rows = [capacity * 2] * ep
     out = {}
     for r in _which(world, ranks):
-        stats = {"capacity": capacity, "sent_valid": sent[r], "recv_valid": [sent[j][r] for j in range(world)],
+        start = r - r % ep
+        group = list(range(start, start + ep))
+        calls = [{"call": c, "group": group, "send": rows, "recv": rows, "mismatch": []} for c in range(1, 5)]
+        stats = {"capacity": capacity, "sent_valid": sent[r], "recv_valid": [sent[j][r - start] for j in group],
                  "assignments": tokens * k, "dropped": tokens * k - sum(sent[r]), "tokens_per_expert": per_expert[r],
                  "round_trip_ok": True}
         builtin = {"stats": stats, "max_err": 0.0, "scale": templ["scale"], "calls": calls, "router_sums": templ["router_sums"]}
+        if ep != world:
+            builtin["group"] = group
         out[r] = json.loads(json.dumps({"findings": [], "router": templ["router"], "builtin": builtin}))
     if scenario == "lost_tokens" and 5 in out:
-        out[5]["builtin"]["stats"]["recv_valid"][3] -= 1
+        out[5]["builtin"]["stats"]["recv_valid"][3 % ep] -= 1
     return out
 
 

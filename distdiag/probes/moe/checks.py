@@ -185,6 +185,25 @@ def _router_ties(info: dict[int, dict[str, Any]], who: str, opts: Any) -> list[F
                "different parallelism): break ties deterministically or add a small fixed bias", 0.6)]
 
 
+def _lost_in_dispatch(stats: dict[int, dict[str, Any]], groups: dict[int, list[int] | None]) -> list[str]:
+    """Each (sender, receiver) pair of an expert-parallel group whose counts disagree: what i
+    sent to its group's j-th member against what that member received from i. `groups`: each
+    rank's group (None: a payload without one, its peers are every rank, in rank order); a
+    rank's lists are indexed by its group's members. Linear in the ranks times the group."""
+    everyone = sorted(stats)
+    lines = []
+    for i in everyone:
+        members = groups.get(i) or everyone
+        at = members.index(i) if i in members else -1
+        for pos, j in enumerate(members):
+            if j not in stats or at < 0:
+                continue
+            sent, got = stats[i]["sent_valid"][pos], stats[j]["recv_valid"][at]
+            if sent != got:
+                lines.append(f"rank {i} sent {sent} tokens to rank {j}, which received {got}")
+    return lines
+
+
 def _dispatch(where: str, res: dict[int, dict[str, Any]], world: int) -> list[Finding]:
     out = split_findings(where, {r: v.get("calls", []) for r, v in res.items()})
     stats = {r: v["stats"] for r, v in res.items() if v.get("stats")}
@@ -193,8 +212,7 @@ def _dispatch(where: str, res: dict[int, dict[str, Any]], world: int) -> list[Fi
         if len(set(caps.values())) > 1:
             out.append(_f("error", f"{where}: capacity differs across ranks", ", ".join(f"rank {r}: {c}" for r, c in sorted(caps.items())),
                           sorted(caps), "compute capacity from the global token count, the same on every rank"))
-        lines = [f"rank {i} sent {stats[i]['sent_valid'][j]} tokens to rank {j}, which received {stats[j]['recv_valid'][i]}"
-                 for i in stats for j in stats if stats[i]["sent_valid"][j] != stats[j]["recv_valid"][i]]
+        lines = _lost_in_dispatch(stats, {r: v.get("group") for r, v in res.items()})
         if lines:
             out.append(_f("error", f"{where}: tokens lost or duplicated in dispatch", "\n".join(lines[:8]), sorted(stats),
                           "the all_to_all transport corrupts data: rerun the collectives probe"))

@@ -82,11 +82,11 @@ def split_findings(where: str, calls_by_rank: dict[int, list[dict[str, Any]]]) -
             "error", f"{where}: ranks issued different numbers of all_to_all_single calls",
             ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items())), sorted(counts),
             "every rank of an expert-parallel group must dispatch and combine the same number of times", 0.9))
-    seen: set[int] = set()
+    seen: set[tuple[int, tuple[int, ...]]] = set()  # a call of each group (expert-parallel groups call apart)
     for r in sorted(calls_by_rank):
         for call in calls_by_rank[r]:
-            if call.get("mismatch") and call["call"] not in seen:
-                seen.add(call["call"])
+            if call.get("mismatch") and (call["call"], tuple(call["group"])) not in seen:
+                seen.add((call["call"], tuple(call["group"])))
                 ranks = call["group"]
                 sends = {rr: calls_by_rank[rr][call["call"] - 1]["send"] for rr in ranks if rr in calls_by_rank
                          and len(calls_by_rank[rr]) >= call["call"]}

@@ -3,8 +3,9 @@
 1. The router (the target's `route(tokens)`, else the built-in top-k router) on the same
    tokens twice and on every rank: identical expert indices, near-ties reported as a risk,
    load per expert.
-2. The built-in expert-parallel layer (distdiag.workloads.moe) over all_to_all: rows sent
-   equal rows received pairwise, no token lost or duplicated, one capacity everywhere,
+2. The built-in expert-parallel layer (distdiag.workloads.moe) over all_to_all, in
+   expert-parallel groups of up to 8 consecutive ranks (`ep_size`): rows sent equal rows
+   received pairwise within each group, no token lost or duplicated, one capacity everywhere,
    dropped assignments counted, output equal to the single-process dense layer, router
    parameters identical on every rank after a few steps.
 3. With a target that has `route` and build_model/make_batch/loss_fn: one training step of
@@ -25,6 +26,7 @@ from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_
 from distdiag.probes.moe.checks import BUILTIN_ROUTER, consolidate_moe
 from distdiag.probes.moe.dispatch import SplitMismatch, SplitRecorder
 from distdiag.report.model import ProbeResult
+from distdiag.report.render import format_ranks
 from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE
 
 __all__ = ["MoeRoutingProbe", "MoeRoutingConfig"]
@@ -39,7 +41,12 @@ class MoeRoutingConfig:
     hidden_dim: int = 16
     """Width of the tokens passed to route(tokens) and of the built-in layer."""
     num_experts: int = 0
-    """Experts of the built-in layer; 0 means 2 x world size (must divide by the world size)."""
+    """Experts of the built-in layer; 0 means 2 x its expert-parallel group's size (must divide by it)."""
+    ep_size: int = 0
+    """Ranks per expert-parallel group of the built-in layer (consecutive ranks; must divide the
+    world size); 0: the largest divisor of the world size up to 8, the whole world up to 8
+    ranks (or when no divisor from 2 to 8 exists). Each group exchanges its tokens over its own
+    all_to_all: what a rank posts and the split tables it gathers grow with its group, not the job."""
     top_k: int = 2
     """Experts per token of the built-in layer."""
     tie_eps: float = 1e-4
@@ -67,6 +74,7 @@ class MoeRoutingConfig:
         integer("num_tokens", 1, 1 << 20)
         integer("hidden_dim", 1, 1 << 16)
         integer("num_experts", 0, 4096)
+        integer("ep_size", 0, 1 << 20)
         integer("top_k", 1, 64)
         integer("steps", 0, 100)
         number("tie_eps", 0.0, 1.0)
@@ -124,21 +132,59 @@ def _router_checks(ctx: Any, opts: MoeRoutingConfig, route: Any, who: str) -> di
     return res
 
 
+EP_GROUP_MAX = 8
+"""The built-in layer's expert-parallel group by default: at most this many ranks (a node)."""
+
+
+def ep_size_for(world: int, asked: int = 0) -> int:
+    """Ranks per expert-parallel group of the built-in layer (MoeRoutingConfig.ep_size)."""
+    if asked:
+        if world % asked:
+            raise ConfigError(f"probes.moe_routing.ep_size ({asked}) must divide the world size {world}")
+        return asked
+    return next((d for d in range(min(world, EP_GROUP_MAX), 1, -1) if world % d == 0), world)
+
+
+def _layer_shape(opts: MoeRoutingConfig, world: int) -> tuple[int, int]:
+    """(ranks per expert-parallel group, experts) of the built-in layer; ConfigError if impossible."""
+    ep = ep_size_for(world, opts.ep_size)
+    experts = opts.num_experts or 2 * ep
+    if experts % ep:
+        raise ConfigError(f"probes.moe_routing.num_experts ({experts}) must divide by the expert-parallel group size {ep}")
+    if opts.top_k > experts:
+        raise ConfigError(f"probes.moe_routing.top_k ({opts.top_k}) must be <= num_experts ({experts})")
+    return ep, experts
+
+
+def _ep_group(members: list[int], world: int) -> Any:
+    """This rank's expert-parallel group: the default group when it is the whole world, else
+    made by its members only (no barrier of the whole job: 2,048 groups at 16k ranks)."""
+    if len(members) == world:
+        return None
+    import torch.distributed as dist
+
+    return dist.new_group(members, use_local_synchronization=True)
+
+
 class MoeRoutingProbe(Probe):
     name = "moe_routing"
     summary = "MoE routers that differ between calls or ranks, all_to_all dispatch that loses tokens, lopsided expert load"
     min_world_size = 2
     Config = MoeRoutingConfig
 
+    def options_problem(self, options: Any, world_size: int) -> str | None:
+        if world_size < self.min_world_size or options is None:
+            return None
+        try:
+            _layer_shape(options, world_size)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: MoeRoutingConfig = self.options(ctx)
-        world = ctx.world_size
         findings: list[dict[str, Any]] = []
-        experts = opts.num_experts or 2 * world
-        if experts % world:
-            raise ConfigError(f"probes.moe_routing.num_experts ({experts}) must divide by the world size {world}")
-        if opts.top_k > experts:
-            raise ConfigError(f"probes.moe_routing.top_k ({opts.top_k}) must be <= num_experts ({experts})")
+        ep, experts = _layer_shape(opts, ctx.world_size)
         ctx.seed()
         dense = DenseMoE(opts.hidden_dim, 2 * opts.hidden_dim, experts, opts.top_k).to(ctx.device)
         target = ctx.target
@@ -147,16 +193,19 @@ class MoeRoutingProbe(Probe):
             payload["router"] = _router_checks(ctx, opts, target.route, "route")
         else:
             payload["router"] = _router_checks(ctx, opts, dense.router, BUILTIN_ROUTER)
-        payload["builtin"] = self._builtin(ctx, opts, dense)
+        payload["builtin"] = self._builtin(ctx, opts, dense, ep)
         if target is not None and target.has("route"):
             payload["user"] = self._user_model(ctx, opts, findings)
         return payload
 
-    def _builtin(self, ctx: Any, opts: MoeRoutingConfig, dense: DenseMoE) -> dict[str, Any]:
+    def _builtin(self, ctx: Any, opts: MoeRoutingConfig, dense: DenseMoE, size: int) -> dict[str, Any]:
         rank, world = ctx.rank, ctx.world_size
         x = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(100 + rank)).to(ctx.device)
-        ep = ExpertParallelMoE.from_dense(dense, rank, world, a2a=ctx.comm.all_to_all_single)
-        res: dict[str, Any] = {}
+        start = rank - rank % size
+        members = list(range(start, start + size))
+        ep = ExpertParallelMoE.from_dense(dense, rank - start, size, a2a=ctx.comm.all_to_all_single,
+                                          group=_ep_group(members, world))
+        res: dict[str, Any] = {"group": members}
         with SplitRecorder() as rec:
             try:
                 with torch.no_grad():
@@ -259,4 +308,7 @@ def _tables(payloads: dict[int, dict[str, Any]]) -> dict[str, Any]:
         if st:
             rows.append({"rank": r, "capacity": st["capacity"], "sent": st["sent_valid"], "received": st["recv_valid"],
                          "dropped": st["dropped"], "tokens_per_expert": st["tokens_per_expert"]})
+            group = p["builtin"].get("group")
+            if group and len(group) != len(payloads):  # sent/received are by its group's members
+                rows[-1]["group"] = format_ranks(group)
     return {"table:moe_dispatch": rows} if rows else {}
