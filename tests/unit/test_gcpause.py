@@ -55,10 +55,12 @@ def test_the_collector_is_held_off_while_the_writer_works_and_restored_after():
     assert gc.get_count()[0] < 100 and gc.get_freeze_count() == 0 and gc.is_tracked(kept[-1])
     gc.freeze()  # a job that froze its objects (before forking workers) keeps them frozen
     try:
-        frozen = gc.get_freeze_count()
+        assert gc.get_freeze_count() > 0
         with collector_paused():
             kept.append({})
-        assert gc.get_freeze_count() == frozen and gc.isenabled()
+        # still frozen (an unfreeze would leave none); not "the same count": a frozen object
+        # freed meanwhile by its refcount (another test's thread ending) leaves the permanent set
+        assert gc.get_freeze_count() > 0 and gc.isenabled()
     finally:
         gc.unfreeze()
 
