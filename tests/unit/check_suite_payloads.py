@@ -92,13 +92,18 @@ def loss_parity(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[
     return out
 
 
-def param_sync(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[str, Any]]:
+def param_sync(world: int, scenario: str, ranks: Any = None, unique: bool = True) -> dict[int, dict[str, Any]]:
     """Rank r's shard sums under its own `[shard dp=r]` keys, its buffer's like every rank's;
-    `drift`: rank 5's buffer differs from the second snapshot on."""
+    `drift`: rank 5's buffer differs from the second snapshot on. `unique=False`: without the
+    sums only one rank holds, as the probe posts them since issue 21 (captured before: with)."""
+    from distdiag.probes.numerics.param_sync import comparable
+
     out = {}
     for r in _which(world, ranks):
         k = r % CAPTURED
         out[r] = json.loads(_texts()[f"param_sync/{k}"].replace(f"[shard dp={k}]", f"[shard dp={r}]"))
+        if not unique:
+            out[r]["snaps"] = [comparable(snap) for snap in out[r]["snaps"]]
     if scenario == "drift" and 5 in out:
         for snap in out[5]["snaps"][1:]:
             kind, bits, total = snap["sums"]["buffer scale"]
