@@ -118,3 +118,18 @@ def test_an_ep_size_that_does_not_divide_the_world_is_one_clear_line(workdir):
     assert not result.timed_out, result.stderr
     assert set(result.codes) == {2}, (result.codes, result.stderr)
     assert "ep_size (3) must divide the world size 4" in result.stderr + result.stdout
+
+
+@pytest.mark.timeout(180)
+def test_builtin_layer_groups_by_default_past_eight_ranks(workdir):
+    """12 ranks, no option: two groups of 6 (the largest divisor up to 8), not a power of two;
+    nothing above info, pairs within each group, each row's group in the table."""
+    result, probe = _run(workdir, None, world=12)
+    assert result.codes == [0] * 12, result.stderr
+    assert [f.issue for f in probe.findings if f.severity != "info"] == []
+    rows = probe.details["table:moe_dispatch"]
+    assert [r["group"] for r in rows] == ["ranks 0-5"] * 6 + ["ranks 6-11"] * 6
+    for start in (0, 6):
+        for i in range(6):
+            for j in range(6):
+                assert rows[start + i]["sent"][j] == rows[start + j]["received"][i]
