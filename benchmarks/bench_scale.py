@@ -263,9 +263,7 @@ def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any)
     # writer's thread, distdiag/check/ahead.py).
     barrier = _interval(0.01, world)
     for key, texts in entries:
-        for r, text in zip(range(lo, hi), texts, strict=True):
-            ex[r].put(f"{key}/{r}", text)
-            store.add(f"{key}/n", 1)
+        _post_probe(ex, range(lo, hi), key, texts)
         posted_at = time.time()
         time.sleep(random.uniform(0, barrier))  # this client's ranks' polls start at random phases
         while int(store.add(f"{key}/n", 0)) < world:
@@ -329,12 +327,17 @@ def _entries(ex: dict[int, Any], world: int, ranks: range) -> list[tuple[str, li
     return out
 
 
+def _post_probe(ex: dict[int, Any], ranks: range, key: str, texts: list[str]) -> None:
+    """Each rank's entry of one probe, made beforehand, posted as Exchange.post posts it."""
+    for r, text in zip(ranks, texts, strict=True):
+        ex[r].put(f"{key}/{r}", text)
+        ex[r].store.add(f"{key}/n", 1)
+
+
 def _post_results(ex: dict[int, Any], world: int, ranks: range) -> None:
     """These ranks' results of the default suite, posted now."""
     for key, texts in _entries(ex, world, ranks):
-        for r, text in zip(ranks, texts, strict=True):
-            ex[r].put(f"{key}/{r}", text)
-            ex[r].store.add(f"{key}/n", 1)
+        _post_probe(ex, ranks, key, texts)
 
 
 # -- the writers (rank 0) ----------------------------------------------------------------------
