@@ -90,8 +90,6 @@ def made(name: str, world: int, ranks: Any = None) -> dict[int, dict]:
         from distdiag.probes.moe.probe import ep_size_for
 
         return SUITE_BUILDERS[name](world, "healthy", ranks, ep=ep_size_for(world))
-    if name == "param_sync":  # without the sums of the shards one rank holds, as the probe posts it
-        return SUITE_BUILDERS[name](world, "healthy", ranks, unique=False)
     return SUITE_BUILDERS[name](world, "healthy", ranks)
 
 

@@ -92,10 +92,11 @@ def loss_parity(world: int, scenario: str, ranks: Any = None) -> dict[int, dict[
     return out
 
 
-def param_sync(world: int, scenario: str, ranks: Any = None, unique: bool = True) -> dict[int, dict[str, Any]]:
-    """Rank r's shard sums under its own `[shard dp=r]` keys, its buffer's like every rank's;
-    `drift`: rank 5's buffer differs from the second snapshot on. `unique=False`: without the
-    sums only one rank holds, as the probe posts them since issue 21 (captured before: with)."""
+def param_sync(world: int, scenario: str, ranks: Any = None, unique: bool = False) -> dict[int, dict[str, Any]]:
+    """Each rank's snapshots as the probe posts them since issue 21 (distdiag.probes.numerics.
+    param_sync.comparable: its buffer's sums like every rank's; no sums of the shards only it
+    holds); `unique=True`: as captured before, with its shard sums under its own `[shard dp=r]`
+    keys. `drift`: rank 5's buffer differs from the second snapshot on."""
     from distdiag.probes.numerics.param_sync import comparable
 
     out = {}

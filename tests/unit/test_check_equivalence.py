@@ -402,15 +402,16 @@ def test_grouping_alike_objects_equals_group_values():
 
 def test_param_sync_without_the_shards_one_rank_holds_gives_the_recorded_results():
     """Since issue 21 a rank does not post the sums of its plain-FSDP shards (keys no other rank
-    holds, never compared: 8.8 KB of its 9 KB): the results are the recorded ones, healthy and
-    drifting, at 8 and 48 ranks, and every dropped key was held by one rank only."""
+    holds, never compared: 8.8 KB of its 9 KB; the recorded results were made with them): the
+    results are the recorded ones, healthy and drifting, at 8 and 48 ranks, and every dropped
+    key was held by one rank only."""
     from tests.unit.check_suite_payloads import param_sync
 
     golden = json.loads(GOLDEN.read_text())
     cls = PROBES["param_sync"]
     for world in SUITE_WORLDS:
         for scenario in SUITE_SCENARIOS["param_sync"]:
-            full, posted = param_sync(world, scenario), param_sync(world, scenario, unique=False)
+            full, posted = param_sync(world, scenario, unique=True), param_sync(world, scenario)
             dropped = [k for r in full for k in full[r]["snaps"][0]["sums"] if k not in posted[r]["snaps"][0]["sums"]]
             assert dropped and len(set(dropped)) == len(dropped)
             view = ConsolidationView(world, rank_infos(world), cls.Config())
