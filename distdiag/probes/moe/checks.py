@@ -194,12 +194,9 @@ def _lost_in_dispatch(stats: dict[int, dict[str, Any]], groups: dict[int, list[i
     lines = []
     for i in everyone:
         members = groups.get(i) or everyone
-        at = members.index(i) if i in members else -1
+        at = members.index(i)
         for pos, j in enumerate(members):
-            if j not in stats or at < 0:
-                continue
-            sent, got = stats[i]["sent_valid"][pos], stats[j]["recv_valid"][at]
-            if sent != got:
+            if j in stats and (sent := stats[i]["sent_valid"][pos]) != (got := stats[j]["recv_valid"][at]):
                 lines.append(f"rank {i} sent {sent} tokens to rank {j}, which received {got}")
     return lines
 

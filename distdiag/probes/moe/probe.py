@@ -173,7 +173,7 @@ class MoeRoutingProbe(Probe):
     Config = MoeRoutingConfig
 
     def options_problem(self, options: Any, world_size: int) -> str | None:
-        if world_size < self.min_world_size or options is None:
+        if world_size < self.min_world_size:  # not run there (world_problem says so): its options do not matter
             return None
         try:
             _layer_shape(options, world_size)
