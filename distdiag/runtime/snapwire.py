@@ -10,7 +10,12 @@ in every record (its position on each group, the collective it waits in, its rec
   flattened submesh a few), and the records name it `ranks@K`;
 - the JSON is compressed (zlib, level 1: records repeat their op, shape and call site);
 - the long history goes under its own key (`history_key`): the writer reads it where the
-  analysis needs it, not 16k of them for every hang.
+  analysis needs it, not 16k of them for every hang;
+- a node leader's value (`pack_many`, a node's snapshots) writes the fields its ranks' recent
+  collectives share (op, shape, dtype, call site: all but `RECENT_COLUMNS`) once for the node,
+  each record as a row of its own values: 57 MB of JSON for the writer to parse at 16k ranks
+  became 33 MB, and the report's table of recent collectives starts from the split
+  (`SplitRecords`) instead of finding the shared fields again in 131k records.
 
 `unpack` restores the labels in the same fields (one string per distinct label for the whole
 gather: `cache`), so the analysis sees the snapshot it always saw. Values are JSON text inside
@@ -24,6 +29,9 @@ import re
 import zlib
 from typing import Any
 
+from distdiag.hang.views import RECENT_COLUMNS, SplitRecords
+from distdiag.report.fastjson import loads
+
 __all__ = ["pack", "unpack", "pack_many", "unpack_many", "decode", "encode_members", "decode_members", "history_key", "MAGIC", "LONG_LABEL"]
 
 MAGIC = b"DDZ1"
@@ -34,6 +42,8 @@ MAX_UNPACKED = 64 * 2**20
 """The most a value may inflate to: a corrupt or hostile value stops there."""
 _TABLE = "~labels"
 _MANY = "~snaps"
+_SHARED = "~recent"
+"""In a pack_many value: the shared fields of its records; in one of its snapshots: the rows."""
 _REF = "ranks@"
 _LIST = re.compile(r"ranks\[([0-9,]+)\]")
 _REFS = re.compile(re.escape(_REF) + r"(\d+)")
@@ -157,14 +167,44 @@ def pack(snap: dict[str, Any], *, history: bool = True) -> tuple[bytes, bytes | 
 
 def pack_many(snaps: dict[int, dict[str, Any]]) -> bytes:
     """Several snapshots (a node's, without their long histories) as one value, their labels
-    in one table: what a node leader posts for its ranks."""
+    in one table and their recent collectives split (`_split_recent`): what a node leader
+    posts for its ranks."""
     labels = _Table()
     copies = {}
+    shared: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
     for rank, snap in snaps.items():
-        copies[str(rank)] = dict(snap)
-        copies[str(rank)].pop("history", None)
-        labels.shorten(copies[str(rank)])
-    return labels.packed({_MANY: copies})
+        copy = copies[str(rank)] = dict(snap)
+        copy.pop("history", None)
+        labels.shorten(copy)
+        _split_recent(copy, shared, index)
+    value: dict[str, Any] = {_MANY: copies}
+    if shared:
+        value[_SHARED] = shared
+    return labels.packed(value)
+
+
+def _split_recent(snap: dict[str, Any], shared: list[dict[str, Any]], index: dict[str, int]) -> None:
+    """The snapshot's recent records as rows [k, then the RECENT_COLUMNS values] under `~recent`,
+    k the index in `shared` of the record with those columns None (a column it lacks stays
+    absent); `index` finds a record's shared fields among those of the value so far. A list
+    with anything but records stays as it is."""
+    records = snap.get("recent")
+    if not isinstance(records, list) or not all(isinstance(c, dict) for c in records):
+        return
+    rows = []
+    for c in records:
+        part = dict(c)
+        for k in RECENT_COLUMNS:
+            if k in part:
+                part[k] = None
+        key = json.dumps(part, sort_keys=True, default=str)
+        if key not in index:
+            index[key] = len(shared)
+            shared.append(part)
+        rows.append([index[key], *(c.get(k) for k in RECENT_COLUMNS)])
+    del snap["recent"]
+    snap[_SHARED] = rows
 
 
 def unpack_many(value: Any, cache: dict[str, str] | None = None) -> dict[int, dict[str, Any]]:
@@ -172,23 +212,52 @@ def unpack_many(value: Any, cache: dict[str, str] | None = None) -> dict[int, di
     if not isinstance(value, dict) or not isinstance(value.get(_MANY), dict):
         return {}
     full = _resolved(value.pop(_TABLE, None), cache)
+    shared = value.get(_SHARED)
+    shared = [d if isinstance(d, dict) else {} for d in shared] if isinstance(shared, list) else []
     out = {}
     for rank, snap in value[_MANY].items():
         if isinstance(snap, dict) and str(rank).isdigit():
             out[int(rank)] = _restore(snap, full)
+            rows = snap.pop(_SHARED, None)
+            if isinstance(rows, list):
+                snap["recent"] = _joined(rows, shared, full)
     return out
+
+
+def _joined(rows: list[Any], shared: list[dict[str, Any]], full: dict[str, str]) -> SplitRecords:
+    """The records `_split_recent` wrote as rows, whole again, group labels back; a malformed
+    row (a corrupt or hostile value) is left out. (131k rows at 16k ranks: C-level copies.)"""
+    refs = {_REF + key: label for key, label in full.items()}
+    whole = [all(k in d for k in RECENT_COLUMNS) for d in shared]
+    records, at = [], []
+    width, n = len(RECENT_COLUMNS) + 1, len(shared)
+    for row in rows:
+        if not (type(row) is list and len(row) == width and type(row[0]) is int and 0 <= row[0] < n):
+            continue
+        k = row[0]
+        c = shared[k].copy()
+        if whole[k]:
+            c.update(zip(RECENT_COLUMNS, row[1:], strict=True))
+        else:  # a column the record lacks stays absent
+            c.update((name, v) for name, v in zip(RECENT_COLUMNS, row[1:], strict=True) if name in c)
+        group = c.get("group")
+        if type(group) is str and group.startswith(_REF):
+            c["group"] = refs.get(group) or _REFS.sub(lambda m: full.get(m.group(1), m.group(0)), group)
+        records.append(c)
+        at.append(k)
+    return SplitRecords(records, shared, at)
 
 
 def decode(raw: Any) -> Any:
     """The JSON value of a store value: packed (inflated, at most MAX_UNPACKED) or plain."""
     data = raw if isinstance(raw, bytes) else bytes(raw)
     if not data.startswith(MAGIC):
-        return json.loads(data)
+        return loads(data)
     inflater = zlib.decompressobj()
     text = inflater.decompress(data[len(MAGIC):], MAX_UNPACKED)
     if inflater.unconsumed_tail:
         raise ValueError(f"a packed snapshot inflates past {MAX_UNPACKED} bytes")
-    return json.loads(text)
+    return loads(text)
 
 
 def unpack(value: Any, cache: dict[str, str] | None = None) -> Any:

@@ -52,23 +52,23 @@ def label(kind: str, members: list[int]) -> str:
     return "world" if kind == "world" else "ranks[" + ",".join(map(str, members)) + "]"
 
 
-def _record(kind: str, group: str, seq: int, for_s: float | None = None) -> dict[str, Any]:
+def _record(kind: str, group: str, seq: int, for_s: float | None = None, rank: int = 0) -> dict[str, Any]:
     c: dict[str, Any] = {
         "op": OP[kind], "group": group, "seq": seq, "shape": SHAPE[kind], "dtype": "bfloat16",
         "call_site": SITE[kind], "step": 42, "fp": f"{OP[kind]}|{tuple(SHAPE[kind])}|bfloat16|{SITE[kind]}",
     }
-    if for_s is None:
-        c["duration_s"] = 0.002
+    if for_s is None:  # each rank's own, as on a real job: a whole record is rarely another rank's
+        c["duration_s"] = round(0.002 + (rank * 7 + seq * 13) % 97 * 1e-5, 6)
     else:
         c["for_s"] = for_s
     return c
 
 
-def _history(labels: dict[str, str], done: dict[str, int]) -> list[dict[str, Any]]:
+def _history(labels: dict[str, str], done: dict[str, int], rank: int = 0) -> list[dict[str, Any]]:
     """The last 16 completed collectives, in the order a step issues them (tp, pp, dp)."""
     out = []
     for kind in ("tp", "pp", "dp"):
-        out += [_record(kind, labels[kind], s) for s in range(max(1, done[kind] - 4), done[kind] + 1)]
+        out += [_record(kind, labels[kind], s, rank=rank) for s in range(max(1, done[kind] - 4), done[kind] + 1)]
     return out[-16:]
 
 
@@ -106,7 +106,7 @@ def rank_snapshot(rank: int, world: int, inside: str | None) -> dict[str, Any]:
         "step_source": "marks", "step_for_s": 61.0, "step_cadence_s": 0.8, "in_loop": True,
         "loop": "/job/train.py in main", "in_collective": _record(inside, labels[inside], SEQ[inside], 61.0) if inside else None,
         "collectives_in_probe": 5, "collectives_total": 400, "no_progress_s": 61.0, "phases": [],
-        "history": _history(labels, done), "recent": _history(labels, done)[-8:],
+        "history": _history(labels, done, rank), "recent": _history(labels, done, rank)[-8:],
         "stack": _stack(inside), "engine": _engine(labels, done, inside),
         "rank": rank, "host": host_of(rank), "pid": 10000 + rank % TP,
     }

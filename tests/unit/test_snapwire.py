@@ -200,3 +200,61 @@ def test_a_leader_posts_what_came_so_the_writer_need_not_wait_for_it(server):
     stats: dict[str, int] = {}
     assert gather_snapshots(writer, cache={}, leaders=[32], wait_s=30.0, stats=stats) == posted
     assert stats == {"node_values": 1, "from_node_leaders": 1, "one_by_one": 0}
+
+
+# -- a node's recent collectives, their shared fields once (pack_many) -------------------------
+def _node(world: int, first: int) -> dict[int, dict]:
+    snaps = {r: {k: v for k, v in rank_snapshot(r, world, "dp").items() if k != "history"} for r in range(first, first + 8)}
+    snaps[first + 1]["recent"][0].pop("step")  # a column missing (the check's tracker writes no step)
+    snaps[first + 2]["recent"][-1] = {**snaps[first + 2]["recent"][-1], "for_s": 3.5}  # a field of its own
+    snaps[first + 3]["recent"].append("not a record")  # left as it is, not split
+    return snaps
+
+
+def test_a_node_value_writes_its_records_shared_fields_once_and_unpacks_to_what_was_posted():
+    """8 ranks x 8 recent records of a 16k-rank job: each record's op, shape, dtype, call site
+    and fingerprint are written once for the node, its group, seq, step and duration in a
+    row; unpacked, every record is the posted one, in order, with its full group label."""
+    from distdiag.hang.views import SplitRecords
+
+    snaps = _node(16384, 800)
+    value = snapwire.decode(snapwire.pack_many(snaps))
+    rows = [row for s in value["~snaps"].values() for row in s.get("~recent", [])]  # rank 803: not split
+    assert len(value["~recent"]) <= 5 and len(rows) == 56 and all(type(row) is list and len(row) == 5 for row in rows)
+    back = snapwire.unpack_many(value, {})
+    assert back == snaps
+    assert type(back[800]["recent"]) is SplitRecords and type(back[803]["recent"]) is list
+    assert back[801]["recent"][0] == snaps[801]["recent"][0] and "step" not in back[801]["recent"][0]
+
+
+def test_a_node_value_with_malformed_rows_leaves_them_out():
+    """A corrupt or hostile value: rows that point nowhere or have the wrong width are dropped,
+    the rest of the rank's records and the other ranks come back."""
+    snaps = _node(64, 8)
+    value = snapwire.decode(snapwire.pack_many(snaps))
+    rows = value["~snaps"]["9"]["~recent"]
+    rows[0][0], rows[1] = 999, [0, 1]
+    value["~snaps"]["10"]["~recent"] = "rows"
+    back = snapwire.unpack_many(value, {})
+    assert back[9]["recent"] == snaps[9]["recent"][2:]
+    assert "recent" not in back[10] and back[11] == snaps[11]
+
+
+def test_the_recent_table_reads_the_nodes_split_as_it_reads_plain_records():
+    """The report's table of recent collectives (hang/views.py `recent_table`) is the same from
+    snapshots a node leader split as from the plain records; a rank whose snapshot was
+    replaced (re-read: a plain list) or whose list changed is read from its records."""
+    from distdiag.hang.views import _namer, recent_table
+
+    world = 2048
+    plain = {}
+    for first in range(0, 128, 8):
+        plain.update(_node(world, first))
+    split: dict[int, dict] = {}
+    cache: dict[str, str] = {}
+    for first in range(0, 128, 8):
+        split.update(snapwire.unpack_many(snapwire.decode(snapwire.pack_many({r: plain[r] for r in range(first, first + 8)})), cache))
+    split[17] = copy.deepcopy(plain[17])
+    split[18]["recent"].append(dict(plain[18]["recent"][0]))
+    plain[18]["recent"].append(dict(plain[18]["recent"][0]))
+    assert recent_table(split, _namer({})) == recent_table(plain, _namer({}))
