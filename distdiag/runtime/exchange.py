@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from distdiag.report.fastjson import loads
 from distdiag.runtime.snapwire import MAGIC, decode
 
 __all__ = ["Exchange", "STORE_STALL_S", "BATCH", "POLL_BUDGET_OPS_S", "bound_store_calls", "bounded", "poll_interval"]
@@ -238,7 +239,7 @@ class Exchange:
         plain = [i for i, v in enumerate(data) if not v.startswith(MAGIC)]
         values: list[Any] = [None] * len(data)
         if plain:
-            for i, value in zip(plain, json.loads(b"[" + b",".join([data[i] for i in plain]) + b"]"), strict=True):
+            for i, value in zip(plain, loads(b"[" + b",".join([data[i] for i in plain]) + b"]"), strict=True):
                 values[i] = value
         whole = set(plain)
         for i, v in enumerate(data):
