@@ -386,11 +386,8 @@ def snapshot_details(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
         if not grouped:
             details["engine"] = {r: {k: ([{**g, "group": nm(str(g.get("group")))} for g in v] if k == "groups" else v)
                                      for k, v in e.items() if k != "entries"} for r, e in engine.items()}
-        rows = [
-            {"rank": int(r), "group": nm(str(g["group"])), "enqueued": g["enqueued"], "completed": g["completed"],
-             "started": "-" if g.get("started") is None else g["started"],
-             "inside": coll_label({**g["pending"], "group": g["group"]}) if g.get("pending") else "-"}
-            for r, e in engine.items() for g in e.get("groups", [])
+        rows = _positions_by_group(engine, nm) if grouped else [
+            {"rank": int(r), **_position(g, nm)} for r, e in engine.items() for g in e.get("groups", [])
         ]
         if rows:
             details["table:collectives per group (torch's flight recorder)"] = rows
@@ -401,6 +398,46 @@ def snapshot_details(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
     if names:
         details["group_members"] = names
     return details
+
+
+def _position(g: dict[str, Any], nm: Callable[[str], str]) -> dict[str, Any]:
+    """A rank's position on one group, as the flight recorder's table shows it."""
+    return {"group": nm(str(g["group"])), "enqueued": g["enqueued"], "completed": g["completed"],
+            "started": "-" if g.get("started") is None else g["started"],
+            "inside": coll_label({**g["pending"], "group": g["group"]}) if g.get("pending") else "-"}
+
+
+def _positions_by_group(engine: dict[str, Any], nm: Callable[[str], str]) -> list[dict[str, Any]]:
+    """The flight recorder's table past GROUPED_DETAILS_RANKS: one row per group and position,
+    with the ranks there (`ranks`: exactly them, in short; `count`). The groups whose members
+    disagree come first, the fewest ranks of a group first: rank 3 at #5 where its 7 peers
+    wait in #6 is the first row, not one of 65k (16k ranks x 4 groups)."""
+    ranks_at: dict[str, dict[tuple[Any, ...], list[int]]] = {}
+    for r, e in engine.items():
+        rank = int(r)
+        for g in e.get("groups", []):
+            p = g.get("pending") or None
+            key = (g["enqueued"], g["completed"], g.get("started"),
+                   *((p.get("op"), p.get("seq"), str(p.get("shape")), p.get("dtype")) if type(p) is dict else (p,)))
+            label = g["group"]
+            at = ranks_at.setdefault(label if type(label) is str else str(label), {})
+            try:
+                at.setdefault(key, []).append(rank)
+            except TypeError:  # a field no JSON scalar (a corrupt snapshot): by its text
+                at.setdefault(tuple(map(str, key)), []).append(rank)
+    out: list[tuple[bool, int, int, dict[str, Any]]] = []
+    for order, (label, at) in enumerate(ranks_at.items()):
+        for ranks in at.values():
+            fields = _position(_example(engine, ranks[0], label), nm)
+            row = {"group": fields.pop("group"), "ranks": compress_numbers(ranks, cut=False), "count": len(ranks), **fields}
+            out.append((len(at) == 1, order, len(ranks), row))
+    out.sort(key=lambda t: t[:3])
+    return [row for *_, row in out]
+
+
+def _example(engine: dict[str, Any], rank: int, label: str) -> dict[str, Any]:
+    """`rank`'s position on the group labelled `label`."""
+    return next(g for g in engine[str(rank)].get("groups", []) if str(g["group"]) == label)
 
 
 GROUPED_DETAILS_RANKS = 1024

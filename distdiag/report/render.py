@@ -68,10 +68,11 @@ def _repeat_at(spans: list[tuple[int, int]], i: int, max_block: int = 16) -> tup
     return best
 
 
-def compress_numbers(nums: list[int], width: int = 0) -> str:
+def compress_numbers(nums: list[int], width: int = 0, *, cut: bool = True) -> str:
     """Numbers (ranks, host indices) as short text: runs '0-2', strides '7-16383 step 8',
     repeated blocks '[32-34,36-39] every 32 to 16359' (one TP group's ranks in every DP
-    replica), and past MAX_PARTS parts '...,LAST (N in all)'. Linear in the numbers.
+    replica), and past MAX_PARTS parts '...,LAST (N in all)' (`cut` False: every part, the
+    text names exactly the numbers). Linear in the numbers.
     `width`: numbers zero-padded to it (host numbers); steps and counts are not."""
     spans = _spans(sorted(nums))
     parts: list[str] = []
@@ -90,7 +91,7 @@ def compress_numbers(nums: list[int], width: int = 0) -> str:
             parts.append("[" + ",".join(_span_text(*s, width) for s in spans[i:i + p])
                          + f"] every {off} to {last[1]:0{width}d}")
         i += r * p
-    if len(parts) > MAX_PARTS:
+    if cut and len(parts) > MAX_PARTS:
         count = sum(b - a + 1 for a, b in spans)
         parts = [*parts[:MAX_PARTS - 1], f"...,{_span_text(*spans[-1], width)} ({count} in all)"]
     return ",".join(parts)

@@ -38,6 +38,7 @@ def test_irregular_sets_are_cut_with_a_count():
     text = format_ranks(ranks)
     assert text.endswith(f",...,{ranks[-1]} (40 in all)"), text
     assert len(text) < 120
+    assert _expand(compress_numbers(ranks, cut=False)) == set(ranks)  # every part: exactly them
 
 
 def test_hosts_by_stem_and_number():
@@ -131,9 +132,49 @@ def test_past_1024_ranks_stacks_are_grouped_and_the_engine_view_left_to_the_tabl
     table = details["recent_collectives_table"]
     assert "recent_collectives" not in details and len(table["by_rank"]) == len(snaps)
     assert table["columns"] == ["shared", "group", "seq", "step", "duration_s"]
-    assert len(details["table:collectives per group (torch's flight recorder)"]) == 4 * len(snaps)
+    positions = details["table:collectives per group (torch's flight recorder)"]
+    assert sum(row["count"] for row in positions) == 4 * len(snaps) < 4 * len(positions) * 8
     small = snapshot_details(incident(WORLD, "stall", stage=0)[0])
     assert "stacks" in small and "engine" in small and "stacks_grouped" not in small
+
+
+def test_past_1024_ranks_the_flight_recorders_table_has_a_row_per_position_the_odd_ones_first():
+    """4096 ranks x 4 groups: a row per group and position with exactly its ranks, the groups
+    whose members disagree first, the fewest first: rank 3 at #5 (its 7 TP peers inside #6),
+    then the pipeline and data-parallel groups waiting for its stage; every rank's position on
+    every group is in exactly one row."""
+    from distdiag.hang.views import group_members
+
+    world = 4096
+    snaps, _lost = incident(world, "stall", stage=0)
+    snaps[40]["engine"]["groups"][3]["pending"]["shape"] = [512]  # its dp all_reduce, another shape
+    details = snapshot_details(snaps)
+    rows = details["table:collectives per group (torch's flight recorder)"]
+    first = rows[0]
+    assert (first["group"], first["ranks"], first["count"], first["enqueued"], first["inside"]) == (
+        "ranks[0,1,2,3,4,5,6,7]", "3", 1, 5, "-")
+    assert rows[1]["ranks"] == "0-2,4-7" and rows[1]["inside"].startswith("all_reduce #6")
+    dp40 = [r for r in rows if r["group"] == "ranks[8-4072 step 32] (128 ranks)"]
+    assert [(r["ranks"], r["count"], r["inside"].endswith("(bfloat16[512])")) for r in dp40] == [
+        ("8", 1, False), ("40", 1, True), ("72-4072 step 32", 126, False)]
+    names = details["group_members"]
+    seen: set[tuple[str, int]] = set()
+    for row in rows:
+        ranks = _expand(row["ranks"])
+        assert len(ranks) == row["count"] and ranks <= set(group_members(names.get(row["group"], row["group"]), world))
+        assert not seen & {(row["group"], m) for m in ranks}
+        seen |= {(row["group"], m) for m in ranks}
+    assert len(seen) == 4 * world
+
+
+def _expand(text: str) -> set[int]:
+    """The ranks compress_numbers wrote (runs and strides; the table writes every part)."""
+    out: set[int] = set()
+    for part in text.split(","):
+        span, _, step = part.partition(" step ")
+        a, _, b = span.partition("-")
+        out |= set(range(int(a), int(b or a) + 1, int(step or 1)))
+    return out
 
 
 def test_past_1024_ranks_the_recent_collectives_table_is_lossless():
