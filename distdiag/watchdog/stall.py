@@ -131,6 +131,21 @@ class StallCheck:
                 return None
         return f"rank {self.rank} made no progress for {idle:.1f}s {what}"
 
+    def blocked_in_collective(self, ex: Exchange) -> bool:
+        """Whether the training thread waits inside a collective now (action='raise' cannot
+        interrupt it there): a wrapper's record says so, or the recorder shows one open that no
+        peer has completed. gloo can leave this rank's last collective open in the recorder for
+        seconds after it returned (seen here: completed 3 of 6 five seconds after the loop), so
+        its open entry alone would call a rank blocked that is back in Python code."""
+        if self.progress.current is not None:
+            return True
+        try:
+            self.read_engine()  # the counts as they are now, not as of the last tick
+            return self.engine_pending and not self._recorder_lags(ex)
+        except Exception as exc:  # noqa: BLE001 - the store failed: the recorder's reading alone
+            log.debug("could not compare the recorder's open collective with the peers': %s", exc)
+            return self.engine_pending
+
     def _recorder_lags(self, ex: Exchange) -> bool:
         """True when the only wait is the recorder's and, on every group it shows open, another
         rank has already completed that collective (a collective one rank completed cannot be
