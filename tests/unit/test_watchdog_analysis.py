@@ -114,8 +114,14 @@ class _Recorder:
     def completed_total(self) -> int:
         return self.completed
 
+    age_s = 1.0
+    """How long ago the open collective (enqueued > completed) was issued, as details give it."""
+
     def read(self, details: bool = False) -> dict:
-        return {"state": "ok", "groups": [{"group": "world", "enqueued": self.enqueued, "completed": self.completed}]}
+        group = {"group": "world", "enqueued": self.enqueued, "completed": self.completed}
+        if details and self.enqueued > self.completed:
+            group["pending"] = {"seq": self.enqueued, "for_s": self.age_s}
+        return {"state": "ok", "groups": [group]}
 
 
 def _stall(timeout_s: float = 3.0):
@@ -255,8 +261,12 @@ def test_action_raise_calls_a_rank_blocked_only_in_a_collective_no_peer_complete
     assert check.blocked_in_collective(ex)
     ex.store.set("eng/1", '{"world": 6}')  # rank 1 completed #6: rank 0's record lags
     assert not check.blocked_in_collective(ex)
+    ex.store.set("eng/1", '{"world": 5}')  # both recorders lag (seen too): no peer completed #6
+    progress.mark_step(3)  # ...but this rank began step 3 after issuing #6: it is past it
+    assert not check.blocked_in_collective(ex)
+    recorder.age_s = 0.0  # #6 issued after the step began: the rank may wait in it
+    assert check.blocked_in_collective(ex)
     recorder.completed += 1  # read afresh, not as of the last tick
-    ex.store.delete_key("eng/1")
     assert not check.blocked_in_collective(ex)
     progress.begin("all_reduce", "0", (4,), "float32", "train.py:1", False)  # a wrapper sees the wait
     assert check.blocked_in_collective(ex)
