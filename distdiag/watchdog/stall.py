@@ -131,6 +131,38 @@ class StallCheck:
                 return None
         return f"rank {self.rank} made no progress for {idle:.1f}s {what}"
 
+    def blocked_in_collective(self, ex: Exchange) -> bool:
+        """Whether the training thread waits inside a collective now (action='raise' cannot
+        interrupt it there): a wrapper's record says so, or the recorder shows one open that no
+        peer has completed and that was issued after the rank's last step began. gloo can leave
+        a rank's last collective open in the recorder for seconds after it returned (seen here:
+        completed 3 of 6 five seconds after the loop), on every rank at once too, so its open
+        entry alone would call a rank blocked that is back in Python code."""
+        if self.progress.current is not None:
+            return True
+        try:
+            self.read_engine()  # the counts as they are now, not as of the last tick
+            return self.engine_pending and not self._recorder_lags(ex) and not self._stepped_since_pending()
+        except Exception as exc:  # noqa: BLE001 - the store failed: the recorder's reading alone
+            log.debug("could not compare the recorder's open collective with the peers': %s", exc)
+            return self.engine_pending
+
+    def _stepped_since_pending(self) -> bool:
+        """True when this rank began a step (a mark, or an optimizer step) after every collective
+        the recorder shows open was issued: a rank cannot begin a step while blocked in an
+        earlier collective, so those are done (or async, not waited on). False when unsure."""
+        walls = list(self.progress.step_walls)
+        if not walls or self.engine is None:
+            return False
+        view = self.engine.read(details=True)
+        now_ns = time.time_ns()
+        ages = [g["pending"].get("for_s") for g in view.get("groups") or [] if g.get("pending")]
+        if not ages or any(not isinstance(a, int | float) for a in ages):
+            return False
+        # Issued at now - age at the latest (the age is rounded to 1 ms: keep 2 ms clear of it).
+        issued_ns = max(now_ns - int(a * 1e9) for a in ages)
+        return int(walls[-1][0]) > issued_ns + 2_000_000
+
     def _recorder_lags(self, ex: Exchange) -> bool:
         """True when the only wait is the recorder's and, on every group it shows open, another
         rank has already completed that collective (a collective one rank completed cannot be

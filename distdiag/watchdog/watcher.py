@@ -369,9 +369,11 @@ class Watcher(threading.Thread):
             return
         if action == "raise":
             # Blocked in a collective: the wrappers' record says so, or (without wrappers) the
-            # recorder's collective enqueued and not completed.
+            # recorder's collective enqueued and completed by no peer (gloo marks completion
+            # late: the rank may be back in Python code, where HangDetected reaches it).
             cur = self.progress.current
-            if cur is not None or self.stall.engine_pending:
+            assert self.ex is not None
+            if self.stall.blocked_in_collective(self.ex):
                 what = f"{cur.op} #{cur.seq}" if cur is not None else "a collective (torch's flight recorder)"
                 print(
                     f"distdiag[rank {self.rank}]: blocked inside {what}; "
@@ -416,12 +418,16 @@ def _raise_in_training_thread(watcher: Watcher, event: IncidentEvent, path: str)
     )
     if done != 1:
         return False
-    end = time.monotonic() + max(5.0, watcher.config.timeout_s)
+    wait_s = max(5.0, watcher.config.timeout_s)
+    end = time.monotonic() + wait_s
     while time.monotonic() < end:
         if watcher.stopping.is_set() or watcher.progress.last_progress != before:
             watcher.reported_at = time.monotonic()
             return True
         time.sleep(0.05)
+    # Said, so that an exit 3 under action='raise' tells which of its two causes it had.
+    print_line(f"distdiag[rank {watcher.rank}]: HangDetected did not reach the training thread within {wait_s:g}s "
+               "(it runs no Python code: blocked in a call of C code)")
     return False
 
 

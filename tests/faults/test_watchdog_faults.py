@@ -63,11 +63,14 @@ def test_skipped_or_extra_all_reduce_is_a_desync_naming_rank_step_and_both_sites
     # declared first: outcome 'hang', issue 24's load runs)
     result = _run(tmp_path, 3, f"fault={fault}", "rank=1", "step=2", "steps=30", "wrap=1")
     _assert_aborted(result)
-    report, _, crit = _report(result)
+    report, probe, crit = _report(result)
     f = crit[0]
-    assert report.outcome == "desync" and f.ranks == [1]
-    assert word in f.issue and "step 2" in f.issue
-    assert _line(site) in f.issue and _line("SITE:C") in f.issue
+    # What a failure must show (a full-suite run once failed here and kept nothing): the
+    # verdict, which ranks' snapshots the writer had, and the ranks' own lines.
+    why = (report.outcome, f.ranks, f.issue, report.written_by, probe.details.get("gathered"), result.stderr[-3000:])
+    assert report.outcome == "desync" and f.ranks == [1], why
+    assert word in f.issue and "step 2" in f.issue, why
+    assert _line(site) in f.issue and _line("SITE:C") in f.issue, why
 
 
 @pytest.mark.timeout(60)

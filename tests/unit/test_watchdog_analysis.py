@@ -114,8 +114,14 @@ class _Recorder:
     def completed_total(self) -> int:
         return self.completed
 
+    age_s = 1.0
+    """How long ago the open collective (enqueued > completed) was issued, as details give it."""
+
     def read(self, details: bool = False) -> dict:
-        return {"state": "ok", "groups": [{"group": "world", "enqueued": self.enqueued, "completed": self.completed}]}
+        group = {"group": "world", "enqueued": self.enqueued, "completed": self.completed}
+        if details and self.enqueued > self.completed:
+            group["pending"] = {"seq": self.enqueued, "for_s": self.age_s}
+        return {"state": "ok", "groups": [group]}
 
 
 def _stall(timeout_s: float = 3.0):
@@ -240,6 +246,30 @@ def test_a_collective_the_peers_completed_is_not_a_wait_when_the_recorder_lags()
     assert "made no progress for 4.0s" in check.overdue(ex, 0.0)
     ex.store.set("eng/1", '{"world": 6}')  # rank 1 completed #6: rank 0's record lags
     assert check.overdue(ex, 0.0) is None
+
+
+def test_action_raise_calls_a_rank_blocked_only_in_a_collective_no_peer_completed():
+    """action='raise' ends a rank blocked in a collective instead of raising in it: gloo's
+    recorder can show this rank's last collective (#6) open while it spins in Python code
+    after it; a peer that completed #6 says it is not blocked (the fault test once saw exit 3)."""
+    progress, check, ex = _stall()
+    recorder = _Recorder()
+    check.start(recorder)
+    check.read_engine(ex)
+    recorder.enqueued += 1  # #6 returned, but the recorder still shows it open
+    ex.store.set("eng/1", '{"world": 5}')  # rank 1 has not completed #6: rank 0 waits in it
+    assert check.blocked_in_collective(ex)
+    ex.store.set("eng/1", '{"world": 6}')  # rank 1 completed #6: rank 0's record lags
+    assert not check.blocked_in_collective(ex)
+    ex.store.set("eng/1", '{"world": 5}')  # both recorders lag (seen too): no peer completed #6
+    progress.mark_step(3)  # ...but this rank began step 3 after issuing #6: it is past it
+    assert not check.blocked_in_collective(ex)
+    recorder.age_s = 0.0  # #6 issued after the step began: the rank may wait in it
+    assert check.blocked_in_collective(ex)
+    recorder.completed += 1  # read afresh, not as of the last tick
+    assert not check.blocked_in_collective(ex)
+    progress.begin("all_reduce", "0", (4,), "float32", "train.py:1", False)  # a wrapper sees the wait
+    assert check.blocked_in_collective(ex)
 
 
 def test_completed_counts_are_published_when_they_change_at_most_every_quarter_timeout():
