@@ -411,33 +411,35 @@ def _positions_by_group(engine: dict[str, Any], nm: Callable[[str], str]) -> lis
     """The flight recorder's table past GROUPED_DETAILS_RANKS: one row per group and position,
     with the ranks there (`ranks`: exactly them, in short; `count`). The groups whose members
     disagree come first, the fewest ranks of a group first: rank 3 at #5 where its 7 peers
-    wait in #6 is the first row, not one of 65k (16k ranks x 4 groups)."""
-    ranks_at: dict[str, dict[tuple[Any, ...], list[int]]] = {}
+    wait in #6 is the first row, not one of 65k (16k ranks x 4 groups). Two groups of the same
+    members (a gloo twin of an NCCL group) are told apart by their order on each rank (every
+    rank creates its groups in one order) and named so."""
+    ranks_at: dict[Any, dict[tuple[Any, ...], tuple[dict[str, Any], list[int]]]] = {}
     for r, e in engine.items():
         rank = int(r)
+        again: dict[Any, int] = {}  # labels met before on this rank: the how-manieth group of those members
         for g in e.get("groups", []):
+            label = g["group"] if type(g["group"]) is str else str(g["group"])
+            n = again[label] = again.get(label, -1) + 1
             p = g.get("pending") or None
             key = (g["enqueued"], g["completed"], g.get("started"),
                    *((p.get("op"), p.get("seq"), str(p.get("shape")), p.get("dtype")) if type(p) is dict else (p,)))
-            label = g["group"]
-            at = ranks_at.setdefault(label if type(label) is str else str(label), {})
+            at = ranks_at.setdefault((label, n) if n else label, {})
             try:
-                at.setdefault(key, []).append(rank)
+                at.setdefault(key, (g, []))[1].append(rank)
             except TypeError:  # a field no JSON scalar (a corrupt snapshot): by its text
-                at.setdefault(tuple(map(str, key)), []).append(rank)
+                at.setdefault(tuple(map(str, key)), (g, []))[1].append(rank)
     out: list[tuple[bool, int, int, dict[str, Any]]] = []
-    for order, (label, at) in enumerate(ranks_at.items()):
-        for ranks in at.values():
-            fields = _position(_example(engine, ranks[0], label), nm)
-            row = {"group": fields.pop("group"), "ranks": compress_numbers(ranks, cut=False), "count": len(ranks), **fields}
+    for order, (group, at) in enumerate(ranks_at.items()):
+        for g, ranks in at.values():
+            fields = _position(g, nm)
+            name = fields.pop("group")
+            if type(group) is tuple:
+                name = f"{name} (group {group[1] + 1} of these ranks)"
+            row = {"group": name, "ranks": compress_numbers(ranks, cut=False), "count": len(ranks), **fields}
             out.append((len(at) == 1, order, len(ranks), row))
     out.sort(key=lambda t: t[:3])
     return [row for *_, row in out]
-
-
-def _example(engine: dict[str, Any], rank: int, label: str) -> dict[str, Any]:
-    """`rank`'s position on the group labelled `label`."""
-    return next(g for g in engine[str(rank)].get("groups", []) if str(g["group"]) == label)
 
 
 GROUPED_DETAILS_RANKS = 1024
@@ -456,7 +458,9 @@ class SplitRecords(list):  # type: ignore[type-arg]
     `pack_many`): each record's shared fields once per node, so `at[i]` is the index of record
     i's in `shared`, where the RECENT_COLUMNS hold None (a column the record lacks is no key).
     A list like any other; `recent_table` reads the split and need not find the shared
-    fields again (131k records at 16k ranks: 0.3 s). A changed list is a plain list."""
+    fields again (131k records at 16k ranks: 0.3 s). A changed list is a plain list; a record
+    changed in place is not seen (recent_table would show its node's fields), and the records'
+    nested values (a shape's list) are shared by the node's ranks: read them, copy to edit."""
 
     __slots__ = ("shared", "at")
 

@@ -29,11 +29,11 @@ FAST = orjson is not None
 """Whether orjson parses (False: json.loads alone)."""
 
 
-def loads(data: bytes | bytearray | memoryview | str) -> Any:
+def loads(data: bytes | bytearray | str) -> Any:
     """The value of a JSON text, as `json.loads` reads it."""
     if orjson is not None:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
-            pass  # NaN, a huge integer, another encoding: the standard parser reads those
+            pass  # NaN or Infinity, another encoding: the standard parser reads those
     return json.loads(data)

@@ -84,7 +84,12 @@ def gather_snapshots(incident: Incident, *, cache: dict[str, str], leaders: list
     snaps: dict[int, dict[str, Any]] = {}
     # The leaders' keys only: found among all N ranks, 2047 of 16384 present cost 32k checks.
     for value in (ex.collect(incident.keys.node, live) if live else {}).values():
-        for rank, snap in snapwire.unpack_many(value, cache).items():
+        try:
+            node = snapwire.unpack_many(value, cache)
+        except Exception as exc:  # noqa: BLE001 - a corrupt value: its ranks are read one by one below
+            log.debug("a node's snapshots could not be unpacked: %s", exc)
+            continue
+        for rank, snap in node.items():
             if 0 <= rank < incident.world:
                 snaps.setdefault(rank, snap)
     brought = len(snaps)

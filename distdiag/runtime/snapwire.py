@@ -73,14 +73,20 @@ def encode_members(members: list[int]) -> str:
     return ",".join(out)
 
 
+MAX_MEMBERS = 1 << 20
+"""The most members a label may name: a corrupt or hostile run ('0+1x10000000000') stops there."""
+
+
 def decode_members(spec: str) -> list[int]:
-    """The members `encode_members` wrote."""
+    """The members `encode_members` wrote; ValueError for anything it cannot have written."""
     out: list[int] = []
     for part in spec.split(","):
         if "+" in part:
             start, rest = part.split("+", 1)
-            step, count = rest.split("x", 1)
-            out.extend(range(int(start), int(start) + int(step) * int(count), int(step)))
+            step, count = (int(x) for x in rest.split("x", 1))
+            if step <= 0 or count < 0 or len(out) + count > MAX_MEMBERS:
+                raise ValueError(f"not a run of members: {part[:40]!r}")
+            out.extend(range(int(start), int(start) + step * count, step))
         elif part:
             out.append(int(part))
     return out
@@ -198,7 +204,10 @@ def _split_recent(snap: dict[str, Any], shared: list[dict[str, Any]], index: dic
         for k in RECENT_COLUMNS:
             if k in part:
                 part[k] = None
-        key = json.dumps(part, sort_keys=True, default=str)
+        try:
+            key = json.dumps(part, sort_keys=True, default=str)
+        except TypeError:  # keys json cannot sort (int and str mixed): the list goes as it is
+            return
         if key not in index:
             index[key] = len(shared)
             shared.append(part)
@@ -214,44 +223,54 @@ def unpack_many(value: Any, cache: dict[str, str] | None = None) -> dict[int, di
     full = _resolved(value.pop(_TABLE, None), cache)
     shared = value.get(_SHARED)
     shared = [d if isinstance(d, dict) else {} for d in shared] if isinstance(shared, list) else []
+    split = _Split(shared, full)
     out = {}
     for rank, snap in value[_MANY].items():
-        if isinstance(snap, dict) and str(rank).isdigit():
+        if isinstance(snap, dict) and rank.isascii() and rank.isdigit():
             out[int(rank)] = _restore(snap, full)
             rows = snap.pop(_SHARED, None)
             if isinstance(rows, list):
-                snap["recent"] = _joined(rows, shared, full)
+                snap["recent"] = split.joined(rows)
     return out
 
 
 _GROUP, _SEQ, _STEP, _DURATION = RECENT_COLUMNS  # the row's order after its index (four: unpacking says if not)
 
 
-def _joined(rows: list[Any], shared: list[dict[str, Any]], full: dict[str, str]) -> SplitRecords:
-    """The records `_split_recent` wrote as rows, whole again, group labels back; a malformed
-    row (a corrupt or hostile value) is left out. (131k rows at 16k ranks: one dict display
-    each, ~0.07 s; a copy and an update each took 0.17 s.)"""
-    refs = {_REF + key: label for key, label in full.items()}
-    whole = [all(k in d for k in RECENT_COLUMNS) for d in shared]
-    records, at = [], []
-    for row in rows:
-        try:
-            k, group, seq, step, duration = row
-            if type(k) is not int or k < 0:
+class _Split:
+    """One value's shared record fields, with what each row needs of them worked out once for
+    the value (not once a snapshot: a value of many snapshots and entries would take minutes)."""
+
+    def __init__(self, shared: list[dict[str, Any]], full: dict[str, str]) -> None:
+        self.shared = shared
+        self.full = full
+        self.refs = {_REF + key: label for key, label in full.items()}
+        self.whole = [all(k in d for k in RECENT_COLUMNS) for d in shared]
+
+    def joined(self, rows: list[Any]) -> SplitRecords:
+        """The records `_split_recent` wrote as rows, whole again, group labels back; a
+        malformed row (a corrupt or hostile value) is left out. (131k rows at 16k ranks: one
+        dict display each, ~0.07 s; a copy and an update each took 0.17 s.)"""
+        shared, whole, refs, full = self.shared, self.whole, self.refs, self.full
+        records, at = [], []
+        for row in rows:
+            try:
+                k, group, seq, step, duration = row
+                if type(k) is not int or k < 0:
+                    continue
+                part = shared[k]
+            except (TypeError, ValueError, IndexError):
                 continue
-            part = shared[k]
-        except (TypeError, ValueError, IndexError):
-            continue
-        if type(group) is str and group.startswith(_REF):
-            group = refs.get(group) or _REFS.sub(lambda m: full.get(m.group(1), m.group(0)), group)
-        if whole[k]:
-            c = {**part, _GROUP: group, _SEQ: seq, _STEP: step, _DURATION: duration}
-        else:  # a column the record lacks stays absent
-            c = part.copy()
-            c.update((name, v) for name, v in zip(RECENT_COLUMNS, (group, seq, step, duration), strict=True) if name in c)
-        records.append(c)
-        at.append(k)
-    return SplitRecords(records, shared, at)
+            if type(group) is str and group.startswith(_REF):
+                group = refs.get(group) or _REFS.sub(lambda m: full.get(m.group(1), m.group(0)), group)
+            if whole[k]:
+                c = {**part, _GROUP: group, _SEQ: seq, _STEP: step, _DURATION: duration}
+            else:  # a column the record lacks stays absent
+                c = part.copy()
+                c.update((name, v) for name, v in zip(RECENT_COLUMNS, (group, seq, step, duration), strict=True) if name in c)
+            records.append(c)
+            at.append(k)
+        return SplitRecords(records, shared, at)
 
 
 def decode(raw: Any) -> Any:
@@ -283,7 +302,10 @@ def _resolved(table: Any, cache: dict[str, str] | None) -> dict[str, str]:
     for key, spec in table.items():
         spec = str(spec)
         if spec not in cache:
-            cache[spec] = "ranks[" + ",".join(map(str, decode_members(spec))) + "]"
+            try:
+                cache[spec] = "ranks[" + ",".join(map(str, decode_members(spec))) + "]"
+            except ValueError:  # a corrupt or hostile entry: its references stay as they are
+                continue
         full[str(key)] = cache[spec]
     return full
 

@@ -193,3 +193,19 @@ def test_past_1024_ranks_the_recent_collectives_table_is_lossless():
                       "duration_s": duration}
             rebuilt.append({k: v for k, v in record.items() if v is not None})
         assert rebuilt == [{k: v for k, v in c.items() if v is not None} for c in snap["recent"]], rank
+
+
+def test_two_groups_of_the_same_members_keep_their_own_rows():
+    """A gloo twin of each TP group (the same members, a label of the same text): each group's
+    position in a row of its own, named apart, every rank counted once per group."""
+    world = 2048
+    snaps, _lost = incident(world, "stall", stage=0)
+    for snap in snaps.values():
+        groups = snap["engine"]["groups"]
+        groups.append({**groups[1], "pg": "9", "backend": "gloo", "enqueued": 3, "started": 3, "completed": 3,
+                       "pending": None})
+    rows = snapshot_details(snaps)["table:collectives per group (torch's flight recorder)"]
+    tp0 = [(r["group"], r["ranks"], r["count"], r["enqueued"]) for r in rows if r["group"].startswith("ranks[0,1,2,3,4,5,6,7]")]
+    assert tp0 == [("ranks[0,1,2,3,4,5,6,7]", "3", 1, 5), ("ranks[0,1,2,3,4,5,6,7]", "0-2,4-7", 7, 6),
+                   ("ranks[0,1,2,3,4,5,6,7] (group 2 of these ranks)", "0-7", 8, 3)]
+    assert sum(r["count"] for r in rows) == 5 * world
