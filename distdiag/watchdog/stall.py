@@ -142,7 +142,8 @@ class StallCheck:
             return True
         try:
             self.read_engine()  # the counts as they are now, not as of the last tick
-            return self.engine_pending and not self._recorder_lags(ex) and not self._stepped_since_pending()
+            # this rank's own step marks first: the peers' counts cost store reads
+            return self.engine_pending and not self._stepped_since_pending() and not self._recorder_lags(ex)
         except Exception as exc:  # noqa: BLE001 - the store failed: the recorder's reading alone
             log.debug("could not compare the recorder's open collective with the peers': %s", exc)
             return self.engine_pending

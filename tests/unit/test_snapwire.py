@@ -254,6 +254,9 @@ def test_the_recent_table_reads_the_nodes_split_as_it_reads_plain_records():
     cache: dict[str, str] = {}
     for first in range(0, 128, 8):
         split.update(snapwire.unpack_many(snapwire.decode(snapwire.pack_many({r: plain[r] for r in range(first, first + 8)})), cache))
+    from distdiag.hang.views import SplitRecords
+
+    assert type(split[16]["recent"]) is SplitRecords  # the node's split is what the table reads
     split[17] = copy.deepcopy(plain[17])
     split[18]["recent"].append(dict(plain[18]["recent"][0]))
     plain[18]["recent"].append(dict(plain[18]["recent"][0]))
