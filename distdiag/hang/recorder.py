@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import sys
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -43,6 +45,9 @@ __all__ = [
     "group_label",
     "entry_site",
     "dtype_name",
+    "SYMBOLIZER",
+    "load_symbolizer",
+    "loaded",
 ]
 
 FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
@@ -54,6 +59,15 @@ _DUMPERS = (("fr", "_dump_fr_trace_json"), ("nccl", "_dump_nccl_trace_json"))
 """torch's JSON dump functions: the CPU recorder (gloo, torch >= 2.7) and NCCL's (CUDA builds)."""
 _STACK_DUMPERS = (("fr", "_dump_fr_trace"), ("nccl", "_dump_nccl_trace"))
 """The pickle forms: only they carry each entry's Python `frames` (the JSON form has no stacks)."""
+SYMBOLIZER = "torch._inductor.codecache"
+"""The module torch's stack symbolizer reaches for (`torch._inductor.codecache.PyCodeCache`, to
+map compiled code's frames) the first time a pickle dump with stacks is made: about 850 modules
+(inductor, dynamo, sympy), 0.9 s of CPU. Made from one of our threads while the training thread
+imports dynamo or inductor itself (parallelize_module, fully_shard, torch.compile), the two
+imports interleave and the user's thread gets a partially initialised module
+("cannot import name 'IndentedBuffer' from partially initialized module 'torch._inductor.utils'").
+So stacks are read only once it is fully imported: by `load_symbolizer` on the training thread
+before the watchdog's threads start, or by the job itself."""
 _NOT_SITES = ("/torch/", "/distdiag/watchdog/", "/distdiag/watch.py", "/runpy.py", "/threading.py")
 """Frames that are not the job's call site: torch's own (all_reduce, c10d_logger.wrapper, DDP,
 autograd), distdiag's runner and Python's."""
@@ -222,6 +236,8 @@ class EngineReader:
         `stack_dumpers`: (tag, fn() -> pickle bytes with frames), the call sites' source."""
         self._fns: list[tuple[str, Any]] = []
         self._stack_fns: list[tuple[str, Any]] = []
+        self._stack_fns_are_torch = False
+        """torch's own stack dumps (not fed by a test): they import SYMBOLIZER when first called."""
         self._warmed: Any = None
         self.sites_state = "cold"
         """cold | warming | ready | failed: the pickle dump's first call symbolizes the recorded
@@ -245,6 +261,7 @@ class EngineReader:
                 c10d = torch._C._distributed_c10d
                 stack_dumpers = [(tag, getattr(c10d, name)) for tag, name in _STACK_DUMPERS if hasattr(c10d, name)]
             self._stack_fns = list(stack_dumpers)
+            self._stack_fns_are_torch = not given and bool(self._stack_fns)
         except Exception as exc:  # noqa: BLE001 - no torch.distributed at all
             self.reason = f"torch.distributed is not available ({type(exc).__name__})"
         if not self._fns and not self.reason:
@@ -284,12 +301,15 @@ class EngineReader:
 
     def warm_sites(self) -> None:
         """Make the first (slow) stack dump on a daemon thread, once the recorder holds an entry
-        (with none, the call symbolizes nothing and the next one is slow again)."""
+        (with none, the call symbolizes nothing and the next one is slow again), and only once
+        the symbolizer's module is fully imported: this thread never imports (see SYMBOLIZER)."""
         if self.sites_state != "cold" or self.completed_total <= 0 and not self._any_enqueued:
             return
         if not self._stack_fns:
             self.sites_state = "failed"
             return
+        if self._stack_fns_are_torch and loaded(SYMBOLIZER) is None:
+            return  # not imported (yet): no call sites from the recorder until it is
         self.sites_state = "warming"
 
         import threading
@@ -323,7 +343,7 @@ class EngineReader:
     def _sites_or_none(self, wait_s: float) -> dict[tuple[str, str, int], str] | None:
         if self.sites_state == "warming" and self._warmed is not None:
             self._warmed.wait(wait_s)  # a hang in the job's first seconds: the warm-up may be nearly done
-        if self.sites_state != "ready":
+        if self.sites_state != "ready" or self._stack_fns_are_torch and loaded(SYMBOLIZER) is None:
             return None
         try:
             return self._read_sites()
@@ -413,6 +433,41 @@ def _off_reason() -> str:
         f"torch's flight recorder is off ({how}), so collectives torch issues itself (DDP, FSDP, compiled graphs, "
         f"NCCL) are not seen; set {FR_BUFFER_ENV}=2000 before init_process_group (python -m distdiag.watch does)"
     )
+
+
+def loaded(name: str) -> ModuleType | None:
+    """`sys.modules[name]` when it and every parent package have finished importing, else None;
+    runs no import and takes no import lock. Our threads (the watchdog's tick, the recorder's
+    warm-up) use it instead of an import: while the training thread is inside a long first import
+    (dynamo, inductor), a second thread importing on the same chain takes module locks in
+    another order, and importlib's deadlock avoidance hands one of them a partially initialised
+    module, raised in the user's code."""
+    parts = name.split(".")
+    module = None
+    for i in range(1, len(parts) + 1):
+        module = sys.modules.get(".".join(parts[:i]))
+        if module is None:
+            return None
+        # importlib sets spec._initializing while a module's body runs (the flag behind its
+        # "partially initialized module" message)
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return None
+    return module
+
+
+def load_symbolizer() -> bool:
+    """Import SYMBOLIZER on the calling thread (the training thread, before the watchdog's threads
+    start), so that the recorder's stacks can be read later without an import. False, with the
+    recorder's call sites off, where it cannot be imported."""
+    if loaded(SYMBOLIZER) is not None:
+        return True
+    try:
+        import importlib
+
+        importlib.import_module(SYMBOLIZER)
+    except Exception:  # noqa: BLE001 - a torch without inductor: the wrappers give call sites
+        return False
+    return True
 
 
 def group_label(name: str) -> str:

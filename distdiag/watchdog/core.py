@@ -116,6 +116,7 @@ class HangWatchdog:
             self._interceptor.install()
         self._step_hook = _hook_optimizer_steps(self._progress)
         _warn_if_recorder_off(info.rank)
+        _import_before_threads(symbolizer=not self.config.wrap)
         extra = {
             "timeout_s": self.config.timeout_s, "action": self.config.action, "dump_dir": self.config.dump_dir,
             "run_id": info.run_id, "restart_count": info.restart_count,
@@ -262,6 +263,29 @@ def _recorder_gives_sites(rank: int) -> bool:
         log.info("distdiag watchdog: torch's flight recorder gives no call sites here: wrapping torch.distributed's "
                  "collectives for them (pass wrap=False to leave them alone)")
     return ok
+
+
+_THREAD_MODULES = (
+    "distdiag.hang.dumps", "distdiag.hang.rules", "distdiag.hang.views", "distdiag.hang.dumpreport",
+    "distdiag.runtime.sentinel", "distdiag.report.model", "distdiag.watchdog.sigterm", "distdiag.watchdog.writer",
+    "copy", "dataclasses", "traceback",
+)
+"""What the watchdog's threads import lazily (a snapshot, an incident, a report)."""
+
+
+def _import_before_threads(symbolizer: bool) -> None:
+    """Everything the watchdog's threads will use, imported here, on the training thread,
+    before they start: a thread of ours that imports while the training thread does can hand
+    the user's code a partially initialised module (see distdiag.hang.recorder.SYMBOLIZER).
+    `symbolizer`: call sites will come from the recorder's stacks (about 0.9 s of CPU, once)."""
+    import importlib
+
+    from distdiag.hang.recorder import load_symbolizer
+
+    for name in _THREAD_MODULES:
+        importlib.import_module(name)
+    if symbolizer:
+        load_symbolizer()
 
 
 def _warn_if_recorder_off(rank: int) -> None:

@@ -21,6 +21,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from distdiag.hang.recorder import loaded
 from distdiag.runtime.exchange import BATCH, Exchange
 from distdiag.runtime.keys import Keys
 from distdiag.watchdog.progress import Progress
@@ -131,13 +132,17 @@ class PhaseBoard:
 
     def hook_compile(self, compile_timeout: timedelta) -> None:
         """torch.compile's compilation is a phase with its own budget: ranks that wait for a
-        peer that (re)compiles are not hung. Hooked once dynamo is imported (never imported here)."""
-        if self._compile_hooked or "torch._dynamo" not in sys.modules:
+        peer that (re)compiles are not hung. Hooked once the training thread has finished
+        importing dynamo: this runs on the watchdog's thread, which must never import (see
+        distdiag.hang.recorder.loaded), so a dynamo still being imported is left for a later tick."""
+        if self._compile_hooked:
+            return
+        dynamo, callback = loaded("torch._dynamo"), loaded("torch._dynamo.callback")
+        if dynamo is None or callback is None:
             return
         self._compile_hooked = True
         try:
-            from torch._dynamo.callback import callback_handler
-
+            callback_handler = callback.callback_handler
             budget = compile_timeout.total_seconds()
             progress = self.progress
             callback_handler.register_start_callback(lambda *_a: progress.enter_phase("compile", budget))
