@@ -76,6 +76,7 @@ class HangWatchdog:
         self._interceptor: Any = None
         self._watcher: Any = None
         self._step_hook: Any = None
+        self._loaders: Any = None
         self._auto_step = 0
 
     # -- arming ---------------------------------------------------------------------------
@@ -87,6 +88,7 @@ class HangWatchdog:
         import torch.distributed as dist
 
         from distdiag.runtime.context import LaunchInfo
+        from distdiag.watchdog.dataload import LoaderTap
         from distdiag.watchdog.intercept import Interceptor
         from distdiag.watchdog.progress import Progress
         from distdiag.watchdog.watcher import Watcher
@@ -115,6 +117,9 @@ class HangWatchdog:
         if self.config.wrap:
             self._interceptor.install()
         self._step_hook = _hook_optimizer_steps(self._progress)
+        self._loaders = LoaderTap(lambda: self._progress.steps)
+        if self._loaders.install():
+            self._progress.loaders = self._loaders
         _warn_if_recorder_off(info.rank)
         _import_before_threads(symbolizer=not self.config.wrap)
         extra = {
@@ -136,6 +141,9 @@ class HangWatchdog:
             return
         watcher, self._watcher = self._watcher, None
         self._interceptor.restore()
+        if self._loaders is not None:
+            self._loaders.remove()
+            self._loaders = None
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None

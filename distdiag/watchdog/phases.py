@@ -49,6 +49,7 @@ class PhaseBoard:
         self.world = world
         self.progress = progress
         self.published: tuple[Any, ...] = ()
+        self.published_blocked = False
         self._compile_hooked = False
         self.import_since = 0.0
         self.started = time.monotonic()
@@ -59,9 +60,15 @@ class PhaseBoard:
         ex.store.set(Keys.phase(self.rank), "{}")
         self.started = time.monotonic()
 
-    def publish(self, ex: Exchange, import_budget_s: float = 0.0) -> None:
+    def publish(self, ex: Exchange, import_budget_s: float = 0.0, blocked: bool = False) -> None:
         """Post this rank's innermost phase when it changed (and count it in `phase_n`); with
-        `import_budget_s`, an import in the training thread is a phase of that budget."""
+        `import_budget_s`, an import in the training thread is a phase of that budget.
+
+        `blocked`: this rank has waited inside a collective for a while, in its phase. A phase
+        excuses the peers that wait for this rank's slow work (a long validation, a checkpoint
+        write); a rank that waits itself is not working for them: a short rank that left the
+        epoch for validation while its peers still train must not excuse their wait on it for
+        the phase's whole budget. Its phase then excuses nobody (its own budget still holds)."""
         phases = list(self.progress.phases)
         current = tuple(phases[-1]) if phases else ()
         if not current and import_budget_s > 0 and importing(self.progress.thread_ident):
@@ -70,12 +77,14 @@ class PhaseBoard:
             current = ("import", import_budget_s, since)
         elif not current:
             self.import_since = 0.0
-        if current == self.published:
+        blocked = bool(current) and blocked
+        if current == self.published and blocked == self.published_blocked:
             return
+        self.published_blocked = blocked
         if current:
             name, budget, since = current
             until = time.time() + budget - (time.monotonic() - since)
-            ex.store.set(Keys.phase(self.rank), json.dumps({"name": name, "until": until}))
+            ex.store.set(Keys.phase(self.rank), json.dumps({"name": name, "until": until, "blocked": blocked}))
             if not self.published:
                 ex.store.add(Keys.PHASE_COUNT, 1)
                 ex.store.set(Keys.PHASE_LAST, str(self.rank))  # peers read this rank first
@@ -114,7 +123,7 @@ class PhaseBoard:
         now = time.time()
         for r, raw in zip(ranks, values, strict=True):
             ph = json.loads(raw) if raw else {}
-            if ph.get("until", 0) > now:
+            if ph.get("until", 0) > now and not ph.get("blocked"):
                 return f"rank {r} in phase '{ph['name']}'"
         return None
 
