@@ -18,8 +18,8 @@ from distdiag.analyze.series import (
     median,
     rolling_median,
     smoothing_window,
-    spike_persists,
     spike_score,
+    spike_stands_out,
 )
 from distdiag.report.model import Finding
 
@@ -95,7 +95,7 @@ def detect_nonfinite(series: list[Series]) -> list[Detection]:
 
 def _spike_events(s: Series, factor: float, window: int, min_history: int) -> list[tuple[int, int, float, float]]:
     """(first index, peak index, peak value, baseline) of each run of spiking points that is
-    more than one batch's noise (series.spike_persists)."""
+    more than one batch's noise (series.spike_stands_out)."""
     events: list[tuple[int, int, float, float]] = []
     vals = s.values
     i = min_history
@@ -111,7 +111,7 @@ def _spike_events(s: Series, factor: float, window: int, min_history: int) -> li
             i += 1
             if vals[i] > vals[peak]:
                 peak = i
-        if spike_persists(vals[max(0, start - 5 * window) : start], vals[start : i + 1], factor):
+        if spike_stands_out(vals[max(0, start - 6 * window) : start], vals[start : i + 1], factor, window):
             events.append((start, peak, vals[peak], base))
         i += 1
     return events

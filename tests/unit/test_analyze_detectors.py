@@ -7,8 +7,8 @@ import math
 import pytest
 
 from distdiag.analyze import AnalyzeConfig, analyze
-from distdiag.analyze.series import Run, Series, rolling_median
-from tests.unit.analyze_curves import clean_curve, grad_curve
+from distdiag.analyze.series import Run, Series, median, rolling_median
+from tests.unit.analyze_curves import clean_curve, grad_curve, steep_curve
 
 SEVERE = ("warning", "error", "critical")
 
@@ -47,6 +47,24 @@ def test_spike_found_at_its_step_with_the_preceding_grad_spike():
     finding = report.probe("spikes").findings[0]
     assert "gradient norm spiked first" in finding.evidence and "step 297" in finding.evidence
     assert _severe(report) == [f"spikes: {finding.issue}"]
+
+
+@pytest.mark.parametrize("step", [45, 60, 80, 100])
+def test_lone_spike_early_in_a_fast_decay_is_found(step):
+    """A loss 6x its recent median for one step, a 20x grad-norm spike 3 steps before, while the
+    curve still falls fast: found (the worst batch of the 100 steps before is far above the level)."""
+    loss, grad = steep_curve(), grad_curve()
+    loss[step] = 6 * median(loss[step - 20 : step])
+    grad[step - 3] = 20.0
+    report = analyze([_run(loss=loss, grad_norm=grad)])
+    assert [e["step"] for e in _events(report, "spikes")] == [step]
+    assert "gradient norm spiked first" in report.probe("spikes").findings[0].evidence
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_fast_decay_without_spike_is_quiet(seed):
+    """The healthy twin: the same fast decay with its batch noise gives nothing above info."""
+    assert _severe(analyze([_run(loss=steep_curve(seed=seed), grad_norm=grad_curve(seed=seed + 10))])) == []
 
 
 def test_spike_without_grad_spike_points_at_the_data():
