@@ -65,6 +65,9 @@ class Run:
     format: str = ""
     """What wrote the log, as far as the reader can tell: jsonl, csv, lightning_csv, wandb_csv,
     hf_trainer_state, tfevents (the masking detector explains a trainer's known replacements)."""
+    repeats: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
+    """Per metric, the steps logged more than once: (step, first value, last value) in step order
+    (a resumed run logs the steps since its checkpoint again; `finish` keeps the last value)."""
 
     def add(self, name: str, step: int, value: float) -> None:
         self.series.setdefault(name, Series(name)).steps.append(step)
@@ -79,8 +82,16 @@ class Run:
             if all(a < b for a, b in zip(s.steps, s.steps[1:], strict=False)):
                 continue
             last: dict[int, float] = {}
+            first: dict[int, float] = {}
+            twice: set[int] = set()
             for st, v in zip(s.steps, s.values, strict=True):
+                if st in last:
+                    twice.add(st)
+                else:
+                    first[st] = v
                 last[st] = v
+            if twice:
+                self.repeats[name] = [(st, first[st], last[st]) for st in sorted(twice)]
             ordered = sorted(last.items())
             s.steps = [st for st, _ in ordered]
             s.values = [v for _, v in ordered]
