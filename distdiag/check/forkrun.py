@@ -147,10 +147,9 @@ def shared_hash_seed_note() -> str | None:
     if parent != str(hash(_HASH_PROBE)) or os.environ.get("PYTHONHASHSEED", "").strip().isdigit():
         return None
     return (
-        "the ranks were forked from one process and share its Python hash seed, where torchrun gives each "
-        "rank its own: the iteration order of sets (and of dicts built from them) of strings is the same on "
-        "every rank here, so a bug that depends on that order differing across ranks cannot show in this "
-        "run; rerun with `distdiag check --launch torchrun` to see it"
+        "forked ranks share one Python hash seed (torchrun gives each rank its own): a bug that depends on "
+        "set or dict order differing across ranks cannot show here; rerun with `distdiag check --launch "
+        "torchrun` to see it"
     )
 
 

@@ -24,7 +24,7 @@ from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics.shared import STEP_SEED, ParallelRun, parallel_run
 from distdiag.report.model import ProbeResult
 
-__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors", "scale_fit"]
+__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors", "reference_rms", "scale_fit"]
 
 _TOP = 8
 _HUGE = 1e300
@@ -80,10 +80,16 @@ def compare_tensors(
 
     Relative error is ||a - b|| / ||b|| over the slice (with the slice's share of the full
     norm as the floor, so an all-zero slice does not inflate it; `floor_rms` adds a floor of
-    that RMS per element, for parameters that start at zero). Returns the maxima and the
-    tensors over tolerance, in model order.
+    that RMS per element, for parameters that start at zero). A reference tensor that is zero
+    to within the tolerance (RMS below tolerance x the RMS of all reference tensors: a bias
+    before a BatchNorm, whose gradient the normalisation cancels, is exactly zero or rounding
+    noise) has no scale of its own: its error is judged on the absolute scale of that overall
+    RMS, so rounding noise on both sides is not a relative error of 1 or more, while a parallel
+    value of the model's own size where the reference has none still is. Returns the maxima and
+    the tensors over tolerance, in model order.
     """
     bad, max_abs, max_rel, missing = [], 0.0, 0.0, []
+    overall: list[float] = []  # reference_rms(ref), computed once, when first needed
     sums = [0.0, 0.0, 0.0, 0.0]  # scale_fit's four terms summed over every compared slice
     for name, full in ref.items():
         if name not in par:
@@ -106,13 +112,17 @@ def compare_tensors(
         abs_err = float(diff.abs().max())
         want_norm = float(want.norm())
         denom = max(want_norm, floor_rms * math.sqrt(want.numel()), 1e-12)
+        full_norm = want_norm
         if want.numel() < full.numel():
-            share = float(full.detach().to(work).norm()) * math.sqrt(want.numel() / full.numel())
-            denom = max(denom, share)
+            full_norm = float(full.detach().to(work).norm())
+            denom = max(denom, full_norm * math.sqrt(want.numel() / full.numel()))
+        tol = tr.rtol_for(full.dtype, scale)
+        overall = overall or [reference_rms(ref)]
+        if full_norm <= tol * overall[0] * math.sqrt(full.numel()):  # zero to within the tolerance
+            denom = max(denom, overall[0] * math.sqrt(want.numel()))
         diff_norm = float(diff.norm())
         rel = diff_norm / denom if math.isfinite(abs_err) else _HUGE
         abs_err = abs_err if math.isfinite(abs_err) else _HUGE
-        tol = tr.rtol_for(full.dtype, scale)
         # Gradients only (the diagnosis reads their factors); within tolerance, ||got - want||
         # bounds what a factor leaves, so the extra pass is paid for the failing tensors only.
         terms = scale_fit(got, want, want_norm, diff_norm if rel <= tol else None) if fit else [0.0] * 4
@@ -124,6 +134,15 @@ def compare_tensors(
             bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor),
                         **(_factor(terms) if fit else {})})
     return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing, "sums": sums}
+
+
+def reference_rms(ref: dict[str, torch.Tensor]) -> float:
+    """The RMS per element over every reference tensor: the absolute scale an all-zero one is judged on."""
+    total, count = 0.0, 0
+    for t in ref.values():
+        total += float(t.detach().float().norm()) ** 2
+        count += t.numel()
+    return math.sqrt(total / max(count, 1))
 
 
 def scale_fit(got: torch.Tensor, want: torch.Tensor, want_norm: float | None = None, bound: float | None = None) -> list[float]:
