@@ -24,7 +24,7 @@ from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics.shared import STEP_SEED, ParallelRun, parallel_run
 from distdiag.report.model import ProbeResult
 
-__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors", "reference_rms", "scale_fit"]
+__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors", "partials_reduced", "reference_rms", "scale_fit"]
 
 _TOP = 8
 _HUGE = 1e300
@@ -177,6 +177,22 @@ def _factor(fit: list[float]) -> dict[str, float]:
     return {"factor": f, "resid": min(math.sqrt(left) / max(abs(f) * math.sqrt(ww), 1e-300), _HUGE)}
 
 
+def partials_reduced(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The gradients with every Partial placement of a DTensor made Replicate (an all-reduce over
+    that mesh dim; Shard dims stay local). A Partial(sum) gradient (a Replicate norm weight under
+    SequenceParallel) is a per-rank part of the gradient, not the gradient: only its sum over the
+    ranks is comparable with the reference. Every rank calls it on the same tensors in the same
+    order (the optimizer's), so the collectives match."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    out = {}
+    for name, g in grads.items():
+        if isinstance(g, DTensor) and any(p.is_partial() for p in g.placements):
+            g = g.redistribute(g.device_mesh, [Replicate() if p.is_partial() else p for p in g.placements])
+        out[name] = g
+    return out
+
+
 def _sq_share(grads: dict[str, torch.Tensor], world: int) -> float:
     """This rank's share of the parallel grad norm squared (summed over ranks: the norm squared)."""
     from torch.distributed.tensor import DTensor, Replicate
@@ -302,6 +318,7 @@ class LossParityProbe(tr.NumericsProbe):
         ref_res, accum = self._reference_step(ctx, opts, run.hooks, ref, step)
         par = run.model
         par_res = run.step(ctx, step, ref.par_shards[step - 1])  # seeded as the reference step was
+        par_res.grads = partials_reduced(par_res.grads)
         grads = compare_tensors(
             ref_res.grads, par_res.grads, opts.tolerance_scale,
             absent="no gradient reached the optimizer on the parallel model (left unreduced: "
