@@ -21,6 +21,7 @@ import torch
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView
+from distdiag.probes.numerics.batch_counts import cross_sample_modules, shard_counts
 from distdiag.probes.numerics.shared import STEP_SEED, ParallelRun, parallel_run
 from distdiag.report.model import ProbeResult
 
@@ -344,6 +345,8 @@ class LossParityProbe(tr.NumericsProbe):
             "grad": _trim(grads),
             "param": _trim(params),
             "order": [tr.canonical_name(n) for n, _ in par.named_parameters()] if step == 1 else None,
+            "counts": shard_counts(ref.par_shards[step - 1]),
+            "cross_sample": cross_sample_modules(par) if step == 1 else None,
             "sharded": sum(1 for p in par.parameters() if hasattr(p, "to_local")),  # DTensor (FSDP-managed) ones
             "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
         }, accum
