@@ -58,6 +58,7 @@ def test_set_order_bug_hidden_by_fork_is_said_and_seen_under_torchrun(cli_env, t
     code, report = _check(cli_env, tmp_path, "torchrun")
     errors = [f for p in report["probes"] for f in p["findings"] if f["severity"] == "error"]
     assert code == 1 and any("branches." in f["issue"] for f in errors), errors
+    assert [f["cause"] for f in errors] == ["setup_divergence_init_order"], errors  # the values moved between names
     assert not report.get("notes")
     code, report = _check(cli_env, tmp_path, "torchrun", healthy=True)
     assert code == 0 and not report.get("notes"), report
