@@ -112,15 +112,9 @@ def compare_tensors(
         diff = got - want
         abs_err = float(diff.abs().max())
         want_norm = float(want.norm())
-        denom = max(want_norm, floor_rms * math.sqrt(want.numel()), 1e-12)
-        full_norm = want_norm
-        if want.numel() < full.numel():
-            full_norm = float(full.detach().to(work).norm())
-            denom = max(denom, full_norm * math.sqrt(want.numel() / full.numel()))
         tol = tr.rtol_for(full.dtype, scale)
         overall = overall or [reference_rms(ref)]
-        if full_norm <= tol * overall[0] * math.sqrt(full.numel()):  # zero to within the tolerance
-            denom = max(denom, overall[0] * math.sqrt(want.numel()))
+        denom = _denominator(want_norm, want.numel(), full, work, floor_rms, tol, overall[0])
         diff_norm = float(diff.norm())
         rel = diff_norm / denom if math.isfinite(abs_err) else _HUGE
         abs_err = abs_err if math.isfinite(abs_err) else _HUGE
@@ -135,6 +129,21 @@ def compare_tensors(
             bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor),
                         **(_factor(terms) if fit else {})})
     return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing, "sums": sums}
+
+
+def _denominator(want_norm: float, numel: int, full: torch.Tensor, work: torch.dtype, floor_rms: float, tol: float,
+                 overall: float) -> float:
+    """What a slice's ||got - want|| is divided by: its own norm, floored by `floor_rms` per element, by
+    the slice's share of the full tensor's norm, and, for a reference zero to within the tolerance,
+    by the reference's overall RMS per element (the absolute scale)."""
+    denom = max(want_norm, floor_rms * math.sqrt(numel), 1e-12)
+    full_norm = want_norm
+    if numel < full.numel():
+        full_norm = float(full.detach().to(work).norm())
+        denom = max(denom, full_norm * math.sqrt(numel / full.numel()))
+    if full_norm <= tol * overall * math.sqrt(full.numel()):  # zero to within the tolerance
+        denom = max(denom, overall * math.sqrt(numel))
+    return denom
 
 
 def reference_rms(ref: dict[str, torch.Tensor]) -> float:
