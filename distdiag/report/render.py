@@ -240,7 +240,8 @@ def render_report(
             out += _detail_tables(probe, max_rows)
     if report.not_run:
         out.append(f"not run: {', '.join(report.not_run)} (the run ended early)")
-    out += [f"note: {note}" for note in report.notes]
+    if verbose or floor == 0:  # a healthy compact run stays one line per probe (its notes: JSON, stderr)
+        out += [f"note: {note}" for note in report.notes]
     out.append("")
     code = f"exit {report.exit_code}"
     if exit_code is not None and exit_code != report.exit_code:
