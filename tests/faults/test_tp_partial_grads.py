@@ -38,3 +38,4 @@ def test_norm_left_out_of_the_plan_is_named(workdir):
     (err,) = [f for f in result.report().probe("loss_parity").findings if f.severity == "error"]
     assert "module norm" in err.evidence and "norm.weight" in err.evidence
     assert "exact (every tensor within tolerance): up, down, head" in err.evidence
+    assert err.cause == "unmanaged_params" and "SequenceParallel()" in err.fix and "fully_shard" not in err.fix

@@ -163,3 +163,11 @@ def test_shard_counts_read_rows_masks_and_ignored_labels():
     assert shard_counts((torch.zeros(4, 2), torch.tensor([1, -100, 2, -100]))) == {"rows": 4, "valid": 2}
     assert shard_counts((torch.zeros(4, 2), torch.tensor([1, 0, 2, 3]))) == {"rows": 4}
     assert shard_counts({"n": 3}) == {}
+
+
+def test_plain_parameters_of_a_tensor_parallel_model_get_a_plan_fix_not_fully_shard():
+    """DTensors from a TP plan and no FSDP module: the plain ones are outside the plan, not outside fully_shard."""
+    gbad = {"norm.weight": {"name": "norm.weight", "rel": 1.07, "ranks": [0, 1], "sharded": False}}
+    d = diagnose_parity(_ev(gbad=gbad, fsdp=False, rank_sums={0: _sums(1.0, 0.1), 1: _sums(1.0, 0.1)}))
+    assert d.cause == "unmanaged_params" and "SequenceParallel()" in d.fix and "fully_shard" not in d.fix
+    assert "fully_shard" in diagnose_parity(_ev(gbad=gbad, fsdp=True)).fix

@@ -51,6 +51,16 @@ def unmanaged(ev: ParityEvidence) -> Diagnosis | None:
     plain = [n for n, b in ev.gbad.items() if b.get("sharded") is False]
     if not plain or not ev.sharded_params:  # all plain: a replicated model (DDP), not parameters FSDP left out
         return None
+    if ev.fsdp is False:  # DTensors from a tensor-parallel plan, no FSDP: the plan left them out
+        return Diagnosis(
+            "unmanaged_params", f"{len(plain)} plain parameter(s) outside the tensor-parallel plan: their gradients "
+            "are not reduced over the ranks", [f"plain tensors (not DTensors) and over tolerance: {', '.join(plain[:6])}",
+                                              *locate(ev.gbad, ev.order)],
+            f"{', '.join(plain[:4])} are plain parameters of a tensor-parallel model: each rank's gradient holds only its "
+            "own part (its sequence positions, or its shard of the activations) and is never summed over the ranks. "
+            "Put their modules in the plan (SequenceParallel() for a norm between sequence-sharded activations, or "
+            "a style that makes them Replicate DTensors), or all-reduce their gradients over the tensor-parallel group",
+            0.8)
     return Diagnosis(
         "unmanaged_params", f"{len(plain)} plain parameter(s) outside every FSDP group: their gradients are not reduced",
         [f"not FSDP-managed (plain tensors) and over tolerance: {', '.join(plain[:6])}", *locate(ev.gbad, ev.order)],

@@ -357,6 +357,7 @@ class LossParityProbe(tr.NumericsProbe):
             "counts": shard_counts(ref.par_shards[step - 1]),
             "cross_sample": cross_sample_modules(par) if step == 1 else None,
             "sharded": sum(1 for p in par.parameters() if hasattr(p, "to_local")),  # DTensor (FSDP-managed) ones
+            "fsdp": _has_fsdp(par) if step == 1 else None,
             "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
         }, accum
 
@@ -426,6 +427,13 @@ def _bits_sum(t: torch.Tensor) -> str:
     if t.dtype == torch.bool or t.is_complex():
         t = t.to(torch.uint8) if t.dtype == torch.bool else torch.view_as_real(t).reshape(-1)
     return f"{int(t.view(_INT_OF_SIZE[t.element_size()]).sum(dtype=torch.int64))}-{t.numel()}"
+
+
+def _has_fsdp(model: torch.nn.Module) -> bool:
+    """Whether any module is FSDP-managed (FSDP2's fully_shard or FSDP1's wrapper)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    return any(isinstance(m, FSDPModule | FullyShardedDataParallel) for m in model.modules())
 
 
 def _rms(model: torch.nn.Module) -> float:
