@@ -49,12 +49,14 @@ def shard_counts(shard: Any) -> dict[str, int]:
     return out
 
 
-def cross_sample_modules(model: torch.nn.Module) -> list[str]:
+def cross_sample_modules(model: torch.nn.Module, limit: int = 8) -> list[str]:
     """Modules whose training-mode forward mixes the samples of the rank's batch: BatchNorm layers
-    (not SyncBatchNorm) in training mode, by name."""
+    (not SyncBatchNorm) in training mode, the first `limit` by name (every rank posts them: a ResNet's
+    fifty norms at 16k ranks would be megabytes for a list the finding cuts to four)."""
     from torch.nn.modules.batchnorm import _BatchNorm
 
     from distdiag.probes.training import canonical_name
 
-    return [canonical_name(name) or "(root)" for name, m in model.named_modules()
-            if isinstance(m, _BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm) and m.training]
+    names = [canonical_name(name) or "(root)" for name, m in model.named_modules()
+             if isinstance(m, _BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm) and m.training]
+    return names[:limit]
