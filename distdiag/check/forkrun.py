@@ -16,6 +16,13 @@ Fork is safe only while CUDA is not initialised in the parent: nothing here touc
 CUDA was initialised anyway, the ranks are spawned instead (fresh interpreters).
 `distdiag check --launch torchrun` (or DISTDIAG_LAUNCH=torchrun) starts each rank as its own
 `python -m distdiag.check`, as before.
+
+What a fork cannot give: each rank its own Python hash seed. A fresh interpreter draws one at
+start (PYTHONHASHSEED unset), so under torchrun the order of a set of strings differs from rank
+to rank; forked ranks keep this process's seed, and the seed cannot be changed after start (every
+string made so far caches its hash: a new seed would break the dicts already built). A bug that
+depends on set or dict order across ranks therefore passes here; the report says so
+(`shared_hash_seed_note`) and points to `--launch torchrun`.
 """
 
 from __future__ import annotations
@@ -27,12 +34,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "split_argv", "world_size", "plan_preloads", "start_method", "RANK_ENTRY"]
+__all__ = [
+    "main", "split_argv", "world_size", "plan_preloads", "start_method", "shared_hash_seed_note", "RANK_ENTRY",
+    "PARENT_HASH_ENV",
+]
 
 log = logging.getLogger(__name__)
 
 RANK_ENTRY = Path(__file__).resolve().with_name("forked_rank.py")
 """The file torchrun's --run-path runs as `__main__` in each forked rank."""
+
+PARENT_HASH_ENV = "DISTDIAG_FORK_PARENT_HASH"
+"""Set by this process for its ranks: its hash of `_HASH_PROBE`. A rank whose own hash of it is
+the same shares this process's hash seed (it was forked; a spawned rank draws its own)."""
+
+_HASH_PROBE = "distdiag.check.forkrun: hash seed"
 
 USAGE = "usage: python -m distdiag.check.forkrun [torchrun options] -- [check options]"
 
@@ -123,6 +139,20 @@ def start_method() -> str:
     return "fork"
 
 
+def shared_hash_seed_note() -> str | None:
+    """The report's note when this rank shares the launching process's Python hash seed where
+    torchrun would give it its own: it was forked (its hash of a probe string is the parent's)
+    and PYTHONHASHSEED does not fix one seed for every process (then torchrun's share it too)."""
+    parent = os.environ.get(PARENT_HASH_ENV, "")
+    if parent != str(hash(_HASH_PROBE)) or os.environ.get("PYTHONHASHSEED", "").strip().isdigit():
+        return None
+    return (
+        "forked ranks share one Python hash seed (torchrun gives each rank its own): a bug that depends on "
+        "set or dict order differing across ranks cannot show here; rerun with `distdiag check --launch "
+        "torchrun` to see it"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Import once, then run torchrun's launcher forking the ranks. Returns 2 for bad input
     (one line, no rank started), else torchrun's status: 1 when a rank failed (the check's
@@ -154,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    os.environ[PARENT_HASH_ENV] = str(hash(_HASH_PROBE))  # the ranks tell from it whether they share the seed
     command = [*torchrun_args, "--run-path", "--start-method", start_method(), str(RANK_ENTRY), *check_args]
     sys.stdout.flush()  # what is buffered now would be written again by every forked rank
     sys.stderr.flush()

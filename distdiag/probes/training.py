@@ -233,8 +233,9 @@ def layout_reason(ctx: Any, probe: str) -> str | None:
         return None
     if target.has("route"):
         return (f"probe '{probe}' does not apply to target {target.spec}: it declares route(), a mixture-of-experts "
-                "layout (checked by moe_routing) whose experts may be split across ranks, with no one-process "
-                "reference; for a dense model, use a target without route()")
+                "layout whose experts may be split across ranks, with no one-process reference; moe_routing "
+                "checks it instead (routing and router state across ranks, before and after training steps, and "
+                "the all_to_all dispatch); for a dense model, use a target without route()")
     sp = [h + "()" for h in ("split_sequence", "parallelize_sp") if target.has(h)]
     if sp and not (target.has("shard_batch") or target.has("parallelize")):
         return (f"probe '{probe}' does not apply to target {target.spec}: it declares a sequence-parallel layout "
