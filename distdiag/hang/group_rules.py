@@ -50,6 +50,12 @@ def pass_ended(p: dict[str, Any]) -> bool:
     return bool(p.get("exhausted")) or (isinstance(length, int) and 0 < length <= p["drawn"])
 
 
+def _longer(p: dict[str, Any], drawn: int) -> bool:
+    """The pass holds more than `drawn` batches: drawn already, or planned (its sampler's length)."""
+    length = p.get("len")
+    return p["drawn"] > drawn or (isinstance(length, int) and length > drawn)
+
+
 def ran_out_first(a: Analysis) -> list[tuple[int, dict[str, Any], list[int], int]]:
     """(rank, its pass that ran out, the peers that drew more from the same pass, the most they
     drew), for ranks whose DataLoader ended while a peer's went on: uneven data, seen where it
@@ -60,11 +66,12 @@ def ran_out_first(a: Analysis) -> list[tuple[int, dict[str, Any], list[int], int
         for key, p in mine.items():
             if not pass_ended(p):
                 continue
-            more = sorted(o for o, theirs in passes.items() if o != r and key in theirs and theirs[key]["drawn"] > p["drawn"])
+            more = sorted(o for o, theirs in passes.items() if o != r and key in theirs and _longer(theirs[key], p["drawn"]))
             # a peer still inside that pass: the rank's data ended while the peer's goes on (a
             # pass every rank finished, however unevenly, is not what the ranks wait on now)
             if more and any(not pass_ended(passes[o][key]) for o in more):
-                found.setdefault(key, []).append((r, p, more, max(passes[o][key]["drawn"] for o in more)))
+                most = max(max(passes[o][key]["drawn"], passes[o][key].get("len") or 0) for o in more)
+                found.setdefault(key, []).append((r, p, more, most))
     out = []
     for rows in found.values():
         fewest = min(p["drawn"] for _, p, _, _ in rows)
@@ -90,8 +97,8 @@ def data_ran_out(a: Analysis) -> None:
             Finding(
                 severity="critical",
                 issue=(f"rank {rank} ran out of data: its DataLoader ({p.get('label', '?')}, pass {p['pass']}) ended "
-                       f"after {p['drawn']} batch(es){steps} while {format_ranks(more)} drew up to {most} from the same "
-                       f"pass{nxt}"),
+                       f"after {p['drawn']} batch(es){steps} while {format_ranks(more)} {'has' if len(more) == 1 else 'have'} "
+                       f"up to {most} in the same pass{nxt}"),
                 evidence="\n".join(x for x in (
                     f"batches drawn from that pass: rank {rank} {p['drawn']} ({'then StopIteration' if p.get('exhausted') else 'all of its length'}); "
                     + ", ".join(f"rank {o} {loader_passes(a.views[o])[(p['loader'], p['pass'])]['drawn']}" for o in more),

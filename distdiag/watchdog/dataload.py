@@ -14,7 +14,7 @@ multi-process: every trainer's loader ends there, Lightning's fetchers, accelera
 DataLoaderShard and the HF Trainer included) and reads torch's own count of the pass's batches
 (`_num_yielded`), so a pass begun before the watchdog was armed (a callback arms it after the
 trainer made its iterator) is counted whole. Per batch it costs one Python call. A loader is
-known by its dataset, numbered in the order this rank first drew from it (SPMD code iterates
+known by its sampler (one per DataLoader), numbered in the order this rank first drew from it (SPMD code iterates
 its loaders in the same order on every rank); a pass is one iterator, or one reset of it. Each rank keeps the last PASSES_KEPT passes of each
 of its first LOADERS_KEPT loaders.
 """
@@ -39,7 +39,8 @@ class LoaderTap:
         """`steps`: a callable giving the rank's step count, stamped on a pass that runs out."""
         self._steps = steps
         self._loaders: dict[int, tuple[int, str, Any]] = {}
-        """id(dataset) -> (its index on this rank, label, the dataset: held so the id stays its own)"""
+        """id(the loader's sampler) -> (its index on this rank, its dataset's type, the sampler:
+        held so the id stays its own)"""
         self._passes: list[dict[str, Any]] = []
         self._counts: dict[int, int] = {}
         """loader index -> passes seen"""
@@ -54,12 +55,15 @@ class LoaderTap:
         record = it.__dict__.get(_MARK)
         if record is not None and drawn >= record["drawn"]:
             return record
-        dataset = getattr(it, "_dataset", None)
-        entry = self._loaders.get(id(dataset))
+        # the loader's own sampler object (its batch sampler, or the constant one of an
+        # IterableDataset): one per DataLoader, where a dataset may serve two (train and val)
+        owner = getattr(it, "_index_sampler", None)
+        entry = self._loaders.get(id(owner))
         if entry is None:
             if len(self._loaders) >= LOADERS_KEPT:
                 return None
-            entry = self._loaders[id(dataset)] = (len(self._loaders), type(dataset).__name__, dataset)
+            dataset = getattr(it, "_dataset", None)
+            entry = self._loaders[id(owner)] = (len(self._loaders), type(dataset).__name__, owner)
         index = entry[0]
         self._counts[index] = self._counts.get(index, 0) + 1
         record = {"loader": index, "label": entry[1], "pass": self._counts[index], "drawn": 0, "exhausted": False}

@@ -72,7 +72,7 @@ def test_a_rank_whose_loader_ran_out_first_is_uneven_data_whatever_it_waits_in()
     findings = run(snaps)
     f = lead(findings)
     assert f.ranks == [2] and f.cause == "uneven_data" and f.confidence >= 0.9, f
-    assert "ended after 25 batch(es)" in f.issue and "drew up to 27" in f.issue
+    assert "ended after 25 batch(es)" in f.issue and "up to 27 in the same pass" in f.issue
     assert [g for g in findings if g.severity in ("critical", "error") and g is not f] == []
 
 
