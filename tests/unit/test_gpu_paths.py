@@ -52,3 +52,114 @@ def test_backend_is_a_check_option() -> None:
     assert parse_config(["--backend", "gloo"]).backend == "gloo"
     with pytest.raises(ConfigError, match="invalid choice"):
         parse_config(["--backend", "mpi"])
+
+
+def test_nccl_start_events_only_when_asked(monkeypatch) -> None:
+    """TORCH_NCCL_ENABLE_TIMING (a start and a timing end event per NCCL collective) is set
+    only when asked, never with the recorder off, and a value the user set is kept."""
+    from distdiag.hang.recorder import FR_BUFFER_ENV, NCCL_TIMING_ENV, enable_recorder
+
+    for name in (FR_BUFFER_ENV, NCCL_TIMING_ENV, "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    import os
+
+    enable_recorder(2000)  # the check, and the watch wrapper by default
+    assert os.environ[FR_BUFFER_ENV] == "2000" and NCCL_TIMING_ENV not in os.environ
+    monkeypatch.delenv(FR_BUFFER_ENV)
+    enable_recorder(0, timing=True)  # --flight-recorder 0 --nccl-timing: nothing at all
+    assert FR_BUFFER_ENV not in os.environ and NCCL_TIMING_ENV not in os.environ
+    enable_recorder(500, timing=True)
+    assert os.environ[NCCL_TIMING_ENV] == "1" and os.environ[FR_BUFFER_ENV] == "500"
+    monkeypatch.setenv(NCCL_TIMING_ENV, "0")
+    enable_recorder(500, timing=True)
+    assert os.environ[NCCL_TIMING_ENV] == "0"
+
+
+def test_watch_asks_for_start_events_by_flag_or_environment(monkeypatch) -> None:
+    from distdiag.watch import build_parser, nccl_timing
+    from distdiag.watchdog.config import WATCHDOG_NCCL_TIMING
+
+    monkeypatch.delenv(WATCHDOG_NCCL_TIMING, raising=False)
+    assert build_parser().parse_args(["--nccl-timing", "x.py"]).nccl_timing is True
+    assert nccl_timing(None) is False and nccl_timing(True) is True
+    monkeypatch.setenv(WATCHDOG_NCCL_TIMING, "1")
+    assert nccl_timing(None) is True
+    monkeypatch.setenv(WATCHDOG_NCCL_TIMING, "yes")
+    assert nccl_timing(None) is False
+
+
+def test_reader_threads_take_the_ranks_gpu_once_cuda_is_up(monkeypatch) -> None:
+    """A thread reading the recorder gets the rank's device (LOCAL_RANK 2 of 4 visible GPUs),
+    once, and only when CUDA is initialised; the main thread's device is never touched. The
+    CUDA answers are stand-ins (no GPU here); the threads are real."""
+    import threading
+
+    import torch
+
+    from distdiag.hang import recorder
+
+    calls: list[int] = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+
+    def reads(times: int) -> None:
+        for _ in range(times):
+            recorder.bind_reader_thread()
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    t = threading.Thread(target=reads, args=(2,))
+    t.start(), t.join()
+    assert calls == []  # CUDA not up: nothing set, nothing initialised
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    t = threading.Thread(target=reads, args=(3,))
+    t.start(), t.join()
+    reads(2)  # the main thread
+    assert calls == [2]
+
+
+def _nccl_snaps() -> dict[int, dict]:
+    """Three ranks' snapshots as the live reader gives them on NCCL: ranks 0 and 1 inside
+    all_reduce #12 on the world, rank 2 never entered it."""
+    from tests.unit.test_engine import history, nccl_dump, snaps_of
+
+    dumps = {r: nccl_dump(12, None, 11, history(12, "scheduled")) for r in (0, 1)}
+    dumps[2] = nccl_dump(11, None, 11, history(11, "completed"))
+    snaps = snaps_of(dumps)
+    for snap in snaps.values():
+        for g in snap["engine"]["groups"]:
+            g["backend"] = "nccl"
+    return snaps
+
+
+@pytest.mark.parametrize("name", ["TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"])
+def test_blocking_wait_makes_the_recorder_view_a_note_not_a_verdict(monkeypatch, name) -> None:
+    """TORCH_NCCL_BLOCKING_WAIT=1: torch hands no NCCL work to its watchdog and the recorder
+    never moves. The check's hang result and the watchdog's say so beside the lead finding and
+    claim no more than BLIND_CONFIDENCE; without the variable (or on gloo) nothing changes."""
+    from distdiag.check.consolidate import hang_result
+    from distdiag.runtime.blind import BLIND_CONFIDENCE, BLOCKING_WAIT_ENVS, blind_spot
+    from distdiag.watchdog.writer import analyse_and_detail
+
+    for other in BLOCKING_WAIT_ENVS:
+        monkeypatch.delenv(other, raising=False)
+    snaps = _nccl_snaps()
+
+    def check_findings():
+        return hang_result("collectives", snaps, {}, {}, 3, timeout_s=30, reason="deadline", duration_s=30).findings
+
+    def watchdog_findings():
+        event = {"kind": "timeout", "rank": 0, "detail": "no progress"}
+        return analyse_and_detail(event, snaps, {}, {}, 3, 30)[0]
+
+    plain = check_findings()
+    assert plain[0].severity == "critical" and plain[0].ranks == [2] and plain[0].confidence > BLIND_CONFIDENCE
+    assert not any(f.cause == "recorder_blind" for f in plain + watchdog_findings())
+    monkeypatch.setenv(name, "1")
+    for findings in (check_findings(), watchdog_findings()):
+        assert findings[0].severity == "critical" and findings[1].cause == "recorder_blind"
+        assert f"{name}=1" in findings[1].issue and "stale" in findings[1].issue
+        assert all(f.confidence <= BLIND_CONFIDENCE for f in findings if f.cause != "recorder_blind")
+    gloo = {r: {**s, "engine": {**s["engine"], "groups": [{**g, "backend": "fr"} for g in s["engine"]["groups"]]}}
+            for r, s in snaps.items()}
+    assert blind_spot(snaps=gloo.values()) is None  # blocking wait is NCCL's: gloo's recorder still moves
