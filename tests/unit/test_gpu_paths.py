@@ -163,3 +163,50 @@ def test_blocking_wait_makes_the_recorder_view_a_note_not_a_verdict(monkeypatch,
     gloo = {r: {**s, "engine": {**s["engine"], "groups": [{**g, "backend": "fr"} for g in s["engine"]["groups"]]}}
             for r, s in snaps.items()}
     assert blind_spot(snaps=gloo.values()) is None  # blocking wait is NCCL's: gloo's recorder still moves
+
+
+def test_collectives_are_timed_once_the_device_is_done(monkeypatch) -> None:
+    """An NCCL call returns when enqueued: the clock is read after the device synchronised,
+    before and after the timed call; on the CPU (gloo returns when done) nothing is waited on."""
+    import torch
+
+    from distdiag.probes.cluster import collectives as C
+
+    synced: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    C.device_clock(torch.device("cpu"))
+    assert synced == []
+    gpu = torch.device("cuda", 1)
+    checker = C._Checker(0, 2, gpu)
+    started = checker.start()
+    checker.timed("all_reduce", started)
+    assert synced == [gpu, gpu] and checker.timings["all_reduce"] >= 0.0
+
+
+def test_the_probe_times_with_its_device(monkeypatch) -> None:
+    """Every timed collective of the probe goes through the device's clock (the world ops and
+    the barrier), with a real comm on one rank: gloo, world 1, no collective issued outside."""
+    import torch
+
+    from distdiag.probes.cluster import collectives as C
+
+    seen: list[torch.device] = []
+    real = C.device_clock
+    monkeypatch.setattr(C, "device_clock", lambda device: seen.append(device) or real(device))
+
+    class OneRankComm:
+        def all_reduce(self, t, op=None, group=None): return None  # noqa: E704, ANN001
+        def broadcast(self, t, src=0): return None  # noqa: E704, ANN001
+        def all_gather(self, outs, t): outs[0].copy_(t)  # noqa: E704, ANN001
+        def all_gather_into_tensor(self, out, t): out.copy_(t)  # noqa: E704, ANN001
+        def reduce_scatter_tensor(self, out, t): out.copy_(t)  # noqa: E704, ANN001
+        def all_to_all_single(self, out, t, a=None, b=None): out.copy_(t)  # noqa: E704, ANN001
+        def send_recv(self, send, dst, recv, src): recv.copy_(send)  # noqa: E704, ANN001
+        def barrier(self): return None  # noqa: E704
+
+    checker = C._Checker(0, 1, torch.device("cpu"))
+    ops = C._WorldOps(OneRankComm(), 0, 1, 8, checker, set(C.OPS), "float32", torch.float32, torch.device("cpu"))
+    ops.reductions(), ops.gathers(), ops.exchanges(barrier=True)
+    assert set(checker.timings) == {"all_reduce", "all_gather", "reduce_scatter_tensor", "barrier"}
+    assert len(seen) == 8 and set(seen) == {torch.device("cpu")}
+    assert checker.failures == []
