@@ -210,3 +210,45 @@ def test_the_probe_times_with_its_device(monkeypatch) -> None:
     assert set(checker.timings) == {"all_reduce", "all_gather", "reduce_scatter_tensor", "barrier"}
     assert len(seen) == 8 and set(seen) == {torch.device("cpu")}
     assert checker.failures == []
+
+
+GIB = 2**30
+
+
+def test_memory_of_other_processes_leaves_this_process_out() -> None:
+    """An 80 GiB GPU read after NCCL's init: 6 GiB used, all of it this process's (torch's cache
+    and its context). Before issue 35 that was "only 74 of 80 GiB free ... another process holds
+    GPU memory" at a 0.95 threshold; now it is nobody else's."""
+    from distdiag.probes.cluster.gpu import OWN_OVERHEAD_BYTES, memory_held_by_others
+
+    total, free = 80 * GIB, 74 * GIB
+    mine = [{"pid": 4242, "used": 6 * GIB}]
+    others, how = memory_held_by_others(total, free, mine, {"pid": 4242, "reserved": 5 * GIB, "cuda_context": True})
+    assert others == 0 and "pid 4242" in how and "left out" in how
+    # Another process beside it: exactly its share.
+    two = mine + [{"pid": 99, "used": 20 * GIB}]
+    others, how = memory_held_by_others(total, 54 * GIB, two, {"pid": 4242, "reserved": 5 * GIB, "cuda_context": True})
+    assert others == 20 * GIB and "pid 99 20.0 GiB" in how
+    # In a container NVML shows host pids (ours is not among them), or no per-process numbers:
+    # torch's reserved memory and the context allowance come off instead.
+    hidden = [{"pid": 777001, "used": 6 * GIB}]
+    for procs in (hidden, None, [{"pid": 4242, "used": None}]):
+        others, how = memory_held_by_others(total, free, procs, {"pid": 4242, "reserved": 5 * GIB, "cuda_context": True})
+        assert others == max(0, 6 * GIB - 5 * GIB - OWN_OVERHEAD_BYTES) and "reserved by torch" in how
+    # Nothing known of this process: all used memory counts, and the evidence says so.
+    assert memory_held_by_others(total, free, None, None) == (6 * GIB, "6.0 GiB used (this process's own share not known)")
+    # No CUDA context in this process (a gloo check with CUDA visible): used memory is others'.
+    assert memory_held_by_others(total, free, None, {"pid": 1, "reserved": 0, "cuda_context": False})[0] == 6 * GIB
+
+
+def test_the_memory_finding_reads_the_other_processes_share() -> None:
+    from distdiag.probes.cluster.gpu import GpuConfig, assess_device
+
+    def findings(free, processes, own):
+        reading = {"memory_total": 80 * GIB, "memory_free": free, "processes": processes, "own": own, "errors": {}}
+        return [f for f in assess_device(reading, GpuConfig(min_free_memory_fraction=0.95), "h cuda:0") if "GiB free" in f["issue"]]
+
+    own = {"pid": 10, "reserved": 5 * GIB, "cuda_context": True}
+    assert findings(74 * GIB, [{"pid": 10, "used": 6 * GIB}], own) == []
+    (f,) = findings(54 * GIB, [{"pid": 10, "used": 6 * GIB}, {"pid": 11, "used": 20 * GIB}], own)
+    assert "only 60.0 of 80.0 GiB free for this job: other processes hold 20.0 GiB" in f["issue"] and "pid 11" in f["evidence"]
