@@ -252,3 +252,38 @@ def test_the_memory_finding_reads_the_other_processes_share() -> None:
     assert findings(74 * GIB, [{"pid": 10, "used": 6 * GIB}], own) == []
     (f,) = findings(54 * GIB, [{"pid": 10, "used": 6 * GIB}, {"pid": 11, "used": 20 * GIB}], own)
     assert "only 60.0 of 80.0 GiB free for this job: other processes hold 20.0 GiB" in f["issue"] and "pid 11" in f["evidence"]
+
+
+def test_ulysses_reference_is_computed_where_the_sharded_attention_is() -> None:
+    """sequence_parallel's Ulysses check on a "GPU" (meta here, one rank: the all_to_all is a
+    copy): the round trip, the sharded attention and the unsharded reference all stay on the
+    device. Before issue 35 the reference ran on the CPU against a 1e-5 absolute tolerance, and
+    the positions' mask stayed on the CPU beside the GPU's scores (which raises)."""
+    import torch
+
+    from distdiag.probes.sequence_parallel.probe import ulysses_attention
+
+    def a2a(out, inp, out_splits=None, in_splits=None, group=None):  # noqa: ANN001 - one rank
+        out.copy_(inp)
+
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 4, 2, 8, generator=gen) for _ in range(3))
+    pos = torch.arange(4)[None]
+    meta = torch.device("meta")
+    back, out, ref = ulysses_attention(q, k, v, pos, slice(0, 4), 1, a2a, meta)
+    assert {back.device, out.device, ref.device} == {meta} and out.shape == ref.shape == (1, 4, 2, 8)
+    back, out, ref = ulysses_attention(q, k, v, pos, slice(0, 4), 1, a2a, torch.device("cpu"))
+    assert torch.equal(back, q) and float((out - ref).abs().max()) <= 1e-5
+
+
+def test_attention_tolerance_follows_the_device_and_tf32(monkeypatch) -> None:
+    import torch
+
+    from distdiag.probes.sequence_parallel.probe import attention_tolerance
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
+    assert not torch.backends.cuda.matmul.allow_tf32  # torch's default
+    assert attention_tolerance(torch.device("cpu")) == 1e-5 and attention_tolerance(gpu) == 1e-4
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")  # TF32 matmuls
+    assert attention_tolerance(gpu) == 1e-2 and attention_tolerance(torch.device("cpu")) == 1e-5
