@@ -2,7 +2,7 @@
 GPU here, issue 35): which GPU a rank takes, when NCCL's start events are turned on, how a
 collective is timed, what GPU memory another process holds, when fork is unsafe, how closely a
 GPU's attention must match, and what a hang report says where the recorder is blind. The GPU
-itself is exercised by benchmarks/gpu_check.sh (docs/benchmarks.md, "GPU check")."""
+itself is exercised by .ci/gpu-check (docs/gpu-check.md)."""
 
 from __future__ import annotations
 
