@@ -126,15 +126,17 @@ def read_device(nvml: Any, handle: Any) -> dict[str, Any]:
     reading["memory_total"] = int(mem.total) if mem is not None else None
     reading["memory_free"] = int(mem.free) if mem is not None else None
     running = getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None)
-    reading["processes"] = None if running is None else get("processes", lambda: [
-        {"pid": int(p.pid), "used": int(p.usedGpuMemory) if isinstance(p.usedGpuMemory, int) else None}
-        for p in running(handle)
-    ])
+    reading["processes"] = None if running is None else get("processes", lambda: _processes(running(handle)))
     persistence = get("persistence_mode", lambda: nvml.nvmlDeviceGetPersistenceMode(handle))
     reading["persistence_mode"] = None if persistence is None else persistence == nvml.NVML_FEATURE_ENABLED
     mig = get("mig_mode", lambda: nvml.nvmlDeviceGetMigMode(handle))
     reading["mig_mode"] = None if mig is None else {"current": bool(mig[0]), "pending": bool(mig[1])}
     return reading
+
+
+def _processes(running: Any) -> list[dict[str, Any]]:
+    """NVML's compute processes as {"pid", "used" (bytes, None where NVML cannot say)}."""
+    return [{"pid": int(p.pid), "used": int(p.usedGpuMemory) if isinstance(p.usedGpuMemory, int) else None} for p in running]
 
 
 def throttle_names(mask: int | None) -> list[str]:
