@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "main", "split_argv", "world_size", "plan_preloads", "start_method", "shared_hash_seed_note", "RANK_ENTRY",
-    "PARENT_HASH_ENV",
+    "main", "split_argv", "world_size", "plan_preloads", "start_method", "cuda_in_parent", "shared_hash_seed_note",
+    "RANK_ENTRY", "PARENT_HASH_ENV",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,18 +117,50 @@ def _note_first_failure(exc: Any) -> None:
         log.debug("could not note the first failure: %s", err)
 
 
+def cuda_in_parent(maps: str | None = None) -> str | None:
+    """Why the CUDA driver is already in use in this process (so a forked rank could not use
+    CUDA), or None: torch initialised CUDA here, or the driver library (libcuda.so) is mapped
+    into the process (`maps`: the text of /proc/self/maps, read when None). torch links only
+    CUDA's runtime and opens the driver at its first CUDA call; a CUDA build imports on a host
+    without a driver, so a mapped libcuda means something asked the driver already: torch, or
+    another library (CuPy, Numba, JAX, a plugin), which torch's own fork check does not see."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return "torch initialised CUDA in this process"
+    except Exception:  # noqa: BLE001 - a torch without the call: the maps still tell
+        pass
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:  # not Linux: torch's own check (start_method) still runs
+            return None
+    for line in maps.splitlines():
+        fields = line.split()
+        path = fields[5] if len(fields) >= 6 else ""
+        if os.path.basename(path).startswith("libcuda.so"):
+            return f"the CUDA driver library is loaded in this process ({path}): a library asked the driver something"
+    return None
+
+
 def start_method() -> str:
-    """fork, unless a forked rank could not use CUDA: torch poisons fork once this process has
-    asked the CUDA driver anything (`torch.cuda.is_available()` does), and a forked rank then
-    raises "Cannot re-initialize CUDA in forked subprocess". Nothing distdiag imports here
-    asks, but a torch release or a plugin might: a child forked now tells (a few ms), and the
-    ranks are spawned instead (fresh interpreters, nothing shared, still correct)."""
+    """fork, unless a forked rank could not use CUDA: once this process has asked the CUDA
+    driver anything (`torch.cuda.is_available()` does; so may another library), a forked rank
+    raises "Cannot re-initialize CUDA in forked subprocess" or worse. Nothing distdiag imports
+    here asks, but a torch release or a plugin might: `cuda_in_parent` looks (is CUDA initialised,
+    is the driver library mapped), then a child forked now asks torch whether it poisoned fork
+    (a few ms); either way the ranks are spawned instead (fresh interpreters, nothing shared,
+    still correct: what `--launch torchrun` does, with the imports paid once per rank)."""
     import torch
 
     if not hasattr(os, "fork"):
         return "spawn"
     if not torch.cuda._is_compiled():
         return "fork"  # a CPU build has no CUDA to lose
+    reason = cuda_in_parent()
+    if reason is not None:
+        log.warning("%s; spawning the ranks instead of forking them (a forked rank could not use CUDA)", reason)
+        return "spawn"
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child only answers
         os._exit(1 if torch.cuda._is_in_bad_fork() else 0)

@@ -42,6 +42,7 @@ from distdiag.hang.views import group_members
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
+from distdiag.runtime.blind import blind_spot, mark_blind
 from distdiag.runtime.gcpause import collector_paused
 from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons
 from distdiag.runtime.keys import Keys
@@ -387,6 +388,7 @@ def analyse_and_detail(
     built once from the typed snapshots (`records`: typed_snapshots(merged), when typed already)."""
     views = build_views(merged, lost, records)
     findings = analyse(event, merged, lost, errors, world, timeout_s, views=views)
+    findings = mark_blind(findings, blind_spot(snaps=merged.values()))  # NCCL blocking wait: the recorder does not move
     return findings, _details(event, merged, lost, errors, world, infos, views=views)
 
 

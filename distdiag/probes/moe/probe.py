@@ -27,6 +27,7 @@ from distdiag.probes.moe.checks import BUILTIN_ROUTER, consolidate_moe
 from distdiag.probes.moe.dispatch import SplitMismatch, SplitRecorder
 from distdiag.report.model import ProbeResult
 from distdiag.report.render import format_ranks
+from distdiag.workloads.base import batch_on
 from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE
 
 __all__ = ["MoeRoutingProbe", "MoeRoutingConfig"]
@@ -264,7 +265,7 @@ class MoeRoutingProbe(Probe):
                     batch = target.make_batch(step + 1)
                     if target.has("shard_batch"):
                         batch = target.shard_batch(batch, ctx.rank, ctx.world_size)
-                    loss = target.loss_fn(model, batch)
+                    loss = target.loss_fn(model, batch_on(model, batch))  # the device contract (docs/targets.md)
                     loss.backward()
                     if opt is not None:
                         opt.step()

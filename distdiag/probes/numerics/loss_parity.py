@@ -102,7 +102,10 @@ def compare_tensors(
         # cost more than the step); the errors sought are far above float32 rounding.
         work = torch.float64 if full.dtype == torch.float64 else torch.float32
         want = _local_slice(full.detach(), mine).to(work)
-        got = tr.local_tensor(mine.detach()).to(work)
+        # On the reference's device: the parallel model trains on the rank's GPU, the reference
+        # where build_model put it (the CPU for the built-in workloads); `got - want` across
+        # devices raises. The copy is one local shard.
+        got = tr.local_tensor(mine.detach()).to(device=want.device, dtype=work)
         if got.shape != want.shape:
             bad.append({"name": name, "abs": _HUGE, "rel": _HUGE, "tol": 0.0,
                         "detail": f"local shape {list(got.shape)} vs reference slice {list(want.shape)}"})
@@ -382,7 +385,7 @@ class LossParityProbe(tr.NumericsProbe):
         """One loss_fn backward on the global batch; the grads are moved out, not copied."""
         opt.zero_grad(set_to_none=True)
         ctx.seed(STEP_SEED + 1)
-        loss = tr.call_hook("loss_fn", hooks.loss_fn, ref, shard)
+        loss = tr.call_loss(hooks, ref, shard)
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
             raise tr.HookError("hook loss_fn must return a scalar tensor that requires grad")
         loss.backward()
