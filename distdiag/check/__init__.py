@@ -17,6 +17,7 @@
     forkrun.py      what they run by default: torch and the planned probes' modules imported
                     once, then torchrun's agent in-process forks the ranks (--run-path)
     forked_rank.py  the file each forked rank starts in (made like a fresh rank, then run.main)
+    hashseed.py     whether a rank shares its launcher's Python hash seed (forked ranks do)
 
 May import distdiag.runtime, distdiag.probes, distdiag.hang, distdiag.report and
 distdiag.errors. Importing this package imports nothing (options.py and config.py stay free
@@ -27,7 +28,7 @@ as `distdiag.check.main` before the check became a package, load run.py on first
 from typing import Any
 
 __all__ = [
-    "config", "consolidate", "finish", "forked_rank", "forkrun", "jobwatch", "launch_end", "launched", "launcher",
+    "config", "consolidate", "finish", "forked_rank", "forkrun", "hashseed", "jobwatch", "launch_end", "launched", "launcher",
     "options", "plan", "run", "target",
     "main", "run_check",
 ]

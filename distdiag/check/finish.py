@@ -19,7 +19,7 @@ from typing import Any
 
 from distdiag.check.config import CheckConfig
 from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
-from distdiag.check.forkrun import shared_hash_seed_note
+from distdiag.check.hashseed import shared_hash_seed_note
 from distdiag.check.launched import cancelled_by, launch_id, note_verdict, noted_rank
 from distdiag.check.plan import Plan
 from distdiag.check.shared_values import resolve_shared
@@ -123,8 +123,7 @@ class RunEnd:
             for r in range(self.info.world_size)
         ]
 
-    def _checked_in(self) -> dict[int, RankInfo]:
-        """The rank table's real entries, not the placeholders (host '?') of ranks that never posted."""
+    def _checked_in(self) -> dict[int, RankInfo]:  # the real rows, not the '?' of ranks that never posted
         return {r: i for r, i in enumerate(self.rank_infos) if i.pid > 0}
 
     def _known_rank_infos(self) -> list[RankInfo]:
@@ -203,9 +202,7 @@ class RunEnd:
             written_by=writer,
         )
         report.launch_id = launch_id()
-        note = shared_hash_seed_note()
-        if note:
-            report.notes.append(note)
+        report.notes.extend(n for n in (shared_hash_seed_note(),) if n)
         return report
 
     # -- write and publish ------------------------------------------------------------------

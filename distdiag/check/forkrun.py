@@ -32,6 +32,8 @@ import logging
 import os
 import sys
 from pathlib import Path
+
+from distdiag.check.hashseed import HASH_PROBE, PARENT_HASH_ENV, shared_hash_seed_note
 from typing import Any
 
 __all__ = [
@@ -44,11 +46,6 @@ log = logging.getLogger(__name__)
 RANK_ENTRY = Path(__file__).resolve().with_name("forked_rank.py")
 """The file torchrun's --run-path runs as `__main__` in each forked rank."""
 
-PARENT_HASH_ENV = "DISTDIAG_FORK_PARENT_HASH"
-"""Set by this process for its ranks: its hash of `_HASH_PROBE`. A rank whose own hash of it is
-the same shares this process's hash seed (it was forked; a spawned rank draws its own)."""
-
-_HASH_PROBE = "distdiag.check.forkrun: hash seed"
 
 USAGE = "usage: python -m distdiag.check.forkrun [torchrun options] -- [check options]"
 
@@ -171,20 +168,6 @@ def start_method() -> str:
     return "fork"
 
 
-def shared_hash_seed_note() -> str | None:
-    """The report's note when this rank shares the launching process's Python hash seed where
-    torchrun would give it its own: it was forked (its hash of a probe string is the parent's)
-    and PYTHONHASHSEED does not fix one seed for every process (then torchrun's share it too)."""
-    parent = os.environ.get(PARENT_HASH_ENV, "")
-    if parent != str(hash(_HASH_PROBE)) or os.environ.get("PYTHONHASHSEED", "").strip().isdigit():
-        return None
-    return (
-        "forked ranks share one Python hash seed (torchrun gives each rank its own): a bug that depends on "
-        "set or dict order differing across ranks cannot show here; rerun with `distdiag check --launch "
-        "torchrun` to see it"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     """Import once, then run torchrun's launcher forking the ranks. Returns 2 for bad input
     (one line, no rank started), else torchrun's status: 1 when a rank failed (the check's
@@ -216,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    os.environ[PARENT_HASH_ENV] = str(hash(_HASH_PROBE))  # the ranks tell from it whether they share the seed
+    os.environ[PARENT_HASH_ENV] = str(hash(HASH_PROBE))  # the ranks tell from it whether they share the seed
     command = [*torchrun_args, "--run-path", "--start-method", start_method(), str(RANK_ENTRY), *check_args]
     sys.stdout.flush()  # what is buffered now would be written again by every forked rank
     sys.stderr.flush()
