@@ -66,11 +66,13 @@ def departure(snap: dict[str, Any]) -> str | None:
     if snap.get("in_loop") is False:
         return f"it left its training loop ({snap.get('loop') or '?'})"
     steps = _step_sites(snap)[1:]
-    if len(steps) < 3:
+    if len(steps) < 2:
         return None
     counts = Counter(tuple(sites) for _, sites in steps[:-1])
     pattern, seen = counts.most_common(1)[0]
-    if seen < 2:
+    # one earlier step in view is enough only when it is all there is (a long step, FSDP's
+    # dozens of collectives, fills the recorder's tail): with more, the pattern must repeat
+    if seen < 2 and len(steps) > 2:
         return None
     for n, (step, sites) in enumerate(steps):
         last = n == len(steps) - 1

@@ -140,3 +140,23 @@ def test_a_pass_drawn_to_its_planned_length_ended_without_a_stopiteration():
              1: {**snap(None, steps=5, in_loop=False, loaders=[{**passes(5, False)[0], "len": 5}]), "phase": "barrier"}}
     f = lead(run(snaps))
     assert f.ranks == [1] and f.cause == "uneven_data", f
+
+
+def test_a_skipped_fsdp_unit_is_named_from_one_earlier_step_in_view():
+    """FSDP issues every all-gather and reduce-scatter from the model's call: one line, many ops.
+    The recorder's tail holds one whole earlier step. Rank 1's step skips an all-gather (a
+    layer left out by a data-dependent branch) and reaches the reduce-scatter at #11 where rank 0
+    is in the all-gather: rank 1 departs from its own step, rank 0 does not."""
+    def hist(step_ops):
+        recs, seq = [], 0
+        for step, ops in enumerate(step_ops):
+            for op in ops:
+                seq += 1
+                recs.append({**coll(op, seq, site="train.py:91 in <module>"), "step": step})
+        return recs
+    full = ["all_gather"] * 3 + ["reduce_scatter"] * 2
+    h0, h1 = hist([full[2:], full, ["all_gather"] * 3]), hist([full[2:], full, ["all_gather"] * 2])
+    snaps = {0: snap(h0[-1], history=h0[:-1]), 1: snap({**coll("reduce_scatter", 11, site="train.py:91 in <module>"),
+                                                         "step": 2}, history=h1)}
+    f = lead(run(snaps))
+    assert f.ranks == [1] and f.cause == "desync", f
