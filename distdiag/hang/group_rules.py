@@ -56,6 +56,14 @@ def _longer(p: dict[str, Any], drawn: int) -> bool:
     return p["drawn"] > drawn or (isinstance(length, int) and length > drawn)
 
 
+def _current(passes: dict[tuple[int, int], dict[str, Any]], key: tuple[int, int]) -> bool:
+    """The rank is still in that pass: it has not asked past its end (StopIteration), and no
+    batch was drawn from another pass since (a validation pass left behind by training is not)."""
+    p = passes[key]
+    last = max((int(q.get("last") or 0) for q in passes.values()), default=0)
+    return not p.get("exhausted") and int(p.get("last") or 0) >= last
+
+
 def ran_out_first(a: Analysis) -> list[tuple[int, dict[str, Any], list[int], int]]:
     """(rank, its pass that ran out, the peers that drew more from the same pass, the most they
     drew), for ranks whose DataLoader ended while a peer's went on: uneven data, seen where it
@@ -67,9 +75,9 @@ def ran_out_first(a: Analysis) -> list[tuple[int, dict[str, Any], list[int], int
             if not pass_ended(p):
                 continue
             more = sorted(o for o, theirs in passes.items() if o != r and key in theirs and _longer(theirs[key], p["drawn"]))
-            # a peer still inside that pass: the rank's data ended while the peer's goes on (a
-            # pass every rank finished, however unevenly, is not what the ranks wait on now)
-            if more and any(not pass_ended(passes[o][key]) for o in more):
+            # a peer still in that pass: the rank's data ended while the peer's goes on (a pass
+            # every rank has left, however unevenly, is not what the ranks wait on now)
+            if more and any(_current(passes[o], key) for o in more):
                 most = max(max(passes[o][key]["drawn"], passes[o][key].get("len") or 0) for o in more)
                 found.setdefault(key, []).append((r, p, more, most))
     out = []

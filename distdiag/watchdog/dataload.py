@@ -42,6 +42,7 @@ class LoaderTap:
         """id(the loader's sampler) -> (its index on this rank, its dataset's type, the sampler:
         held so the id stays its own)"""
         self._passes: list[dict[str, Any]] = []
+        self._draws = 0
         self._counts: dict[int, int] = {}
         """loader index -> passes seen"""
         self._lock = threading.Lock()
@@ -83,6 +84,8 @@ class LoaderTap:
         record = self._record(it)
         if record is not None:
             record["drawn"] = int(getattr(it, "_num_yielded", record["drawn"] + 1))
+            self._draws += 1
+            record["last"] = self._draws  # which pass this rank drew from last: the one it is in
 
     def _ran_out(self, it: Any) -> None:
         record = self._record(it)

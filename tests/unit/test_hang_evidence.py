@@ -160,3 +160,15 @@ def test_a_skipped_fsdp_unit_is_named_from_one_earlier_step_in_view():
                                                          "step": 2}, history=h1)}
     f = lead(run(snaps))
     assert f.ranks == [1] and f.cause == "desync", f
+
+
+def test_a_pass_a_peer_has_left_for_another_is_not_what_it_waits_on():
+    """Rank 1's validation pass was shorter and rank 0 drew its last validation batch (no
+    StopIteration asked: a planned length) but went back to training since: not uneven data."""
+    val0 = {"loader": 1, "label": "Val", "pass": 1, "drawn": 4, "exhausted": False, "len": 4, "last": 5}
+    train0 = {**passes(12, False)[0], "last": 9}
+    val1 = {**val0, "drawn": 3, "len": 3, "last": 4}
+    snaps = {0: snap(coll("all_reduce", 9), loaders=[train0, val0]),
+             1: snap(None, loaders=[{**train0, "drawn": 11, "last": 8}, val1])}
+    f = lead(run(snaps))
+    assert f.ranks == [1] and f.cause != "uneven_data", f
