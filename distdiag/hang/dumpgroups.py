@@ -57,6 +57,14 @@ class OpRecord:
     created_ns: int = 0
     frames: list[str] = field(default_factory=list)
     """'function (file:line)' of the Python caller, innermost first, torch's own frames left out."""
+    order: int = 0
+    """Where the rank recorded it: `record_id` (per process), else its place in the dump."""
+    coll_seq: int = 0
+    """collective_seq_id as recorded (a coalesced batch of send/recv shares its group's number)."""
+    done: bool = False
+    """Its completion was discovered: state 'completed', or `retired` (gloo never says 'completed')
+    unless the state says 'started'."""
+    out_sizes: list[list[int]] | None = None
 
 
 @dataclass
@@ -157,11 +165,20 @@ def _op_of(entry: dict[str, Any]) -> OpRecord:
     dtypes = entry.get("input_dtypes") if op != "recv" else entry.get("output_dtypes")
     return OpRecord(
         op=op or "?", seq=seq if seq is not None else 0, state=str(entry.get("state") or "?"),
-        sizes=[[as_int(x) or 0 for x in s] for s in sizes] if isinstance(sizes, list | tuple) else None,
+        sizes=_shapes(sizes),
         dtypes=[str(d) for d in dtypes] if isinstance(dtypes, list | tuple) else None,
         p2p=p2p, local_peer=local_peer, backend=backend, created_ns=as_int(entry.get("time_created_ns")) or 0,
-        frames=_frames(entry.get("frames")),
+        frames=_frames(entry.get("frames")), order=as_int(entry.get("record_id")) or 0,
+        coll_seq=as_int(entry.get("collective_seq_id")) or 0,
+        # gloo leaves every entry 'scheduled' and marks completion by `retired`; an entry NCCL saw
+        # start and not end ('started') is not done, whatever else it says
+        done=entry.get("state") == "completed" or (entry.get("retired") is True and entry.get("state") != "started"),
+        out_sizes=_shapes(entry.get("output_sizes")),
     )
+
+
+def _shapes(raw: Any) -> list[list[int]] | None:
+    return [[as_int(x) or 0 for x in s] for s in raw] if isinstance(raw, list | tuple) else None
 
 
 def _config_groups(dump: dict[str, Any]) -> dict[str, GroupState]:
@@ -214,7 +231,7 @@ def normalise(rank: int, dump: dict[str, Any]) -> RankDump:
     groups = _config_groups(dump)
     pg_names: dict[str, set[str]] = {}
     entries = dump.get("entries") or []
-    for entry in entries:
+    for i, entry in enumerate(entries):
         pg = entry.get("process_group")
         name = str(pg[0]) if isinstance(pg, list | tuple) and pg else str(entry.get("pg_id", "?"))
         desc = str(pg[1]) if isinstance(pg, list | tuple) and len(pg) > 1 else ""
@@ -222,7 +239,10 @@ def normalise(rank: int, dump: dict[str, Any]) -> RankDump:
             pg_names.setdefault(str(entry.get("pg_id")), set()).add(name)
         g = groups.setdefault(name, GroupState(members=None, name=name, desc=desc))
         g.desc = g.desc or desc
-        g.ops.append(_op_of(entry))
+        op = _op_of(entry)
+        if entry.get("record_id") is None:
+            op.order = i  # older dumps: the order they list entries in
+        g.ops.append(op)
     status = _status_by_name(dump, pg_names)
     for g in groups.values():
         g.p2p_only = bool(g.ops) and all(o.p2p for o in g.ops)

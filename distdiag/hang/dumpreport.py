@@ -12,29 +12,82 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from distdiag.hang.dumpblame import findings_from
 from distdiag.hang.dumpgroups import RankDump, engine_view, group_label, infer_members, normalise, op_text, world_of
 from distdiag.hang.dumps import MAX_RANK, DumpError, load_dump, rank_of
-from distdiag.hang.incident import CAUSE_STALLED, Silence, SilentReason
+from distdiag.hang.frontier import attribute
+from distdiag.hang.incident import SilentReason
 from distdiag.report.model import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
 from distdiag.report.render import format_ranks
 
-__all__ = ["read_dumps", "rank_dumps", "report_from_dumps", "groups_table"]
+__all__ = ["read_dumps", "read_folder", "dump_files", "skipped_line", "rank_dumps", "report_from_dumps", "groups_table"]
 
-NO_DUMP = "no dump file for this rank (it died, or hung before it could write one)"
-
-
-def read_dumps(files: list[Path]) -> dict[int, dict[str, Any]]:
+def read_dumps(files: list[Path], root: Path | None = None) -> dict[int, dict[str, Any]]:
     """rank -> raw dump, one file per rank. Raises DumpError (one line) or OSError."""
+    return read_folder(files, root, skip=False)[0]
+
+
+MAX_FILES = 1 << 20
+"""Files looked at in a dump folder (a job of a million ranks at most, one file each)."""
+
+
+def dump_files(path: Path) -> list[Path]:
+    """The files that may be dumps: `path` itself, or the files in the folder and in its
+    subfolders (one folder per rank, or per host holding its ranks' folders), hidden ones left
+    out, sorted; symlinks to folders are not followed."""
+    if path.is_file():
+        return [path]
+    out: list[Path] = []
+    todo = [(path, 0)]
+    while todo and len(out) <= MAX_FILES:
+        folder, depth = todo.pop()
+        for p in sorted(folder.iterdir()):
+            if p.name.startswith("."):
+                continue
+            if p.is_file():
+                out.append(p)
+            elif p.is_dir() and not p.is_symlink() and depth < 2:
+                todo.append((p, depth + 1))
+    return sorted(out)
+
+
+def read_folder(files: list[Path], root: Path | None = None,
+                skip: bool = True) -> tuple[dict[int, dict[str, Any]], list[tuple[Path, str]]]:
+    """(rank -> raw dump, [(file, why it was skipped)]). With `skip`, a file that is not a
+    readable dump (a log, a README, a broken or refused pickle) is skipped when another file is
+    one; when none is, the first file's problem is raised (DumpError, one line)."""
     dumps: dict[int, dict[str, Any]] = {}
     source: dict[int, Path] = {}
+    skipped: list[tuple[Path, str]] = []
     for file in files:
-        dump = load_dump(file)
-        rank = rank_of(file, dump)
+        try:
+            dump = load_dump(file)
+            rank = rank_of(file, dump, folder_per_rank=root is not None and file.parent != root)
+        except DumpError as exc:
+            if not skip:
+                raise
+            skipped.append((file, str(exc)))
+            continue
         if rank in dumps:
             raise DumpError(f"{source[rank]} and {file} are both dumps of rank {rank}: pass one dump per rank "
                             "(a directory holding both the pickle and the JSON form of a dump has two)")
         dumps[rank], source[rank] = dump, file
-    return dumps
+    if not dumps and skipped:
+        raise DumpError(skipped[0][1])
+    return dumps, skipped
+
+
+def skipped_line(skipped: list[tuple[Path, str]], root: Path) -> str:
+    """One line naming the files that were not read as dumps, and why the first was not."""
+    def name(p: Path) -> str:
+        try:
+            return str(p.relative_to(root)) if p != root else p.name
+        except ValueError:
+            return str(p)
+    names = [name(p) for p, _ in skipped]
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    why = skipped[0][1].replace(str(skipped[0][0]), name(skipped[0][0]))
+    return f"distdiag: skipped {len(names)} file(s) that are not flight-recorder dumps: {shown} ({why})"
 
 
 def rank_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = None) -> tuple[dict[int, RankDump], int, list[str]]:
@@ -117,22 +170,22 @@ def _read_note(dumps: dict[int, RankDump], notes: list[str]) -> Finding:
 
 
 def report_from_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = None) -> Report:
-    """A Report (probe 'flight_recorder') from per-rank raw dumps. Raises DumpError."""
-    from distdiag.hang.rules import analyze_hang
+    """A Report (probe 'flight_recorder') from per-rank raw dumps. Raises DumpError.
+
+    The verdict comes from the recorder's semantics (hang/frontier.py: per group the frontier
+    and who never entered it, each rank's oldest unfinished op, send/recv paired by sender and
+    receiver); the findings name the ranks at the ends of the chains of waits (hang/dumpblame.py)."""
     from distdiag.hang.views import snapshot_details
 
     dumps, world, notes = rank_dumps(raw, world_size)
+    findings = findings_from(attribute(dumps, world), dumps)
+    _dump_wording(findings, dumps, world)
+    findings.append(_read_note(dumps, notes))
     snaps = {
         rank: {"phase": "training", "probe": "the dumped job", "stack": [], "recent": [],
                "engine": engine_view(d, world), "in_collective": None, "place": _where_in_dump(d, world)}
         for rank, d in dumps.items()
     }
-    lost = {r: Silence(SilentReason.NO_DUMP, NO_DUMP) for r in range(world) if r not in dumps}
-    # No deadline was run past: a dump shows positions, not how long a step took.
-    findings = [f for f in analyze_hang(snaps, lost, {}, world, what="the dumped job", timeout_s=0)
-                if f.cause != CAUSE_STALLED]
-    _dump_wording(findings, dumps, world)
-    findings.append(_read_note(dumps, notes))
     details = snapshot_details(snaps)
     for key in ("stacks", "recent_collectives", "recent_collectives_table",
                 "table:collectives per group (torch's flight recorder)"):
