@@ -115,19 +115,17 @@ def as_int(value: Any) -> int | None:
 def _size_problem(obj: Any) -> str | None:
     """Too deep, or too many values (shared ones counted each time they are reached, as every
     later walk over the dump would), counted without recursion and stopping at the limit."""
-    stack, seen = [(obj, 1)], 0
+    stack, seen = [(obj, 1)], 1
     while stack:
         item, d = stack.pop()
-        seen += 1
         if d > _MAX_DEPTH:
             return f"it nests deeper than {_MAX_DEPTH} levels"
+        seen += len(item)
         if seen > MAX_NODES:
             return (f"it holds more than {MAX_NODES:,} values (counting each reuse of a shared one): "
                     "larger than any flight-recorder dump")
-        if isinstance(item, dict):
-            stack.extend((v, d + 1) for v in item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend((v, d + 1) for v in item)
+        values = item.values() if isinstance(item, dict) else item
+        stack.extend((v, d + 1) for v in values if isinstance(v, dict | list | tuple))
     return None
 
 
@@ -196,7 +194,7 @@ def dump_problem(dump: Any) -> str | None:
     """The first field of a dump whose type the analysis cannot use, or None."""
     if not isinstance(dump, dict):
         return f"the dump is a {type(dump).__name__}, not an object"
-    problem = _size_problem(dump)
+    problem = _size_problem(dump) if isinstance(dump, dict) else None
     if problem:
         return problem
     rank = dump.get("rank")

@@ -264,7 +264,7 @@ def _coll_edges(a: Attribution, s: Step, pos: dict[Key, dict[int, _Pos]]) -> lis
 def _terminal_components(a: Attribution) -> list[list[int]]:
     from distdiag.hang.waitfor import _sccs  # the wait-for graph's Tarjan: iterative, no recursion
 
-    ranks = sorted(set(a.edges) | {e.dst for es in a.edges.values() for e in es} | set(a.stale) | a.lost)
+    ranks = sorted(set(a.edges) | {e.dst for es in a.edges.values() for e in es} | set(a.stale) | a.lost | set(a.oldest))
     comps = _sccs(ranks, a.edges)  # type: ignore[arg-type]
     comp_of = {r: i for i, c in enumerate(comps) for r in c}
     return [c for i, c in enumerate(comps) if not {comp_of[e.dst] for r in c for e in a.edges.get(r, [])} - {i}]
@@ -279,7 +279,7 @@ def _end_of_rank(a: Attribution, rank: int, stalls: dict[tuple[Key, object], End
     if s is None:
         return End("idle", [rank]) if rank in waited else None
     if rank in a.fresh:
-        return End("fresh", [rank], s)
+        return End("fresh", [rank], s) if rank in waited else None
     key: tuple[Key, object] = (s.key, tuple(sorted((rank, s.op.peer or 0))) if s.op.p2p else s.op.seq)
     if key in stalls:
         stalls[key].ranks.append(rank)
