@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from distdiag.hang.dumps import as_int
@@ -129,12 +130,17 @@ class RankDump:
 
 def _parse_members(raw: Any) -> Members | None:
     if isinstance(raw, str):
-        found = re.findall(r"-?\d+", raw)
-        values = [int(x) for x in found] if len(found) <= 1 << 20 else []
-    elif isinstance(raw, list | tuple):
-        values = [v for v in (as_int(x) for x in raw) if v is not None]
-    else:
-        values = []
+        return _members_of(raw)
+    values = [v for v in (as_int(x) for x in raw) if v is not None] if isinstance(raw, list | tuple) else []
+    return tuple(sorted(set(values))) if values and min(values) >= 0 else None
+
+
+@lru_cache(maxsize=4096)
+def _members_of(raw: str) -> Members | None:
+    """Members from pg_config's string, parsed once per string: every rank's dump lists the
+    world group's (and its other groups') members again."""
+    found = re.findall(r"-?\d+", raw)
+    values = [int(x) for x in found] if len(found) <= 1 << 20 else []
     return tuple(sorted(set(values))) if values and min(values) >= 0 else None
 
 
@@ -306,12 +312,19 @@ def _mark_twins(dumps: dict[int, RankDump]) -> None:
 
 def group_label(g: GroupState, world: int) -> str:
     """'world', or 'ranks[0,2]', with torch's desc when it is a name (e.g. 'ranks[0,2] (DP)')."""
-    members = g.members or ()
-    base = "world" if members == tuple(range(world)) else "ranks[" + ",".join(str(r) for r in members) + "]"
+    base = _base_label(g.members or (), world)
     desc = g.desc if g.desc not in ("", "undefined", "default_pg") else ""
     if g.twin:
         desc = f"{desc}, group {g.name}" if desc else f"group {g.name}"
     return f"{base} ({desc})" if desc else base
+
+
+@lru_cache(maxsize=1 << 16)
+def _base_label(members: Members, world: int) -> str:
+    """'world' or 'ranks[0,2]', worked out once per group (every member's dump names it)."""
+    if len(members) == world and members == tuple(range(world)):
+        return "world"
+    return "ranks[" + ",".join(str(r) for r in members) + "]"
 
 
 def op_text(o: OpRecord) -> str:

@@ -116,9 +116,10 @@ def groups_table(dumps: dict[int, RankDump], world: int) -> list[dict[str, Any]]
     rows = []
     keyed = sorted({g.key for d in dumps.values() for g in d.groups.values() if g.members},
                    key=lambda k: (-len(k[0]), k))
+    by_rank = {rank: d.by_key() for rank, d in sorted(dumps.items())}  # once per rank, not per group and rank
     for key in keyed:
-        for rank, d in sorted(dumps.items()):
-            g = d.by_key().get(key)
+        for rank, groups in by_rank.items():
+            g = groups.get(key)
             if g is None:
                 continue
             last = g.last

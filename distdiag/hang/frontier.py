@@ -245,17 +245,25 @@ def _p2p_edges(a: Attribution, s: Step) -> list[Edge]:
     return [Edge(s.rank, peer, "queued", s)]
 
 
-def _coll_edges(a: Attribution, s: Step, pos: dict[Key, dict[int, _Pos]]) -> list[Edge]:
-    others = [m for m in s.members if m != s.rank]
-    missing = [m for m in others if m in a.lost or not _entered(pos, s.key, m, s.op.seq)]
+def _coll_edges(a: Attribution, s: Step, pos: dict[Key, dict[int, _Pos]],
+                memo: dict[tuple[Key, int], tuple[list[int], list[int]]]) -> list[Edge]:
+    """Edges to the members that never entered `s`, else to those held by older work of their
+    own. Who they are is the same for every member inside it: worked out once per collective."""
+    at = (s.key, s.op.seq)
+    if at not in memo:
+        missing = [m for m in s.members if m in a.lost or not _entered(pos, s.key, m, s.op.seq)]
+        held = [] if missing else [m for m in s.members if _held(a, m, s)]
+        memo[at] = (missing, held)
+    missing, held = memo[at]
     if missing:
-        return [Edge(s.rank, m, "missing", s) for m in missing]
-    held = []
-    for m in others:
-        o = a.oldest.get(m)
-        if m in a.stale or o is None or o.key != s.key or o.op.seq != s.op.seq:
-            held.append(Edge(s.rank, m, "queued", s))
-    return held
+        return [Edge(s.rank, m, "missing", s) for m in missing if m != s.rank]
+    return [Edge(s.rank, m, "queued", s) for m in held if m != s.rank]
+
+
+def _held(a: Attribution, member: int, s: Step) -> bool:
+    """The member entered `s` but something older of its own comes first (or its record is stale)."""
+    o = a.oldest.get(member)
+    return member in a.stale or o is None or o.key != s.key or o.op.seq != s.op.seq
 
 
 # -- 6. where the chains end -----------------------------------------------------------------------
@@ -373,10 +381,11 @@ def attribute(dumps: dict[int, RankDump], world: int) -> Attribution:
         if o is not None:
             a.oldest[r] = o
     a.fresh = _fresh(a.oldest)
+    memo: dict[tuple[Key, int], tuple[list[int], list[int]]] = {}
     for r, s in sorted(a.oldest.items()):
         if r in a.stale or r in a.fresh:
             continue
-        edges = _p2p_edges(a, s) if s.op.p2p else _coll_edges(a, s, pos)
+        edges = _p2p_edges(a, s) if s.op.p2p else _coll_edges(a, s, pos, memo)
         if edges:
             a.edges[r] = edges
     _ends(a)
