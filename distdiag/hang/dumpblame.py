@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from distdiag.hang.dumpgroups import RankDump, group_label, op_text
-from distdiag.hang.frontier import Attribution, Edge, End, Step
+from distdiag.hang.frontier import Attribution, Edge, End, Step, kernel_started
 from distdiag.hang.incident import SilentReason
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -131,6 +131,22 @@ def _no_dump(a: Attribution, end: End) -> Finding:
     )
 
 
+def _not_started(a: Attribution, end: End) -> Finding:
+    r = end.ranks[0]
+    s = end.step
+    assert s is not None
+    started = sorted(m for m in s.members if m != r and (o := a.oldest.get(m)) is not None and kernel_started(a, o))
+    return Finding(
+        severity="critical", ranks=[r], confidence=0.7, cause="not_started",
+        issue=(f"rank {r} enqueued {s.text} but never started it, while {format_ranks(started)} did: its GPU stream "
+               "is still busy with earlier work of its own"),
+        evidence="NCCL's timing is on ('started' recorded): every member entered the collective, only this one's "
+                 "kernel has not begun" + _behind_them(a, end),
+        fix=(f"look at what rank {r} queued before this collective: a long or hung kernel, or a collective on another "
+             "group that waits on its own peers (py-spy dump --native on the rank, nvidia-smi for a busy GPU)"),
+    )
+
+
 def _stall(end: End) -> Finding:
     s = end.step
     assert s is not None
@@ -214,7 +230,7 @@ def _stranded(a: Attribution) -> Finding | None:
     )
 
 
-_ORDER = {"no_dump": 0, "stale": 1, "idle": 2, "deadlock": 3, "mismatch": 4, "stall": 5, "fresh": 6}
+_ORDER = {"no_dump": 0, "stale": 1, "idle": 2, "not_started": 3, "deadlock": 4, "mismatch": 5, "stall": 6, "fresh": 7}
 
 
 def findings_from(a: Attribution, dumps: dict[int, RankDump]) -> list[Finding]:
@@ -227,6 +243,8 @@ def findings_from(a: Attribution, dumps: dict[int, RankDump]) -> list[Finding]:
             out.append(_stale(a, end))
         elif end.kind == "no_dump":
             out.append(_no_dump(a, end))
+        elif end.kind == "not_started":
+            out.append(_not_started(a, end))
         elif end.kind == "stall":
             out.append(_stall(end))
         elif end.kind == "mismatch":

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from distdiag.hang.dumpgroups import GroupState, OpRecord, RankDump, group_label, op_text
 
-__all__ = ["FRESH_S", "STALE_OPS", "Step", "Edge", "End", "Attribution", "attribute", "sizes_may_differ"]
+__all__ = ["FRESH_S", "STALE_OPS", "Step", "Edge", "End", "Attribution", "attribute", "kernel_started", "sizes_may_differ"]
 
 FRESH_S = 5.0
 """An op younger than this at dump time (the newest `time_created_ns` of any rank) is in flight."""
@@ -78,7 +78,7 @@ class Edge:
 @dataclass
 class End:
     kind: str
-    """no_dump | stale | idle | fresh | stall | mismatch | deadlock."""
+    """no_dump | stale | idle | not_started | fresh | stall | mismatch | deadlock."""
     ranks: list[int]
     step: Step | None = None
     cycle: list[Edge] = field(default_factory=list)
@@ -99,6 +99,8 @@ class Attribution:
     """Stranded rank -> its shortest chain of waits to an end."""
     fresh: set[int] = field(default_factory=set)
     lost: set[int] = field(default_factory=set)
+    pos: dict[Key, dict[int, _Pos]] = field(default_factory=dict)
+    """Per group, each member's position on its collective sequence."""
 
     def culprits(self) -> list[int]:
         return sorted({r for e in self.ends if e.kind not in ("stall", "fresh") for r in e.ranks})
@@ -113,6 +115,7 @@ class _Pos:
 
     enqueued: int | None
     completed: int | None
+    started: int | None = None
 
 
 # -- 1-2. each rank's ops, in order, with completion -------------------------------------------
@@ -161,7 +164,7 @@ def _position(g: GroupState) -> _Pos:
         return _Pos(None, None)
     if done is not None:
         comp = done if comp is None else max(comp, done)
-    return _Pos(enq, comp)
+    return _Pos(enq, comp, g.started if g.position_from == "pg_status" else None)
 
 
 def _positions(dumps: dict[int, RankDump]) -> dict[Key, dict[int, _Pos]]:
@@ -263,7 +266,27 @@ def _coll_edges(a: Attribution, s: Step, pos: dict[Key, dict[int, _Pos]],
 def _held(a: Attribution, member: int, s: Step) -> bool:
     """The member entered `s` but something older of its own comes first (or its record is stale)."""
     o = a.oldest.get(member)
-    return member in a.stale or o is None or o.key != s.key or o.op.seq != s.op.seq
+    if member in a.stale or o is None or o.key != s.key or o.op.seq != s.op.seq:
+        return True
+    return _not_started(a, o)
+
+
+def kernel_started(a: Attribution, o: Step) -> bool | None:
+    """Whether the rank's kernel started the op: pg_status's last started where NCCL's timing
+    records it, else the entry's state; None when nothing says."""
+    p = a.pos.get(o.key, {}).get(o.rank)
+    if p is not None and p.started is not None:
+        return p.started >= o.op.seq
+    return {"started": True, "scheduled": False}.get(o.op.state)
+
+
+def _not_started(a: Attribution, o: Step) -> bool:
+    """With NCCL's timing on ('started' recorded), a member whose kernel never started the op
+    that others started: its GPU stream is busy with older work of its own."""
+    if o.op.p2p or kernel_started(a, o) is not False:
+        return False
+    return any((x := a.oldest.get(m)) is not None and x.key == o.key and x.op.seq == o.op.seq
+               and kernel_started(a, x) for m in o.members if m != o.rank)
 
 
 # -- 6. where the chains end -----------------------------------------------------------------------
@@ -288,6 +311,8 @@ def _end_of_rank(a: Attribution, rank: int, stalls: dict[tuple[Key, object], End
         return End("idle", [rank]) if rank in waited else None
     if rank in a.fresh:
         return End("fresh", [rank], s) if rank in waited else None
+    if _not_started(a, s):
+        return End("not_started", [rank], s)
     key: tuple[Key, object] = (s.key, tuple(sorted((rank, s.op.peer or 0))) if s.op.p2p else s.op.seq)
     if key in stalls:
         stalls[key].ranks.append(rank)
@@ -372,7 +397,7 @@ def attribute(dumps: dict[int, RankDump], world: int) -> Attribution:
     steps = {r: _rank_steps(rd, world) for r, rd in dumps.items()}
     pos = _positions(dumps)
     top = _completed_anywhere(pos)
-    a = Attribution(world, steps, {}, {}, {}, [], {}, {}, lost={r for r in range(world) if r not in dumps})
+    a = Attribution(world, steps, {}, {}, {}, [], {}, {}, lost={r for r in range(world) if r not in dumps}, pos=pos)
     for r, ss in steps.items():
         stale = _stale(ss, top, pos)
         if stale:
