@@ -22,11 +22,12 @@ from distdiag.cli.options import FormatOpt, check_format, fail
 __all__ = ["register", "report_from_dumps", "dump_problem"]
 
 
-def report_from_dumps(dumps: dict[int, dict[str, Any]], world_size: int | None = None) -> Any:
+def report_from_dumps(dumps: dict[int, dict[str, Any]], world_size: int | None = None,
+                      others: dict[str, dict[int, dict[str, Any]]] | None = None) -> Any:
     """A Report from rank -> raw dump (distdiag.hang.dumpreport); raises ValueError."""
     from distdiag.hang.dumpreport import report_from_dumps as build
 
-    return build(dumps, world_size)
+    return build(dumps, world_size, others)
 
 
 def dump_problem(dump: Any) -> str | None:
@@ -89,10 +90,10 @@ def hang_report(
         raise fail(f"{path} holds no {REPORT_NAME} and no flight-recorder dumps")
     del trust_pickle  # accepted for old scripts: pickle dumps are read without running code now
     try:
-        dumps, skipped = read_folder(files, path if path.is_dir() else None)
+        dumps, skipped, others = read_folder(files, path if path.is_dir() else None)
         if skipped:
             typer.echo(skipped_line(skipped, path), err=True)
-        report = report_from_dumps(dumps, world_size)
+        report = report_from_dumps(dumps, world_size, others)
     except ValueError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:

@@ -9,6 +9,7 @@ recorder saw (send/recv included) and every rank, the last op with its sizes and
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from distdiag.hang.incident import SilentReason
 from distdiag.report.model import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
 from distdiag.report.render import format_ranks
 
-__all__ = ["read_dumps", "read_folder", "dump_files", "skipped_line", "rank_dumps", "report_from_dumps", "groups_table"]
+__all__ = ["read_dumps", "read_folder", "recorder_of", "dump_files", "skipped_line", "rank_dumps", "report_from_dumps", "groups_table"]
 
 def read_dumps(files: list[Path], root: Path | None = None) -> dict[int, dict[str, Any]]:
     """rank -> raw dump, one file per rank. Raises DumpError (one line) or OSError."""
@@ -51,13 +52,28 @@ def dump_files(path: Path) -> list[Path]:
     return sorted(out)
 
 
+Raw = dict[int, dict[str, Any]]
+
+
+def recorder_of(dump: dict[str, Any]) -> str:
+    """Which recorder wrote a dump: NCCL's and gloo's each number their own groups and write
+    their own file ('nccl', 'gloo', ...: the prefix of its entries' names), '?' when it says not."""
+    names = Counter(str(e.get("profiling_name", "")).partition(":")[0] for e in dump.get("entries") or []
+                    if ":" in str(e.get("profiling_name", "")))
+    if names:
+        return names.most_common(1)[0][0]
+    return "nccl" if dump.get("comm_lib_version") or dump.get("nccl_version") else "?"
+
+
 def read_folder(files: list[Path], root: Path | None = None,
-                skip: bool = True) -> tuple[dict[int, dict[str, Any]], list[tuple[Path, str]]]:
-    """(rank -> raw dump, [(file, why it was skipped)]). With `skip`, a file that is not a
-    readable dump (a log, a README, a broken or refused pickle) is skipped when another file is
-    one; when none is, the first file's problem is raised (DumpError, one line)."""
-    dumps: dict[int, dict[str, Any]] = {}
-    source: dict[int, Path] = {}
+                skip: bool = True) -> tuple[Raw, list[tuple[Path, str]], dict[str, Raw]]:
+    """(rank -> raw dump, [(file, why it was skipped)], other recorder -> rank -> raw dump).
+
+    With `skip`, a file that is not a readable dump (a log, a README, a broken or refused pickle)
+    is skipped when another file is one; when none is, the first file's problem is raised
+    (DumpError, one line). Dumps of one rank by two recorders (NCCL's and gloo's) are kept apart:
+    the recorder with most dumps comes first, the others are returned by name."""
+    found: list[tuple[int, str, dict[str, Any], Path]] = []
     skipped: list[tuple[Path, str]] = []
     for file in files:
         try:
@@ -68,13 +84,23 @@ def read_folder(files: list[Path], root: Path | None = None,
                 raise
             skipped.append((file, str(exc)))
             continue
-        if rank in dumps:
-            raise DumpError(f"{source[rank]} and {file} are both dumps of rank {rank}: pass one dump per rank "
-                            "(a directory holding both the pickle and the JSON form of a dump has two)")
-        dumps[rank], source[rank] = dump, file
-    if not dumps and skipped:
+        found.append((rank, recorder_of(dump), dump, file))
+    if not found and skipped:
         raise DumpError(skipped[0][1])
-    return dumps, skipped
+    by: dict[str, dict[int, tuple[dict[str, Any], Path]]] = defaultdict(dict)
+    counts = Counter(rec for _, rec, _, _ in found if rec != "?")
+    # most dumps first; on a tie NCCL's (its pg_config carries the members)
+    order = sorted(counts, key=lambda rec: (-counts[rec], rec != "nccl", rec)) or ["?"]
+    for rank, rec, dump, file in found:
+        place = next((r for r in order if rank not in by[r]), None) if rec == "?" else rec
+        if place is None or rank in by[place]:
+            first = next(by[r][rank][1] for r in order if rank in by[r])
+            raise DumpError(f"{first} and {file} are both dumps of rank {rank}: pass one dump per rank "
+                            "(a directory holding both the pickle and the JSON form of a dump has two)")
+        by[place][rank] = (dump, file)
+    sets = {rec: {rank: d for rank, (d, _) in by[rec].items()} for rec in order if by[rec]}
+    main = sets.pop(order[0], {})
+    return main, skipped, sets
 
 
 def skipped_line(skipped: list[tuple[Path, str]], root: Path) -> str:
@@ -170,16 +196,32 @@ def _read_note(dumps: dict[int, RankDump], notes: list[str]) -> Finding:
                    f"(dump version {'/'.join(versions)}{lib})", evidence="\n".join([how, *notes]))
 
 
-def report_from_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = None) -> Report:
+def _other_recorder(name: str, raw: Raw, ranks: list[int], world: int) -> list[Finding]:
+    """Findings from a second recorder's dumps (gloo beside NCCL): analysed apart, its groups and
+    sequence numbers its own; a rank with no dump of it recorded nothing there."""
+    whole = {r: raw.get(r, {"version": "2.10", "entries": []}) for r in sorted(set(ranks) | set(raw))}
+    dumps, _, _ = rank_dumps(whole, world)
+    found = findings_from(attribute(dumps, world), dumps)
+    for f in found:
+        f.issue = f"{name} recorder: {f.issue}"
+    return found
+
+
+def report_from_dumps(raw: Raw, world_size: int | None = None, others: dict[str, Raw] | None = None) -> Report:
     """A Report (probe 'flight_recorder') from per-rank raw dumps. Raises DumpError.
 
     The verdict comes from the recorder's semantics (hang/frontier.py: per group the frontier
     and who never entered it, each rank's oldest unfinished op, send/recv paired by sender and
-    receiver); the findings name the ranks at the ends of the chains of waits (hang/dumpblame.py)."""
+    receiver); the findings name the ranks at the ends of the chains of waits (hang/dumpblame.py).
+    `others`: dumps of the same job by another recorder (gloo's beside NCCL's), analysed apart."""
     from distdiag.hang.views import snapshot_details
 
     dumps, world, notes = rank_dumps(raw, world_size)
     findings = findings_from(attribute(dumps, world), dumps)
+    for name, extra in sorted((others or {}).items()):
+        findings += _other_recorder(name, extra, sorted(dumps), world)
+        notes.append(f"{len(extra)} dump(s) by the {name} recorder, analysed apart (its groups and numbers are its own)")
+    findings.sort(key=lambda f: f.severity not in ("critical", "error"))
     _dump_wording(findings, dumps, world)
     findings.append(_read_note(dumps, notes))
     snaps = {

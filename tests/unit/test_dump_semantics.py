@@ -270,3 +270,33 @@ def test_a_huge_memo_index_is_no_allocation(tmp_path):
     (tmp_path / "nccl_trace_rank_0").write_bytes(b"\x80\x02}r\xff\xff\xff\x7f.")
     out = CliRunner().invoke(app, ["hang-report", str(tmp_path)])
     assert out.exit_code == 2 and "no 'entries'" in out.output, out.output
+
+
+def _gloo_dump(seqs_done: int, pending: int | None) -> dict:
+    """gloo's dump as torch 2.13 writes it: every entry 'scheduled', completion only as `retired`,
+    no membership in pg_config (its placeholder row), pg_status keyed by its own pg_id."""
+    entries = [{"record_id": s, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": s,
+                "p2p_seq_id": 0, "op_id": s, "profiling_name": "gloo:all_reduce", "time_created_ns": NOW + s,
+                "input_sizes": [[4]], "input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"],
+                "state": "scheduled", "retired": s <= seqs_done, "timeout_ms": 600000, "is_p2p": False}
+               for s in range(1, (pending or seqs_done) + 1)]
+    last = pending or seqs_done
+    return {"version": "2.10", "comm_lib_version": "", "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}},
+            "pg_status": {"0": {"last_enqueued_collective": last, "last_started_collective": -1,
+                                "last_completed_collective": seqs_done}}, "entries": entries}
+
+
+def test_nccl_and_gloo_recorders_of_one_rank_are_kept_apart(tmp_path):
+    """Each rank left an NCCL dump (nothing pending) and a gloo dump (the default group's gloo
+    side: rank 0 inside all_reduce #3, rank 1 never entered it). Both recorders number group '0'
+    from 1: read together they would mix; kept apart, rank 1 is named by the gloo recorder."""
+    job = Job(2)
+    for r in range(2):
+        job.op(r, "0", "all_reduce", 40, "completed")
+        job.position(r, "0", 40, 40)
+    job.write(tmp_path)
+    (tmp_path / "gloo_trace_rank_0.json").write_text(json.dumps(_gloo_dump(2, 3)))
+    (tmp_path / "gloo_trace_rank_1.json").write_text(json.dumps(_gloo_dump(2, None)))
+    findings, err = _report(tmp_path)
+    assert _blamed(findings) == [1] and not err, (findings, err)
+    assert findings[0]["issue"].startswith("gloo recorder: rank 1 never entered all_reduce #3 on world"), findings[0]
