@@ -4,14 +4,16 @@ torch writes one file per rank, `<prefix><rank>` (TORCH_FR_DUMP_TEMP_FILE, or NC
 TORCH_NCCL_DEBUG_INFO_TEMP_FILE, default `/tmp/nccl_trace_rank_`), in pickle by default and
 in JSON on request (`_dump_fr_trace_json`). Both are read here:
 
-- pickle through an unpickler that admits no global at all (`find_class` and
+- pickle through the pure-Python unpickler (its memo a dict, so no index can make it allocate)
+  admitting no global at all (`find_class` and
   `persistent_load` refuse): torch's dumps hold only dicts, lists, tuples, str, int, float,
   bool and None, so they load as they are, while a file that would call anything (REDUCE,
   BUILD, INST... all need a global first) is refused in one line before anything runs;
 - JSON as it is.
 
-Every field the analysis reads is type-checked first (`dump_problem`), so a wrong type is
-one line, never a traceback. Dump versions 2.2 to 2.10 differ in fields that are added, not
+Every field the analysis reads is type-checked first (`dump_problem`), after a bound on depth
+and on values reached (a shared value counted each time: a "memo bomb"), so a wrong type or a
+hostile file is one line, never a traceback or a walk that does not end. Dump versions 2.2 to 2.10 differ in fields that are added, not
 changed (`nccl_version` became `comm_lib_version`; `pg_status`, `is_p2p`, `frames` appear on
 the way; gloo writes numbers as strings): hang/dumpgroups.py reads them all. Torch-free.
 """
