@@ -28,7 +28,7 @@ Pure and torch-free; linear in entries (plus groups x members).
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 from distdiag.hang.dumpgroups import GroupState, OpRecord, RankDump, group_label, op_text
@@ -129,9 +129,17 @@ def _coalesced_states(g: GroupState) -> None:
     """Per-op entries of a coalesced batch have no events and stay 'scheduled' for ever: they
     take the state of the batch's closing entry (same group, same sequence number)."""
     closers = {(o.p2p, o.seq): o.done for o in g.ops if _is_closer(o)}
+    batch = Counter((o.p2p, o.seq) for o in g.ops if not _is_closer(o))
     for o in g.ops:
-        if not _is_closer(o) and (o.p2p, o.seq) in closers:
+        if _is_closer(o):
+            continue
+        if (o.p2p, o.seq) in closers:
             o.done = closers[(o.p2p, o.seq)]
+        elif batch[(o.p2p, o.seq)] > 1:
+            # a batch (its ops share one number) without its closing entry: an only-active dump
+            # left the closer out because it completed, or the batch is still being issued (its
+            # kernels start at the close): either way its ops wait on no peer
+            o.done = True
 
 
 def _rank_steps(rd: RankDump, world: int) -> list[Step]:

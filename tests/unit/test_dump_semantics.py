@@ -187,6 +187,20 @@ def test_coalesced_per_op_entries_take_the_closing_state(tmp_path):
     assert "never entered all_reduce #4 on world" in findings[0]["issue"], findings[0]
 
 
+def test_a_completed_batch_left_in_an_only_active_dump_waits_on_nobody(tmp_path):
+    """An only-active dump leaves out the batch's completed closing entry, but its per-op entries
+    (no events: 'scheduled' for ever) stay listed: they are not pending sends that wait on rank 1."""
+    job = Job(2)
+    for r, ops in ((0, ("send 0->1", "recv 0<-1")), (1, ("recv 1<-0", "send 1->0"))):
+        for way in ops:
+            job.op(r, "0", way, p2p_seq=9)
+    job.op(0, "0", "all_reduce", 4)
+    job.write(tmp_path)
+    findings, _ = _report(tmp_path)
+    assert _blamed(findings) == [1], findings
+    assert "never entered all_reduce #4 on world" in findings[0]["issue"], findings[0]
+
+
 def test_an_op_seconds_old_at_dump_time_is_in_flight(tmp_path):
     """Ranks 0-1 wait in an all_reduce for 60 s that rank 2 never entered; rank 2 is inside an
     all_gather on another group created 0.5 s before the dump: it was still issuing work, so it is
