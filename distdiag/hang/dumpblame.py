@@ -184,6 +184,21 @@ def _mismatch(a: Attribution, end: End) -> Finding:
     )
 
 
+def _record_desync(s: Step, by: dict[str, list[int]], stalled: bool) -> Finding:
+    sides = sorted(by.items(), key=lambda kv: len(kv[1]))
+    odd = sides[0][1] if len(sides[0][1]) < len(sides[1][1]) else []
+    return Finding(
+        severity="critical" if odd or stalled else "error", ranks=odd, confidence=0.7 if odd else 0.5,
+        cause="desync",
+        issue=f"desync on {s.label} at #{s.op.seq}: the members recorded different collectives there: "
+              + "; ".join(f"{format_ranks(rs)} {k}" for k, rs in sides),
+        evidence="each rank's recorder lists its collectives on the group by sequence number; at this number they "
+                 "differ" + ("" if odd else " (no majority: the dump does not say which side departed)"),
+        fix="every rank must issue the same collectives in the same order with matching shapes: look at the call "
+            "sites of these ops for a rank-dependent branch",
+    )
+
+
 def _deadlock(a: Attribution, end: End) -> Finding:
     return Finding(
         severity="critical", ranks=sorted(end.ranks), confidence=0.7, cause="deadlock",
@@ -253,6 +268,10 @@ def findings_from(a: Attribution, dumps: dict[int, RankDump]) -> list[Finding]:
             out.append(_deadlock(a, end))
         elif end.kind == "fresh":
             out.append(_fresh(a, end))
+    mismatched = {(e.step.key, e.step.op.seq) for e in a.ends if e.kind == "mismatch" and e.step is not None}
+    for s, by in a.desyncs[:3]:
+        if (s.key, s.op.seq) not in mismatched:  # a desync the members are still inside is named above
+            out.append(_record_desync(s, by, bool(a.chains)))
     lost = [f for f in out if f.cause == SilentReason.NO_DUMP.cause]
     if len(lost) > 1:  # one finding for every rank without a dump
         merged = sorted(r for f in lost for r in f.ranks)

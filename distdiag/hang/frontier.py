@@ -101,6 +101,9 @@ class Attribution:
     lost: set[int] = field(default_factory=set)
     pos: dict[Key, dict[int, _Pos]] = field(default_factory=dict)
     """Per group, each member's position on its collective sequence."""
+    desyncs: list[tuple[Step, dict[str, list[int]]]] = field(default_factory=list)
+    """Collectives the members recorded differently at one sequence number: (one member's
+    entry, what each recorded -> ranks), the earliest per group."""
 
     def culprits(self) -> list[int]:
         return sorted({r for e in self.ends if e.kind not in ("stall", "fresh") for r in e.ranks})
@@ -163,6 +166,10 @@ def _position(g: GroupState) -> _Pos:
     colls = [o for o in g.ops if not o.p2p and not _is_closer(o)]
     done = max((o.seq for o in colls if o.done), default=None)
     if g.position_from == "pg_status" and not g.p2p_only:
+        enq, comp = g.enqueued, g.completed
+    elif g.completion_unknown and colls and done is None:
+        # no completion recorded at all (no pg_status, no state, no `retired`): each rank's last
+        # recorded collective on the group is taken as the one it is in
         enq, comp = g.enqueued, g.completed
     elif colls:
         pending = [o.seq for o in colls if not o.done]
@@ -400,6 +407,31 @@ def _ends(a: Attribution) -> None:
             a.end_of[r] = e
 
 
+def _what(s: Step) -> str:
+    """What must match across the members at one sequence number: the op, and its sizes and
+    dtypes unless they differ by design (all_to_all, gather, scatter)."""
+    if sizes_may_differ(s.op.op):
+        return s.op.op
+    return f"{s.op.op} {s.op.sizes} {','.join(s.op.dtypes or [])}"
+
+
+def _record_desyncs(steps: dict[int, list[Step]]) -> list[tuple[Step, dict[str, list[int]]]]:
+    """Per group, the first sequence number whose collective the members recorded differently
+    (completed or not: an all_gather where the others all-reduced may complete, silently wrong)."""
+    seen: dict[tuple[Key, int], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    first: dict[tuple[Key, int], Step] = {}
+    for r, ss in steps.items():
+        for s in ss:
+            if not s.op.p2p:
+                seen[(s.key, s.op.seq)][_what(s)].append(r)
+                first.setdefault((s.key, s.op.seq), s)
+    out: dict[Key, tuple[int, Step, dict[str, list[int]]]] = {}
+    for (key, seq), by in seen.items():
+        if len(by) > 1 and (key not in out or seq < out[key][0]):
+            out[key] = (seq, first[(key, seq)], {k: sorted(v) for k, v in by.items()})
+    return [(s, by) for _, s, by in sorted(out.values(), key=lambda x: (x[1].label, x[0]))]
+
+
 def attribute(dumps: dict[int, RankDump], world: int) -> Attribution:
     """The wait-for graph of a dumped job, from the engine's semantics (see the module doc)."""
     steps = {r: _rank_steps(rd, world) for r, rd in dumps.items()}
@@ -423,4 +455,5 @@ def attribute(dumps: dict[int, RankDump], world: int) -> Attribution:
             a.edges[r] = edges
     _ends(a)
     _chains(a)
+    a.desyncs = _record_desyncs(steps)
     return a
