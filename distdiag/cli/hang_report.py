@@ -1,10 +1,11 @@
 """`distdiag hang-report DIR`: render the watchdog's report, or analyse flight-recorder dumps.
 
 DIR (or a file) holding hang-report.json is rendered as the watchdog printed it. Otherwise
-every file in DIR is read as one rank's flight-recorder dump (rank = the trailing digits of
-its `rank` field, else the number ending its name, torch's `<prefix><rank>` naming): pickle
-(torch's default) through an unpickler that loads plain data only, or JSON
-(distdiag/hang/dumps.py). The dumps become a report of the same form: groups by their
+every file in DIR (and in its subfolders: one folder per rank) is read as one rank's
+flight-recorder dump (rank = its `rank` field, else the number ending its name, torch's
+`<prefix><rank>` naming, host-prefixed or not, else its folder's): pickle (torch's default)
+through an unpickler that loads plain data only, or JSON (distdiag/hang/dumps.py). Files
+that are not dumps (a log, a README) are skipped, with one line on stderr naming them. The dumps become a report of the same form: groups by their
 members, which rank stopped early on which group, where ranks recorded different
 collectives at the same sequence (distdiag/hang/dumpreport.py).
 """
@@ -21,11 +22,12 @@ from distdiag.cli.options import FormatOpt, check_format, fail
 __all__ = ["register", "report_from_dumps", "dump_problem"]
 
 
-def report_from_dumps(dumps: dict[int, dict[str, Any]], world_size: int | None = None) -> Any:
+def report_from_dumps(dumps: dict[int, dict[str, Any]], world_size: int | None = None,
+                      others: dict[str, dict[int, dict[str, Any]]] | None = None) -> Any:
     """A Report from rank -> raw dump (distdiag.hang.dumpreport); raises ValueError."""
     from distdiag.hang.dumpreport import report_from_dumps as build
 
-    return build(dumps, world_size)
+    return build(dumps, world_size, others)
 
 
 def dump_problem(dump: Any) -> str | None:
@@ -58,7 +60,7 @@ def hang_report(
 ) -> None:
     """Render a hang report the watchdog wrote, or one built from flight-recorder dumps."""
     from distdiag.errors import ReportError
-    from distdiag.hang.dumpreport import read_dumps
+    from distdiag.hang.dumpreport import dump_files, read_folder, skipped_line
     from distdiag.report.model import non_regular_kind, read_report
     from distdiag.watchdog.writer import REPORT_NAME, render_hang_report
 
@@ -80,12 +82,18 @@ def hang_report(
             if exit_code:
                 raise typer.Exit(report.exit_code)
             return
-    files = sorted(p for p in ([path] if path.is_file() else path.iterdir()) if p.is_file() and not p.name.startswith("."))
+    try:
+        files = dump_files(path)
+    except OSError as exc:
+        raise fail(f"cannot list {path}: {exc.strerror}") from None
     if not files:
         raise fail(f"{path} holds no {REPORT_NAME} and no flight-recorder dumps")
     del trust_pickle  # accepted for old scripts: pickle dumps are read without running code now
     try:
-        report = report_from_dumps(read_dumps(files), world_size)
+        dumps, skipped, others = read_folder(files, path if path.is_dir() else None)
+        if skipped:
+            typer.echo(skipped_line(skipped, path), err=True)
+        report = report_from_dumps(dumps, world_size, others)
     except ValueError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:

@@ -17,7 +17,11 @@
                  from dumps: the positions the rules read first
     dumps.py     dump files as torch writes them (pickle read with no globals, JSON), checked
     dumpgroups.py  one rank's dump normalised: groups by members, ops, positions, peers
-    dumpreport.py  a hang report from one dump per rank (`distdiag hang-report DIR`)
+    frontier.py  who holds a dumped job up, from the recorder's semantics: per group the
+                 frontier and who never entered it, each rank's oldest unfinished op, send/recv
+                 paired by peer, stale discovery; the chains of waits and where they end
+    dumpblame.py the findings of a dumped job: culprits at the ends, stranded ranks apart
+    dumpreport.py  a hang report from the dumps in a folder (`distdiag hang-report DIR`)
 
 May import distdiag.report and distdiag.errors only; recorder.py imports torch when it reads.
 """

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from distdiag.hang.dumps import as_int
@@ -57,6 +58,14 @@ class OpRecord:
     created_ns: int = 0
     frames: list[str] = field(default_factory=list)
     """'function (file:line)' of the Python caller, innermost first, torch's own frames left out."""
+    order: int = 0
+    """Where the rank recorded it: `record_id` (per process), else its place in the dump."""
+    coll_seq: int = 0
+    """collective_seq_id as recorded (a coalesced batch of send/recv shares its group's number)."""
+    done: bool = False
+    """Its completion was discovered: state 'completed', or `retired` (gloo never says 'completed')
+    unless the state says 'started'."""
+    out_sizes: list[list[int]] | None = None
 
 
 @dataclass
@@ -121,12 +130,17 @@ class RankDump:
 
 def _parse_members(raw: Any) -> Members | None:
     if isinstance(raw, str):
-        found = re.findall(r"-?\d+", raw)
-        values = [int(x) for x in found] if len(found) <= 1 << 20 else []
-    elif isinstance(raw, list | tuple):
-        values = [v for v in (as_int(x) for x in raw) if v is not None]
-    else:
-        values = []
+        return _members_of(raw)
+    values = [v for v in (as_int(x) for x in raw) if v is not None] if isinstance(raw, list | tuple) else []
+    return tuple(sorted(set(values))) if values and min(values) >= 0 else None
+
+
+@lru_cache(maxsize=4096)
+def _members_of(raw: str) -> Members | None:
+    """Members from pg_config's string, parsed once per string: every rank's dump lists the
+    world group's (and its other groups') members again."""
+    found = re.findall(r"-?\d+", raw)
+    values = [int(x) for x in found] if len(found) <= 1 << 20 else []
     return tuple(sorted(set(values))) if values and min(values) >= 0 else None
 
 
@@ -157,11 +171,20 @@ def _op_of(entry: dict[str, Any]) -> OpRecord:
     dtypes = entry.get("input_dtypes") if op != "recv" else entry.get("output_dtypes")
     return OpRecord(
         op=op or "?", seq=seq if seq is not None else 0, state=str(entry.get("state") or "?"),
-        sizes=[[as_int(x) or 0 for x in s] for s in sizes] if isinstance(sizes, list | tuple) else None,
+        sizes=_shapes(sizes),
         dtypes=[str(d) for d in dtypes] if isinstance(dtypes, list | tuple) else None,
         p2p=p2p, local_peer=local_peer, backend=backend, created_ns=as_int(entry.get("time_created_ns")) or 0,
-        frames=_frames(entry.get("frames")),
+        frames=_frames(entry.get("frames")), order=as_int(entry.get("record_id")) or 0,
+        coll_seq=as_int(entry.get("collective_seq_id")) or 0,
+        # gloo leaves every entry 'scheduled' and marks completion by `retired`; an entry NCCL saw
+        # start and not end ('started') is not done, whatever else it says
+        done=entry.get("state") == "completed" or (entry.get("retired") is True and entry.get("state") != "started"),
+        out_sizes=_shapes(entry.get("output_sizes")),
     )
+
+
+def _shapes(raw: Any) -> list[list[int]] | None:
+    return [[as_int(x) or 0 for x in s] for s in raw] if isinstance(raw, list | tuple) else None
 
 
 def _config_groups(dump: dict[str, Any]) -> dict[str, GroupState]:
@@ -214,7 +237,7 @@ def normalise(rank: int, dump: dict[str, Any]) -> RankDump:
     groups = _config_groups(dump)
     pg_names: dict[str, set[str]] = {}
     entries = dump.get("entries") or []
-    for entry in entries:
+    for i, entry in enumerate(entries):
         pg = entry.get("process_group")
         name = str(pg[0]) if isinstance(pg, list | tuple) and pg else str(entry.get("pg_id", "?"))
         desc = str(pg[1]) if isinstance(pg, list | tuple) and len(pg) > 1 else ""
@@ -222,7 +245,10 @@ def normalise(rank: int, dump: dict[str, Any]) -> RankDump:
             pg_names.setdefault(str(entry.get("pg_id")), set()).add(name)
         g = groups.setdefault(name, GroupState(members=None, name=name, desc=desc))
         g.desc = g.desc or desc
-        g.ops.append(_op_of(entry))
+        op = _op_of(entry)
+        if entry.get("record_id") is None:
+            op.order = i  # older dumps: the order they list entries in
+        g.ops.append(op)
     status = _status_by_name(dump, pg_names)
     for g in groups.values():
         g.p2p_only = bool(g.ops) and all(o.p2p for o in g.ops)
@@ -286,12 +312,19 @@ def _mark_twins(dumps: dict[int, RankDump]) -> None:
 
 def group_label(g: GroupState, world: int) -> str:
     """'world', or 'ranks[0,2]', with torch's desc when it is a name (e.g. 'ranks[0,2] (DP)')."""
-    members = g.members or ()
-    base = "world" if members == tuple(range(world)) else "ranks[" + ",".join(str(r) for r in members) + "]"
+    base = _base_label(g.members or (), world)
     desc = g.desc if g.desc not in ("", "undefined", "default_pg") else ""
     if g.twin:
         desc = f"{desc}, group {g.name}" if desc else f"group {g.name}"
     return f"{base} ({desc})" if desc else base
+
+
+@lru_cache(maxsize=1 << 16)
+def _base_label(members: Members, world: int) -> str:
+    """'world' or 'ranks[0,2]', worked out once per group (every member's dump names it)."""
+    if len(members) == world and members == tuple(range(world)):
+        return "world"
+    return "ranks[" + ",".join(str(r) for r in members) + "]"
 
 
 def op_text(o: OpRecord) -> str:

@@ -9,32 +9,111 @@ recorder saw (send/recv included) and every rank, the last op with its sizes and
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from distdiag.hang.dumpblame import findings_from
 from distdiag.hang.dumpgroups import RankDump, engine_view, group_label, infer_members, normalise, op_text, world_of
 from distdiag.hang.dumps import MAX_RANK, DumpError, load_dump, rank_of
-from distdiag.hang.incident import CAUSE_STALLED, Silence, SilentReason
+from distdiag.hang.frontier import attribute
+from distdiag.hang.incident import SilentReason
 from distdiag.report.model import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
 from distdiag.report.render import format_ranks
 
-__all__ = ["read_dumps", "rank_dumps", "report_from_dumps", "groups_table"]
+__all__ = ["read_dumps", "read_folder", "recorder_of", "dump_files", "skipped_line", "rank_dumps", "report_from_dumps", "groups_table"]
 
-NO_DUMP = "no dump file for this rank (it died, or hung before it could write one)"
-
-
-def read_dumps(files: list[Path]) -> dict[int, dict[str, Any]]:
+def read_dumps(files: list[Path], root: Path | None = None) -> dict[int, dict[str, Any]]:
     """rank -> raw dump, one file per rank. Raises DumpError (one line) or OSError."""
-    dumps: dict[int, dict[str, Any]] = {}
-    source: dict[int, Path] = {}
+    return read_folder(files, root, skip=False)[0]
+
+
+MAX_FILES = 1 << 20
+"""Files looked at in a dump folder (a job of a million ranks at most, one file each)."""
+
+
+def dump_files(path: Path) -> list[Path]:
+    """The files that may be dumps: `path` itself, or the files in the folder and in its
+    subfolders (one folder per rank, or per host holding its ranks' folders), hidden ones left
+    out, sorted; symlinks to folders are not followed."""
+    if path.is_file():
+        return [path]
+    out: list[Path] = []
+    todo = [(path, 0)]
+    while todo and len(out) <= MAX_FILES:
+        folder, depth = todo.pop()
+        for p in sorted(folder.iterdir()):
+            if p.name.startswith("."):
+                continue
+            if p.is_file():
+                out.append(p)
+            elif p.is_dir() and not p.is_symlink() and depth < 2:
+                todo.append((p, depth + 1))
+    return sorted(out)
+
+
+Raw = dict[int, dict[str, Any]]
+
+
+def recorder_of(dump: dict[str, Any]) -> str:
+    """Which recorder wrote a dump: NCCL's and gloo's each number their own groups and write
+    their own file ('nccl', 'gloo', ...: the prefix of its entries' names), '?' when it says not."""
+    names = Counter(str(e.get("profiling_name", "")).partition(":")[0] for e in dump.get("entries") or []
+                    if ":" in str(e.get("profiling_name", "")))
+    if names:
+        return names.most_common(1)[0][0]
+    return "nccl" if dump.get("comm_lib_version") or dump.get("nccl_version") else "?"
+
+
+def read_folder(files: list[Path], root: Path | None = None,
+                skip: bool = True) -> tuple[Raw, list[tuple[Path, str]], dict[str, Raw]]:
+    """(rank -> raw dump, [(file, why it was skipped)], other recorder -> rank -> raw dump).
+
+    With `skip`, a file that is not a readable dump (a log, a README, a broken or refused pickle)
+    is skipped when another file is one; when none is, the first file's problem is raised
+    (DumpError, one line). Dumps of one rank by two recorders (NCCL's and gloo's) are kept apart:
+    the recorder with most dumps comes first, the others are returned by name."""
+    found: list[tuple[int, str, dict[str, Any], Path]] = []
+    skipped: list[tuple[Path, str]] = []
     for file in files:
-        dump = load_dump(file)
-        rank = rank_of(file, dump)
-        if rank in dumps:
-            raise DumpError(f"{source[rank]} and {file} are both dumps of rank {rank}: pass one dump per rank "
+        try:
+            dump = load_dump(file)
+            rank = rank_of(file, dump, folder_per_rank=root is not None and file.parent != root)
+        except DumpError as exc:
+            if not skip:
+                raise
+            skipped.append((file, str(exc)))
+            continue
+        found.append((rank, recorder_of(dump), dump, file))
+    if not found and skipped:
+        raise DumpError(skipped[0][1])
+    by: dict[str, dict[int, tuple[dict[str, Any], Path]]] = defaultdict(dict)
+    counts = Counter(rec for _, rec, _, _ in found if rec != "?")
+    # most dumps first; on a tie NCCL's (its pg_config carries the members)
+    order = sorted(counts, key=lambda rec: (-counts[rec], rec != "nccl", rec)) or ["?"]
+    for rank, rec, dump, file in found:
+        place = next((r for r in order if rank not in by[r]), None) if rec == "?" else rec
+        if place is None or rank in by[place]:
+            first = next(by[r][rank][1] for r in order if rank in by[r])
+            raise DumpError(f"{first} and {file} are both dumps of rank {rank}: pass one dump per rank "
                             "(a directory holding both the pickle and the JSON form of a dump has two)")
-        dumps[rank], source[rank] = dump, file
-    return dumps
+        by[place][rank] = (dump, file)
+    sets = {rec: {rank: d for rank, (d, _) in by[rec].items()} for rec in order if by[rec]}
+    main = sets.pop(order[0], {})
+    return main, skipped, sets
+
+
+def skipped_line(skipped: list[tuple[Path, str]], root: Path) -> str:
+    """One line naming the files that were not read as dumps, and why the first was not."""
+    def name(p: Path) -> str:
+        try:
+            return str(p.relative_to(root)) if p != root else p.name
+        except ValueError:
+            return str(p)
+    names = [name(p) for p, _ in skipped]
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    why = skipped[0][1].replace(str(skipped[0][0]), name(skipped[0][0]))
+    return f"distdiag: skipped {len(names)} file(s) that are not flight-recorder dumps: {shown} ({why})"
 
 
 def rank_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = None) -> tuple[dict[int, RankDump], int, list[str]]:
@@ -63,9 +142,10 @@ def groups_table(dumps: dict[int, RankDump], world: int) -> list[dict[str, Any]]
     rows = []
     keyed = sorted({g.key for d in dumps.values() for g in d.groups.values() if g.members},
                    key=lambda k: (-len(k[0]), k))
+    by_rank = {rank: d.by_key() for rank, d in sorted(dumps.items())}  # once per rank, not per group and rank
     for key in keyed:
-        for rank, d in sorted(dumps.items()):
-            g = d.by_key().get(key)
+        for rank, groups in by_rank.items():
+            g = groups.get(key)
             if g is None:
                 continue
             last = g.last
@@ -116,23 +196,39 @@ def _read_note(dumps: dict[int, RankDump], notes: list[str]) -> Finding:
                    f"(dump version {'/'.join(versions)}{lib})", evidence="\n".join([how, *notes]))
 
 
-def report_from_dumps(raw: dict[int, dict[str, Any]], world_size: int | None = None) -> Report:
-    """A Report (probe 'flight_recorder') from per-rank raw dumps. Raises DumpError."""
-    from distdiag.hang.rules import analyze_hang
+def _other_recorder(name: str, raw: Raw, ranks: list[int], world: int) -> list[Finding]:
+    """Findings from a second recorder's dumps (gloo beside NCCL): analysed apart, its groups and
+    sequence numbers its own; a rank with no dump of it recorded nothing there."""
+    whole = {r: raw.get(r, {"version": "2.10", "entries": []}) for r in sorted(set(ranks) | set(raw))}
+    dumps, _, _ = rank_dumps(whole, world)
+    found = findings_from(attribute(dumps, world), dumps)
+    for f in found:
+        f.issue = f"{name} recorder: {f.issue}"
+    return found
+
+
+def report_from_dumps(raw: Raw, world_size: int | None = None, others: dict[str, Raw] | None = None) -> Report:
+    """A Report (probe 'flight_recorder') from per-rank raw dumps. Raises DumpError.
+
+    The verdict comes from the recorder's semantics (hang/frontier.py: per group the frontier
+    and who never entered it, each rank's oldest unfinished op, send/recv paired by sender and
+    receiver); the findings name the ranks at the ends of the chains of waits (hang/dumpblame.py).
+    `others`: dumps of the same job by another recorder (gloo's beside NCCL's), analysed apart."""
     from distdiag.hang.views import snapshot_details
 
     dumps, world, notes = rank_dumps(raw, world_size)
+    findings = findings_from(attribute(dumps, world), dumps)
+    for name, extra in sorted((others or {}).items()):
+        findings += _other_recorder(name, extra, sorted(dumps), world)
+        notes.append(f"{len(extra)} dump(s) by the {name} recorder, analysed apart (its groups and numbers are its own)")
+    findings.sort(key=lambda f: f.severity not in ("critical", "error"))
+    _dump_wording(findings, dumps, world)
+    findings.append(_read_note(dumps, notes))
     snaps = {
         rank: {"phase": "training", "probe": "the dumped job", "stack": [], "recent": [],
                "engine": engine_view(d, world), "in_collective": None, "place": _where_in_dump(d, world)}
         for rank, d in dumps.items()
     }
-    lost = {r: Silence(SilentReason.NO_DUMP, NO_DUMP) for r in range(world) if r not in dumps}
-    # No deadline was run past: a dump shows positions, not how long a step took.
-    findings = [f for f in analyze_hang(snaps, lost, {}, world, what="the dumped job", timeout_s=0)
-                if f.cause != CAUSE_STALLED]
-    _dump_wording(findings, dumps, world)
-    findings.append(_read_note(dumps, notes))
     details = snapshot_details(snaps)
     for key in ("stacks", "recent_collectives", "recent_collectives_table",
                 "table:collectives per group (torch's flight recorder)"):

@@ -4,14 +4,16 @@ torch writes one file per rank, `<prefix><rank>` (TORCH_FR_DUMP_TEMP_FILE, or NC
 TORCH_NCCL_DEBUG_INFO_TEMP_FILE, default `/tmp/nccl_trace_rank_`), in pickle by default and
 in JSON on request (`_dump_fr_trace_json`). Both are read here:
 
-- pickle through an unpickler that admits no global at all (`find_class` and
+- pickle through the pure-Python unpickler (its memo a dict, so no index can make it allocate)
+  admitting no global at all (`find_class` and
   `persistent_load` refuse): torch's dumps hold only dicts, lists, tuples, str, int, float,
   bool and None, so they load as they are, while a file that would call anything (REDUCE,
   BUILD, INST... all need a global first) is refused in one line before anything runs;
 - JSON as it is.
 
-Every field the analysis reads is type-checked first (`dump_problem`), so a wrong type is
-one line, never a traceback. Dump versions 2.2 to 2.10 differ in fields that are added, not
+Every field the analysis reads is type-checked first (`dump_problem`), after a bound on depth
+and on values reached (a shared value counted each time: a "memo bomb"), so a wrong type or a
+hostile file is one line, never a traceback or a walk that does not end. Dump versions 2.2 to 2.10 differ in fields that are added, not
 changed (`nccl_version` became `comm_lib_version`; `pg_status`, `is_p2p`, `frames` appear on
 the way; gloo writes numbers as strings): hang/dumpgroups.py reads them all. Torch-free.
 """
@@ -25,7 +27,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DumpError", "MAX_DUMP_BYTES", "MAX_RANK", "load_dump", "parse_dump", "dump_problem", "rank_of", "as_int"]
+__all__ = ["DumpError", "MAX_DUMP_BYTES", "MAX_RANK", "MAX_NODES", "load_dump", "parse_dump", "dump_problem", "rank_of",
+           "as_int", "is_dump"]
 
 MAX_DUMP_BYTES = 256 << 20
 """A dump of torch's default 2000 entries with stacks is a few MB; beyond this it is no dump
@@ -33,14 +36,22 @@ MAX_DUMP_BYTES = 256 << 20
 MAX_RANK = 1 << 20
 """No job has a million ranks: a larger number in a file name is a timestamp or a pid."""
 _MAX_DEPTH = 64
+MAX_NODES = 10_000_000
+"""Values in a dump, counting a shared one each time it is reached: torch's largest buffers
+(tens of thousands of entries with deep stacks) hold a few million; a pickle that reuses its
+memo to multiply a few hundred bytes into billions (a "memo bomb") is refused here."""
+MAX_ENTRIES = 1_000_000
 
 
 class DumpError(ValueError):
     """A file that is not a readable flight-recorder dump; the message is one line."""
 
 
-class _NoGlobals(pickle.Unpickler):
-    """Loads plain containers and scalars only: any global (hence any call) is refused."""
+class _NoGlobals(pickle._Unpickler):  # noqa: SLF001 - the pure-Python unpickler: its memo is a dict
+    """Loads plain containers and scalars only: any global (hence any call) is refused.
+
+    The pure-Python unpickler, not the C one: the C one sizes its memo by the largest index a
+    PUT names, so a few bytes (`LONG_BINPUT 0x7fffffff`) would ask for tens of GB."""
 
     def find_class(self, module: str, name: str) -> Any:
         raise DumpError(f"it asks to load {module}.{name}; a flight-recorder dump holds plain data only, "
@@ -76,12 +87,20 @@ def load_dump(path: Path) -> dict[str, Any]:
         raise DumpError(f"{path} is {size >> 20} MiB, larger than any flight-recorder dump "
                         f"(limit {MAX_DUMP_BYTES >> 20} MiB): not read")
     loaded = parse_dump(path.read_bytes(), str(path))
-    if not isinstance(loaded, dict) or "entries" not in loaded:
+    if not is_dump(loaded):
         raise DumpError(f"{path} is not a flight-recorder dump (no 'entries')")
     problem = dump_problem(loaded)
     if problem:
         raise DumpError(f"{path} is not a flight-recorder dump: {problem}")
     return loaded
+
+
+def is_dump(loaded: Any) -> bool:
+    """A flight-recorder dump: an object with 'entries', or (torch's JSON with nothing to list
+    leaves 'entries' out) a version with the group tables."""
+    if not isinstance(loaded, dict):
+        return False
+    return "entries" in loaded or ("version" in loaded and ("pg_config" in loaded or "pg_status" in loaded))
 
 
 def as_int(value: Any) -> int | None:
@@ -95,19 +114,21 @@ def as_int(value: Any) -> int | None:
     return None
 
 
-def _depth(obj: Any, limit: int = _MAX_DEPTH) -> int:
-    """Nesting depth, counted without recursion (a deep file must not blow the stack)."""
-    stack, deepest = [(obj, 1)], 0
+def _size_problem(obj: Any) -> str | None:
+    """Too deep, or too many values (shared ones counted each time they are reached, as every
+    later walk over the dump would), counted without recursion and stopping at the limit."""
+    stack, seen = [(obj, 1)], 1
     while stack:
         item, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > limit:
-            return deepest
-        if isinstance(item, dict):
-            stack.extend((v, d + 1) for v in item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend((v, d + 1) for v in item)
-    return deepest
+        if d > _MAX_DEPTH:
+            return f"it nests deeper than {_MAX_DEPTH} levels"
+        seen += len(item)
+        if seen > MAX_NODES:
+            return (f"it holds more than {MAX_NODES:,} values (counting each reuse of a shared one): "
+                    "larger than any flight-recorder dump")
+        values = item.values() if isinstance(item, dict) else item
+        stack.extend((v, d + 1) for v in values if isinstance(v, dict | list | tuple))
+    return None
 
 
 def _number_problem(where: str, value: Any) -> str | None:
@@ -175,8 +196,9 @@ def dump_problem(dump: Any) -> str | None:
     """The first field of a dump whose type the analysis cannot use, or None."""
     if not isinstance(dump, dict):
         return f"the dump is a {type(dump).__name__}, not an object"
-    if _depth(dump) > _MAX_DEPTH:
-        return f"it nests deeper than {_MAX_DEPTH} levels"
+    problem = _size_problem(dump) if isinstance(dump, dict) else None
+    if problem:
+        return problem
     rank = dump.get("rank")
     if rank is not None and (as_int(rank) is None or not 0 <= as_int(rank) < MAX_RANK):  # type: ignore[operator]
         return f"'rank' must be an integer from 0 to {MAX_RANK - 1}, got {rank!r:.60}"
@@ -190,6 +212,8 @@ def dump_problem(dump: Any) -> str | None:
         return None
     if not isinstance(entries, list | tuple):
         return f"'entries' must be a list, got {type(entries).__name__}"
+    if len(entries) > MAX_ENTRIES:
+        return f"it has {len(entries):,} entries, more than any flight-recorder buffer ({MAX_ENTRIES:,})"
     for i, entry in enumerate(entries):
         problem = _entry_problem(i, entry)
         if problem:
@@ -197,15 +221,27 @@ def dump_problem(dump: Any) -> str | None:
     return None
 
 
-def rank_of(path: Path, dump: dict[str, Any]) -> int:
+_SUFFIXES = (".json", ".pkl", ".pickle", ".bin")
+
+
+def _rank_in(name: str) -> re.Match[str] | None:
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return re.search(r"_rank_?(\d+)$", name) or re.search(r"(\d+)$", name)
+
+
+def rank_of(path: Path, dump: dict[str, Any], folder_per_rank: bool = False) -> int:
     """The rank that wrote a dump: its own `rank` field, else the number ending its file name
-    (torch names files `<prefix><rank>`, e.g. nccl_trace_rank_3 or trace_3[.json]).
-    Raises DumpError for a name without one, or a number no rank has (a timestamp, a pid)."""
+    (torch names files `<prefix><rank>`, e.g. nccl_trace_rank_3, host-prefixed
+    node7_nccl_trace_rank_3, or trace_3[.json]); with `folder_per_rank`, else the number ending
+    its folder's name (rank_3/trace). Raises DumpError for a name without one, or a number no
+    rank has (a timestamp, a pid)."""
     own = as_int(dump.get("rank"))
     if own is not None:
         return own
-    stem = path.name[:-5] if path.name.endswith(".json") else path.name
-    match = re.search(r"_rank_?(\d+)$", stem) or re.search(r"(\d+)$", stem)
+    match = _rank_in(path.name) or (_rank_in(path.parent.name) if folder_per_rank else None)
     if not match:
         raise DumpError(f"cannot tell which rank wrote {path}: the dump has no 'rank' and its name does not end in "
                         "one; name dump files <prefix><rank> as torch does (e.g. nccl_trace_rank_3)")

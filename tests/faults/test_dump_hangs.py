@@ -58,9 +58,11 @@ def test_a_stalled_rank_is_named_from_real_dumps(stalled, form):
     blamed = next(f for f in findings if f["ranks"] == [3])
     assert blamed["severity"] == "critical" and "never entered" in blamed["issue"], blamed
     assert "its dump shows it inside no collective; last recorded: all_reduce #2 on ranks[1,3]" in blamed["issue"]
-    # nobody else is blamed but rank 2, which waits on rank 3 in ranks[2,3] (the wait-for graph of
-    # hang/rules.py tells the two apart); ranks 0-1 only wait
-    assert not any(f["severity"] == "critical" and set(f["ranks"]) - {2, 3} for f in findings), findings
+    # nobody else is blamed: rank 2 waits on rank 3 in ranks[2,3], ranks 0-1 in the world
+    # all_reduce both never entered; all three are stranded, listed apart with their chains
+    assert not any(f["severity"] in ("critical", "error") and set(f["ranks"]) - {3} for f in findings), findings
+    stranded = next(f for f in findings if f.get("cause") == "stranded")
+    assert stranded["severity"] == "info" and "ranks 0-2 are stranded" in stranded["issue"], stranded
     rows = report["probes"][0]["details"]["table:last op per group and rank (flight-recorder dumps)"]
     groups = {r["group"] for r in rows}
     assert {"world", "ranks[0,2]", "ranks[1,3]", "ranks[0,1]", "ranks[2,3]"} <= groups, groups
