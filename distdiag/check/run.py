@@ -56,6 +56,24 @@ def _is_comm_error(exc: BaseException) -> bool:
     return isinstance(exc, getattr(dist, "DistError", ())) or mentions_broken_connection(exc)
 
 
+def _import_planned_probes(plan: Plan) -> None:
+    """Import what the planned probes import (their `preload`) now, under the check-in's long
+    limit, not inside the first probe's deadline: on a loaded node a rank's first import of the
+    built-in workloads took longer than a probe's timeout, and a healthy check was reported as a
+    hang. Ranks forked by `distdiag check` have them already (no cost). An import that fails is
+    left to the probe, which reports it."""
+    import importlib
+
+    for planned in plan.probes:
+        if planned.skip_reason is not None:
+            continue
+        for name in type(planned.probe).preload:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the probe imports it again and says why it failed
+                pass
+
+
 class CheckRun:
     """One rank's run of the plan: set up, run the probes under deadlines, reach the end
     (distdiag.check.finish.RunEnd writes the report and leaves)."""
@@ -109,7 +127,7 @@ class CheckRun:
             self._setup_failed(setup_exc, "could not select its device")
 
         note_phase("checking in (waiting for every rank to reach the store)")
-        self._import_planned_probes()
+        _import_planned_probes(self.plan)
         self.ex.post(Keys.INFO, RankInfo(info.rank, info.host, info.node, info.local_rank, str(device), info.pid).to_dict())
         self._wait_for_checkin()
         if info.rank == 0:  # the writer of the normal end: each probe consolidated as it completes
@@ -127,23 +145,6 @@ class CheckRun:
         for index, planned in enumerate(self.plan.probes):
             self._run_probe(ctx, index, planned)
         return self._finish()
-
-    def _import_planned_probes(self) -> None:
-        """Import what the planned probes import (their `preload`) now, under the check-in's long
-        limit, not inside the first probe's deadline: on a loaded node a rank's first import of
-        the built-in workloads took longer than a probe's timeout, and a healthy check was
-        reported as a hang. Ranks forked by `distdiag check` have them already (no cost). An
-        import that fails is left to the probe, which reports it."""
-        import importlib
-
-        for planned in self.plan.probes:
-            if planned.skip_reason is not None:
-                continue
-            for name in type(planned.probe).preload:
-                try:
-                    importlib.import_module(name)
-                except Exception:  # noqa: BLE001 - the probe imports it again and says why it failed
-                    pass
 
     def _connect(self) -> bool:
         """Reach the job's store (False, with one line said, when it cannot be reached: nothing

@@ -16,7 +16,7 @@ from distdiag.hang.incident import SilentReason
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
-__all__ = ["findings_from", "chain_text", "NO_DUMP", "CHAIN_LINES"]
+__all__ = ["findings_from", "chain_text", "where_in_dump", "NO_DUMP", "CHAIN_LINES"]
 
 NO_DUMP = "no dump file for this rank (it died, or hung before it could write one)"
 CHAIN_LINES = 12
@@ -32,7 +32,7 @@ def chain_text(chain: list[Edge]) -> str:
     return "; ".join(_edge_text(e) for e in chain)
 
 
-def _where(d: RankDump | None, world: int) -> str:
+def where_in_dump(d: RankDump | None, world: int) -> str:
     """What a rank's dump says of where it is, when it has nothing pending."""
     if d is None:
         return "it wrote no dump"
@@ -89,7 +89,7 @@ def _idle(a: Attribution, end: End, dumps: dict[int, RankDump]) -> Finding:
     what, _ = _waited_text(a, end)
     return Finding(
         severity="critical", ranks=[r], confidence=0.8, cause="rank_behind",
-        issue=f"rank {r} never entered {what}; {_where(dumps.get(r), a.world)}",
+        issue=f"rank {r} never entered {what}; {where_in_dump(dumps.get(r), a.world)}",
         evidence=(f"rank {r} has nothing pending in its dump and its enqueued count is below what the others wait in: "
                   "it stopped issuing collectives (a host stall), it did not fail in one" + _behind_them(a, end)),
         fix=(f"find why rank {r} stopped before this collective: its Python stack (py-spy dump --pid, or its "

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from distdiag.hang.dumpblame import findings_from
+from distdiag.hang.dumpblame import findings_from, where_in_dump
 from distdiag.hang.dumpgroups import RankDump, engine_view, group_label, infer_members, normalise, op_text, world_of
 from distdiag.hang.dumps import MAX_RANK, DumpError, load_dump, rank_of
 from distdiag.hang.frontier import attribute
@@ -164,19 +164,6 @@ def _n(value: int | None) -> str:
     return "?" if value is None else str(value)
 
 
-def _where_in_dump(d: RankDump, world: int) -> str:
-    """What a rank's dump says of where it is, for a rank the rules place by its stack (dumps have none)."""
-    if d.empty:
-        return ("its dump holds no entries: nothing in flight (stalled outside any collective, or its recorder was off)")
-    done = [g for g in d.groups.values() if g.ops and g.members]
-    last = max(done, key=lambda g: g.ops[-1].created_ns, default=None)
-    if last is None or last.last is None:
-        return "its dump shows it inside no collective"
-    o = last.last
-    site = f", called at {o.frames[0]}" if o.frames else ""
-    return f"its dump shows it inside no collective; last recorded: {op_text(o)} #{o.seq} on {group_label(last, world)}{site}"
-
-
 def _dump_wording(findings: list[Finding], dumps: dict[int, RankDump], world: int) -> None:
     """Say what the dumps show where the rules speak of live processes (stacks, the store)."""
     for f in findings:
@@ -226,7 +213,7 @@ def report_from_dumps(raw: Raw, world_size: int | None = None, others: dict[str,
     findings.append(_read_note(dumps, notes))
     snaps = {
         rank: {"phase": "training", "probe": "the dumped job", "stack": [], "recent": [],
-               "engine": engine_view(d, world), "in_collective": None, "place": _where_in_dump(d, world)}
+               "engine": engine_view(d, world), "in_collective": None, "place": where_in_dump(d, world)}
         for rank, d in dumps.items()
     }
     details = snapshot_details(snaps)

@@ -32,6 +32,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 from distdiag.hang.dumpgroups import GroupState, OpRecord, RankDump, group_label, op_text
+from distdiag.hang.waitfor import cycle_of, sccs  # the wait-for graph's Tarjan (iterative) and its cycle
 
 __all__ = ["FRESH_S", "STALE_OPS", "Step", "Edge", "End", "Attribution", "attribute", "kernel_started", "sizes_may_differ"]
 
@@ -308,10 +309,8 @@ def _not_started(a: Attribution, o: Step) -> bool:
 
 
 def _terminal_components(a: Attribution) -> list[list[int]]:
-    from distdiag.hang.waitfor import _sccs  # the wait-for graph's Tarjan: iterative, no recursion
-
     ranks = sorted(set(a.edges) | {e.dst for es in a.edges.values() for e in es} | set(a.stale) | a.lost | set(a.oldest))
-    comps = _sccs(ranks, a.edges)  # type: ignore[arg-type]
+    comps = sccs(ranks, a.edges)  # type: ignore[arg-type]
     comp_of = {r: i for i, c in enumerate(comps) for r in c}
     return [c for i, c in enumerate(comps) if not {comp_of[e.dst] for r in c for e in a.edges.get(r, [])} - {i}]
 
@@ -349,17 +348,6 @@ def _differ(inside: list[Step]) -> bool:
     return len({(str(x.op.sizes), str(x.op.dtypes)) for x in inside}) > 1
 
 
-def _cycle(comp: list[int], edges: dict[int, list[Edge]]) -> list[Edge]:
-    inside, path, seen, v = set(comp), [], {comp[0]: 0}, comp[0]
-    while True:
-        e = next(e for e in edges[v] if e.dst in inside)
-        path.append(e)
-        if e.dst in seen:
-            return path[seen[e.dst]:]
-        seen[e.dst] = len(path)
-        v = e.dst
-
-
 def _chains(a: Attribution) -> None:
     """Each waiting rank not at an end: its shortest chain of waits to one (BFS backwards)."""
     into: dict[int, list[int]] = defaultdict(list)
@@ -392,7 +380,7 @@ def _ends(a: Attribution) -> None:
     waited = {e.dst for es in a.edges.values() for e in es}
     for comp in _terminal_components(a):
         if len(comp) > 1:
-            end: End | None = End("deadlock", comp, cycle=_cycle(comp, a.edges))
+            end: End | None = End("deadlock", comp, cycle=cycle_of(comp, a.edges))  # type: ignore[arg-type]
         else:
             end = _end_of_rank(a, comp[0], stalls, waited)
         if end is None:

@@ -27,7 +27,8 @@ from typing import Any
 
 from distdiag.hang.views import RankView, coll_label, group_members, where
 
-__all__ = ["Wait", "Node", "Edge", "End", "WaitGraph", "build_graph", "nodes_from_views", "nodes_from_positions", "chain_text"]
+__all__ = ["Wait", "Node", "Edge", "End", "WaitGraph", "build_graph", "nodes_from_views", "nodes_from_positions", "chain_text",
+           "sccs", "cycle_of"]
 
 Group = tuple[int, ...]
 _PEER = re.compile(r"\((?:src|dst|peer)=(\d+)\)")
@@ -215,7 +216,7 @@ def _through_hubs(chain: list[Edge]) -> list[Edge]:
     return out
 
 
-def _sccs(ranks: list[int], edges: dict[int, list[Edge]]) -> list[list[int]]:
+def sccs(ranks: list[int], edges: dict[int, list[Edge]]) -> list[list[int]]:
     """Strongly connected components (Tarjan, iterative: no recursion limit at thousands of ranks)."""
     index: dict[int, int] = {}
     low: dict[int, int] = {}
@@ -275,7 +276,7 @@ def _end_for(rank: int, n: Node | None, nodes: dict[int, Node]) -> End:
     return End("stall", list(w.group), f"every member entered {w.label} and none completed it")
 
 
-def _cycle(comp: list[int], edges: dict[int, list[Edge]]) -> list[Edge]:
+def cycle_of(comp: list[int], edges: dict[int, list[Edge]]) -> list[Edge]:
     """One cycle through the component, as edges (for the report)."""
     inside = set(comp)
     start, seen, path = comp[0], {comp[0]: 0}, []
@@ -304,7 +305,7 @@ def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
             continue
         reach.add(v)
         todo.extend(e.dst for e in edges.get(v, []))
-    comps = _sccs(sorted(reach, key=lambda v: (v < 0, v)), edges)  # ranks first, hubs after
+    comps = sccs(sorted(reach, key=lambda v: (v < 0, v)), edges)  # ranks first, hubs after
     comp_of = {r: i for i, c in enumerate(comps) for r in c}
     ends: list[End] = []
     end_at: dict[int, End] = {}
@@ -316,7 +317,7 @@ def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
         if comp[0] < 0 and len(comp) == 1:
             continue  # a hub always points at ranks: never an end by itself
         if len(comp) > 1:
-            cycle = _cycle(comp, edges)
+            cycle = cycle_of(comp, edges)
             if cycle and cycle[0].src < 0:  # start the cycle at a rank, not a hub
                 cycle = cycle[1:] + cycle[:1]
             end = End("deadlock", [r for r in comp if r >= 0], "", _through_hubs(cycle))
