@@ -8,12 +8,40 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["FormatOpt", "fail", "check_format", "check_severity", "raw_args", "register_passthrough"]
+__all__ = [
+    "FormatOpt",
+    "ExitZeroOpt",
+    "ExitCodeOpt",
+    "fail",
+    "check_format",
+    "check_severity",
+    "did_you_mean",
+    "raw_args",
+    "register_passthrough",
+]
 
 FormatOpt = Annotated[
     str,
     typer.Option("--format", help="text: a human table; json: machine-readable on stdout.", metavar="[text|json]"),
 ]
+
+ExitZeroOpt = Annotated[
+    bool,
+    typer.Option("--exit-zero", help="Exit 0 once the input was read, whatever the verdict (default: exit with the "
+                 "verdict's code, so a CI step fails on a FAIL)."),
+]
+ExitCodeOpt = Annotated[
+    bool,
+    typer.Option("--exit-code", hidden=True, help="Deprecated, no effect: the exit code is the verdict's by default."),
+]
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices` to a mistyped `word`, else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(word[:200], list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_format(value: str) -> None:

@@ -213,8 +213,8 @@ def render_report(
     cut at `max_rows` rows (None: all); the JSON report always has everything.
     `title` replaces the first line (which otherwise describes the ranks of a check).
     `exit_code` is the code the command will return when it is not the report's own (a
-    command that exits 0 unless asked for `--exit-code`): the verdict line prints that one and
-    says which flag returns the report's, so a printed exit code is always the one returned.
+    command given `--exit-zero`): the verdict line prints that one and
+    says the verdict's code beside it, so a printed exit code is always the one returned.
     """
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
     # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
@@ -243,7 +243,7 @@ def render_report(
     out.append("")
     code = f"exit {report.exit_code}"
     if exit_code is not None and exit_code != report.exit_code:
-        code = f"exit {exit_code}; --exit-code exits {report.exit_code}"
+        code = f"exit {exit_code} with --exit-zero; the verdict's code is {report.exit_code}"
     out.append(f"verdict: {report.verdict.upper()} ({code}) - {report.summary}")
     return printable("\n".join(out))  # the title too
 

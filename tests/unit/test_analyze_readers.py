@@ -77,7 +77,7 @@ def test_tensorboard_events_read_without_tensorboard(tmp_path, tensor):
     assert s.steps == list(range(100)) and math.isnan(s.values[60])
     assert s.values[3] == pytest.approx(loss[3], rel=1e-6)
     code, out, _ = _cli(str(logdir))
-    assert code == 0 and "train/loss became NaN at step 60" in out
+    assert code == 1 and "train/loss became NaN at step 60" in out
 
 
 def test_jsonl_generic_nested_and_resumed(tmp_path):
@@ -174,12 +174,12 @@ def test_bad_options_and_unknown_metric(tmp_path):
 
 
 def test_json_output_is_a_report_and_exit_code(tmp_path):
-    """--format json is a distdiag report that parses back; --exit-code gives 1 on an error."""
+    """--format json is a distdiag report that parses back; the exit code is 1 on an error."""
     from distdiag.report.model import Report
 
     loss = [v if i < 80 else math.nan for i, v in enumerate(clean_curve(100))]
     p = write_jsonl(tmp_path / "nan.jsonl", loss=loss)
-    code, out, _ = _cli(str(p), "--format", "json", "--exit-code")
+    code, out, _ = _cli(str(p), "--format", "json")
     assert code == 1
     report = Report.from_dict(json.loads(out))
     assert report.probe("nonfinite").findings[0].issue == "loss became NaN at step 80"
@@ -187,11 +187,14 @@ def test_json_output_is_a_report_and_exit_code(tmp_path):
 
 
 def test_printed_exit_code_is_the_one_returned(tmp_path):
-    """A failing analysis prints the exit code it returns, with and without --exit-code."""
+    """A failing analysis exits with the verdict's code by default (a CI step fails on it), 0 with
+    --exit-zero, and prints the code it returns; the old --exit-code is accepted and changes nothing."""
     loss = [v if i < 80 else math.nan for i, v in enumerate(clean_curve(100))]
     p = write_jsonl(tmp_path / "nan.jsonl", loss=loss)
     code, out, _ = _cli(str(p))
-    assert code == 0 and "verdict: FAIL (exit 0; --exit-code exits 1)" in out, out
+    assert code == 1 and "verdict: FAIL (exit 1) -" in out, out
+    code, out, _ = _cli(str(p), "--exit-zero")
+    assert code == 0 and "verdict: FAIL (exit 0 with --exit-zero; the verdict's code is 1)" in out, out
     code, out, _ = _cli(str(p), "--exit-code")
     assert code == 1 and "verdict: FAIL (exit 1) -" in out, out
 
