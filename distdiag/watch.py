@@ -16,7 +16,7 @@ import runpy
 import sys
 import threading
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from distdiag.errors import print_line
 
@@ -30,8 +30,17 @@ def armed() -> Any:
     return _STATE["wd"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises _BadUsage (one line on every rank, exit 2) instead of printing usage."""
+
+    def error(self, message: str) -> NoReturn:
+        from distdiag.check.options import unknown_option_hint
+
+        raise _BadUsage(unknown_option_hint(self, message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m distdiag.watch",
         description="Run a training script unchanged with distdiag's hang watchdog armed at init_process_group.",
     )
@@ -111,6 +120,9 @@ def _install_init_hook() -> list[tuple[Any, Any]]:
     return saved
 
 
+MAX_RECORDER_ENTRIES = 10_000_000
+"""Flight-recorder entries at most (torch keeps them all in memory on every rank)."""
+
 _VALUED = {"--timeout-s", "--action", "--dump-dir", "--flight-recorder", "-m"}
 """Our options that take a value (the next word is theirs, not the script)."""
 
@@ -173,8 +185,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, Any, int]:
             entries = int(os.environ.get(WATCHDOG_FLIGHT_RECORDER, "2000") or 0)
     except (ConfigError, ValueError) as exc:
         raise _BadUsage(str(exc)) from exc
-    if entries < 0:
-        raise _BadUsage(f"--flight-recorder must be >= 0 entries, got {entries}")
+    if not 0 <= entries <= MAX_RECORDER_ENTRIES:
+        raise _BadUsage(f"--flight-recorder must be from 0 to {MAX_RECORDER_ENTRIES} entries, got {entries}")
     if ns.module is None and not os.path.isfile(ns.script):
         raise _BadUsage(f"training script {ns.script!r} not found")
     if ns.module is not None:

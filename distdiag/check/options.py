@@ -19,7 +19,16 @@ from typing import Any, NoReturn
 from distdiag.check.config import FORMATS, MAX_SECONDS
 from distdiag.errors import ConfigError
 
-__all__ = ["CheckOption", "CHECK_OPTIONS", "LAUNCHER_OPTIONS", "LAUNCHES", "build_parser", "to_check_argv", "version_line"]
+__all__ = [
+    "CheckOption",
+    "CHECK_OPTIONS",
+    "LAUNCHER_OPTIONS",
+    "LAUNCHES",
+    "build_parser",
+    "to_check_argv",
+    "unknown_option_hint",
+    "version_line",
+]
 
 EXIT_CODES = (
     "exit codes: 0 pass (warnings allowed), 1 a probe failed, 2 bad input (nothing ran), "
@@ -69,13 +78,21 @@ CHECK_OPTIONS: tuple[CheckOption, ...] = (
 """The check's options, in the order --help lists them."""
 
 
+MAX_NPROC_PER_NODE = 65536
+"""Ranks one machine may start: far above any machine's devices or cores (a typo such as 2**31
+would otherwise make the launcher plan billions of ranks until memory runs out)."""
+
+
 def _positive_int(text: str) -> int:
+    want = f"must be a whole number of ranks from 1 to {MAX_NPROC_PER_NODE}"
     try:
-        value = int(text)
+        value = int(text[:20]) if len(text) <= 20 else None
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number of ranks >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of ranks >= 1, got {value}")
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{want}, got {text[:40]!r}")
+    if not 1 <= value <= MAX_NPROC_PER_NODE:
+        raise argparse.ArgumentTypeError(f"{want}, got {value}")
     return value
 
 
@@ -125,7 +142,21 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises ConfigError (one line, exit 2 on every rank) instead of printing usage."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see: {self.prog} -h)")
+        raise ConfigError(f"{unknown_option_hint(self, message)} (see: {self.prog} -h)")
+
+
+def unknown_option_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's message, with "did you mean" for a mistyped option it names (`--probez`)."""
+    from distdiag.errors import did_you_mean, shown
+
+    if message.startswith("unrecognized arguments: "):
+        words = message.split(": ", 1)[1].split()
+        typo = next((w.split("=", 1)[0] for w in words if w.startswith("-")), None)
+        known = [flag for action in parser._actions for flag in action.option_strings]
+        if typo is not None:
+            return f"unrecognized arguments: {typo[:80]}{did_you_mean(typo, known)}"
+        return f"unrecognized arguments: {shown(words[0]) if words else ''}"
+    return message if len(message) <= 300 else f"{message[:280]}... ({len(message)} characters)"
 
 
 def build_parser(prog: str | None = None, *, launcher: bool = False) -> argparse.ArgumentParser:

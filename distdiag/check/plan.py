@@ -9,7 +9,7 @@ from typing import Any
 
 from distdiag.check.config import CheckConfig, dataclass_from_dict, layered_config
 from distdiag.check.options import build_parser
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, did_you_mean
 from distdiag.probes import PROBES, Probe
 
 __all__ = ["Plan", "build_parser", "parse_config", "config_from_args", "make_plan", "validate_names_and_options"]
@@ -33,10 +33,10 @@ def validate_names_and_options(config: CheckConfig) -> None:
     for key, names in (("check.probes", [] if config.probes == ["all"] else config.probes or []), ("check.skip", config.skip)):
         for name in names:
             if name not in PROBES:
-                raise ConfigError(f"{key}: unknown probe {name!r}; available: {known}")
+                raise ConfigError(f"{key}: unknown probe {name!r}{did_you_mean(name, PROBES)}; available: {known}")
     for name, opts in config.probe_options.items():
         if name not in PROBES:
-            raise ConfigError(f"probes.{name}: unknown probe {name!r}; available: {known}")
+            raise ConfigError(f"probes.{name}: unknown probe {name!r}{did_you_mean(name, PROBES)}; available: {known}")
         _probe_options(PROBES[name], opts, name)
 
 
@@ -73,10 +73,10 @@ def make_plan(config: CheckConfig, world_size: int) -> Plan:
     requested = None if every else config.probes
     for name in (requested or []) + config.skip:
         if name not in PROBES:
-            raise ConfigError(f"unknown probe {name!r}; available: {known}")
+            raise ConfigError(f"unknown probe {name!r}{did_you_mean(name, PROBES)}; available: {known}")
     for name in config.probe_options:
         if name not in PROBES:
-            raise ConfigError(f"probes.{name}: unknown probe {name!r}; available: {known}")
+            raise ConfigError(f"probes.{name}: unknown probe {name!r}{did_you_mean(name, PROBES)}; available: {known}")
     explicit = requested is not None
     # Probes with default_enabled = False (slow ones, e.g. bandwidth) run only when a profile
     # or --probes names them.

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from distdiag.errors import did_you_mean
+
 __all__ = [
     "FormatOpt",
     "ExitZeroOpt",
@@ -34,14 +36,6 @@ ExitCodeOpt = Annotated[
     bool,
     typer.Option("--exit-code", hidden=True, help="Deprecated, no effect: the exit code is the verdict's by default."),
 ]
-
-
-def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    """' (did you mean 'x'?)' for the closest of `choices` to a mistyped `word`, else ''."""
-    import difflib
-
-    close = difflib.get_close_matches(word[:200], list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_format(value: str) -> None:
