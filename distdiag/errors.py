@@ -22,6 +22,7 @@ __all__ = [
     "print_line",
     "did_you_mean",
     "shown",
+    "unknown_option_hint",
 ]
 
 COMM_ERROR_MARKERS = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe", "NCCL error")
@@ -54,6 +55,18 @@ def shown(value: Any, limit: int = 80) -> str:
     except ValueError:  # int too large to print
         return f"an integer of over {sys.get_int_max_str_digits()} digits"
     return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
+
+
+def unknown_option_hint(parser: Any, message: str) -> str:
+    """argparse's message, with "did you mean" for a mistyped option it names (`--probez`)."""
+    if message.startswith("unrecognized arguments: "):
+        words = message.split(": ", 1)[1].split()
+        typo = next((w.split("=", 1)[0] for w in words if w.startswith("-")), None)
+        known = [flag for action in parser._actions for flag in action.option_strings]
+        if typo is not None:
+            return f"unrecognized arguments: {typo[:80]}{did_you_mean(typo, known)}"
+        return f"unrecognized arguments: {shown(words[0]) if words else ''}"
+    return message if len(message) <= 300 else f"{message[:280]}... ({len(message)} characters)"
 
 
 def mentions_broken_connection(exc: BaseException) -> bool:

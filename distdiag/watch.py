@@ -18,7 +18,7 @@ import threading
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from distdiag.errors import print_line
+from distdiag.errors import print_line, unknown_option_hint
 
 __all__ = ["main", "build_parser", "armed"]
 
@@ -34,8 +34,6 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises _BadUsage (one line on every rank, exit 2) instead of printing usage."""
 
     def error(self, message: str) -> NoReturn:
-        from distdiag.check.options import unknown_option_hint
-
         raise _BadUsage(unknown_option_hint(self, message))
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from distdiag.check.config import FORMATS, MAX_SECONDS
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, unknown_option_hint
 
 __all__ = [
     "CheckOption",
@@ -26,7 +26,6 @@ __all__ = [
     "LAUNCHES",
     "build_parser",
     "to_check_argv",
-    "unknown_option_hint",
     "version_line",
 ]
 
@@ -143,20 +142,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{unknown_option_hint(self, message)} (see: {self.prog} -h)")
-
-
-def unknown_option_hint(parser: argparse.ArgumentParser, message: str) -> str:
-    """argparse's message, with "did you mean" for a mistyped option it names (`--probez`)."""
-    from distdiag.errors import did_you_mean, shown
-
-    if message.startswith("unrecognized arguments: "):
-        words = message.split(": ", 1)[1].split()
-        typo = next((w.split("=", 1)[0] for w in words if w.startswith("-")), None)
-        known = [flag for action in parser._actions for flag in action.option_strings]
-        if typo is not None:
-            return f"unrecognized arguments: {typo[:80]}{did_you_mean(typo, known)}"
-        return f"unrecognized arguments: {shown(words[0]) if words else ''}"
-    return message if len(message) <= 300 else f"{message[:280]}... ({len(message)} characters)"
 
 
 def build_parser(prog: str | None = None, *, launcher: bool = False) -> argparse.ArgumentParser:

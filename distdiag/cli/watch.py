@@ -192,8 +192,8 @@ def torchrun_problem(torchrun: list[str]) -> str | None:
     starts: one line, not its 18-line usage after a torch import. None when they parse."""
     from torch.distributed.run import get_args_parser
 
-    from distdiag.check.options import MAX_NPROC_PER_NODE, unknown_option_hint
-    from distdiag.errors import did_you_mean
+    from distdiag.check.options import MAX_NPROC_PER_NODE
+    from distdiag.errors import did_you_mean, unknown_option_hint
 
     parser = get_args_parser()
 

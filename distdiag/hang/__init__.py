@@ -16,6 +16,7 @@
     recorder.py  torch's flight recorder read live (per-group enqueued/started/completed) or
                  from dumps: the positions the rules read first
     dumps.py     dump files as torch writes them (pickle read with no globals, JSON), checked
+    plainpickle.py  an untrusted pickle read as plain data, its memo, size, depth and time bounded
     dumpgroups.py  one rank's dump normalised: groups by members, ops, positions, peers
     dumpreport.py  a hang report from one dump per rank (`distdiag hang-report DIR`)
 
