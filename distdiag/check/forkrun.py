@@ -65,9 +65,10 @@ def plan_preloads(check_args: list[str], world: int | None) -> list[str]:
 
     Without a world size (torchrun's options did not parse) the plan is made for a world too
     large for any probe to be left out: an import too many costs this process once."""
-    from distdiag.check.plan import make_plan, parse_config
+    from distdiag.check.plan import make_plan, parse_config, validate_injection
 
     plan = make_plan(parse_config(check_args), world or 1 << 16)
+    validate_injection(world)
     names: dict[str, None] = {}
     for planned in plan.probes:
         if planned.skip_reason is None:

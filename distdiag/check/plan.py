@@ -12,7 +12,15 @@ from distdiag.check.options import build_parser
 from distdiag.errors import ConfigError, did_you_mean
 from distdiag.probes import PROBES, Probe
 
-__all__ = ["Plan", "build_parser", "parse_config", "config_from_args", "make_plan", "validate_names_and_options"]
+__all__ = [
+    "Plan",
+    "build_parser",
+    "parse_config",
+    "config_from_args",
+    "make_plan",
+    "validate_injection",
+    "validate_names_and_options",
+]
 
 
 def parse_config(argv: list[str]) -> CheckConfig:
@@ -38,6 +46,15 @@ def validate_names_and_options(config: CheckConfig) -> None:
         if name not in PROBES:
             raise ConfigError(f"probes.{name}: unknown probe {name!r}{did_you_mean(name, PROBES)}; available: {known}")
         _probe_options(PROBES[name], opts, name)
+
+
+def validate_injection(world_size: int | None) -> None:
+    """DISTDIAG_INJECT is bad input when malformed or when it names a rank outside the job (with
+    `world_size`) or a point that is no probe, `setup` or `final`: that fault would never fire
+    and the run would pass as if it had been tested."""
+    from distdiag.runtime.faults import FaultPlan
+
+    FaultPlan.from_env(0, world_size=world_size, points=[*PROBES, "setup", "final"])
 
 
 def _probe_options(cls: type[Probe], opts: dict[str, Any], name: str) -> Any:

@@ -34,10 +34,11 @@ def check(ctx: typer.Context) -> None:
             # torch) by distdiag.check.forkrun, once, before it starts a rank.
             merged = layered_config(args)
         else:
-            from distdiag.check.plan import config_from_args, make_plan
+            from distdiag.check.plan import config_from_args, make_plan, validate_injection
 
             merged = config_from_args(args)
             make_plan(merged, args.nproc_per_node)
+            validate_injection(args.nproc_per_node)
     except ConfigError as exc:
         _leave_bad_input_report(str(exc), merged.report if merged is not None else report_path_in(ctx.args))
         raise fail(str(exc)) from None
