@@ -466,6 +466,9 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
         print_line(f"distdiag[rank {os.environ.get('RANK', '0')}]: the check was ended by sys.exit({exc.code!r}) "
                    "from inside (the target?) before its verdict; exiting 3")
         code = 3
+    from distdiag.runtime.lastword import write_error_file
+
+    write_error_file(code)  # the verdict's sentence for torchrun's root cause (runtime/lastword.py)
     sys.stdout.flush()
     sys.stderr.flush()
     if forked and code == 0:
