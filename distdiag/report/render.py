@@ -170,6 +170,8 @@ def _probe_row(probe: ProbeResult, name_w: int) -> str:
         summary = f"skipped: {probe.reason}"
     elif probe.status == "error" and probe.reason and not summary:
         summary = probe.reason
+    elif probe.metrics.get("model") == "built-in model":  # no --target: distdiag's own workload
+        summary = f"{summary}; built-in model" if summary else "built-in model"
     return f"{probe.name.ljust(name_w)}  {_MARK[probe.status]:<6}  {probe.duration_s:7.2f}s  {summary or '-'}"
 
 
