@@ -80,6 +80,37 @@ def test_tensorboard_events_read_without_tensorboard(tmp_path, tensor):
     assert code == 1 and "train/loss became NaN at step 60" in out
 
 
+CRC32C_VECTORS = [(b"", 0), (b"123456789", 0xE3069283), (bytes(32), 0x8A9136AA), (b"\xff" * 32, 0x62A8AB43),
+                  (bytes(range(32)), 0x46DD794E)]  # the check value and RFC 3720's B.4 vectors
+
+
+def test_crc32c_python_gives_the_known_values():
+    """The pure-Python fallback against the standard CRC32C vectors."""
+    from distdiag.analyze.tfevents import crc32c_python
+
+    assert [crc32c_python(data) for data, _ in CRC32C_VECTORS] == [want for _, want in CRC32C_VECTORS]
+
+
+def test_crc32c_c_and_python_agree(tmp_path, monkeypatch):
+    """google-crc32c's C code (the `crc32c` extra) and the Python fallback give the same checksums, and the
+    reader gives the same series through either."""
+    pytest.importorskip("google_crc32c")
+    import random
+
+    from distdiag.analyze import tfevents
+
+    assert tfevents.crc32c_implementation() == "c"
+    rng = random.Random(0)
+    for data in [d for d, _ in CRC32C_VECTORS] + [rng.randbytes(n) for n in (1, 7, 64, 1000, 65537)]:
+        assert tfevents.crc32c(data) == tfevents.crc32c_python(data), len(data)
+    path = tmp_path / "events.out.tfevents.1.host"
+    write_events(path, {"loss": clean_curve(50)}, tensor=False)
+    with_c = load_run(path).series["loss"].values
+    monkeypatch.setattr(tfevents, "_FAST", [None])
+    assert tfevents.crc32c_implementation() == "python"
+    assert load_run(path).series["loss"].values == with_c
+
+
 def test_jsonl_generic_nested_and_resumed(tmp_path):
     """Generic lines, nested dicts flattened with '/', a resumed run's repeated steps keep the last."""
     p = tmp_path / "m.jsonl"
