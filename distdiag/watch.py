@@ -88,6 +88,7 @@ def _arm_after(init: Any) -> Any:
             from distdiag.watchdog import HangWatchdog
 
             _STATE["wd"] = HangWatchdog(config=_STATE["config"]).start()
+            _say_armed(_STATE["config"])
             # A worker that dies makes torchrun SIGTERM the others at once: take the signal
             # so that they report it first (distdiag/watchdog/sigterm.py).
             _STATE["wd"].take_sigterm()
@@ -95,6 +96,17 @@ def _arm_after(init: Any) -> Any:
 
     init_process_group.__distdiag_wrapped__ = init  # type: ignore[attr-defined]
     return init_process_group
+
+
+def _say_armed(config: Any) -> None:
+    """Once per job (rank 0): the watchdog is armed, with its timeout (the job may run for hours
+    before anything else of distdiag's shows)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    world = os.environ.get("WORLD_SIZE", "1")
+    then = {"abort": "the ranks are ended", "raise": "HangDetected is raised", "report": "the job goes on"}
+    print_line(f"distdiag.watch: watchdog armed on {world} rank(s): {config.timeout_s:g} s without progress is a hang, "
+               f"reported to {os.path.join(config.dump_dir, 'hang-report.json')}, then {then.get(config.action, config.action)}")
 
 
 def _install_init_hook() -> list[tuple[Any, Any]]:

@@ -80,12 +80,18 @@ def filter_torchrun_stderr(lines: list[str]) -> list[str]:
 
 def _pump(src: IO[str], sink: list[str], live: bool) -> None:
     """Collect torchrun's stderr; live (DISTDIAG_DEBUG=1): also show every line as it comes,
-    torchrun's log lines included, since that is what the errors tell users to rerun for."""
+    torchrun's log lines included, since that is what the errors tell users to rerun for.
+    Rank 0's progress lines in plain logs (report/render.py PlainBeat) are shown as they come
+    and not kept: they are signs of life, worth nothing once the job ended."""
+    from distdiag.report.render import is_beat_line
+
     for line in src:
-        if live:
+        beat = is_beat_line(line)
+        if live or beat:
             sys.stderr.write(line)
             sys.stderr.flush()
-        sink.append(line)
+        if not beat:
+            sink.append(line)
 
 
 STOP_WAIT_S = 60.0

@@ -88,6 +88,8 @@ def test_wrapper_healthy_script_exits_zero_without_report(cli_env, tmp_path):
     proc, _ = _torchrun(cli_env, tmp_path, "fault=slow_step", "rank=1", "step=1", "steps=3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (tmp_path / "hang-report").exists()
+    # armed: said once for the job (rank 0), with the timeout
+    assert proc.stderr.count("distdiag.watch: watchdog armed on 2 rank(s): 3 s without progress is a hang") == 1, proc.stderr
 
 
 @pytest.mark.timeout(60)
