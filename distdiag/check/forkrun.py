@@ -146,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"distdiag: error: {exc}\n")
         _leave_bad_input_report(str(exc), check_args, world or 1)
         return 2
+    from distdiag.check.launched import say_started
+    from distdiag.check.plan import parse_config
+
+    say_started(parse_config(check_args), world or 1)
     for name in preloads:
         try:
             importlib.import_module(name)

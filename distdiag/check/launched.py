@@ -25,11 +25,26 @@ from typing import Any
 
 __all__ = [
     "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "LAUNCH_FOLDER_PREFIX", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
-    "report_path_in", "cancelled_by", "note_phase", "noted_rank", "note_first_failure", "read_json",
+    "report_path_in", "cancelled_by", "say_started", "START_PREFIX", "note_phase", "noted_rank", "note_first_failure", "read_json",
 ]
 
 LAUNCH_ID_ENV = "DISTDIAG_LAUNCH_ID"
 VERDICT_NOTE_ENV = "DISTDIAG_VERDICT_NOTE"
+
+
+START_PREFIX = "distdiag check: starting "
+"""The start line's beginning (the launcher shows it as it comes: report/render.py is_beat_line)."""
+
+
+def say_started(config: Any, nproc: int) -> None:
+    """A sign of life before the ranks spend seconds importing torch: one line on stderr, once
+    the command line is known good (a bad one stays one line), not with --quiet or json."""
+    if config.quiet or config.format != "text":
+        return
+    from distdiag.errors import print_line
+
+    print_line(f"{START_PREFIX}{nproc} rank(s) on this machine; each probe has {config.timeout_s:g} s, "
+               f"the check {config.deadline_s:g} s")
 
 
 def launch_id() -> str:

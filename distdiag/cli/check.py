@@ -8,8 +8,6 @@ meaning and cannot drift apart again.
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
 
 from distdiag.cli.options import fail, register_passthrough
@@ -20,7 +18,7 @@ __all__ = ["register"]
 def check(ctx: typer.Context) -> None:
     """Run the probe suite on N local ranks through torchrun; exit with the verdict's code (see: distdiag check -h)."""
     from distdiag.check.config import layered_config
-    from distdiag.check.launched import report_path_in
+    from distdiag.check.launched import report_path_in, say_started
     from distdiag.check.launcher import launch_mode, run_torchrun_check
     from distdiag.check.options import build_parser, to_check_argv
     from distdiag.errors import ConfigError
@@ -44,20 +42,10 @@ def check(ctx: typer.Context) -> None:
     except ConfigError as exc:
         _leave_bad_input_report(str(exc), merged.report if merged is not None else report_path_in(ctx.args))
         raise fail(str(exc)) from None
-    _say_started(merged, args.nproc_per_node)
+    if launch != "fork":  # forkrun says it once the names it checks are known good
+        say_started(merged, args.nproc_per_node)
     # The report the ranks write: the flag, else the config's or profile's, else the default.
     raise typer.Exit(run_torchrun_check(args.nproc_per_node, to_check_argv(args), merged.report, launch=launch))
-
-
-def _say_started(config: Any, nproc: int) -> None:
-    """A sign of life at once (the ranks first import torch, seconds on a busy machine): one
-    line on stderr, not with --quiet or --format json."""
-    if config.quiet or config.format != "text":
-        return
-    from distdiag.errors import print_line
-
-    print_line(f"distdiag check: starting {nproc} rank(s) on this machine; each probe has "
-               f"{config.timeout_s:g} s, the check {config.deadline_s:g} s")
 
 
 def _leave_bad_input_report(message: str, path: str) -> None:

@@ -353,11 +353,11 @@ BEAT_S = 10.0
 """How often rank 0 says where the check is in plain logs (CI, Slurm: no terminal to redraw)."""
 
 
-_BEAT = re.compile(r"^distdiag check: \d+ s in: probe ")
+_BEAT = re.compile(r"^distdiag check: (\d+ s in: probe |starting \d+ rank)")
 
 
 def is_beat_line(line: str) -> bool:
-    """A PlainBeat line (the launcher shows them as they come)."""
+    """A PlainBeat line or the check's start line (the launcher shows them as they come)."""
     return bool(_BEAT.match(line))
 
 
