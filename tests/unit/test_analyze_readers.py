@@ -197,7 +197,9 @@ def test_truncated_tensorboard_record(tmp_path):
 def test_bad_options_and_unknown_metric(tmp_path):
     p = write_jsonl(tmp_path / "a.jsonl", loss=clean_curve(50))
     code, _, err = _cli(str(p), "--spike-factor", "1")
-    assert code == 2 and "--spike-factor must be > 1, got 1.0" in err
+    assert code == 2 and "--spike-factor must be a finite number > 1, got 1.0" in err
+    code, _, err = _cli(str(p), "--spike-factor", "inf")  # it would find no spike at all, and pass
+    assert code == 2 and "--spike-factor must be a finite number > 1, got inf" in err
     code, _, err = _cli(str(p), "--metric", "nope")
     assert code == 2 and "no metric 'nope'" in err and "loss" in err
     code, _, err = _cli(str(p), "--format", "xml")
