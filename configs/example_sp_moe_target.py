@@ -65,5 +65,5 @@ torch.nn.init.normal_(_ROUTER.weight, generator=torch.Generator().manual_seed(0)
 
 def route(tokens: torch.Tensor):
     """Expert indices [num_tokens, k] (and the scores, so near-ties can be measured)."""
-    scores = torch.softmax(_ROUTER(tokens), dim=-1)
+    scores = torch.softmax(_ROUTER(tokens.to(_ROUTER.weight.device)), dim=-1)  # tokens come on the rank's device
     return scores.topk(2, dim=-1).indices, scores

@@ -32,7 +32,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm1(x)
-        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1)
+        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).triu(1)  # on x's device: the GPU
         x = x + self.attn(h, h, h, attn_mask=causal, need_weights=False)[0]
         return x + self.mlp(self.norm2(x))
 
@@ -106,7 +106,7 @@ def build_optimizer(params) -> torch.optim.Optimizer:
 def train_step(model: nn.Module, batch: dict, optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """Two micro-batches accumulated as token sums (not averaged means), then clipping and a step."""
     per = batch["tokens"].shape[0] // MICRO
-    total = torch.zeros(())
+    total = torch.zeros((), device=batch["tokens"].device)  # the batch comes on the model's device (docs/targets.md)
     for i in range(MICRO):
         micro = {**batch, "tokens": batch["tokens"][i * per : (i + 1) * per], "mask": batch["mask"][i * per : (i + 1) * per]}
         loss = _token_loss_sum(model, micro) * batch["world_size"] / batch["global_tokens"]

@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
             "(DDP, FSDP, compiled graphs, NCCL)"
         ),
     )
+    p.add_argument(
+        "--nccl-timing", action="store_true", default=None,
+        help=(
+            "also record NCCL's start events (TORCH_NCCL_ENABLE_TIMING=1, env DISTDIAG_WATCHDOG_NCCL_TIMING=1), so that a "
+            "hang report tells a collective every rank started (the fabric) from one a rank's GPU never started; "
+            "off by default: an extra CUDA event per collective; nothing without the flight recorder"
+        ),
+    )
     wrap = p.add_mutually_exclusive_group()
     wrap.add_argument(
         "--wrap", dest="wrap", action="store_true", default=None,
@@ -163,6 +171,13 @@ class _BadUsage(Exception):
 _NO_SCRIPT = "no training script given; usage: python -m distdiag.watch [options] -- train.py ARGS..."
 
 
+def nccl_timing(flag: bool | None) -> bool:
+    """--nccl-timing, else DISTDIAG_WATCHDOG_NCCL_TIMING=1 (any other value: off)."""
+    from distdiag.watchdog.config import WATCHDOG_NCCL_TIMING
+
+    return bool(flag) or os.environ.get(WATCHDOG_NCCL_TIMING, "").strip() == "1"
+
+
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, Any, int]:
     """(the options with the script and its arguments, the watchdog's config, the flight
     recorder's entries); raises _BadUsage on a bad one."""
@@ -247,7 +262,7 @@ def run(argv: list[str]) -> int:
         ns, config, entries = _parse(argv)
     except _BadUsage as exc:
         return _fail(str(exc))
-    note = enable_recorder(entries)
+    note = enable_recorder(entries, timing=nccl_timing(ns.nccl_timing))
     if note and os.environ.get("RANK", "0") == "0":
         print_line(f"distdiag.watch: {note}")
     _STATE["config"] = config

@@ -22,6 +22,7 @@ from distdiag.analyze.detectors import (
     detect_nonfinite,
     detect_overfit,
     detect_plateau,
+    detect_repeats,
     detect_spikes,
 )
 from distdiag.analyze.masking import detect_masked
@@ -31,7 +32,9 @@ from distdiag.report.model import Finding, ProbeResult, Report, exit_code_for, v
 
 __all__ = ["AnalyzeConfig", "analyze", "pick_metric", "DETECTORS"]
 
-DETECTORS = ("nonfinite", "masked", "divergence", "spikes", "plateau", "grad_trend", "overfit", "compare", "monitor")
+DETECTORS = (
+    "nonfinite", "masked", "divergence", "spikes", "plateau", "grad_trend", "overfit", "resume", "compare", "monitor"
+)
 """The probe names of an analysis report, in order."""
 
 _VAL_MARKERS = ("val", "valid", "validation", "eval", "evaluation", "test", "dev", "holdout")
@@ -179,7 +182,17 @@ def _detect_run(run: Run, cfg: AnalyzeConfig, add: Callable[[str, list[Detection
     for g in _grad_series(run, grad):
         add("grad_trend", detect_grad_trend(g, loss))
     add("monitor", _monitor_detections(run))
+    _add_repeats(run, loss, add)
     return loss
+
+
+def _add_repeats(run: Run, loss: Series | None, add: Callable[[str, list[Detection]], None]) -> None:
+    """A resume: the training loss's steps logged twice, with the jump. Other metrics alone repeated
+    say nothing (a Lightning CSV writes `epoch` on its training and its validation rows)."""
+    if loss is None or loss.name not in run.repeats:
+        return
+    others = [n for n in run.repeats if n != loss.name]
+    add("resume", detect_repeats(loss.name, run.repeats[loss.name], others))
 
 
 def _monitor_detections(run: Run) -> list[Detection]:
@@ -196,11 +209,11 @@ def _monitor_detections(run: Run) -> list[Detection]:
 
 
 def _probes(per: dict[str, list[tuple[str, Detection]]], metrics: dict[str, dict]) -> list[ProbeResult]:
-    """One ProbeResult per detector, in DETECTORS order; compare and monitor only when they found something."""
+    """One ProbeResult per detector, in DETECTORS order; resume, compare and monitor only when they found something."""
     probes = []
     for name in DETECTORS:
         found = per[name]
-        if name in ("compare", "monitor") and not found:
+        if name in ("resume", "compare", "monitor") and not found:
             continue
         events = [
             {"run": label, "step": d.step, "end_step": d.end_step, "metric": d.metric, "severity": d.finding.severity}

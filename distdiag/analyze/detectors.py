@@ -18,8 +18,8 @@ from distdiag.analyze.series import (
     median,
     rolling_median,
     smoothing_window,
-    spike_persists,
     spike_score,
+    spike_stands_out,
 )
 from distdiag.report.model import Finding
 
@@ -31,6 +31,7 @@ __all__ = [
     "detect_plateau",
     "detect_grad_trend",
     "detect_overfit",
+    "detect_repeats",
 ]
 
 
@@ -95,7 +96,7 @@ def detect_nonfinite(series: list[Series]) -> list[Detection]:
 
 def _spike_events(s: Series, factor: float, window: int, min_history: int) -> list[tuple[int, int, float, float]]:
     """(first index, peak index, peak value, baseline) of each run of spiking points that is
-    more than one batch's noise (series.spike_persists)."""
+    more than one batch's noise (series.spike_stands_out)."""
     events: list[tuple[int, int, float, float]] = []
     vals = s.values
     i = min_history
@@ -111,7 +112,7 @@ def _spike_events(s: Series, factor: float, window: int, min_history: int) -> li
             i += 1
             if vals[i] > vals[peak]:
                 peak = i
-        if spike_persists(vals[max(0, start - 5 * window) : start], vals[start : i + 1], factor):
+        if spike_stands_out(vals[max(0, start - 6 * window) : start], vals[start : i + 1], factor, window):
             events.append((start, peak, vals[peak], base))
         i += 1
     return events
@@ -384,3 +385,41 @@ def detect_overfit(train: Series, val: Series, *, tol: float = 0.05) -> list[Det
             v.name,
         )
     ]
+
+
+def detect_repeats(name: str, repeats: list[tuple[int, float, float]], others: list[str]) -> list[Detection]:
+    """Steps of `name` logged twice (a resumed run logs the steps since its checkpoint again):
+    info, with the jump between the two values; a warning when the later values part from the
+    first by more than 10% and the batch noise (the resume did not continue the run)."""
+    pairs = [(st, a, b) for st, a, b in repeats if is_finite(a) and is_finite(b)]
+    if not repeats:
+        return []
+    k = len(repeats)
+    span = f"step {repeats[0][0]}" if k == 1 else f"{k} steps, {repeats[0][0]} to {repeats[-1][0]}"
+    st0, a0, b0 = repeats[0]
+    evidence = f"at step {st0} first {_fmt(a0)}, then {_fmt(b0)}"
+    rel = 0.0
+    if pairs:
+        med_a, med_b = median([a for _, a, _ in pairs]), median([b for _, _, b in pairs])
+        rel = (med_b - med_a) / abs(med_a) if med_a else (math.inf if med_b else 0.0)
+        big = max(pairs, key=lambda p: abs(p[2] - p[1]))
+        evidence += (
+            f"; over the repeated steps the median went {_fmt(med_a)} -> {_fmt(med_b)} ({rel:+.1%}); "
+            f"largest jump at step {big[0]}: {_fmt(big[1])} -> {_fmt(big[2])}"
+        )
+        noise = mad_scale([a for _, a, _ in pairs]) / abs(med_a) if med_a else 0.0
+        parted = abs(rel) > max(0.1, 3.0 * noise / math.sqrt(len(pairs)))
+    else:
+        parted = False
+    if others:
+        evidence += f"; also logged twice: {', '.join(others[:6])}"
+    issue = f"{name} was logged twice at {span}: a resumed run (or two runs in one log); the later values are analysed"
+    fix = "If the log holds two different runs, split it and pass both to distdiag analyze to compare them."
+    if parted:
+        issue += f"; they are {rel:+.0%} off the first values at the same steps"
+        fix = (
+            "The resumed run does not continue the first: check that the checkpoint restored the optimizer and "
+            "learning-rate scheduler state, the data position (sampler epoch and offset) and the RNG states. " + fix
+        )
+    finding = Finding("warning" if parted else "info", issue, evidence, fix=fix, confidence=0.7 if parted else 0.6)
+    return [Detection(finding, st0, name, repeats[-1][0])]

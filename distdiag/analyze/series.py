@@ -19,6 +19,7 @@ __all__ = [
     "smoothing_window",
     "spike_score",
     "spike_persists",
+    "spike_stands_out",
     "is_finite",
 ]
 
@@ -64,6 +65,9 @@ class Run:
     format: str = ""
     """What wrote the log, as far as the reader can tell: jsonl, csv, lightning_csv, wandb_csv,
     hf_trainer_state, tfevents (the masking detector explains a trainer's known replacements)."""
+    repeats: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
+    """Per metric, the steps logged more than once: (step, first value, last value) in step order
+    (a resumed run logs the steps since its checkpoint again; `finish` keeps the last value)."""
 
     def add(self, name: str, step: int, value: float) -> None:
         self.series.setdefault(name, Series(name)).steps.append(step)
@@ -78,8 +82,16 @@ class Run:
             if all(a < b for a, b in zip(s.steps, s.steps[1:], strict=False)):
                 continue
             last: dict[int, float] = {}
+            first: dict[int, float] = {}
+            twice: set[int] = set()
             for st, v in zip(s.steps, s.values, strict=True):
+                if st in last:
+                    twice.add(st)
+                else:
+                    first[st] = v
                 last[st] = v
+            if twice:
+                self.repeats[name] = [(st, first[st], last[st]) for st in sorted(twice)]
             ordered = sorted(last.items())
             s.steps = [st for st, _ in ordered]
             s.values = [v for _, v in ordered]
@@ -155,3 +167,38 @@ def spike_persists(history: list[float], run: list[float], factor: float) -> boo
     sigmas (the docs' Lightning example has five such points in 128 steps), but it is one point,
     and it stays below twice the worst batch of the 100 before."""
     return len(run) >= 2 or (bool(run) and bool(history) and run[0] >= factor * max(history))
+
+
+def _relative_peaks(before: list[float], window: int, span: int) -> list[float]:
+    """Each of the last `span` points of `before` over the median of the `window` points before
+    it (its own recent level), for points with at least 5 points before them and a positive level."""
+    out: list[float] = []
+    for j in range(max(0, len(before) - span), len(before)):
+        hist = before[max(0, j - window) : j]
+        if len(hist) < 5:
+            continue
+        level = median(hist)
+        if level > 0:
+            out.append(before[j] / level)
+    return out
+
+
+def spike_stands_out(before: list[float], run: list[float], factor: float, window: int) -> bool:
+    """Is a run of points above the spike threshold more than one batch's noise? Like
+    `spike_persists`, but a lone point is measured against the recent level, not the raw worst
+    batch: it is a spike when its ratio to the median of the `window` points before it is
+    `factor` times the highest such ratio among the 5 x window points before (each against its
+    own window). The worst raw batch of 100 steps early in a decaying curve is the loss of 100
+    steps ago, far above the current level: a 6x jump measured against it was missed. The ratio
+    keeps the noise's tail in the bar (heavy-tailed batch losses at 3-4x their level make the bar
+    6-8x), whatever the curve's trend. A level <= 0 (a loss that can be negative) falls back to
+    the raw rule."""
+    if len(run) >= 2:
+        return True
+    if not run or not before:
+        return False
+    level = median(before[-window:])
+    if level <= 0:
+        return spike_persists(before[-5 * window :], run, factor)
+    peaks = _relative_peaks(before, window, 5 * window)
+    return run[0] / level >= factor * max(peaks, default=1.0)

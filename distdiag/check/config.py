@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 FORMATS = ("text", "json")
+BACKENDS = ("auto", "nccl", "gloo")
+"""--backend (distdiag.runtime.context.BACKENDS, which this module may not import: no torch here)."""
 
 MAX_PROBE_NAMES = 256
 """At most this many names in `probes`/`skip` (there are a dozen probes; a list of thousands is a
@@ -68,6 +70,10 @@ class CheckConfig:
     """The user's target: a module name or a .py file exposing hook functions."""
     junit: str | None = None
     """Also write the verdict as JUnit XML here (for CI systems and schedulers); None: don't."""
+    backend: str = "auto"
+    """The main process group's backend: auto (NCCL on each rank's GPU when CUDA is present, else
+    gloo), nccl, or gloo (the CPU, even where CUDA is visible: a check of the CPU path on a GPU
+    node, or more ranks than GPUs)."""
     probe_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-probe options, the `[probes.NAME]` tables; each probe validates its own."""
 
@@ -88,6 +94,8 @@ class CheckConfig:
             raise ConfigError(f"check.target must be a module name or a .py path, got {self.target!r}")
         if self.junit is not None and (not isinstance(self.junit, str) or not self.junit):
             raise ConfigError(f"check.junit must be a file path, got {self.junit!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"check.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if not isinstance(self.probe_options, dict):
             raise ConfigError("[probes] must be a table of per-probe tables")
         for name, opts in self.probe_options.items():
@@ -295,6 +303,7 @@ def layered_config(args: Any, validate: Callable[[CheckConfig], None] | None = N
         "verbose": args.verbose,
         "target": args.target,
         "junit": args.junit,
+        "backend": getattr(args, "backend", None),
     }
     config = merge_config(layers, overrides, validate=validate)
     check_output_paths(config)

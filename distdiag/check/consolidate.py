@@ -18,6 +18,7 @@ from distdiag.report.model import (
     verdict_for,
 )
 from distdiag.report.render import format_ranks
+from distdiag.runtime.blind import blind_spot, mark_blind
 
 __all__ = [
     "consolidate_probe", "build_report", "summary_line", "now_iso", "hang_result", "cancel_result", "after_verdict_result",
@@ -185,6 +186,7 @@ def hang_result(
         "ranks' states at the end are in this probe's details",
         "see the other findings and the per-rank stacks",
     )
+    findings = mark_blind(findings, blind_spot(snaps=snaps.values()))  # NCCL blocking wait: the recorder does not move
     details = {"table:ranks at the end": state_rows(snaps, lost, world, infos), **snapshot_details(snaps)}
     return ProbeResult(name, status="error", findings=findings, duration_s=duration_s, details=details, reason=reason)
 

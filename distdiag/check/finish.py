@@ -19,6 +19,7 @@ from typing import Any
 
 from distdiag.check.config import CheckConfig
 from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
+from distdiag.check.forkrun import shared_hash_seed_note
 from distdiag.check.launched import cancelled_by, launch_id, note_verdict, noted_rank
 from distdiag.check.plan import Plan
 from distdiag.check.shared_values import resolve_shared
@@ -91,6 +92,9 @@ def _print(config: CheckConfig, report: Report, text: str, where: str | None) ->
         sys.stdout.write(render_report(report, verbose=config.verbose) + "\n")
         if where:
             sys.stdout.write(f"report: {os.path.abspath(where)}\n")
+    if not config.verbose and config.format != "json":
+        for note in report.notes:  # a hint: on stderr, where the compact table leaves it out
+            sys.stderr.write(f"distdiag: note: {note}\n")
 
 
 class RunEnd:
@@ -200,6 +204,9 @@ class RunEnd:
             written_by=writer,
         )
         report.launch_id = launch_id()
+        note = shared_hash_seed_note()
+        if note:
+            report.notes.append(note)
         return report
 
     # -- write and publish ------------------------------------------------------------------

@@ -16,6 +16,13 @@ Fork is safe only while CUDA is not initialised in the parent: nothing here touc
 CUDA was initialised anyway, the ranks are spawned instead (fresh interpreters).
 `distdiag check --launch torchrun` (or DISTDIAG_LAUNCH=torchrun) starts each rank as its own
 `python -m distdiag.check`, as before.
+
+What a fork cannot give: each rank its own Python hash seed. A fresh interpreter draws one at
+start (PYTHONHASHSEED unset), so under torchrun the order of a set of strings differs from rank
+to rank; forked ranks keep this process's seed, and the seed cannot be changed after start (every
+string made so far caches its hash: a new seed would break the dicts already built). A bug that
+depends on set or dict order across ranks therefore passes here; the report says so
+(`shared_hash_seed_note`) and points to `--launch torchrun`.
 """
 
 from __future__ import annotations
@@ -27,12 +34,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "split_argv", "world_size", "plan_preloads", "start_method", "RANK_ENTRY"]
+__all__ = [
+    "main", "split_argv", "world_size", "plan_preloads", "start_method", "cuda_in_parent", "shared_hash_seed_note",
+    "RANK_ENTRY", "PARENT_HASH_ENV",
+]
 
 log = logging.getLogger(__name__)
 
 RANK_ENTRY = Path(__file__).resolve().with_name("forked_rank.py")
 """The file torchrun's --run-path runs as `__main__` in each forked rank."""
+
+PARENT_HASH_ENV = "DISTDIAG_FORK_PARENT_HASH"
+"""Set by this process for its ranks: its hash of `_HASH_PROBE`. A rank whose own hash of it is
+the same shares this process's hash seed (it was forked; a spawned rank draws its own)."""
+
+_HASH_PROBE = "distdiag.check.forkrun: hash seed"
 
 USAGE = "usage: python -m distdiag.check.forkrun [torchrun options] -- [check options]"
 
@@ -102,18 +118,50 @@ def _note_first_failure(exc: Any) -> None:
         log.debug("could not note the first failure: %s", err)
 
 
+def cuda_in_parent(maps: str | None = None) -> str | None:
+    """Why the CUDA driver is already in use in this process (so a forked rank could not use
+    CUDA), or None: torch initialised CUDA here, or the driver library (libcuda.so) is mapped
+    into the process (`maps`: the text of /proc/self/maps, read when None). torch links only
+    CUDA's runtime and opens the driver at its first CUDA call; a CUDA build imports on a host
+    without a driver, so a mapped libcuda means something asked the driver already: torch, or
+    another library (CuPy, Numba, JAX, a plugin), which torch's own fork check does not see."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return "torch initialised CUDA in this process"
+    except Exception:  # noqa: BLE001 - a torch without the call: the maps still tell
+        pass
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:  # not Linux: torch's own check (start_method) still runs
+            return None
+    for line in maps.splitlines():
+        fields = line.split()
+        path = fields[5] if len(fields) >= 6 else ""
+        if os.path.basename(path).startswith("libcuda.so"):
+            return f"the CUDA driver library is loaded in this process ({path}): a library asked the driver something"
+    return None
+
+
 def start_method() -> str:
-    """fork, unless a forked rank could not use CUDA: torch poisons fork once this process has
-    asked the CUDA driver anything (`torch.cuda.is_available()` does), and a forked rank then
-    raises "Cannot re-initialize CUDA in forked subprocess". Nothing distdiag imports here
-    asks, but a torch release or a plugin might: a child forked now tells (a few ms), and the
-    ranks are spawned instead (fresh interpreters, nothing shared, still correct)."""
+    """fork, unless a forked rank could not use CUDA: once this process has asked the CUDA
+    driver anything (`torch.cuda.is_available()` does; so may another library), a forked rank
+    raises "Cannot re-initialize CUDA in forked subprocess" or worse. Nothing distdiag imports
+    here asks, but a torch release or a plugin might: `cuda_in_parent` looks (is CUDA initialised,
+    is the driver library mapped), then a child forked now asks torch whether it poisoned fork
+    (a few ms); either way the ranks are spawned instead (fresh interpreters, nothing shared,
+    still correct: what `--launch torchrun` does, with the imports paid once per rank)."""
     import torch
 
     if not hasattr(os, "fork"):
         return "spawn"
     if not torch.cuda._is_compiled():
         return "fork"  # a CPU build has no CUDA to lose
+    reason = cuda_in_parent()
+    if reason is not None:
+        log.warning("%s; spawning the ranks instead of forking them (a forked rank could not use CUDA)", reason)
+        return "spawn"
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child only answers
         os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
@@ -122,6 +170,20 @@ def start_method() -> str:
         log.warning("CUDA was initialised before the ranks started; spawning them instead of forking")
         return "spawn"
     return "fork"
+
+
+def shared_hash_seed_note() -> str | None:
+    """The report's note when this rank shares the launching process's Python hash seed where
+    torchrun would give it its own: it was forked (its hash of a probe string is the parent's)
+    and PYTHONHASHSEED does not fix one seed for every process (then torchrun's share it too)."""
+    parent = os.environ.get(PARENT_HASH_ENV, "")
+    if parent != str(hash(_HASH_PROBE)) or os.environ.get("PYTHONHASHSEED", "").strip().isdigit():
+        return None
+    return (
+        "forked ranks share one Python hash seed (torchrun gives each rank its own): a bug that depends on "
+        "set or dict order differing across ranks cannot show here; rerun with `distdiag check --launch "
+        "torchrun` to see it"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    os.environ[PARENT_HASH_ENV] = str(hash(_HASH_PROBE))  # the ranks tell from it whether they share the seed
     command = [*torchrun_args, "--run-path", "--start-method", start_method(), str(RANK_ENTRY), *check_args]
     sys.stdout.flush()  # what is buffered now would be written again by every forked rank
     sys.stderr.flush()

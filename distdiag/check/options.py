@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from distdiag.check.config import FORMATS, MAX_SECONDS
+from distdiag.check.config import BACKENDS, FORMATS, MAX_SECONDS
 from distdiag.errors import ConfigError, unknown_option_hint
 
 __all__ = [
@@ -71,6 +71,8 @@ CHECK_OPTIONS: tuple[CheckOption, ...] = (
     CheckOption(("--quiet",), "print only the verdict line", type=None),
     CheckOption(("--target",), "your target exposing hook functions (module name or .py path)", "MODULE|FILE.py"),
     CheckOption(("--junit",), "also write the verdict as JUnit XML to PATH (on every node, like the report)", "PATH"),
+    CheckOption(("--backend",), "the main process group's backend: auto (default: NCCL on each rank's GPU when CUDA is "
+                "present, else gloo), nccl, or gloo (the CPU even where CUDA is visible)", None, str, BACKENDS),
     CheckOption(("--checkpoint",), "an existing DCP checkpoint to load into the target model (probe checkpoint; "
                 "sets probes.checkpoint.load)", "PATH"),
 )

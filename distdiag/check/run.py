@@ -95,9 +95,12 @@ class CheckRun:
         note_phase("connecting to the job's store")
         if not self._connect():
             return 3
-        setup_exc = None
+        setup_exc, device_error = None, None
         try:
-            device, backend = pick_device(info)
+            device, backend = pick_device(info, self.config.backend)
+        except ConfigError as exc:  # more local ranks than GPUs: bad input, said by every rank (below)
+            device, backend = torch.device("cpu"), "gloo"
+            device_error = str(exc)
         except Exception as exc:  # noqa: BLE001 - a broken GPU: report it, do not just die
             device, backend = torch.device("cpu"), "gloo"
             setup_exc = exc
@@ -112,7 +115,7 @@ class CheckRun:
             self.end.consolidate_ahead(self.ex, self._store)
         note_phase("setting up (the target, the process groups)")
         self.tracker.enter_phase("setup")
-        target = self._load_target_everywhere()
+        target = self._load_target_everywhere(device_error)
         side_group = self._init_process_groups(backend, device)
         torch.manual_seed(1234)
         ctx = RankContext(
@@ -212,17 +215,19 @@ class CheckRun:
         summary.update({"where": where, "probe": self.tracker.probe_name, "phase": self.tracker.phase})
         self.ex.post(Keys.caught(index), summary)
 
-    def _load_target_everywhere(self) -> Any:
+    def _load_target_everywhere(self, device_error: str | None = None) -> Any:
         """Load the user's target on every rank; if any rank fails, every rank exits 2.
 
         A target can fail on one node only (a file missing there), so ranks agree through the
         store before anyone initialises a process group that the failed rank would never join.
+        A rank that could not be given a device of its own (`device_error`: more local ranks
+        than GPUs) is bad input the same way, agreed in the same exchange.
         """
         from distdiag.check.target import load_target
 
-        error = None
+        error = device_error
         target = None
-        if self.config.target:
+        if self.config.target and error is None:
             try:
                 target = load_target(self.config.target)
             except ConfigError as exc:

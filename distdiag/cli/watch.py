@@ -32,7 +32,7 @@ HELP = f"""{USAGE}
 Runs `torchrun [torchrun options] -m distdiag.watch [watch options] -- train.py ARGS...`:
 the training script unchanged, with distdiag's hang watchdog armed at init_process_group.
 Watch options (python -m distdiag.watch -h): --timeout-s S, --action abort|raise|report,
---dump-dir DIR, --flight-recorder N, --wrap, --no-wrap; every other option before `--` is torchrun's
+--dump-dir DIR, --flight-recorder N, --nccl-timing, --wrap, --no-wrap; every other option before `--` is torchrun's
 (--nproc-per-node, --standalone, --nnodes, --rdzv-*, ...).
 
 Output: the ranks' stdout and stderr as they come, without torchrun's log lines and its
@@ -43,7 +43,7 @@ input, else the script's own exit code.
 Example: distdiag watch --nproc-per-node 8 --timeout-s 300 -- train.py --lr 3e-4"""
 
 _WATCH_VALUED = ("--timeout-s", "--action", "--dump-dir", "--flight-recorder")
-_WATCH_FLAGS = ("--wrap", "--no-wrap")
+_WATCH_FLAGS = ("--wrap", "--no-wrap", "--nccl-timing")
 _TORCHRUN_FRAME = re.compile(r'^\s*File ".*torch/distributed/(run|launch|elastic/|launcher/)')
 _ENDING = re.compile(r"^distdiag\[rank \d+\]: watchdog ending the process")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")

@@ -25,7 +25,7 @@ from distdiag.report.render import format_ranks
 
 __all__ = [
     "SHAPE_FREE_OPS", "find_desync", "desync_finding", "desync_lines", "first_divergence", "has_history",
-    "record_divergence", "record_desync_finding", "departure", "departures", "break_tie", "engine_history",
+    "record_divergence", "record_desync_finding", "departure", "departures", "break_tie", "odd_by_call_site", "engine_history",
 ]
 
 
@@ -49,7 +49,9 @@ def _step_sites(snap: dict[str, Any]) -> list[tuple[Any, list[str]]]:
             return []
         if not out or out[-1][0] != step:
             out.append((step, []))
-        out[-1][1].append(str(c.get("call_site")))
+        # the op with its line: one line may issue several ops (FSDP's all-gathers and
+        # reduce-scatters all come from the model's call)
+        out[-1][1].append(f"{c.get('op')} at {c.get('call_site')}")
     return out
 
 
@@ -96,11 +98,45 @@ def break_tie(classes: list[list[int]], snaps: dict[int, dict[str, Any]]) -> tup
     the other (as majority). None when history does not tell them apart."""
     if len(classes) != 2:
         return None
+    by_site = odd_by_call_site(classes, snaps)
+    if by_site is not None:
+        return by_site
     gone = departures(snaps, [r for c in classes for r in c])
     odd = [c for c in classes if any(r in gone for r in c)]
     if len(odd) != 1:
         return None
     return [c for c in classes if c is not odd[0]] + odd, gone
+
+
+def odd_by_call_site(classes: list[list[int]], snaps: dict[int, dict[str, Any]]) -> tuple[list[list[int]], dict[int, str]] | None:
+    """Two equal sides that part at one (group, seq): SPMD code issues every collective from
+    lines every rank runs, so a line that one side issues there and the other side never issued
+    before, while the other side's line is one the first side issued before, is the first side's
+    alone (a rank-dependent branch, or a loop it left early). None when the lines do not say."""
+    sides = []
+    for ranks in classes:
+        rank = ranks[0]
+        recs = _histories({rank: snaps.get(rank) or {}})
+        sides.append((ranks, {(g, q): c for g, by in recs.items() for q, c in by.get(rank, {}).items()}))
+    (a_ranks, a), (b_ranks, b) = sides
+    parted = sorted((k for k in set(a) & set(b) if _fingerprint(a[k]) != _fingerprint(b[k]) or
+                     a[k].get("call_site") != b[k].get("call_site")), key=lambda k: k[1])
+    if not parted:
+        return None
+    key = parted[0]
+    site_a, site_b = a[key].get("call_site"), b[key].get("call_site")
+    if not site_a or not site_b or site_a == site_b:
+        return None
+    before_a = {c.get("call_site") for k, c in a.items() if k[1] < key[1]}
+    before_b = {c.get("call_site") for k, c in b.items() if k[1] < key[1]}
+    a_alone = site_a not in before_b and site_b in before_a
+    b_alone = site_b not in before_a and site_a in before_b
+    if a_alone == b_alone:
+        return None
+    odd, usual, site, other = (a_ranks, b_ranks, site_a, site_b) if a_alone else (b_ranks, a_ranks, site_b, site_a)
+    why = (f"at {key[0]} #{key[1]} it issued a collective from {site}, a line its peers never issued before, "
+           f"while their {other} is a line it had issued before")
+    return [usual, odd], {r: why for r in odd}
 
 
 def first_divergence(snaps: dict[int, dict[str, Any]]) -> tuple[str, int, dict[int, dict[str, Any]]] | None:

@@ -24,7 +24,7 @@ from distdiag.report.render import format_ranks
 Analysis = Any
 """distdiag.hang.rules.Analysis (rules.py imports this module, so not imported back here)."""
 
-__all__ = ["uneven_data", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
+__all__ = ["uneven_data", "data_ran_out", "ran_out_first", "loader_passes", "pass_ended", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
 
 UNEVEN_FIX = (
     "rank {rank} ran out of data (or left the loop early) while the others still train: make every rank run "
@@ -33,8 +33,94 @@ UNEVEN_FIX = (
 )
 
 
+def loader_passes(v: Any) -> dict[tuple[int, int], dict[str, Any]]:
+    """(loader, pass) -> that pass's record, from the rank's DataLoader tap (distdiag.watchdog.dataload)."""
+    out = {}
+    for p in v.snap.get("loaders") or []:
+        if isinstance(p, dict) and isinstance(p.get("loader"), int) and isinstance(p.get("pass"), int):
+            if isinstance(p.get("drawn"), int):
+                out[(p["loader"], p["pass"])] = p
+    return out
+
+
+def pass_ended(p: dict[str, Any]) -> bool:
+    """The pass reached its end: StopIteration seen, or all of its planned length drawn (a
+    trainer that plans its steps from len(loader) stops there without asking for more)."""
+    length = p.get("len")
+    return bool(p.get("exhausted")) or (isinstance(length, int) and 0 < length <= p["drawn"])
+
+
+def _longer(p: dict[str, Any], drawn: int) -> bool:
+    """The pass holds more than `drawn` batches: drawn already, or planned (its sampler's length)."""
+    length = p.get("len")
+    return p["drawn"] > drawn or (isinstance(length, int) and length > drawn)
+
+
+def ran_out_first(a: Analysis) -> list[tuple[int, dict[str, Any], list[int], int]]:
+    """(rank, its pass that ran out, the peers that drew more from the same pass, the most they
+    drew), for ranks whose DataLoader ended while a peer's went on: uneven data, seen where it
+    happens. Only the ranks that ran out with the fewest batches of that pass lead."""
+    passes = {r: loader_passes(v) for r, v in a.views.items()}
+    found: dict[tuple[int, int], list[tuple[int, dict[str, Any], list[int], int]]] = {}
+    for r, mine in sorted(passes.items()):
+        for key, p in mine.items():
+            if not pass_ended(p):
+                continue
+            more = sorted(o for o, theirs in passes.items() if o != r and key in theirs and _longer(theirs[key], p["drawn"]))
+            # a peer still inside that pass: the rank's data ended while the peer's goes on (a
+            # pass every rank finished, however unevenly, is not what the ranks wait on now)
+            if more and any(not pass_ended(passes[o][key]) for o in more):
+                most = max(max(passes[o][key]["drawn"], passes[o][key].get("len") or 0) for o in more)
+                found.setdefault(key, []).append((r, p, more, most))
+    out = []
+    for rows in found.values():
+        fewest = min(p["drawn"] for _, p, _, _ in rows)
+        out += [row for row in rows if row[1]["drawn"] == fewest]
+    return out
+
+
+def data_ran_out(a: Analysis) -> None:
+    """A rank whose DataLoader pass ended after fewer batches than a peer drew from the same
+    pass, while its peers wait: it left the epoch (and issues the epoch's end collectives) while
+    they issue the next step's. Decided by the loaders alone, whatever the trainer does next."""
+    if a.lost:
+        return
+    rows = [row for row in ran_out_first(a) if row[0] not in a.explained]
+    for rank, p, more, most in rows:
+        v = a.views[rank]
+        w = v.waits[0] if v.waits else None
+        nxt = (f"; it went on to {w['op']} #{w['seq']} on {w['group']} at {w.get('call_site', '?')}" if w
+               else f"; it is at {v.record.stack[-1] if v.record.stack else '?'}")
+        waiting = sorted(o for o in a.views if o != rank and a.views[o].waiting)
+        steps = f" after {p['at_steps']} training step(s)" if isinstance(p.get("at_steps"), int) else ""
+        a.findings.append(
+            Finding(
+                severity="critical",
+                issue=(f"rank {rank} ran out of data: its DataLoader ({p.get('label', '?')}, pass {p['pass']}) ended "
+                       f"after {p['drawn']} batch(es){steps} while {format_ranks(more)} {'has' if len(more) == 1 else 'have'} "
+                       f"up to {most} in the same pass{nxt}"),
+                evidence="\n".join(x for x in (
+                    f"batches drawn from that pass: rank {rank} {p['drawn']} ({'then StopIteration' if p.get('exhausted') else 'all of its length'}); "
+                    + ", ".join(f"rank {o} {loader_passes(a.views[o])[(p['loader'], p['pass'])]['drawn']}" for o in more),
+                    *shape_lines(a, waiting), f"rank {rank} main-thread stack (innermost last):",
+                    "\n".join(v.record.stack[-8:])) if x),
+                ranks=[rank],
+                fix=UNEVEN_FIX.format(rank=rank),
+                confidence=0.95,
+                cause=CAUSE_UNEVEN,
+            )
+        )
+        a.explained.add(rank)
+        a.causes.add(rank)
+        # every peer that drew more went on into the next step: where it waits (or sits, inside
+        # a collective torch's recorder no longer shows) is a consequence
+        a.explained.update(waiting, more)
+
+
 def _short_ranks(a: Analysis) -> list[tuple[int, int, int]]:
-    """(rank, its steps, the others' fewest) for live ranks out of their loop one step or more short."""
+    """(rank, its steps, the others' fewest) for live ranks out of their loop one step or more
+    short, where no DataLoader was seen (with one, `data_ran_out` decides: a rank whose loader
+    did not end early left its loop for another reason)."""
     inside = {r: v for r, v in a.views.items() if v.in_loop and v.steps is not None}
     if not inside or not any(v.waiting for v in inside.values()):
         return []
@@ -43,19 +129,24 @@ def _short_ranks(a: Analysis) -> list[tuple[int, int, int]]:
     for r, v in sorted(a.views.items()):
         if r in a.explained or r in a.causes or v.steps is None or v.in_loop is not False or not v.waiting:
             continue  # a short rank outside any collective: `behind` names it where it is
-        if v.steps <= top:  # the others took as many and are inside their next step, or more
+        if loader_passes(v):
+            continue
+        if v.steps < top:  # the others are inside a later step (equal counts: a branch as likely)
             out.append((r, v.steps, top))
     return out
 
 
 def uneven_data(a: Analysis) -> None:
-    """A rank out of its training loop with fewer steps, while the others wait inside theirs.
+    """A rank out of its training loop with fewer steps, while the others wait inside theirs,
+    where no DataLoader tells (a loop over a plain iterator): likely uneven data, said with
+    what would decide.
 
     Its next call may be a collective (a barrier before saving, a validation sync): that is a
     consequence, not a desync to align.
     """
     if a.lost:
         return
+    data_ran_out(a)
     for rank, mine, top in _short_ranks(a):
         v = a.views[rank]
         others = sorted(r for r, o in a.views.items() if o.in_loop and o.waiting)
@@ -72,8 +163,10 @@ def uneven_data(a: Analysis) -> None:
                     *shape_lines(a, others), f"rank {rank} main-thread stack (innermost last):",
                     "\n".join(v.record.stack[-8:])) if x),
                 ranks=[rank],
-                fix=UNEVEN_FIX.format(rank=rank),
-                confidence=0.85,
+                fix=UNEVEN_FIX.format(rank=rank) + (
+                    "; no DataLoader was seen on this rank, so its data's end was not observed: if it did not run "
+                    "out, it left the loop through a rank-dependent branch or an early return"),
+                confidence=0.7,
                 cause=CAUSE_UNEVEN,
             )
         )

@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 import time
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -43,6 +46,10 @@ __all__ = [
     "group_label",
     "entry_site",
     "dtype_name",
+    "SYMBOLIZER",
+    "load_symbolizer",
+    "loaded",
+    "bind_reader_thread",
 ]
 
 FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
@@ -54,6 +61,15 @@ _DUMPERS = (("fr", "_dump_fr_trace_json"), ("nccl", "_dump_nccl_trace_json"))
 """torch's JSON dump functions: the CPU recorder (gloo, torch >= 2.7) and NCCL's (CUDA builds)."""
 _STACK_DUMPERS = (("fr", "_dump_fr_trace"), ("nccl", "_dump_nccl_trace"))
 """The pickle forms: only they carry each entry's Python `frames` (the JSON form has no stacks)."""
+SYMBOLIZER = "torch._inductor.codecache"
+"""The module torch's stack symbolizer reaches for (`torch._inductor.codecache.PyCodeCache`, to
+map compiled code's frames) the first time a pickle dump with stacks is made: about 850 modules
+(inductor, dynamo, sympy), 0.9 s of CPU. Made from one of our threads while the training thread
+imports dynamo or inductor itself (parallelize_module, fully_shard, torch.compile), the two
+imports interleave and the user's thread gets a partially initialised module
+("cannot import name 'IndentedBuffer' from partially initialized module 'torch._inductor.utils'").
+So stacks are read only once it is fully imported: by `load_symbolizer` on the training thread
+before the watchdog's threads start, or by the job itself."""
 _NOT_SITES = ("/torch/", "/distdiag/watchdog/", "/distdiag/watch.py", "/runpy.py", "/threading.py")
 """Frames that are not the job's call site: torch's own (all_reduce, c10d_logger.wrapper, DDP,
 autograd), distdiag's runner and Python's."""
@@ -70,22 +86,70 @@ def recorder_enabled() -> bool:
         return False
 
 
-def enable_recorder(entries: int) -> str | None:
+def enable_recorder(entries: int, *, timing: bool = False) -> str | None:
     """Turn the recorder on for process groups created from now on; a warning or None.
 
     The buffer size is read when a process group is created, so this must run before
     `init_process_group`. A value the user set is kept (with a note when it differs).
-    NCCL's start events are enabled too (unless the user set them), so that a collective
-    that started everywhere but never completed tells a fabric stall apart.
+    `timing` (asked for: `--nccl-timing`) also records NCCL's start events, unless the user set
+    them: a collective that started everywhere but never completed then tells a fabric stall
+    apart from a rank whose GPU never started it. It costs a start and a timing end event per
+    NCCL collective (cost not measured on a GPU yet), so it is off unless asked, and never with
+    the recorder off (`entries` <= 0): without entries there is nothing to read it from.
     """
-    os.environ.setdefault(NCCL_TIMING_ENV, "1")
     if entries <= 0:
         return None
+    if timing:
+        os.environ.setdefault(NCCL_TIMING_ENV, "1")
     current = os.environ.get(FR_BUFFER_ENV) or os.environ.get(_LEGACY_BUFFER_ENV)
     if current:
         return None if current == str(entries) else f"keeping the user's {FR_BUFFER_ENV}={current} (not {entries})"
     os.environ[FR_BUFFER_ENV] = str(entries)
     return None
+
+
+_THREAD = threading.local()
+
+
+def bind_reader_thread() -> None:
+    """Give the thread that reads the recorder the rank's CUDA device, as torch's own watchdog
+    thread does, before a read that may query CUDA events (an entry's state).
+
+    A thread starts on device 0: its first CUDA call would make a context on GPU 0, from every
+    rank of the node. Only once CUDA is initialised (this never initialises it), never on the
+    main thread (the training thread's device is the job's own), once per thread. The device is
+    the default process group's (`device_id` at init), else LOCAL_RANK's where that many GPUs are
+    visible (one visible GPU: that one). What it cannot set is the thread's CUDA-graph capture
+    mode (torch's watchdog uses the thread-local mode; no Python API does), docs/watchdog.md.
+    """
+    if getattr(_THREAD, "bound", False) or threading.current_thread() is threading.main_thread():
+        return
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return
+        index = _rank_gpu(torch)
+        if index is not None:
+            torch.cuda.set_device(index)
+        _THREAD.bound = True
+    except Exception:  # noqa: BLE001 - reads still work, on the thread's default device
+        _THREAD.bound = True
+
+
+def _rank_gpu(torch: Any) -> int | None:
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        bound = getattr(c10d._get_default_group(), "bound_device_id", None)
+        if bound is not None and bound.type == "cuda" and bound.index is not None:
+            return int(bound.index)
+    except Exception:  # noqa: BLE001 - no default group, or a torch without the field
+        pass
+    count = torch.cuda.device_count()
+    local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    if count == 1:
+        return 0
+    return local if 0 <= local < count else None
 
 
 def op_name(profiling_name: Any) -> str:
@@ -222,6 +286,8 @@ class EngineReader:
         `stack_dumpers`: (tag, fn() -> pickle bytes with frames), the call sites' source."""
         self._fns: list[tuple[str, Any]] = []
         self._stack_fns: list[tuple[str, Any]] = []
+        self._stack_fns_are_torch = False
+        """torch's own stack dumps (not fed by a test): they import SYMBOLIZER when first called."""
         self._warmed: Any = None
         self.sites_state = "cold"
         """cold | warming | ready | failed: the pickle dump's first call symbolizes the recorded
@@ -245,6 +311,7 @@ class EngineReader:
                 c10d = torch._C._distributed_c10d
                 stack_dumpers = [(tag, getattr(c10d, name)) for tag, name in _STACK_DUMPERS if hasattr(c10d, name)]
             self._stack_fns = list(stack_dumpers)
+            self._stack_fns_are_torch = not given and bool(self._stack_fns)
         except Exception as exc:  # noqa: BLE001 - no torch.distributed at all
             self.reason = f"torch.distributed is not available ({type(exc).__name__})"
         if not self._fns and not self.reason:
@@ -253,23 +320,28 @@ class EngineReader:
                 "NCCL builds have _dump_nccl_trace_json)"
             )
         self._labels: dict[str, str] = {}
-        self._id_names: dict[str, str] = {}
-        """pg_id -> group name: `pg_status` is keyed by a per-process counter (pg_id), entries carry
-        both; the same id names different groups on different ranks (a device mesh's subgroups)."""
+        self._id_names: dict[tuple[str, str], str | None] = {}
+        """(recorder tag, pg_id) -> group name (None: not known). `pg_status` is keyed by a per-process
+        counter (pg_id), entries carry both; the same id names different groups on different ranks
+        (a device mesh's subgroups), and NCCL and gloo number their groups apart: pg 1 of the NCCL
+        recorder and pg 1 of the CPU recorder are two groups (the check's gloo side group beside
+        an NCCL subgroup, Megatron's gloo groups)."""
         self._first_seen: dict[tuple[str, str, int], float] = {}
         self._any_enqueued = False
         self.completed_total = -1
         """Sum of completed sequence numbers over every group at the last read (-1: none yet)."""
 
-    def label_by_id(self, pg_id: str) -> str:
-        """The label of the group that `pg_status` calls `pg_id` in this process."""
-        name = self._id_names.get(pg_id)
-        if name is None:
-            name = _name_by_creation(pg_id)
-            if name is None:
-                return f"group {pg_id}"
-            self._id_names[pg_id] = name
-        return self.label(name)
+    def name_by_id(self, tag: str, pg_id: str) -> str | None:
+        """The name of the group that recorder `tag`'s `pg_status` calls `pg_id`, or None."""
+        key = (tag, pg_id)
+        if key not in self._id_names or self._id_names[key] is None:
+            self._id_names[key] = _name_by_creation(pg_id, _TAG_BACKENDS.get(tag))
+        return self._id_names[key]
+
+    def label_by_id(self, pg_id: str, tag: str = "nccl") -> str:
+        """The label of the group that recorder `tag`'s `pg_status` calls `pg_id` in this process."""
+        name = self.name_by_id(tag, pg_id)
+        return self.label(name) if name is not None else f"group {pg_id}"
 
     @property
     def available(self) -> bool:
@@ -284,12 +356,15 @@ class EngineReader:
 
     def warm_sites(self) -> None:
         """Make the first (slow) stack dump on a daemon thread, once the recorder holds an entry
-        (with none, the call symbolizes nothing and the next one is slow again)."""
+        (with none, the call symbolizes nothing and the next one is slow again), and only once
+        the symbolizer's module is fully imported: this thread never imports (see SYMBOLIZER)."""
         if self.sites_state != "cold" or self.completed_total <= 0 and not self._any_enqueued:
             return
         if not self._stack_fns:
             self.sites_state = "failed"
             return
+        if self._stack_fns_are_torch and loaded(SYMBOLIZER) is None:
+            return  # not imported (yet): no call sites from the recorder until it is
         self.sites_state = "warming"
 
         import threading
@@ -310,6 +385,8 @@ class EngineReader:
         """(backend tag, group name, seq) -> the job's line that issued it, from the stack dumps."""
         from distdiag.hang.dumps import parse_dump
 
+        bind_reader_thread()  # the warm-up runs on a thread of its own
+
         out: dict[tuple[str, str, int], str] = {}
         for tag, fn in self._stack_fns:
             data = parse_dump(fn(includeCollectives=True, includeStackTraces=True, onlyActive=False), f"{tag} recorder")
@@ -323,7 +400,7 @@ class EngineReader:
     def _sites_or_none(self, wait_s: float) -> dict[tuple[str, str, int], str] | None:
         if self.sites_state == "warming" and self._warmed is not None:
             self._warmed.wait(wait_s)  # a hang in the job's first seconds: the warm-up may be nearly done
-        if self.sites_state != "ready":
+        if self.sites_state != "ready" or self._stack_fns_are_torch and loaded(SYMBOLIZER) is None:
             return None
         try:
             return self._read_sites()
@@ -338,6 +415,7 @@ class EngineReader:
         for every tick)."""
         if not self._fns:
             return {"state": "unavailable", "reason": self.reason, "groups": []}
+        bind_reader_thread()
         groups: list[dict[str, Any]] = []
         errors = []
         seen_backends: dict[str, list[str]] = {}
@@ -352,14 +430,17 @@ class EngineReader:
                 continue
             for name, st in status.items():
                 if isinstance(st, dict):
-                    seen_backends.setdefault(str(name), []).append(tag)
-                    groups.append(_group_entry(str(name), self.label_by_id(str(name)), st, tag))
+                    # One group on two backends (cpu:gloo,cuda:nccl) has one name on both
+                    # recorders; without a name, the same id on both is taken for one group.
+                    same = self.name_by_id(tag, str(name)) or f"id {name}"
+                    seen_backends.setdefault(same, []).append(tag)
+                    groups.append({**_group_entry(str(name), self.label_by_id(str(name), tag), st, tag), "_same": same})
         if not groups:
             if errors and len(errors) == len(self._fns):
                 return {"state": "unavailable", "reason": "; ".join(errors), "groups": []}
             return {"state": "off", "reason": _off_reason(), "groups": []}
-        for g in groups:  # one group on two backends (cpu:gloo,cuda:nccl): say which is which
-            if len(seen_backends.get(g["pg"], [])) > 1:
+        for g in groups:  # one group on two backends: say which is which
+            if len(seen_backends.get(g.pop("_same"), [])) > 1:
                 g["group"] = f"{g['group']} ({g['backend']})"
         self.completed_total = sum(max(g["completed"], 0) for g in groups)
         self._any_enqueued = any(g["enqueued"] > 0 for g in groups)
@@ -399,7 +480,7 @@ class EngineReader:
                     continue
                 c = compact_entry(raw, self.label(_pg_name(raw)))
                 if c["pg_id"]:
-                    self._id_names[c["pg_id"]] = c["pg"]  # the entry says it: it wins over creation order
+                    self._id_names[(tag, c["pg_id"])] = c["pg"]  # the entry says it: it wins over creation order
                 c["backend_tag"] = tag
                 out.append(c)
         out.sort(key=lambda c: c["created_ns"])
@@ -413,6 +494,41 @@ def _off_reason() -> str:
         f"torch's flight recorder is off ({how}), so collectives torch issues itself (DDP, FSDP, compiled graphs, "
         f"NCCL) are not seen; set {FR_BUFFER_ENV}=2000 before init_process_group (python -m distdiag.watch does)"
     )
+
+
+def loaded(name: str) -> ModuleType | None:
+    """`sys.modules[name]` when it and every parent package have finished importing, else None;
+    runs no import and takes no import lock. Our threads (the watchdog's tick, the recorder's
+    warm-up) use it instead of an import: while the training thread is inside a long first import
+    (dynamo, inductor), a second thread importing on the same chain takes module locks in
+    another order, and importlib's deadlock avoidance hands one of them a partially initialised
+    module, raised in the user's code."""
+    parts = name.split(".")
+    module = None
+    for i in range(1, len(parts) + 1):
+        module = sys.modules.get(".".join(parts[:i]))
+        if module is None:
+            return None
+        # importlib sets spec._initializing while a module's body runs (the flag behind its
+        # "partially initialized module" message)
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return None
+    return module
+
+
+def load_symbolizer() -> bool:
+    """Import SYMBOLIZER on the calling thread (the training thread, before the watchdog's threads
+    start), so that the recorder's stacks can be read later without an import. False, with the
+    recorder's call sites off, where it cannot be imported."""
+    if loaded(SYMBOLIZER) is not None:
+        return True
+    try:
+        import importlib
+
+        importlib.import_module(SYMBOLIZER)
+    except Exception:  # noqa: BLE001 - a torch without inductor: the wrappers give call sites
+        return False
+    return True
 
 
 def group_label(name: str) -> str:
@@ -430,13 +546,19 @@ def group_label(name: str) -> str:
         return f"group {name}"
 
 
-def _name_by_creation(pg_id: str) -> str | None:
-    """The name of this process's `pg_id`-th process group: torch numbers the groups a process
-    creates in creation order (0: the default group), the order of c10d's group map."""
+_TAG_BACKENDS = {"nccl": "nccl", "fr": "gloo"}
+"""The backend whose groups each recorder numbers: NCCL's recorder NCCL's groups, the CPU
+recorder (`fr`) gloo's."""
+
+
+def _name_by_creation(pg_id: str, backend: str | None = None) -> str | None:
+    """The name of this process's `pg_id`-th process group of `backend` (every group when None):
+    each backend numbers the groups it serves in creation order (0: the first; the default group
+    when it runs on that backend), the order of c10d's group map."""
     try:
         from torch.distributed import distributed_c10d as c10d
 
-        groups = list(c10d._world.pg_map)
+        groups = [pg for pg, (kind, _) in c10d._world.pg_map.items() if backend is None or backend in str(kind)]
         index = int(pg_id)
         return str(groups[index].group_name) if 0 <= index < len(groups) else None
     except Exception:  # noqa: BLE001 - a label only

@@ -33,6 +33,7 @@ Adding a rule is adding a function to `RULES`.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +41,9 @@ from typing import Any
 
 from distdiag.hang.desync_rules import desync_in_flight, desync_in_histories, desync_in_records
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
-from distdiag.hang.group_rules import UNEVEN_FIX, chain_end, deadlock, stranded, uneven_data
+from distdiag.hang.group_rules import (
+    UNEVEN_FIX, chain_end, deadlock, loader_passes, pass_ended, ran_out_first, stranded, uneven_data,
+)
 from distdiag.hang.incident import CAUSE_CAUGHT, CAUSE_RAISED, CAUSE_STALLED, CAUSE_UNEVEN, Silence, SilentReason
 from distdiag.hang.shapes import SHAPE_LINES, shape_lines
 from distdiag.hang.views import RankView, build_views, group_members, stack_text, wait_text, where
@@ -49,6 +52,8 @@ from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
 __all__ = ["Analysis", "RULES", "analyze_hang", "ensure_critical"]
+
+_DIGITS = re.compile(r"\d+")
 
 
 @dataclass
@@ -116,9 +121,13 @@ def raised(a: Analysis) -> None:
     stranded = [r for r in a.waiting_ranks() if r not in causes]
     by_exc: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for rank, err in sorted(causes.items()):
-        by_exc[(err.get("type"), err.get("message"), bool(err.get("caught")))].append(rank)
-    for (etype, message, caught), ranks in by_exc.items():
+        # one error raised on several ranks often names its rank or step ("... on rank 3"):
+        # the same type, place and words with other numbers is one finding naming every rank
+        words = _DIGITS.sub("#", str(err.get("message")))
+        by_exc[(err.get("type"), words, err.get("raised_at"), bool(err.get("caught")))].append(rank)
+    for (etype, _words, _at, caught), ranks in by_exc.items():
         err = causes[ranks[0]]
+        message = err.get("message")
         who = format_ranks(ranks)
         lib = f" in {err['through']}" if err.get("through") else ""
         at = f" at {err['raised_at']}" if err.get("raised_at") else ""
@@ -209,21 +218,29 @@ def left_early(a: Analysis) -> None:
         where = "; ".join(f"on {g} it issued {n} collectives, the others {top}" for g, top, n in ahead) or lag
         consequence = sorted(r for r, e in a.errors.items() if e.get("comm"))
         tail = f"; {format_ranks(consequence)} then lost their connection to it" if consequence else ""
+        out = [p for r, p, _, _ in ran_out_first(a) if r == rank]
+        evidence = (f"rank {rank} left its watched loop after {v.steps} step(s)" if v.steps is not None else
+                    f"rank {rank} posted its final state")
+        if out:  # its DataLoader ended before a peer's: uneven data, seen
+            evidence += f"; its DataLoader ({out[0].get('label')}, pass {out[0]['pass']}) ended after {out[0]['drawn']} batch(es), a peer's went on"
+            fix, cause, confidence = UNEVEN_FIX.format(rank=rank), CAUSE_UNEVEN, 0.95
+        elif loader_passes(v) and not any(pass_ended(p) for p in loader_passes(v).values()):
+            # its data did not end: it returned or skipped on its own
+            fix = (f"rank {rank}'s data did not run out before its peers': look for a rank-dependent early return, "
+                   "break or skipped collective on that rank; every rank must issue the same collectives")
+            cause, confidence = "left_early", 0.8
+        else:
+            fix = (f"rank {rank} ran out of data (or returned early) while the others still train: make every rank "
+                   "run the same number of steps - DistributedSampler(..., drop_last=True) or an equal number of "
+                   "batches per rank - or wrap the loop in DDP's Join context manager "
+                   "(torch.distributed.algorithms.Join) for uneven inputs; no DataLoader was seen on this rank, so "
+                   "which of the two is not observed")
+            cause, confidence = CAUSE_UNEVEN, 0.7
         a.findings.append(
             Finding(
                 severity="critical",
                 issue=f"rank {rank} finished {a.what} while {format_ranks(sorted(going))} went on: {where}{tail}",
-                evidence=(f"rank {rank} left its watched loop after {v.steps} step(s)" if v.steps is not None else
-                          f"rank {rank} posted its final state"),
-                ranks=[rank],
-                fix=(
-                    f"rank {rank} ran out of data (or returned early) while the others still train: make every rank "
-                    "run the same number of steps - DistributedSampler(..., drop_last=True) or an equal number of "
-                    "batches per rank - or wrap the loop in DDP's Join context manager "
-                    "(torch.distributed.algorithms.Join) for uneven inputs"
-                ),
-                confidence=0.8,
-                cause=CAUSE_UNEVEN,
+                evidence=evidence, ranks=[rank], fix=fix, confidence=confidence, cause=cause,
             )
         )
         a.explained.add(rank)
@@ -277,6 +294,8 @@ def _step_lag(a: Analysis, rank: int, waiters: list[int]) -> str | None:
         return None
     if mine < min(theirs):
         return f"rank {rank} has taken {mine} training step(s) and the waiting ranks {min(theirs)}"
+    if loader_passes(v):
+        return None  # its DataLoader did not end early (data_ran_out would have named it): not a lag
     if v.in_loop is False or v.state in ("finished", "final"):
         return (f"rank {rank} took {mine} training step(s) and left its training loop ({v.snap.get('loop') or '?'}) "
                 f"while the others are in step {min(theirs) + 1}")
@@ -349,12 +368,23 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
     v = a.views[rank]
     place, evidence = _behind_text(a, rank, group, seq)
     lag = _step_lag(a, rank, at_top)
-    if lag and v.state in ("computing", "finished", "final"):
+    confidence = 0.9
+    if lag and v.state in ("computing", "finished", "final") and _fewer_steps(a, rank, at_top):
         issue = (
             f"rank {rank} stopped taking training steps while {_they(at_top)} in {_wait_text(first)}: "
             f"{lag}; {place}"
         )
         fix, cause = UNEVEN_FIX.format(rank=rank), CAUSE_UNEVEN
+    elif lag and v.state in ("computing", "finished", "final"):
+        # the same step count, out of the loop, and no DataLoader seen: its data's end is not
+        # observed, so uneven data and a rank-dependent branch out of the loop stay open
+        issue = (f"rank {rank} left its training loop while {_they(at_top)} in {_wait_text(first)}: {lag}; "
+                 f"{place}; mechanism not identified: uneven data or a rank-dependent branch")
+        fix = (f"decide by where rank {rank} left the loop: if its data iterator ended, give every rank the same "
+               "number of batches (DistributedSampler(..., drop_last=True), or Join); if a branch taken on this rank "
+               "alone (if rank == 0, a metric reduced to rank 0 only) leads out of the loop or into a collective, "
+               "make every rank take it")
+        cause, confidence = "left_loop", 0.6
     elif v.state in ("finished", "final"):
         issue = (
             f"rank {rank} finished while {_they(at_top)} in {_wait_text(first)}: it issued fewer "
@@ -375,7 +405,14 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
     elif behind_it:
         evidence += "\nstranded behind it (waiting on it through others):\n" + "\n".join(
             "  " + c for c in shape_lines(a, behind_it))
-    return Finding(severity="critical", issue=issue, evidence=evidence, ranks=[rank], fix=fix, confidence=0.9, cause=cause)
+    return Finding(severity="critical", issue=issue, evidence=evidence, ranks=[rank], fix=fix, confidence=confidence,
+                   cause=cause)
+
+
+def _fewer_steps(a: Analysis, rank: int, waiters: list[int]) -> bool:
+    mine = a.views[rank].steps
+    theirs = [a.views[r].steps for r in waiters if a.views[r].steps is not None]
+    return mine is not None and bool(theirs) and mine < min(theirs)
 
 
 # -- 7-8. nobody to blame in the program ------------------------------------------------------

@@ -23,7 +23,7 @@ from torch import nn
 from distdiag.errors import exc_line, publish_caught
 from distdiag.probes.base import SHARDING_IMPORTS, Probe
 from distdiag.workloads import WORKLOADS, get_workload
-from distdiag.workloads.base import batch_size, split_batch
+from distdiag.workloads.base import batch_on, batch_size, split_batch
 
 __all__ = [
     "NumericsProbe",
@@ -34,6 +34,7 @@ __all__ = [
     "missing_hooks_reason",
     "layout_reason",
     "call_hook",
+    "call_loss",
     "default_parallelize",
     "default_loss",
     "make_mesh",
@@ -83,6 +84,12 @@ def call_hook(name: str, fn: Callable[..., Any], *args: Any) -> Any:
         # stranded in its own collectives will never match.
         publish_caught(exc, f"hook {name}")
         raise HookError(f"hook {name} raised {exc_line(exc)}{_where(exc)}") from exc
+
+
+def call_loss(hooks: Hooks, model: nn.Module, batch: Any) -> Any:
+    """`loss_fn(model, batch)` with the batch on the model's device (the device contract of
+    docs/targets.md): every probe calls loss_fn through here, never directly."""
+    return call_hook("loss_fn", hooks.loss_fn, model, batch_on(model, batch))
 
 
 def _check_batch(batch: Any, what: str) -> Any:
@@ -233,8 +240,9 @@ def layout_reason(ctx: Any, probe: str) -> str | None:
         return None
     if target.has("route"):
         return (f"probe '{probe}' does not apply to target {target.spec}: it declares route(), a mixture-of-experts "
-                "layout (checked by moe_routing) whose experts may be split across ranks, with no one-process "
-                "reference; for a dense model, use a target without route()")
+                "layout whose experts may be split across ranks, with no one-process reference; moe_routing "
+                "checks it instead (routing and router state across ranks, before and after training steps, and "
+                "the all_to_all dispatch); for a dense model, use a target without route()")
     sp = [h + "()" for h in ("split_sequence", "parallelize_sp") if target.has(h)]
     if sp and not (target.has("shard_batch") or target.has("parallelize")):
         return (f"probe '{probe}' does not apply to target {target.spec}: it declares a sequence-parallel layout "
@@ -348,9 +356,10 @@ def run_step(hooks: Hooks, model: nn.Module, optimizer: torch.optim.Optimizer, s
     try:
         optimizer.zero_grad(set_to_none=True)
         if hooks.train_step is not None:
+            shard = batch_on(model, shard)  # the device contract (docs/targets.md), as call_loss
             loss = _scalar(call_hook("train_step", hooks.train_step, model, shard, optimizer), "train_step")
         else:
-            out = call_hook("loss_fn", hooks.loss_fn, model, shard)
+            out = call_loss(hooks, model, shard)
             loss = _scalar(out, "loss_fn")
             if not isinstance(out, torch.Tensor) or not out.requires_grad:
                 raise HookError("hook loss_fn returned a loss that does not require grad (detached?)")

@@ -285,6 +285,8 @@ class Report:
     not_run: list[str] = field(default_factory=list)
     """Probes of the plan that never ran because the run ended early."""
     restart_count: int = 0
+    notes: list[str] = field(default_factory=list)
+    """What this run could not see, said under the table (e.g. bugs the launch method hides)."""
     run_id: str = ""
     launch_id: str = ""
     """The id of the `distdiag check`/`gate` run that launched this check (its ranks get it as
@@ -326,6 +328,7 @@ class Report:
             "ranks": [r.to_dict() for r in self.ranks],
             "probes": [p.to_dict() for p in self.probes],
             "not_run": list(self.not_run),
+            **({"notes": list(self.notes)} if self.notes else {}),
             "by_node": group_by_node(self),
             "config": self.config,
         }
@@ -346,6 +349,7 @@ class Report:
             outcome=data.get("outcome", "completed"),
             summary=data.get("summary", ""),
             not_run=list(data.get("not_run", [])),
+            notes=[str(n) for n in data.get("notes") or []],
             restart_count=int(data.get("restart_count", 0)),
             run_id=data.get("run_id", ""),
             launch_id=data.get("launch_id", ""),

@@ -242,6 +242,8 @@ def render_report(
             out += _detail_tables(probe, max_rows)
     if report.not_run:
         out.append(f"not run: {', '.join(report.not_run)} (the run ended early)")
+    if verbose or floor == 0:  # a healthy compact run stays one line per probe (its notes: JSON, stderr)
+        out += [f"note: {note}" for note in report.notes]
     out.append("")
     code = f"exit {report.exit_code}"
     if exit_code is not None and exit_code != report.exit_code:
@@ -256,7 +258,8 @@ def _shown_dict(report: Report) -> dict[str, Any]:
     nothing)."""
     return {"schema": report.schema, "verdict": report.verdict, "exit_code": report.exit_code,
             "summary": report.summary, "world_size": report.world_size, "restart_count": report.restart_count,
-            "probes": [p.to_dict() for p in report.probes], "not_run": list(report.not_run)}
+            "probes": [p.to_dict() for p in report.probes], "not_run": list(report.not_run),
+            "notes": list(report.notes)}
 
 
 def _printable_shown(data: dict[str, Any], max_rows: int | None) -> dict[str, Any]:

@@ -16,6 +16,8 @@
     tracker.py   where the main thread is: phase, probe, the collective it is inside
     comm.py      the tracked collectives probes issue (ctx.comm), open to injected faults
     faults.py    the fault-injection vocabulary (DISTDIAG_INJECT) that proves each diagnosis
+    blind.py     what torch's flight recorder cannot see in this process's setup (NCCL blocking
+                 wait), said in a hang report with lowered confidence
 
 Used by the check (distdiag.check) and, for the exchange, by the watchdog. May import
 distdiag.errors, distdiag.hang and distdiag.report; never the check, the probes or the CLI.
@@ -23,4 +25,4 @@ Importing this package imports nothing: each module is loaded where it is used (
 imports torch).
 """
 
-__all__ = ["comm", "context", "exchange", "faults", "gcpause", "incident", "keys", "nodes", "sentinel", "snapwire", "tracker"]
+__all__ = ["blind", "comm", "context", "exchange", "faults", "gcpause", "incident", "keys", "nodes", "sentinel", "snapwire", "tracker"]

@@ -20,7 +20,7 @@ from distdiag.runtime.comm import Comm
 from distdiag.runtime.faults import FaultPlan
 from distdiag.runtime.tracker import Tracker
 
-__all__ = ["LaunchInfo", "RankContext", "connect_store", "init_process_groups", "pick_device"]
+__all__ = ["BACKENDS", "LaunchInfo", "RankContext", "choose_device", "connect_store", "init_process_groups", "pick_device"]
 
 
 def _env_int(name: str, default: int) -> int:
@@ -115,13 +115,68 @@ def connect_store(info: LaunchInfo, timeout: timedelta, *, prefix: str = "") -> 
 _server_started: dict[str, Any] = {}
 
 
-def pick_device(info: LaunchInfo) -> tuple[torch.device, str]:
-    """(device, main backend): NCCL on LOCAL_RANK's GPU when CUDA is present, else gloo on CPU."""
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        index = info.local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index), "nccl"
-    return torch.device("cpu"), "gloo"
+BACKENDS = ("auto", "nccl", "gloo")
+"""The check's --backend: auto (NCCL on the rank's GPU when CUDA is present, else gloo), nccl
+(an error without CUDA), gloo (the CPU, even where CUDA is visible)."""
+
+
+def choose_device(
+    local_rank: int, local_world_size: int, gpus: int, *, backend: str = "auto", visible: str | None = None, host: str = "",
+) -> tuple[int | None, str]:
+    """(the GPU index this rank uses, or None for the CPU; the main backend), from what the
+    process sees: `gpus` = torch.cuda.device_count() (0 without CUDA), `visible` its
+    CUDA_VISIBLE_DEVICES. A ConfigError (bad input: one line, exit 2) when NCCL cannot run.
+
+    More local ranks than visible GPUs is an error, not `local_rank % gpus`: two ranks would
+    share a GPU and NCCL refuses them at init ("Duplicate GPU detected"), which surfaced as a
+    setup failure. One exception: exactly one visible GPU with CUDA_VISIBLE_DEVICES set is taken
+    as a per-rank binding (Slurm's --gpus-per-task=1 or --gpu-bind: every rank sees its own GPU
+    as cuda:0); if that GPU is shared after all, NCCL's init says so and the env probe names the
+    ranks by the GPU's UUID.
+    """
+    if backend not in BACKENDS:
+        from distdiag.errors import ConfigError
+
+        raise ConfigError(f"check.backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "gloo":
+        return None, "gloo"
+    if gpus <= 0:
+        if backend == "nccl":
+            from distdiag.errors import ConfigError
+
+            raise ConfigError(f"--backend nccl needs a GPU, but this process on host {host or '?'} sees none "
+                              "(torch.cuda.is_available() is False); use --backend gloo or auto")
+        return None, "gloo"
+    if gpus == 1 and visible is not None and visible.strip():
+        return 0, "nccl"
+    if local_world_size > gpus or local_rank >= gpus:
+        from distdiag.errors import ConfigError
+
+        shown = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+        ranks = max(local_world_size, local_rank + 1)
+        raise ConfigError(
+            f"{ranks} local ranks on host {host or '?'} but {gpus} GPU(s) visible to each (torch.cuda.device_count()"
+            f"{shown}): NCCL needs a GPU per rank; start at most {gpus} rank(s) per node (--nproc-per-node {gpus}), "
+            "or run the check on the CPU with --backend gloo"
+        )
+    return local_rank, "nccl"
+
+
+def pick_device(info: LaunchInfo, backend: str = "auto") -> tuple[torch.device, str]:
+    """(device, main backend): NCCL on LOCAL_RANK's GPU when CUDA is present, else gloo on CPU
+    (choose_device decides; `backend` gloo never asks CUDA anything)."""
+    gpus = 0
+    if backend != "gloo" and torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+    # LOCAL_WORLD_SIZE defaults to the world when a launcher does not set it (torchrun does):
+    # then only this rank's own index is known to be on this host.
+    local = info.local_world_size if os.environ.get("LOCAL_WORLD_SIZE") else info.local_rank + 1
+    index, main = choose_device(info.local_rank, local, gpus, backend=backend,
+                                visible=os.environ.get("CUDA_VISIBLE_DEVICES"), host=info.host)
+    if index is None:
+        return torch.device("cpu"), main
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index), main
 
 
 def init_process_groups(info: LaunchInfo, store: Any, backend: str, device: torch.device, timeout: timedelta) -> Any:

@@ -19,6 +19,7 @@ __all__ = [
     "WATCHDOG_ACTION",
     "WATCHDOG_DUMP_DIR",
     "WATCHDOG_FLIGHT_RECORDER",
+    "WATCHDOG_NCCL_TIMING",
     "WATCHDOG_HISTORY",
     "WATCHDOG_WRAP",
     "WATCHDOG_COMPILE_TIMEOUT_S",
@@ -35,6 +36,8 @@ WATCHDOG_DUMP_DIR = "DISTDIAG_WATCHDOG_DUMP_DIR"
 """Where the writing rank puts hang-report.json (default ./hang-report)."""
 WATCHDOG_FLIGHT_RECORDER = "DISTDIAG_WATCHDOG_FLIGHT_RECORDER"
 """Entries of torch's flight recorder the wrapper enables before init (0: leave it off)."""
+WATCHDOG_NCCL_TIMING = "DISTDIAG_WATCHDOG_NCCL_TIMING"
+"""1: also record NCCL's start events (TORCH_NCCL_ENABLE_TIMING=1) with the flight recorder; default off."""
 WATCHDOG_HISTORY = "DISTDIAG_WATCHDOG_HISTORY"
 """How many collective fingerprints each rank keeps for the desync analysis (default 512)."""
 WATCHDOG_WRAP = "DISTDIAG_WATCHDOG_WRAP"

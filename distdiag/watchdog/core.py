@@ -76,6 +76,7 @@ class HangWatchdog:
         self._interceptor: Any = None
         self._watcher: Any = None
         self._step_hook: Any = None
+        self._loaders: Any = None
         self._auto_step = 0
 
     # -- arming ---------------------------------------------------------------------------
@@ -87,6 +88,7 @@ class HangWatchdog:
         import torch.distributed as dist
 
         from distdiag.runtime.context import LaunchInfo
+        from distdiag.watchdog.dataload import LoaderTap
         from distdiag.watchdog.intercept import Interceptor
         from distdiag.watchdog.progress import Progress
         from distdiag.watchdog.watcher import Watcher
@@ -115,7 +117,11 @@ class HangWatchdog:
         if self.config.wrap:
             self._interceptor.install()
         self._step_hook = _hook_optimizer_steps(self._progress)
+        self._loaders = LoaderTap(lambda: self._progress.steps)
+        if self._loaders.install():
+            self._progress.loaders = self._loaders
         _warn_if_recorder_off(info.rank)
+        _import_before_threads(symbolizer=not self.config.wrap)
         extra = {
             "timeout_s": self.config.timeout_s, "action": self.config.action, "dump_dir": self.config.dump_dir,
             "run_id": info.run_id, "restart_count": info.restart_count,
@@ -135,6 +141,9 @@ class HangWatchdog:
             return
         watcher, self._watcher = self._watcher, None
         self._interceptor.restore()
+        if self._loaders is not None:
+            self._loaders.remove()
+            self._loaders = None
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
@@ -262,6 +271,29 @@ def _recorder_gives_sites(rank: int) -> bool:
         log.info("distdiag watchdog: torch's flight recorder gives no call sites here: wrapping torch.distributed's "
                  "collectives for them (pass wrap=False to leave them alone)")
     return ok
+
+
+_THREAD_MODULES = (
+    "distdiag.hang.dumps", "distdiag.hang.rules", "distdiag.hang.views", "distdiag.hang.dumpreport",
+    "distdiag.runtime.sentinel", "distdiag.report.model", "distdiag.watchdog.sigterm", "distdiag.watchdog.writer",
+    "copy", "dataclasses", "traceback",
+)
+"""What the watchdog's threads import lazily (a snapshot, an incident, a report)."""
+
+
+def _import_before_threads(symbolizer: bool) -> None:
+    """Everything the watchdog's threads will use, imported here, on the training thread,
+    before they start: a thread of ours that imports while the training thread does can hand
+    the user's code a partially initialised module (see distdiag.hang.recorder.SYMBOLIZER).
+    `symbolizer`: call sites will come from the recorder's stacks (about 0.9 s of CPU, once)."""
+    import importlib
+
+    from distdiag.hang.recorder import load_symbolizer
+
+    for name in _THREAD_MODULES:
+        importlib.import_module(name)
+    if symbolizer:
+        load_symbolizer()
 
 
 def _warn_if_recorder_off(rank: int) -> None:

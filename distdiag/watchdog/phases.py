@@ -21,6 +21,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from distdiag.hang.recorder import loaded
 from distdiag.runtime.exchange import BATCH, Exchange
 from distdiag.runtime.keys import Keys
 from distdiag.watchdog.progress import Progress
@@ -48,6 +49,7 @@ class PhaseBoard:
         self.world = world
         self.progress = progress
         self.published: tuple[Any, ...] = ()
+        self.published_blocked = False
         self._compile_hooked = False
         self.import_since = 0.0
         self.started = time.monotonic()
@@ -58,9 +60,15 @@ class PhaseBoard:
         ex.store.set(Keys.phase(self.rank), "{}")
         self.started = time.monotonic()
 
-    def publish(self, ex: Exchange, import_budget_s: float = 0.0) -> None:
+    def publish(self, ex: Exchange, import_budget_s: float = 0.0, blocked: bool = False) -> None:
         """Post this rank's innermost phase when it changed (and count it in `phase_n`); with
-        `import_budget_s`, an import in the training thread is a phase of that budget."""
+        `import_budget_s`, an import in the training thread is a phase of that budget.
+
+        `blocked`: this rank has waited inside a collective for a while, in its phase. A phase
+        excuses the peers that wait for this rank's slow work (a long validation, a checkpoint
+        write); a rank that waits itself is not working for them: a short rank that left the
+        epoch for validation while its peers still train must not excuse their wait on it for
+        the phase's whole budget. Its phase then excuses nobody (its own budget still holds)."""
         phases = list(self.progress.phases)
         current = tuple(phases[-1]) if phases else ()
         if not current and import_budget_s > 0 and importing(self.progress.thread_ident):
@@ -69,12 +77,14 @@ class PhaseBoard:
             current = ("import", import_budget_s, since)
         elif not current:
             self.import_since = 0.0
-        if current == self.published:
+        blocked = bool(current) and blocked
+        if current == self.published and blocked == self.published_blocked:
             return
+        self.published_blocked = blocked
         if current:
             name, budget, since = current
             until = time.time() + budget - (time.monotonic() - since)
-            ex.store.set(Keys.phase(self.rank), json.dumps({"name": name, "until": until}))
+            ex.store.set(Keys.phase(self.rank), json.dumps({"name": name, "until": until, "blocked": blocked}))
             if not self.published:
                 ex.store.add(Keys.PHASE_COUNT, 1)
                 ex.store.set(Keys.PHASE_LAST, str(self.rank))  # peers read this rank first
@@ -113,7 +123,7 @@ class PhaseBoard:
         now = time.time()
         for r, raw in zip(ranks, values, strict=True):
             ph = json.loads(raw) if raw else {}
-            if ph.get("until", 0) > now:
+            if ph.get("until", 0) > now and not ph.get("blocked"):
                 return f"rank {r} in phase '{ph['name']}'"
         return None
 
@@ -131,13 +141,17 @@ class PhaseBoard:
 
     def hook_compile(self, compile_timeout: timedelta) -> None:
         """torch.compile's compilation is a phase with its own budget: ranks that wait for a
-        peer that (re)compiles are not hung. Hooked once dynamo is imported (never imported here)."""
-        if self._compile_hooked or "torch._dynamo" not in sys.modules:
+        peer that (re)compiles are not hung. Hooked once the training thread has finished
+        importing dynamo: this runs on the watchdog's thread, which must never import (see
+        distdiag.hang.recorder.loaded), so a dynamo still being imported is left for a later tick."""
+        if self._compile_hooked:
+            return
+        dynamo, callback = loaded("torch._dynamo"), loaded("torch._dynamo.callback")
+        if dynamo is None or callback is None:
             return
         self._compile_hooked = True
         try:
-            from torch._dynamo.callback import callback_handler
-
+            callback_handler = callback.callback_handler
             budget = compile_timeout.total_seconds()
             progress = self.progress
             callback_handler.register_start_callback(lambda *_a: progress.enter_phase("compile", budget))

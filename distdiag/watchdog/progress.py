@@ -134,6 +134,9 @@ class Progress:
         self.loop_frame: tuple[int, Any] | None = None
         """(id, code) of the training loop's frame: the deepest frame on the stack at two
         consecutive steps. A rank whose stack no longer holds it has left the loop."""
+        self.loaders: Any = None
+        """The DataLoader tap (distdiag.watchdog.dataload.LoaderTap) when installed: each pass's
+        batches drawn and whether it ran out, the evidence that tells uneven data apart."""
         self._shape_free: dict[str, bool] = {}
         """op -> whether only the op enters the digest (SHAPE_FREE_OPS), so the hot path tests it once per op."""
 
@@ -314,4 +317,5 @@ class Progress:
             "recent": history_dicts[-8:],  # history >= 16 (config), so recent is its tail
             "history": history_dicts,
             "stack": [] if finished else self.stack(),
+            "loaders": self.loaders.snapshot() if self.loaders is not None else [],
         }

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import time
 from typing import Any
 
@@ -45,6 +47,8 @@ class StallCheck:
         self._engine_warned = False
         self._published = (-1, 0.0)
         """(completed total, monotonic time) of the counts last published under eng/RANK."""
+        self.c10d_wait: tuple[tuple[int, int], float] | None = None
+        """(the training thread's innermost frame inside torch.distributed, since when): `note_c10d_frame`."""
         self._pending: dict[str, int] = {}
         """group -> the sequence number this rank's recorder shows enqueued and not completed."""
 
@@ -101,7 +105,7 @@ class StallCheck:
             limit, base = self.config.timeout_s, max(prog.last_progress, self.excused)
             what = f"(timeout {limit:g}s)"
         base = base_before_wait = max(base, self.engine_progress)
-        waiting_since = self._waiting_since()
+        waiting_since = self.waiting_since()
         if waiting_since is not None:
             # A wait counts from when it began: a rank that computed past the timeout and then
             # enters a collective its peers have not reached yet is not hung (they may be a
@@ -110,7 +114,7 @@ class StallCheck:
         idle = now - base
         if idle <= limit:
             return None
-        if waiting_since is not None and self._recorder_lags(ex):
+        if waiting_since is not None and self.c10d_wait is None and self._recorder_lags(ex):
             # gloo marks a collective completed late (when its work is waited or freed): this
             # rank's recorder still shows one open that its peers completed. It is not waiting.
             waiting_since = None
@@ -147,6 +151,21 @@ class StallCheck:
         except Exception as exc:  # noqa: BLE001 - the store failed: the recorder's reading alone
             log.debug("could not compare the recorder's open collective with the peers': %s", exc)
             return self.engine_pending
+
+    def note_c10d_frame(self) -> None:
+        """Once a tick: whether the training thread is blocked inside one call of torch.distributed
+        (its innermost frame in distributed_c10d.py, the same frame at the same instruction as
+        at the last tick: a gloo collective's work.wait(), a barrier, a store wait). It is the
+        direct sight of a wait where torch's recorder lags or pairs by order: gloo shows a
+        collective completed whose partner was another op (seen: Lightning's per-step broadcast
+        paired with a short rank's metric barrier), and the wrappers may be off. Progress still
+        resets the clock (`overdue` counts from the latest progress)."""
+        frame = sys._current_frames().get(self.progress.thread_ident)
+        here = (id(frame), frame.f_lasti) if frame is not None and frame.f_code.co_filename.endswith(_C10D_FILE) else None
+        if here is None:
+            self.c10d_wait = None
+        elif self.c10d_wait is None or self.c10d_wait[0] != here:
+            self.c10d_wait = (here, time.monotonic())
 
     def _stepped_since_pending(self) -> bool:
         """True when this rank began a step (a mark, or an optimizer step) after every collective
@@ -186,7 +205,7 @@ class StallCheck:
             return False
         return all(any(p.get(group, -1) >= seq for p in counts) for group, seq in self._pending.items())
 
-    def _waiting_since(self) -> float | None:
+    def waiting_since(self) -> float | None:
         """When this rank began waiting in a collective (ours seen by a wrapper, or torch's per
         the recorder), or None when it waits in none."""
         prog = self.progress
@@ -198,7 +217,12 @@ class StallCheck:
             starts.extend(r.t0 for r in list(prog.pending_async.values()))
         if self.engine_pending:
             starts.append(self.pending_since)
+        if self.c10d_wait is not None:
+            starts.append(self.c10d_wait[1])
         return min(starts) if starts else None
+
+
+_C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
 
 
 def group_members(label: str, world: int) -> list[int]:

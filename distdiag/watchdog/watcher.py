@@ -88,6 +88,11 @@ class RaisedHang(HangDetected):
         super().__init__(*(args or (_raise_message[0],)))
 
 
+BLOCKED_IN_PHASE_S = 2.0
+"""How long a rank in a phase waits inside a collective before its phase stops excusing peers
+(a validation's metric syncs come and go in milliseconds)."""
+
+
 class Watcher(threading.Thread):
     def __init__(
         self,
@@ -199,12 +204,13 @@ class Watcher(threading.Thread):
     def _tick(self) -> None:
         assert self.ex is not None
         self.stall.read_engine(self.ex)
+        self.stall.note_c10d_frame()
         if not self.config.wrap and self.engine is not None:
             # Without wrappers, call sites come from the recorder's stacks: pay their one-time
             # symbolization now, on a thread of its own, not when a snapshot is due.
             self.engine.warm_sites()
         self.phase_board.hook_compile(self.config.compile_timeout)
-        self.phase_board.publish(self.ex, self.config.startup_timeout.total_seconds())
+        self.phase_board.publish(self.ex, self.config.startup_timeout.total_seconds(), blocked=_blocked_in_phase(self))
         if self.config.compare_steps and not self.desync_reported:
             self._compare_marks()
         if self.ex.store.check([Keys.event(self.handled + 1)]):
@@ -260,10 +266,7 @@ class Watcher(threading.Thread):
         snap = RankSnapshot.from_dict(self.progress.snapshot(self.config.history))
         snap.rank, snap.host, snap.pid, snap.event = self.rank, self.info.host, os.getpid(), event
         # importing within the startup budget (an import stuck longer is a hang like any other)
-        since = self.phase_board.import_since
-        budget = self.config.startup_timeout.total_seconds()
-        snap.importing = importing(self.progress.thread_ident) and (not since or time.monotonic() - since <= budget)
-        snap.present.add("importing")
+        _note_waiting(self, snap)
         if self.engine is not None:
             # Call sites from the recorder's stacks: wait a little for their one-time warm-up (a
             # hang in the job's first seconds), well within the writer's snapshot grace.
@@ -285,6 +288,7 @@ class Watcher(threading.Thread):
         event = IncidentEvent.from_dict(json.loads(self.ex.store.get(Keys.event(epoch))))
         if event.kind is EventKind.DESYNC:
             self.desync_reported = True
+        _post_own_error(self)
         incident.post_snapshot(self._snapshot(event))
         lost: dict[int, str] = {}
         writer = incident.claim_writer()
@@ -445,6 +449,46 @@ def _aggregate_node(watcher: Watcher, incident: Incident) -> None:
         log.debug("could not read this node's rank rows: %s", exc)
         return
     aggregate_node(incident, node_members(infos, watcher.rank))
+
+
+def _note_waiting(watcher: Watcher, snap: RankSnapshot) -> None:
+    """Whether the rank is still importing within the startup budget (an import stuck longer is
+    a hang like any other), and whether it waits inside a collective in its phase."""
+    since = watcher.phase_board.import_since
+    budget = watcher.config.startup_timeout.total_seconds()
+    snap.importing = importing(watcher.progress.thread_ident) and (not since or time.monotonic() - since <= budget)
+    snap.present.add("importing")
+    if _blocked_in_phase(watcher):
+        snap.extra["blocked_in_phase"] = True
+
+
+def _blocked_in_phase(watcher: Watcher) -> bool:
+    """In a declared phase and waiting inside a collective for BLOCKED_IN_PHASE_S or more: its
+    phase no longer excuses the peers (distdiag.watchdog.phases.PhaseBoard.publish)."""
+    if not watcher.progress.phases:
+        return False
+    now = time.monotonic()
+    wait = watcher.stall.c10d_wait
+    if wait is not None and now - wait[1] >= BLOCKED_IN_PHASE_S:
+        return True
+    since = watcher.stall.waiting_since()
+    if since is None or now - since < BLOCKED_IN_PHASE_S:
+        return False
+    assert watcher.ex is not None
+    return watcher.stall.blocked_in_collective(watcher.ex)
+
+
+def _post_own_error(watcher: Watcher) -> None:
+    """This rank raised too, and a peer's event came first (an error raised on every rank at
+    once): its exception goes into this incident, before its snapshot, so the report names every
+    rank that raised; the request is then answered by this incident."""
+    request = watcher._request
+    # a broken connection (peer_error) is left to its own path: the launcher may yet say the
+    # peer exited by itself, which is no hang to report
+    if request is not None and request[0] == "raised" and isinstance(request[1], dict):
+        assert watcher.ex is not None
+        watcher.ex.post(Keys.ERROR, request[1])
+        watcher._request = None
 
 
 def _mirror(watcher: Watcher, incident: Incident, verdict: Verdict) -> None:

@@ -42,6 +42,7 @@ from distdiag.hang.views import group_members
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
+from distdiag.runtime.blind import blind_spot, mark_blind
 from distdiag.runtime.gcpause import collector_paused
 from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons
 from distdiag.runtime.keys import Keys
@@ -129,6 +130,8 @@ def _step_summary(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
         "since_step_s": {str(r): s.get("step_for_s") for r, s in sorted(snaps.items()) if s.get("step_for_s") is not None},
         "in_training_loop": {str(r): s.get("in_loop") for r, s in sorted(snaps.items()) if s.get("in_loop") is not None},
         "loop": sorted({s["loop"] for s in snaps.values() if s.get("loop")}),
+        # each rank's DataLoader passes (batches drawn, ran out): the evidence of uneven data
+        "data_loaders": {str(r): s["loaders"] for r, s in sorted(snaps.items()) if s.get("loaders")},
     }
 
 
@@ -237,7 +240,8 @@ def _history_ranks(event: IncidentEvent | None, merged: dict[int, dict[str, Any]
 def excused(event: IncidentEvent | dict[str, Any], merged: dict[int, Any]) -> str | None:
     """Why a declared timeout is no hang once every rank's snapshot is in, else None: a live
     rank inside a declared phase with budget left (a checkpoint excuses its own slowness) or
-    still importing (a job still starting). The declaring rank may have missed it: phases and
+    still importing (a job still starting). A rank in a phase that is itself blocked inside a
+    collective (`blocked_in_phase`) excuses nobody: it is waiting, not working for the others. The declaring rank may have missed it: phases and
     imports reach the store on the watchdog thread's next tick, later still on a busy CPU.
     A phase over its budget anywhere keeps the hang."""
     if event_of(event).kind is not EventKind.TIMEOUT:
@@ -249,6 +253,8 @@ def excused(event: IncidentEvent | dict[str, Any], merged: dict[int, Any]) -> st
     for rank, snap in live.items():
         if snap.importing:
             return f"rank {rank} is still importing modules (the job is starting)"
+        if snap.extra.get("blocked_in_phase"):
+            continue  # it waits in a collective itself: its phase is not work the others wait for
         for ph in snap.phases:
             return f"rank {rank} is in phase '{ph.name}' ({ph.for_s:.1f}s of its {ph.budget_s:g}s budget)"
     return None
@@ -383,6 +389,7 @@ def analyse_and_detail(
     built once from the typed snapshots (`records`: typed_snapshots(merged), when typed already)."""
     views = build_views(merged, lost, records)
     findings = analyse(event, merged, lost, errors, world, timeout_s, views=views)
+    findings = mark_blind(findings, blind_spot(snaps=merged.values()))  # NCCL blocking wait: the recorder does not move
     return findings, _details(event, merged, lost, errors, world, infos, views=views)
 
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["Workload", "split_batch", "batch_size", "round_up", "fit_world"]
+__all__ = ["Workload", "split_batch", "batch_size", "round_up", "fit_world", "model_device", "to_device", "batch_on"]
 
 
 def batch_size(batch: Any) -> int | None:
@@ -66,6 +67,55 @@ def split_batch(batch: Any, rank: int, world_size: int) -> Any:
     if isinstance(batch, (tuple, list)):
         return type(batch)(cut(v) for v in batch)
     return cut(batch)
+
+
+def model_device(model: nn.Module) -> torch.device | None:
+    """The device `model` computes on: that of its first parameter (else buffer); None without any.
+
+    A DTensor kept on another device than its mesh's (FSDP2's CPU offload keeps the shards on
+    the CPU and computes on the mesh's GPU) computes on the mesh's device: the current one of
+    that type (the rank's GPU, which distdiag selects with torch.cuda.set_device).
+    """
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        mesh = getattr(t, "device_mesh", None)
+        kind = getattr(mesh, "device_type", None)
+        if isinstance(kind, str) and kind != t.device.type:
+            module = getattr(torch, kind, None)
+            index = module.current_device() if hasattr(module, "current_device") else None
+            return torch.device(kind, index) if index is not None else torch.device(kind)
+        return t.device
+    return None
+
+
+def to_device(batch: Any, device: torch.device | str | None) -> Any:
+    """`batch` with every tensor on `device`, however deeply it sits in dicts, tuples and lists.
+
+    The containers are rebuilt with their own types (a namedtuple, a dict subclass such as Hugging
+    Face's BatchEncoding); other values are kept as they are. A tensor already there is not copied.
+    `device` None returns the batch unchanged.
+    """
+    if device is None:
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, Mapping):
+        moved = {k: to_device(v, device) for k, v in batch.items()}
+        try:
+            return type(batch)(moved)
+        except Exception:  # noqa: BLE001 - a mapping type that cannot be rebuilt from a dict
+            return moved
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def batch_on(model: nn.Module, batch: Any) -> Any:
+    """`batch` on the device `model` computes on (model_device): what every loss_fn and
+    train_step receives (docs/targets.md, "Devices"). FSDP2 moves a forward's inputs itself,
+    but not the targets and masks a loss reads beside the model's output."""
+    return to_device(batch, model_device(model))
 
 
 @dataclass

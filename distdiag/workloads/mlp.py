@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distdiag.workloads.base import Workload, annotate, fit_world, split_batch
+from distdiag.workloads.base import Workload, annotate, batch_on, fit_world, split_batch
 
 __all__ = ["TinyMLP", "mlp_workload"]
 
@@ -61,6 +61,7 @@ def mlp_workload(
         return annotate(split_batch(batch_, rank, world_size), world_size, int(batch_["y"].shape[0]))
 
     def loss_fn(model: nn.Module, shard: dict[str, Any]) -> torch.Tensor:
+        shard = batch_on(model, shard)  # the labels too, not only the model's input (docs/targets.md)
         total = F.cross_entropy(model(shard["x"]), shard["y"], reduction="sum")
         return total * shard.get("world_size", 1) / shard.get("global_count", shard["y"].shape[0])
 

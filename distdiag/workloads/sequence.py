@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from distdiag.workloads.base import batch_on
+
 __all__ = [
     "IGNORE_INDEX",
     "shift_labels",
@@ -59,7 +61,7 @@ def take_positions(batch: dict[str, torch.Tensor], index: torch.Tensor) -> dict[
     ids = batch["input_ids"]
     positions = batch.get("position_ids")
     if positions is None:
-        positions = torch.arange(ids.shape[1]).expand_as(ids)
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
     out = {
         "input_ids": ids[:, index],
         "shift_labels": shift_labels(batch["labels"])[:, index],
@@ -149,7 +151,7 @@ class TinyCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, s = input_ids.shape
         if position_ids is None:
-            position_ids = torch.arange(s).expand(b, s)
+            position_ids = torch.arange(s, device=input_ids.device).expand(b, s)
         x = self.embed(input_ids) + self.pos(position_ids)
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         k_pos, k_mask = position_ids, attention_mask
@@ -175,8 +177,10 @@ def sp_loss(model: nn.Module, batch: dict[str, torch.Tensor], group: Any = None)
     On a shard, the loss this rank backpropagates is its summed token loss times the group
     size over the group's number of valid targets (an all_reduce of counts): the mean over
     ranks is the full batch's loss, and the gradient averaged over ranks (what FSDP/DDP do)
-    is the full batch's gradient. Zero valid targets anywhere give 0, not 0/0.
+    is the full batch's gradient. Zero valid targets anywhere give 0, not 0/0. The batch is moved
+    to the model's device first (docs/targets.md, "Devices").
     """
+    batch = batch_on(model, batch)
     logits = model(batch["input_ids"], batch.get("position_ids"), batch.get("attention_mask"))
     targets = batch["shift_labels"] if "shift_labels" in batch else shift_labels(batch["labels"])
     total = nn.functional.cross_entropy(

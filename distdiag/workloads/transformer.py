@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distdiag.workloads.base import Workload, annotate, fit_world, split_batch
+from distdiag.workloads.base import Workload, annotate, batch_on, fit_world, split_batch
 
 __all__ = ["TinyTransformer", "transformer_workload"]
 
@@ -81,11 +81,15 @@ def transformer_workload(
         return annotate(split_batch(batch_, rank, world_size), world_size, int(batch_["mask"].sum()))
 
     def loss_fn(model: nn.Module, shard: dict[str, Any]) -> torch.Tensor:
+        shard = batch_on(model, shard)  # the targets and the mask too, not only the input (docs/targets.md)
         tokens, mask = shard["tokens"], shard["mask"]
         logits = model(tokens[:, :-1])
         per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none")
         total = (per_token * mask.reshape(-1)).sum()
-        return total * shard.get("world_size", 1) / shard.get("global_count", int(mask.sum()))
+        # Not shard.get(..., int(mask.sum())): the default would be computed on every call, a
+        # device-to-host copy (a GPU sync) per loss even when the shard carries the count.
+        count = shard["global_count"] if "global_count" in shard else int(mask.sum())
+        return total * shard.get("world_size", 1) / count
 
     sizes = {"vocab": vocab, "dim": dim, "heads": heads, "layers": layers, "seq": seq, "batch": batch}
     return Workload("transformer", build_model, make_batch, loss_fn, shard_batch, lambda m: list(m.layers), sizes)

@@ -58,3 +58,21 @@ def test_bad_input_ends_in_exit_2_when_the_store_host_is_frozen(cli_env, tmp_pat
     assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
     said = [line for line in out.stderr.splitlines() if line.startswith("distdiag: error:")]
     assert len(said) == 1 and "no_such_probe" in said[0], out.stderr[-3000:]
+
+
+def test_more_local_ranks_than_gpus_is_exit_2_on_every_rank(cli_env, tmp_path):
+    """Two local ranks where CUDA shows one GPU (a stand-in: this host has none, so torch.cuda's
+    answers are patched in each rank by a sitecustomize): one line naming the local ranks and the
+    GPU count, exit 2 on every rank, instead of both ranks on cuda:0 and NCCL's refusal at init."""
+    fake = tmp_path / "pretend_one_gpu"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text(
+        "import torch\ntorch.cuda.is_available = lambda: True\ntorch.cuda.device_count = lambda: 1\n")
+    env = {**cli_env, "PYTHONPATH": f"{fake}:{cli_env['PYTHONPATH']}"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    out = _torchrun_check(["--probes", "env"], env, tmp_path)
+    said = [line for line in out.stderr.splitlines() if line.startswith("distdiag: error:")]
+    assert len(said) == 2, out.stderr[-3000:]
+    assert all("2 local ranks on host" in line and "but 1 GPU(s)" in line and "--backend gloo" in line for line in said)
+    report = json.loads((tmp_path / "distdiag-report.json").read_text())
+    assert report["exit_code"] == 2 and report["outcome"] == "bad_input", report

@@ -12,7 +12,7 @@ from distdiag.check.options import CHECK_OPTIONS, LAUNCHER_OPTIONS, build_parser
 
 pytestmark = pytest.mark.timeout(180)
 
-SAMPLE = {"--timeout-s": "7.5", "--deadline-s": "90", "--format": "json"}
+SAMPLE = {"--timeout-s": "7.5", "--deadline-s": "90", "--format": "json", "--backend": "gloo"}
 
 
 def run(args, env, cwd, timeout=120):

@@ -142,3 +142,35 @@ def test_spawned_ranks_when_fork_is_unsafe_still_pass(cli_env, tmp_path) -> None
     assert out.returncode == 0, out.stderr[-2000:]
     assert "verdict: PASS" in out.stdout
     assert json.loads((tmp_path / "distdiag-report.json").read_text())["exit_code"] == 0
+
+
+MAPS = """\
+7f0a00000000-7f0a00200000 r-xp 00000000 08:01 1234   /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0a10000000-7f0a10400000 r-xp 00000000 08:01 2345   /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12
+7f0a20000000-7f0a20010000 rw-p 00000000 00:00 0
+"""
+
+
+def test_cuda_in_parent_sees_the_driver_whoever_loaded_it(monkeypatch) -> None:
+    """torch's fork check sees only torch's own CUDA init; a library that asked the driver
+    (CuPy, Numba) leaves libcuda.so mapped, which is what a forked rank inherits. CUDA's runtime
+    alone (torch links it; a CUDA build imports on a host without a driver) is not the driver."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert forkrun.cuda_in_parent(MAPS) is None
+    loaded = MAPS + "7f0a30000000-7f0a31000000 r-xp 00000000 08:01 3456   /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15\n"
+    reason = forkrun.cuda_in_parent(loaded)
+    assert reason is not None and "libcuda.so.550.54.15" in reason
+    assert forkrun.cuda_in_parent() is None  # this process: a CPU box, nothing asked the driver
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert forkrun.cuda_in_parent(MAPS) == "torch initialised CUDA in this process"
+
+
+def test_a_cuda_build_spawns_when_the_driver_is_in_use_without_asking_a_child(monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
+    monkeypatch.setattr(forkrun, "cuda_in_parent", lambda: "the CUDA driver library is loaded in this process (x)")
+    monkeypatch.setattr(forkrun.os, "fork", lambda: pytest.fail("no child needed: the parent already knows"))
+    assert forkrun.start_method() == "spawn"

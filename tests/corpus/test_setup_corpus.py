@@ -36,6 +36,8 @@ class Case:
     """Probes run with it (the twin must keep those quiet too)."""
     evidence: str = ""
     """Words the deciding evidence must contain."""
+    hosts: int = 1
+    """Pretend nodes the ranks are split over (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK)."""
 
     @property
     def probes(self) -> list[str]:
@@ -59,13 +61,15 @@ CASES = [
     Case("overlapping_shards", "data_shards", "overlapping_data", ("indices[rank::world_size]",)),
     Case("no_set_epoch", "data_shards", "same_order_every_epoch", ("set_epoch(epoch)",), severity="warning"),
     Case("shard_ignores_rank", "data_shards", "identical_data", ("must depend on the rank",)),
+    Case("local_rank_sampler", "data_shards", "data_sharded_by_local_rank", ("rank=dist.get_rank()", "not LOCAL_RANK"),
+         world=4, hosts=2, ranks=(0, 1, 2, 3), evidence="one local rank on each of the 2 nodes"),
 ]
 
 
 def _run(workdir: Path, case: Case, healthy: bool, twin: str = "healthy"):
     env = {"DISTDIAG_TWIN": twin} if healthy else {}
     args = ["--probes", ",".join(case.probes), "--target", str(TARGETS / f"{case.target}.py")]
-    return run_check(case.world, args, workdir, timeout=90, env=env)
+    return run_check(case.world, args, workdir, timeout=90, env=env, hosts=case.hosts)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.target for c in CASES])

@@ -133,3 +133,24 @@ def test_builtin_layer_groups_by_default_past_eight_ranks(workdir):
         for i in range(6):
             for j in range(6):
                 assert rows[start + i]["sent"][j] == rows[start + j]["received"][i]
+
+
+def test_router_bias_updated_from_local_load_is_named(workdir):
+    """An aux-loss-free balancing bias nudged from each rank's own load: the buffer and the routing
+    after the target model's step differ across ranks, both errors."""
+    result, probe = _run(workdir, "moe_bias_local_load")
+    assert result.codes == [1, 1], result.stderr
+    issues = [f.issue for f in _errors(probe)]
+    assert any("router buffers differ" in i and "gate.expert_bias" in i for i in issues), issues
+    assert any("after the target model's training steps" in i for i in issues), issues
+    fixes = " ".join(f.fix for f in _errors(probe))
+    assert "all_reduce the counts" in fixes
+
+
+def test_router_bias_updated_from_global_load_is_quiet(workdir):
+    """The twin: the load summed over the ranks before the update: router state and routing agree."""
+    result = run_check(2, ["--probes", "moe_routing", "--target", str(TARGETS / "moe_bias_local_load.py")], workdir,
+                       timeout=90, env={"DISTDIAG_TWIN": "healthy"})
+    assert result.codes == [0, 0], result.stderr
+    probe = result.report().probe("moe_routing")
+    assert [f.issue for f in probe.findings if f.severity != "info"] == []

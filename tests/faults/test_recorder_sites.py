@@ -28,7 +28,7 @@ def worker(argv: list[str]) -> int:
     import torch.distributed as dist
 
     from distdiag.hang.desync import engine_history
-    from distdiag.hang.recorder import EngineReader
+    from distdiag.hang.recorder import EngineReader, load_symbolizer, loaded
 
     dist.init_process_group("gloo")
     reader = EngineReader()
@@ -38,6 +38,10 @@ def worker(argv: list[str]) -> int:
         issue_one(t)
         dist.broadcast(t, src=0)  # SITE:broadcast
     reader.read(details=False)
+    if loaded("torch._inductor.codecache") is None:
+        reader.warm_sites()  # the symbolizer is not imported: no warm-up thread, it would import it
+        assert reader.sites_state == "cold", reader.sites_state
+    load_symbolizer()  # as the watchdog does on the training thread before its threads start
     reader.warm_sites()
     end = time.monotonic() + 60
     while reader.sites_state == "warming" and time.monotonic() < end:

@@ -31,12 +31,17 @@ def rank_infos(world: int) -> list[RankInfo]:
     return [RankInfo(r, host_of(r), r // PER_NODE, r % PER_NODE, f"cuda:{r % PER_NODE}", 10000 + r) for r in range(world)]
 
 
+NODE_GPUS = ",".join(map(str, range(PER_NODE)))
+"""CUDA_VISIBLE_DEVICES as a node-wide launcher sets it: every rank sees the node's GPUs, cuda:N is GPU N
+(it read str(local rank) before issue 35, which would make every rank's cuda:0 another GPU)."""
+
+
 def env_payload(rank: int, scenario: str = "healthy") -> dict[str, Any]:
     p: dict[str, Any] = {
         "host": host_of(rank), "pid": 10000 + rank, "local_rank": rank % PER_NODE, "local_world_size": PER_NODE,
         "node": rank // PER_NODE, "device": f"cuda:{rank % PER_NODE}", "python": "3.12.3", "torch": "2.13.0",
         "cuda": "12.4", "nccl": "2.21.5", "driver": "550.54", "platform": "Linux-5.15-x86_64",
-        "env": {"NCCL_DEBUG": "WARN", "MASTER_ADDR": "n0", "CUDA_VISIBLE_DEVICES": str(rank % PER_NODE)},
+        "env": {"NCCL_DEBUG": "WARN", "MASTER_ADDR": "n0", "CUDA_VISIBLE_DEVICES": NODE_GPUS},
         "cores": 96, "cores_logical": 192, "threads": 12, "mem_total": 2**41, "mem_available": 2**40,
         "shm": {"total": 2**39, "free": 2**39}, "executable": "/usr/bin/python3", "clock": 1000.0 + rank * 1e-6,
     }

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import pytest
 
-from distdiag.analyze import AnalyzeConfig, analyze
-from distdiag.analyze.series import Run, Series, rolling_median
-from tests.unit.analyze_curves import clean_curve, grad_curve
+from distdiag.analyze import AnalyzeConfig, analyze, load_run
+from distdiag.analyze.series import Run, Series, median, rolling_median
+from tests.unit.analyze_curves import clean_curve, grad_curve, steep_curve
 
 SEVERE = ("warning", "error", "critical")
 
@@ -47,6 +49,24 @@ def test_spike_found_at_its_step_with_the_preceding_grad_spike():
     finding = report.probe("spikes").findings[0]
     assert "gradient norm spiked first" in finding.evidence and "step 297" in finding.evidence
     assert _severe(report) == [f"spikes: {finding.issue}"]
+
+
+@pytest.mark.parametrize("step", [45, 60, 80, 100])
+def test_lone_spike_early_in_a_fast_decay_is_found(step):
+    """A loss 6x its recent median for one step, a 20x grad-norm spike 3 steps before, while the
+    curve still falls fast: found (the worst batch of the 100 steps before is far above the level)."""
+    loss, grad = steep_curve(), grad_curve()
+    loss[step] = 6 * median(loss[step - 20 : step])
+    grad[step - 3] = 20.0
+    report = analyze([_run(loss=loss, grad_norm=grad)])
+    assert [e["step"] for e in _events(report, "spikes")] == [step]
+    assert "gradient norm spiked first" in report.probe("spikes").findings[0].evidence
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_fast_decay_without_spike_is_quiet(seed):
+    """The healthy twin: the same fast decay with its batch noise gives nothing above info."""
+    assert _severe(analyze([_run(loss=steep_curve(seed=seed), grad_norm=grad_curve(seed=seed + 10))])) == []
 
 
 def test_spike_without_grad_spike_points_at_the_data():
@@ -153,3 +173,38 @@ def test_config_is_validated():
 
 def test_rolling_median_is_centered():
     assert rolling_median([1, 100, 1, 1, 1], 3) == [50.5, 1, 1, 1, 1]
+
+
+def _resumed_log(path, later_factor: float):
+    """Steps 0-199, then a resume from step 150's checkpoint logging 150-399 again, its values
+    `later_factor` times the first run's level."""
+    first, later = clean_curve(seed=0), clean_curve(seed=1)
+    with open(path, "w") as f:
+        for t in range(200):
+            f.write(json.dumps({"step": t, "loss": first[t], "grad_norm": 1.0}) + "\n")
+        for t in range(150, 400):
+            f.write(json.dumps({"step": t, "loss": later[t] * later_factor, "grad_norm": 1.0}) + "\n")
+    return load_run(path)
+
+
+def test_resume_that_restarts_off_the_curve_is_a_warning_with_the_jump(tmp_path):
+    """A resume whose loss comes back 1.6x the first run's at the same steps (lost optimizer
+    state): a warning naming the repeated steps and the jump between the two values."""
+    report = analyze([_resumed_log(tmp_path / "r.jsonl", 1.6)])
+    finding = report.probe("resume").findings[0]
+    assert finding.severity == "warning" and "logged twice at 50 steps, 150 to 199" in finding.issue
+    assert re.search(r"\+(5[5-9]|6[0-5])% off", finding.issue) and "at step 150 first" in finding.evidence and "optimizer" in finding.fix
+    assert report.probe("resume").details["events"][0]["step"] == 150
+
+
+def test_resume_that_continues_the_curve_is_info(tmp_path):
+    """The healthy twin: a resume whose values continue the curve is said (info), nothing above."""
+    report = analyze([_resumed_log(tmp_path / "r.jsonl", 1.0)])
+    finding = report.probe("resume").findings[0]
+    assert finding.severity == "info" and "logged twice at 50 steps" in finding.issue
+    assert _severe(report) == []
+
+
+def test_no_repeated_step_no_resume_probe():
+    """A log with each step once has no resume row."""
+    assert analyze([_run(loss=clean_curve(), grad_norm=grad_curve())]).probe("resume") is None

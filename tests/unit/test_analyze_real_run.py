@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from distdiag.analyze import analyze, load_run
+from distdiag.analyze.series import Run, Series
 from distdiag.monitor import TrainingMonitor
 
 
@@ -76,3 +77,47 @@ def test_real_tiny_run_is_clean(tmp_path, seed):
     assert [f.issue for f in monitor_findings if f.severity != "info"] == []
     both = analyze([load_run(tmp_path / "run.jsonl"), load_run(tmp_path / "monitor.jsonl")])
     assert both.probe("compare").findings[0].severity == "info"  # the same run, logged twice
+
+
+def _regressor_losses(seed: int, bad_step: int | None, steps: int = 256) -> tuple[list[float], list[float]]:
+    """The docs' Lightning example as a plain loop (batch 64, MSE, SGD): one batch's loss reaches
+    3-6x its running median as plain noise."""
+    torch.manual_seed(seed)
+    x = torch.randn(4096, 8)
+    y = torch.sin(x[:, :1])
+    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    losses, norms = [], []
+    for step in range(steps):
+        b = slice((step % 64) * 64, (step % 64 + 1) * 64)
+        target = y[b] * (20.0 if step == bad_step else 1.0)  # a corrupt batch: labels scaled
+        loss = torch.nn.functional.mse_loss(net(x[b]), target)
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), 1e9)))
+        losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+    return losses, norms
+
+
+def _analyze_values(loss: list[float], grad: list[float]):
+    run = Run(label="run", source="run.jsonl")
+    run.series["loss"] = Series("loss", list(range(len(loss))), loss)
+    run.series["grad_norm"] = Series("grad_norm", list(range(len(grad))), grad)
+    return analyze([run])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_heavy_tailed_batch_losses_are_not_spikes(seed):
+    """Healthy twin of the lone-spike rule: batch losses 3-6x their level, as noise, stay quiet."""
+    loss, grad = _regressor_losses(seed, None)
+    assert [f.issue for _, f in _analyze_values(loss, grad).findings("warning")] == []
+
+
+@pytest.mark.timeout(120)
+def test_corrupt_batch_in_heavy_tailed_losses_is_a_spike():
+    """Labels x20 at step 90 of the same run: a spike at step 90."""
+    loss, grad = _regressor_losses(0, 90)
+    spikes = _analyze_values(loss, grad).probe("spikes")
+    assert [e["step"] for e in spikes.details["events"] if e["severity"] == "warning"][:1] == [90]

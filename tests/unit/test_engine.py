@@ -159,3 +159,39 @@ def test_malformed_dumps_are_value_errors():
             positions_from_dump(bad)  # type: ignore[arg-type]
     view = positions_from_dump({"entries": [5, "x", {"collective_seq_id": "junk", "profiling_name": 3}]})
     assert view["state"] in ("ok", "off")
+
+
+def _entry(backend, pg_id, name, seq, state="completed"):
+    e = nccl_entry(seq, state, pg=(name, "desc"))
+    return {**e, "pg_id": pg_id, "profiling_name": f"{backend}:all_reduce"}
+
+
+def test_nccl_and_gloo_recorders_number_their_groups_apart():
+    """NCCL and gloo each count their own process groups: pg 1 of NCCL's recorder (a subgroup,
+    named "5") is not pg 1 of the CPU recorder (the check's gloo side group, named "7"). Each
+    row keeps its own group's label; a label learned from one recorder's entries never lands on
+    the other's row."""
+    nccl = {"pg_status": {"0": {"last_enqueued_collective": 3, "last_completed_collective": 3},
+                          "1": {"last_enqueued_collective": 2, "last_completed_collective": 2}},
+            "entries": [_entry("nccl", 1, "5", 1), _entry("nccl", 1, "5", 2), _entry("nccl", 0, "0", 3)]}
+    gloo = {"pg_status": {"1": {"last_enqueued_collective": "4", "last_completed_collective": "4"}},
+            "entries": [_entry("gloo", 1, "7", 4)]}
+    reader = EngineReader(dumpers=[("nccl", lambda a, b: json.dumps(nccl)), ("fr", lambda a, b: json.dumps(gloo))])
+    reader.read(tail=8)  # the entries teach each recorder's id -> name
+    view = reader.read(tail=8)
+    labels = {(g["backend"], g["pg"]): g["group"] for g in view["groups"]}
+    assert labels[("nccl", "1")] == "group 5" and labels[("fr", "1")] == "group 7"
+    assert labels[("nccl", "0")] == "group 0"
+    assert reader.label_by_id("1", "nccl") == "group 5" and reader.label_by_id("1", "fr") == "group 7"
+
+
+def test_one_group_on_both_backends_says_which_row_is_which():
+    """A cpu:gloo,cuda:nccl group has one name on both recorders: two rows, told apart."""
+    nccl = {"pg_status": {"0": {"last_enqueued_collective": 2, "last_completed_collective": 2}},
+            "entries": [_entry("nccl", 0, "0", 2)]}
+    gloo = {"pg_status": {"0": {"last_enqueued_collective": "1", "last_completed_collective": "1"}},
+            "entries": [_entry("gloo", 0, "0", 1)]}
+    reader = EngineReader(dumpers=[("nccl", lambda a, b: json.dumps(nccl)), ("fr", lambda a, b: json.dumps(gloo))])
+    reader.read(tail=4)
+    rows = sorted(g["group"] for g in reader.read(tail=4)["groups"])
+    assert rows == ["group 0 (fr)", "group 0 (nccl)"]

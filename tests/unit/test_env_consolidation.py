@@ -54,3 +54,25 @@ def test_small_shm_and_clock_skew_and_env_mismatch():
     assert any("/dev/shm is 64 MiB" in i for i in issues)
     assert any("host clocks differ by 5.00 s" in i for i in issues)
     assert any("NCCL_SOCKET_IFNAME differs" in i for i in issues)
+
+
+def test_per_rank_visible_devices_is_not_a_collision():
+    """Slurm --gpus-per-task=1 / --gpu-bind: every rank sees one GPU as cuda:0, each another one."""
+    healthy = {r: payload(r, device="cuda:0", env={"CUDA_VISIBLE_DEVICES": str(r)}) for r in range(4)}
+    assert consolidate(healthy).findings == []
+    by_uuid = {r: payload(r, device="cuda:0", device_uuid=f"GPU-{r:04d}") for r in range(2)}
+    assert consolidate(by_uuid).findings == []
+    listed = {r: payload(r, device=f"cuda:{r}", env={"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}) for r in range(2)}
+    assert consolidate(listed).findings == []
+
+
+def test_two_ranks_given_the_same_physical_gpu_are_named():
+    """A collision is the same physical GPU: by UUID, or by the CUDA_VISIBLE_DEVICES entry each
+    rank's cuda:N resolves to (cuda:1 of "3,5" and cuda:0 of "5" are both GPU 5)."""
+    (f,) = consolidate({0: payload(0, device="cuda:0", device_uuid="GPU-x"),
+                        1: payload(1, device="cuda:0", device_uuid="GPU-x")}).findings
+    assert f.severity == "error" and f.ranks == [0, 1] and "same GPU (GPU-x)" in f.issue
+    (f,) = consolidate({0: payload(0, device="cuda:1", env={"CUDA_VISIBLE_DEVICES": "3,5"}),
+                        1: payload(1, device="cuda:0", env={"CUDA_VISIBLE_DEVICES": "5"})}).findings
+    assert f.ranks == [0, 1] and "same GPU (GPU 5)" in f.issue
+    assert "CUDA_VISIBLE_DEVICES per rank: '3,5', '5'" in f.evidence

@@ -133,3 +133,41 @@ def test_sp_gradients_off_with_loss_and_output_right_are_the_reduction():
     d = diagnose_grads({"rel_err": 0.5, "worst": "qkv.weight", "finite": True}, 2)
     assert d.cause == "sp_grad_reduction" and "reduce-scatter" in d.fix
     assert diagnose_grads({"finite": False, "worst": "x"}, 2).cause == "empty_shard_zero_division"
+
+
+def test_loss_off_on_ranks_with_equal_counts_is_not_per_rank_normalisation():
+    """Equal counts on every rank rule the per-rank mean out: mechanism not identified, the BatchNorm named."""
+    d = diagnose_parity(_ev(loss_rel=1.6e-2, mean_loss=2.03, ref_loss=2.0, rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)},
+                            counts={0: {"rows": 12}, 1: {"rows": 12}}, cross_sample=["norm"]))
+    assert d.cause == "mechanism_not_identified" and d.confidence < 0.5
+    assert "global count" not in d.fix and "convert_sync_batchnorm" in d.fix
+    text = " ".join(d.evidence)
+    assert "rows per rank 12, 12" in text and "norm in training mode without SyncBatchNorm" in text
+
+
+def test_loss_off_on_ranks_with_different_valid_counts_stays_per_rank_normalisation():
+    """Counts that differ keep the per-rank normalisation, with the counts as its evidence."""
+    d = diagnose_parity(_ev(loss_rel=3e-3, mean_loss=2.006, ref_loss=2.0, rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)},
+                            counts={0: {"rows": 4, "valid": 10}, 1: {"rows": 4, "valid": 14}}))
+    assert d.cause == "loss_normalised_per_rank" and "global count" in d.fix
+    assert any("valid tokens per rank 10, 14" in line for line in d.evidence)
+
+
+def test_shard_counts_read_rows_masks_and_ignored_labels():
+    """Rows from dim 0, valid tokens from a mask, else from labels that are not -100."""
+    import torch
+
+    from distdiag.probes.numerics.batch_counts import shard_counts
+
+    assert shard_counts({"tokens": torch.zeros(3, 5), "mask": torch.tensor([[1, 1, 0, 0, 0]] * 3)}) == {"rows": 3, "valid": 6}
+    assert shard_counts((torch.zeros(4, 2), torch.tensor([1, -100, 2, -100]))) == {"rows": 4, "valid": 2}
+    assert shard_counts((torch.zeros(4, 2), torch.tensor([1, 0, 2, 3]))) == {"rows": 4}
+    assert shard_counts({"n": 3}) == {}
+
+
+def test_plain_parameters_of_a_tensor_parallel_model_get_a_plan_fix_not_fully_shard():
+    """DTensors from a TP plan and no FSDP module: the plain ones are outside the plan, not outside fully_shard."""
+    gbad = {"norm.weight": {"name": "norm.weight", "rel": 1.07, "ranks": [0, 1], "sharded": False}}
+    d = diagnose_parity(_ev(gbad=gbad, fsdp=False, rank_sums={0: _sums(1.0, 0.1), 1: _sums(1.0, 0.1)}))
+    assert d.cause == "unmanaged_params" and "SequenceParallel()" in d.fix and "fully_shard" not in d.fix
+    assert "fully_shard" in diagnose_parity(_ev(gbad=gbad, fsdp=True)).fix

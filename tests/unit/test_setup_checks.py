@@ -52,6 +52,23 @@ def test_two_ranks_decided_by_the_parameters_left_equal():
     assert every.cause == "setup_divergence_rank_seeded"
 
 
+def test_same_values_under_other_names_is_the_init_order():
+    """Branches built in another order on one rank: the same values, under swapped names: init order, not a load."""
+    def branches(order: list[str]) -> nn.Module:
+        torch.manual_seed(0)
+        return nn.ModuleDict({n: nn.Linear(4, 4) for n in order})
+
+    a, b = branches(["x", "y", "z"]), branches(["z", "x", "y"])
+    b = nn.ModuleDict({n: b[n] for n in ["x", "y", "z"]})  # the same names in the same order, other values
+    names = [f"{n}.{p}" for n in "xyz" for p in ("weight", "bias")]
+    div = classify(_digests(a, b), names)
+    assert div.cause == "setup_divergence_init_order" and "under different names" in div.reason
+    c = branches(["x", "y", "z"])
+    with torch.no_grad():
+        c["x"].weight.mul_(2)  # a new value, not a move: not the order
+    assert classify(_digests(a, c), ["x.weight"]).cause != "setup_divergence_init_order"
+
+
 def test_buffers_only_and_groups_of_two():
     a, b = nn.BatchNorm1d(3), nn.BatchNorm1d(3)
     b.running_mean.fill_(1.0)

@@ -106,7 +106,7 @@ def _hist(sites_per_step, current=None, in_loop=True):
 
 def test_departure_names_the_position_where_a_step_changed_course():
     mine = _hist([["a", "b", "c"]] * 4 + [["a", "x"]])
-    assert "collective 2 of the step came from x" in departure(mine) and "from b" in departure(mine)
+    assert "collective 2 of the step came from all_reduce at x" in departure(mine) and "from all_reduce at b" in departure(mine)
     assert departure(_hist([["a", "b", "c"]] * 4 + [["a", "b"]])) is None
     assert "left its training loop" in departure(_hist([["a"]] * 4, in_loop=False))
 

@@ -19,7 +19,7 @@ from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.report.model import Finding, ProbeResult
 
-__all__ = ["CollectivesProbe", "CollectivesConfig", "OPS"]
+__all__ = ["CollectivesProbe", "CollectivesConfig", "OPS", "synchronize", "device_clock"]
 
 OPS = (
     "all_reduce_sum",
@@ -70,12 +70,31 @@ def _tolerance(dtype: torch.dtype, expected: torch.Tensor, world: int) -> torch.
     return expected.abs() * eps * (math.ceil(math.log2(max(world, 2))) + 1) + eps
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until the work queued on `device` is done: `torch.<type>.synchronize` for an
+    accelerator (cuda, xpu, ...), nothing on the CPU (its collectives return when done)."""
+    if device.type in ("cpu", "meta"):
+        return
+    sync = getattr(getattr(torch, device.type, None), "synchronize", None)
+    if sync is not None:
+        sync(device)
+
+
+def device_clock(device: torch.device) -> float:
+    """time.perf_counter() once `device` has finished what was queued on it. An NCCL collective
+    returns when it is enqueued: a clock read right after it measures the launch, not the
+    collective (what slowest_rank_time_s reported before issue 35)."""
+    synchronize(device)
+    return time.perf_counter()
+
+
 class _Checker:
     """Compares outputs with expected values; records failures and timings."""
 
-    def __init__(self, rank: int, world: int) -> None:
+    def __init__(self, rank: int, world: int, device: torch.device | None = None) -> None:
         self.rank = rank
         self.world = world
+        self.device = device if device is not None else torch.device("cpu")
         self.failures: list[dict[str, Any]] = []
         self.checks = 0
         self.timings: dict[str, float] = {}
@@ -104,8 +123,12 @@ class _Checker:
                 }
             )
 
+    def start(self) -> float:
+        """The clock before a timed collective (earlier work on the device done first)."""
+        return device_clock(self.device)
+
     def timed(self, key: str, started: float) -> None:
-        self.timings[key] = self.timings.get(key, 0.0) + (time.perf_counter() - started)
+        self.timings[key] = self.timings.get(key, 0.0) + (device_clock(self.device) - started)
 
 
 def _idx(n: int) -> torch.Tensor:
@@ -143,7 +166,7 @@ class _WorldOps:
             self.comm, self.checker, self.rank, self.world, self.i, self.dname, self.ops, self.make)
         if "all_reduce_sum" in ops:
             x = make((rank + 1) + i % 3)
-            t = time.perf_counter()
+            t = checker.start()
             comm.all_reduce(x, op=dist.ReduceOp.SUM)
             checker.timed("all_reduce", t)
             checker.check("all_reduce(sum)", dname, "world", x.cpu(), world * (world + 1) / 2 + world * (i % 3))
@@ -169,7 +192,7 @@ class _WorldOps:
         mine = rank * 10 + i % 7
         if "all_gather" in ops:
             outs = [make(torch.full_like(i, -1)) for _ in range(world)]
-            t = time.perf_counter()
+            t = checker.start()
             comm.all_gather(outs, make(mine))
             checker.timed("all_gather", t)
             for r, out in enumerate(outs):
@@ -182,7 +205,7 @@ class _WorldOps:
         if "reduce_scatter_tensor" in ops:
             chunks = [(rank + 1) * (j + 1) + i % 3 for j in range(world)]
             out = make(torch.full_like(i, -1))
-            t = time.perf_counter()
+            t = checker.start()
             comm.reduce_scatter_tensor(out, make(torch.cat(chunks)))
             checker.timed("reduce_scatter_tensor", t)
             checker.check("reduce_scatter_tensor", dname, "world", out.cpu(), (rank + 1) * world * (world + 1) / 2 + world * (i % 3))
@@ -206,7 +229,7 @@ class _WorldOps:
             comm.send_recv(make(rank * 3 + 1 + i % 5), dst, recv, src)
             checker.check(f"send_recv(ring {src}->{rank})", dname, "world", recv.cpu(), expect(src * 3 + 1 + i % 5))
         if "barrier" in ops and barrier:
-            t = time.perf_counter()
+            t = checker.start()
             comm.barrier()
             checker.timed("barrier", t)
 
@@ -221,7 +244,7 @@ class CollectivesProbe(Probe):
         opts: CollectivesConfig = self.options(ctx)
         rank, world = ctx.rank, ctx.world_size
         device = ctx.device
-        checker = _Checker(rank, world)
+        checker = _Checker(rank, world, device)
         for dtype_name in opts.dtypes:
             dtype = _DTYPES[dtype_name]
             self._world_ops(ctx, checker, opts, dtype_name, dtype, device)

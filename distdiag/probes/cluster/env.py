@@ -91,6 +91,7 @@ class EnvProbe(Probe):
             "local_world_size": info.local_world_size,
             "node": info.node,
             "device": str(ctx.device),
+            "device_uuid": _device_uuid(ctx.device),
             "python": platform.python_version(),
             "torch": torch.__version__,
             **_cuda_versions(),
@@ -174,20 +175,71 @@ def _version_mismatches(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
     return out
 
 
+def _device_uuid(device: torch.device) -> str | None:
+    """The GPU's UUID as CUDA reports it (the same GPU has the same UUID in every process,
+    whatever CUDA_VISIBLE_DEVICES renumbers); None off CUDA or where torch does not say."""
+    if device.type != "cuda":
+        return None
+    try:
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+    except Exception:  # noqa: BLE001 - an older torch without the field: keyed by index instead; local, strands no one
+        return None
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def physical_device(device: str, visible: str | None) -> str:
+    """The GPU a process's `cuda:N` is on this host: entry N of its CUDA_VISIBLE_DEVICES (an index
+    or a UUID), or N itself when the variable is unset. With per-rank CUDA_VISIBLE_DEVICES (Slurm's
+    --gpus-per-task=1 or --gpu-bind, one GPU per rank) every rank's `cuda:0` is another GPU."""
+    index = int(device.split(":", 1)[1]) if ":" in device and device.split(":", 1)[1].isdigit() else 0
+    if visible is None:
+        return f"GPU {index}"
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if index >= len(entries):
+        return f"GPU {index} (beyond CUDA_VISIBLE_DEVICES={visible!r})"
+    pick = entries[index]
+    return f"GPU {int(pick)}" if pick.isdigit() else pick
+
+
+def device_key(payload: dict[str, Any]) -> tuple[str, str] | None:
+    """(host, the physical GPU) a rank computes on, or None off CUDA: the UUID where torch gave
+    one (as the gpu probe keys by NVML's), else the CUDA_VISIBLE_DEVICES-resolved index."""
+    device = str(payload.get("device", ""))
+    if not device.startswith("cuda"):
+        return None
+    uuid = payload.get("device_uuid")
+    if uuid:
+        return payload["host"], str(uuid)
+    return payload["host"], physical_device(device, (payload.get("env") or {}).get("CUDA_VISIBLE_DEVICES"))
+
+
 def _device_collisions(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
     seen: dict[tuple[str, str], list[int]] = defaultdict(list)
     for rank, p in sorted(payloads.items()):
-        if p["device"].startswith("cuda"):
-            seen[(p["host"], p["device"])].append(rank)
+        key = device_key(p)
+        if key is not None:
+            seen[key].append(rank)
+
+    def visible(r: int) -> str:
+        value = (payloads[r].get("env") or {}).get("CUDA_VISIBLE_DEVICES")
+        return "<unset>" if value is None else repr(value)
+
+    def what(gpu: str, ranks: list[int]) -> str:
+        devices = {payloads[r]["device"] for r in ranks}
+        plain = len(devices) == 1 and all(visible(r) == "<unset>" and not payloads[r].get("device_uuid") for r in ranks)
+        return f"device {devices.pop()}" if plain else f"GPU ({gpu})"
+
     return [
         Finding(
             severity="error",
-            issue=f"ranks {', '.join(map(str, ranks))} on host {host} are bound to the same device {device}",
-            evidence=f"LOCAL_RANK per rank: {', '.join(str(payloads[r]['local_rank']) for r in ranks)}",
+            issue=f"ranks {', '.join(map(str, ranks))} on host {host} are bound to the same {what(gpu, ranks)}",
+            evidence=(f"LOCAL_RANK per rank: {', '.join(str(payloads[r]['local_rank']) for r in ranks)}; "
+                      f"device per rank: {', '.join(payloads[r]['device'] for r in ranks)}; "
+                      f"CUDA_VISIBLE_DEVICES per rank: {', '.join(visible(r) for r in ranks)}"),
             ranks=ranks,
             fix="bind each rank to its LOCAL_RANK's GPU (torch.cuda.set_device(local_rank)); check CUDA_VISIBLE_DEVICES",
         )
-        for (host, device), ranks in seen.items()
+        for (host, gpu), ranks in seen.items()
         if len(ranks) > 1
     ]
 

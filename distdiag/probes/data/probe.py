@@ -58,14 +58,17 @@ class DataShardsProbe(Probe):
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: DataShardsConfig = self.options(ctx)
         target = getattr(ctx, "target", None)
+        info = getattr(ctx, "info", None)
+        local = {"local": [getattr(info, "local_rank", 0), getattr(info, "local_world_size", 0)]}
         try:
             if target is not None and target.has("batches"):
                 loaders = [tr.call_hook("batches", target.batches, ctx.rank, ctx.world_size, e) for e in (0, 1)]
                 epochs = [_take(it, opts.batches) for it in loaders]
-                return {"source": f"hook batches() of target {target.spec}", "epochs": epochs, "shuffles": shuffles(loaders[0])}
+                return {"source": f"hook batches() of target {target.spec}", "epochs": epochs, "shuffles": shuffles(loaders[0]),
+                        **local}
             hooks = tr.resolve_hooks(ctx, opts.workload)
             rows = [row_hashes(hooks.shard(hooks.batch(s), ctx.rank, ctx.world_size)) for s in range(1, opts.batches + 1)]
-            return {"source": f"shard_batch(make_batch(step)) of {hooks.source}", "epochs": [rows]}
+            return {"source": f"shard_batch(make_batch(step)) of {hooks.source}", "epochs": [rows], **local}
         except tr.HookError as exc:
             return {"setup_error": str(exc)}
 
@@ -80,8 +83,8 @@ class DataShardsProbe(Probe):
             ) for msg, ranks in errors.items()])
         ranks = sorted(payloads)
         first = {r: payloads[r]["epochs"][0] for r in ranks}
-        findings = _identical(first) if len(ranks) > 1 else []
-        same = [f.ranks for f in findings]
+        findings = _identical(first, {r: payloads[r].get("local") for r in ranks}) if len(ranks) > 1 else []
+        same = identical_groups(first)
         findings += _overlapping(first, same)
         findings += _repeated({r: payloads[r]["epochs"] for r in ranks if payloads[r].get("shuffles")})
         nrows = sum(len(b) for b in first[ranks[0]])
@@ -128,9 +131,48 @@ _SAMPLER_FIX = (
 )
 
 
-def _identical(first: dict[int, list[list[str]]]) -> list[Finding]:
+def local_index_size(groups: list[list[int]], local: dict[int, Any], world: int) -> int | None:
+    """The local world size L when the collisions are those of a shard index that is the local rank:
+    every rank is in a group, each group is r, r + L, r + 2L, ... (one local rank on every node) and
+    holds all the ranks of that local rank; None otherwise."""
+    sizes = {tuple(v)[1] if v else 0 for v in local.values()}
+    if not groups or len(local) != world or len(sizes) != 1:
+        return None
+    size = sizes.pop()
+    if not 1 <= size < world or world % size or len(groups) != size:
+        return None
+    for g in groups:
+        if len(g) != world // size or any(b - a != size for a, b in zip(g, g[1:], strict=False)):
+            return None
+        if len({local[r][0] for r in g}) != 1:
+            return None
+    return size
+
+
+def _local_index_finding(groups: list[list[int]], first: dict[int, list[list[str]]], size: int, world: int) -> Finding:
+    n = sum(len(b) for b in first[groups[0][0]])
+    shown = "; ".join(format_ranks(g, world) for g in groups[:4]) + ("; ..." if len(groups) > 4 else "")
+    return Finding(
+        severity="error",
+        issue=f"ranks r and r + {size} (the local world size) see identical data ({shown}): the data is sharded by the "
+              "local rank (LOCAL_RANK used where RANK is needed)",
+        evidence=f"row hashes of the first {len(first[groups[0][0]])} batches ({n} samples) equal within each group; "
+                 f"every group is one local rank on each of the {world // size} nodes and every rank is in one: the "
+                 f"shard index repeats on every node, so the job trains on 1/{world // size} of the data it should",
+        ranks=sorted(r for g in groups for r in g), confidence=0.9, cause="data_sharded_by_local_rank",
+        fix="shard by the global rank and world size: DistributedSampler(dataset, num_replicas=dist.get_world_size(), "
+            "rank=dist.get_rank()) (RANK and WORLD_SIZE), not LOCAL_RANK and LOCAL_WORLD_SIZE, which number the "
+            "ranks of one node only",
+    )
+
+
+def _identical(first: dict[int, list[list[str]]], local: dict[int, Any] | None = None) -> list[Finding]:
     out = []
-    for group in identical_groups(first):
+    groups = identical_groups(first)
+    size = local_index_size(groups, local or {}, len(first))
+    if size is not None:
+        return [_local_index_finding(groups, first, size, len(first))]
+    for group in groups:
         n = sum(len(b) for b in first[group[0]])
         out.append(Finding(
             severity="error",

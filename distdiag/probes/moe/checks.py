@@ -231,21 +231,60 @@ def _dispatch(where: str, res: dict[int, dict[str, Any]], world: int) -> list[Fi
     return out
 
 
-def _router_sync(where: str, res: dict[int, dict[str, Any]], world: int) -> list[Finding]:
-    sums = {r: v["router_sums"] for r, v in res.items() if v.get("router_sums")}
+def _differ_from_rank0(res: dict[int, dict[str, Any]], key: str) -> dict[int, list[str]]:
+    """Ranks whose checksums under `key` differ from rank 0's: rank -> names."""
+    sums = {r: v[key] for r, v in res.items() if v.get(key)}
     if not sums or 0 not in sums:
-        return []
+        return {}
     differ = {}
     for r, s in sums.items():
         names = [n for n in s if s[n] != sums[0].get(n)]
         if names:
             differ[r] = names
+    return differ
+
+
+def _router_sync(where: str, res: dict[int, dict[str, Any]], world: int) -> list[Finding]:
+    """Router parameters, and router buffers (a load-balancing bias), that differ across ranks after training."""
+    out = []
+    differ = _differ_from_rank0(res, "router_sums")
+    if differ:
+        ranks = sorted(differ)
+        out.append(_f("error", f"{where}: router parameters differ from rank 0's on {format_ranks(ranks, world)} after training steps",
+                      "\n".join(f"rank {r}: {', '.join(n[:6])}" for r, n in sorted(differ.items())), ranks,
+                      "replicated router weights need their gradients averaged over every rank (and identical init)"))
+    differ = _differ_from_rank0(res, "router_buffers")
+    if differ:
+        ranks = sorted(differ)
+        out.append(_f(
+            "error", f"{where}: router buffers differ from rank 0's on {format_ranks(ranks, world)} after training steps: "
+                     f"{', '.join(differ[ranks[0]][:4])}",
+            "\n".join(f"rank {r}: {', '.join(n[:6])}" for r, n in sorted(differ.items())),
+            ranks, "a router buffer updated during training (a load-balancing bias from the expert load, running "
+                   "statistics) is updated from each rank's own tokens: update it from the load summed over every "
+                   "rank (all_reduce the counts before the update), or broadcast it", 0.85))
+    return out
+
+
+def _routing_after(payloads: dict[int, dict[str, Any]], world: int) -> list[Finding]:
+    """route() on the same tokens after the target model's training steps, across ranks."""
+    after = {r: p["router_after"] for r, p in payloads.items() if p.get("router_after")}
+    before = [p.get("router", {}).get("indices") for p in payloads.values()]
+    ref = after.get(0, {}).get("indices")
+    if ref is None or any(b != before[0] for b in before):
+        return []  # routing that differed before training is said by the first router check
+    differ = {r: v["indices"] for r, v in sorted(after.items()) if r and v.get("indices") is not None and v["indices"] != ref}
     if not differ:
         return []
     ranks = sorted(differ)
-    return [_f("error", f"{where}: router parameters differ from rank 0's on {format_ranks(ranks, world)} after training steps",
-               "\n".join(f"rank {r}: {', '.join(n[:6])}" for r, n in sorted(differ.items())), ranks,
-               "replicated router weights need their gradients averaged over every rank (and identical init)")]
+    toks = [t for t in range(len(ref)) if differ[ranks[0]][t] != ref[t]]
+    moved = "; before training every rank routed these tokens alike" + (", as rank 0 still does" if before[0] == ref else "")
+    return [_f("error", f"route sends identical tokens to different experts on {format_ranks(ranks, world)} than on "
+                        "rank 0 after the target model's training steps",
+               f"rank {ranks[0]}: {len(toks)} of {len(ref)} tokens differ, first {toks[:8]}; token {toks[0]}: rank 0 "
+               f"{ref[toks[0]]}, rank {ranks[0]} {differ[ranks[0]][toks[0]]}" + moved, ranks,
+               "the router's state drifted apart across ranks while training (see the router parameter or buffer "
+               "finding): every rank must update it identically", 0.9)]
 
 
 def consolidate_moe(payloads: dict[int, dict[str, Any]], opts: Any, world: int) -> list[Finding]:
@@ -267,4 +306,5 @@ def consolidate_moe(payloads: dict[int, dict[str, Any]], opts: Any, world: int) 
                                    ", ".join(f"rank {r}: {v}" for r, v in sorted(values.items())), sorted(values),
                                    "compute capacity from the global token count, the same on every rank"))
         findings += _router_sync("target model", user, world)
+        findings += _routing_after(payloads, world)
     return findings

@@ -27,6 +27,7 @@ from distdiag.probes.moe.checks import BUILTIN_ROUTER, consolidate_moe
 from distdiag.probes.moe.dispatch import SplitMismatch, SplitRecorder
 from distdiag.report.model import ProbeResult
 from distdiag.report.render import format_ranks
+from distdiag.workloads.base import batch_on
 from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE
 
 __all__ = ["MoeRoutingProbe", "MoeRoutingConfig"]
@@ -206,6 +207,10 @@ class MoeRoutingProbe(Probe):
         payload["builtin"] = self._builtin(ctx, opts, dense, ep)
         if target is not None and target.has("route"):
             payload["user"] = self._user_model(ctx, opts, findings)
+            if payload["user"] and "router_sums" in payload["user"]:
+                # the same tokens again, once the target's model trained: a router whose state
+                # (weights, a load-balancing bias) drifted apart across ranks now routes apart
+                payload["router_after"] = _route_indices(ctx, opts, target.route)
         return payload
 
     def _builtin(self, ctx: Any, opts: MoeRoutingConfig, dense: DenseMoE, size: int) -> dict[str, Any]:
@@ -270,7 +275,7 @@ class MoeRoutingProbe(Probe):
                     batch = target.make_batch(step + 1)
                     if target.has("shard_batch"):
                         batch = target.shard_batch(batch, ctx.rank, ctx.world_size)
-                    loss = target.loss_fn(model, batch)
+                    loss = target.loss_fn(model, batch_on(model, batch))  # the device contract (docs/targets.md)
                     loss.backward()
                     if opt is not None:
                         opt.step()
@@ -286,8 +291,8 @@ class MoeRoutingProbe(Probe):
                     res["capacity"][f"{name or '(model)'}.{attr}"] = value
         if "mismatch" in res or model is None:
             return res
-        res["router_sums"] = {n: _sums(p) for n, p in model.named_parameters()
-                              if ("router" in n or "gate" in n) and not hasattr(p, "full_tensor")}
+        res["router_sums"] = {n: _sums(p) for n, p in model.named_parameters() if _router_state(n, p)}
+        res["router_buffers"] = {n: _sums(b) for n, b in model.named_buffers() if _router_state(n, b)}
         return res
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
@@ -303,6 +308,28 @@ class MoeRoutingProbe(Probe):
         if "near_ties" in r0:
             metrics["near_tie_share"] = r0["near_ties"] / max(1, len(r0.get("indices", [])))
         return ProbeResult.from_findings(self.name, findings, metrics=metrics, details=_tables(payloads))
+
+
+ROUTER_WORDS = ("router", "gate", "route")
+"""A parameter or buffer whose name holds one of these is router state (a gate's weight, an
+aux-loss-free load-balancing bias such as DeepSeek's gate.e_score_correction_bias)."""
+
+
+def _router_state(name: str, t: torch.Tensor) -> bool:
+    """Router state compared across ranks: replicated (a DTensor is sharded by design) and named like a router's."""
+    return any(w in name for w in ROUTER_WORDS) and not hasattr(t, "full_tensor")
+
+
+def _route_indices(ctx: Any, opts: MoeRoutingConfig, route: Any) -> dict[str, Any]:
+    """route() on the router check's tokens once more: its expert indices, or what went wrong."""
+    tokens = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(11)).to(ctx.device)
+    ctx.seed()
+    try:
+        idx, _, problem = _parse_route(route(tokens), opts.num_tokens)
+    except Exception as exc:  # noqa: BLE001 - said by the first router check already
+        ctx.caught(exc, "route on made-up tokens after training")
+        return {"problem": exc_line(exc)}
+    return {"problem": problem} if idx is None else {"indices": idx.tolist()}
 
 
 def _sums(p: torch.Tensor) -> list[float]:

@@ -62,7 +62,7 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 def _ref_pass(ctx: Any, hooks: tr.Hooks, model: nn.Module, shard: Any) -> dict[str, Any]:
     model.zero_grad(set_to_none=True)
     ctx.seed(_SEED)
-    loss = tr.call_hook("loss_fn", hooks.loss_fn, model, shard)
+    loss = tr.call_loss(hooks, model, shard)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
         raise tr.HookError("hook loss_fn must return a scalar tensor that requires grad")
     loss.backward()

@@ -51,6 +51,16 @@ def unmanaged(ev: ParityEvidence) -> Diagnosis | None:
     plain = [n for n, b in ev.gbad.items() if b.get("sharded") is False]
     if not plain or not ev.sharded_params:  # all plain: a replicated model (DDP), not parameters FSDP left out
         return None
+    if ev.fsdp is False:  # DTensors from a tensor-parallel plan, no FSDP: the plan left them out
+        return Diagnosis(
+            "unmanaged_params", f"{len(plain)} plain parameter(s) outside the tensor-parallel plan: their gradients "
+            "are not reduced over the ranks", [f"plain tensors (not DTensors) and over tolerance: {', '.join(plain[:6])}",
+                                              *locate(ev.gbad, ev.order)],
+            f"{', '.join(plain[:4])} are plain parameters of a tensor-parallel model: each rank's gradient holds only its "
+            "own part (its sequence positions, or its shard of the activations) and is never summed over the ranks. "
+            "Put their modules in the plan (SequenceParallel() for a norm between sequence-sharded activations, or "
+            "a style that makes them Replicate DTensors), or all-reduce their gradients over the tensor-parallel group",
+            0.8)
     return Diagnosis(
         "unmanaged_params", f"{len(plain)} plain parameter(s) outside every FSDP group: their gradients are not reduced",
         [f"not FSDP-managed (plain tensors) and over tolerance: {', '.join(plain[:6])}", *locate(ev.gbad, ev.order)],
@@ -107,15 +117,56 @@ def loss_scaled(ev: ParityEvidence) -> Diagnosis | None:
                      lines, fix, 0.95 if confident else 0.7, uniform=True)
 
 
+def _counts(ev: ParityEvidence) -> tuple[bool | None, str]:
+    """(do the ranks' shard counts differ, the counts as text): None when the shards did not show them."""
+    counts = [ev.counts.get(r) or {} for r in range(ev.world)]
+    keys = [k for k in ("valid", "rows") if all(k in c for c in counts)]
+    if not keys:
+        return None, ""
+    text = "; ".join(f"{'valid tokens' if k == 'valid' else 'rows'} per rank " + ", ".join(str(c[k]) for c in counts)
+                     for k in keys)
+    return any(len({c[k] for c in counts}) > 1 for k in keys), text
+
+
+def _forward_differs(ev: ParityEvidence, located: list[str], counts: str) -> Diagnosis:
+    """The loss differs on ranks that hold equal counts: a per-rank mean cannot explain it; not identified."""
+    mods = ", ".join(ev.cross_sample[:4])
+    lines = [f"loss {ev.mean_loss:.6g} (mean of ranks) vs reference {ev.ref_loss:.6g}: rel err {ev.loss_rel:.2e}, "
+             "no integer ratio", *located,
+             f"equal counts on every rank ({counts}): a loss normalised per rank would average to the global mean, "
+             "so the per-rank normalisation is ruled out as far as the batch shows its counts"]
+    lines.append(f"candidates: {mods} in training mode without SyncBatchNorm (statistics of each rank's own rows; "
+                 "param_sync then reports its running statistics differing across ranks), or another op that mixes "
+                 "samples in the forward or the loss" if mods else
+                 "candidates: an op that mixes samples in the forward or the loss (statistics or a softmax over the "
+                 "batch, dropout drawn per rank), or a count the batch does not show (labels padded with another "
+                 "ignore index)")
+    what = (f"rerun with {mods} converted by torch.nn.SyncBatchNorm.convert_sync_batchnorm (or in eval mode): "
+            "the loss then matching the reference decides it") if mods else "rerun with the suspected op disabled"
+    lines.append(f"what would decide: {what}")
+    return Diagnosis(
+        "mechanism_not_identified", "the forward computes differently per rank (mechanism not identified)", lines,
+        f"not identified from this evidence; {what}"
+        + (". If it is the BatchNorm, use SyncBatchNorm (or statistics reduced over the data-parallel group) where "
+           "the ranks' batches must be normalised together" if mods else ""), 0.4)
+
+
 def loss_off(ev: ParityEvidence) -> Diagnosis | None:
-    """The loss differs from the first step with the same weights, by no clean ratio: its weighting over ranks."""
+    """The loss differs from the first step with the same weights, by no clean ratio: its weighting over ranks,
+    when the ranks' counts differ (or are not shown); a forward that differs per rank when they are equal."""
     if ev.loss_rel <= ev.loss_tol:
         return None
+    located = locate(ev.gbad or ev.pbad, ev.order)
+    differ, counts = _counts(ev)
+    if differ is False:
+        return _forward_differs(ev, located, counts)
     lines = [f"loss {ev.mean_loss:.6g} (mean of ranks) vs reference {ev.ref_loss:.6g}: rel err {ev.loss_rel:.2e}, "
-             "no integer ratio", *locate(ev.gbad or ev.pbad, ev.order)]
+             "no integer ratio", *located]
     if ev.step == 1:
         lines.append("the weights were equal before step 1, so the loss function weights the ranks' shards differently "
                      "from the global batch")
+    if differ:
+        lines.append(f"the ranks hold different counts ({counts}): per-rank means do not average to the global mean")
     lines.append("what would decide: the ranks' valid-token (or sample) counts in shard_batch: unequal counts make "
                  "per-rank means differ from the global mean; equal counts point at the forward instead (dropout on, "
                  "batch norm or another cross-sample op)")

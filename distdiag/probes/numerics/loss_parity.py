@@ -21,10 +21,11 @@ import torch
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView
+from distdiag.probes.numerics.batch_counts import cross_sample_modules, shard_counts
 from distdiag.probes.numerics.shared import STEP_SEED, ParallelRun, parallel_run
 from distdiag.report.model import ProbeResult
 
-__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors", "scale_fit"]
+__all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors", "partials_reduced", "reference_rms", "scale_fit"]
 
 _TOP = 8
 _HUGE = 1e300
@@ -80,10 +81,16 @@ def compare_tensors(
 
     Relative error is ||a - b|| / ||b|| over the slice (with the slice's share of the full
     norm as the floor, so an all-zero slice does not inflate it; `floor_rms` adds a floor of
-    that RMS per element, for parameters that start at zero). Returns the maxima and the
-    tensors over tolerance, in model order.
+    that RMS per element, for parameters that start at zero). A reference tensor that is zero
+    to within the tolerance (RMS below tolerance x the RMS of all reference tensors: a bias
+    before a BatchNorm, whose gradient the normalisation cancels, is exactly zero or rounding
+    noise) has no scale of its own: its error is judged on the absolute scale of that overall
+    RMS, so rounding noise on both sides is not a relative error of 1 or more, while a parallel
+    value of the model's own size where the reference has none still is. Returns the maxima and
+    the tensors over tolerance, in model order.
     """
     bad, max_abs, max_rel, missing = [], 0.0, 0.0, []
+    overall: list[float] = []  # reference_rms(ref), computed once, when first needed
     sums = [0.0, 0.0, 0.0, 0.0]  # scale_fit's four terms summed over every compared slice
     for name, full in ref.items():
         if name not in par:
@@ -95,7 +102,10 @@ def compare_tensors(
         # cost more than the step); the errors sought are far above float32 rounding.
         work = torch.float64 if full.dtype == torch.float64 else torch.float32
         want = _local_slice(full.detach(), mine).to(work)
-        got = tr.local_tensor(mine.detach()).to(work)
+        # On the reference's device: the parallel model trains on the rank's GPU, the reference
+        # where build_model put it (the CPU for the built-in workloads); `got - want` across
+        # devices raises. The copy is one local shard.
+        got = tr.local_tensor(mine.detach()).to(device=want.device, dtype=work)
         if got.shape != want.shape:
             bad.append({"name": name, "abs": _HUGE, "rel": _HUGE, "tol": 0.0,
                         "detail": f"local shape {list(got.shape)} vs reference slice {list(want.shape)}"})
@@ -105,14 +115,12 @@ def compare_tensors(
         diff = got - want
         abs_err = float(diff.abs().max())
         want_norm = float(want.norm())
-        denom = max(want_norm, floor_rms * math.sqrt(want.numel()), 1e-12)
-        if want.numel() < full.numel():
-            share = float(full.detach().to(work).norm()) * math.sqrt(want.numel() / full.numel())
-            denom = max(denom, share)
+        tol = tr.rtol_for(full.dtype, scale)
+        overall = overall or [reference_rms(ref)]
+        denom = _denominator(want_norm, want.numel(), full, work, floor_rms, tol, overall[0])
         diff_norm = float(diff.norm())
         rel = diff_norm / denom if math.isfinite(abs_err) else _HUGE
         abs_err = abs_err if math.isfinite(abs_err) else _HUGE
-        tol = tr.rtol_for(full.dtype, scale)
         # Gradients only (the diagnosis reads their factors); within tolerance, ||got - want||
         # bounds what a factor leaves, so the extra pass is paid for the failing tensors only.
         terms = scale_fit(got, want, want_norm, diff_norm if rel <= tol else None) if fit else [0.0] * 4
@@ -124,6 +132,30 @@ def compare_tensors(
             bad.append({"name": name, "abs": abs_err, "rel": rel, "tol": tol, "sharded": isinstance(mine, DTensor),
                         **(_factor(terms) if fit else {})})
     return {"max_abs": max_abs, "max_rel": max_rel, "bad": bad, "missing": missing, "sums": sums}
+
+
+def _denominator(want_norm: float, numel: int, full: torch.Tensor, work: torch.dtype, floor_rms: float, tol: float,
+                 overall: float) -> float:
+    """What a slice's ||got - want|| is divided by: its own norm, floored by `floor_rms` per element, by
+    the slice's share of the full tensor's norm, and, for a reference zero to within the tolerance,
+    by the reference's overall RMS per element (the absolute scale)."""
+    denom = max(want_norm, floor_rms * math.sqrt(numel), 1e-12)
+    full_norm = want_norm
+    if numel < full.numel():
+        full_norm = float(full.detach().to(work).norm())
+        denom = max(denom, full_norm * math.sqrt(numel / full.numel()))
+    if full_norm <= tol * overall * math.sqrt(full.numel()):  # zero to within the tolerance
+        denom = max(denom, overall * math.sqrt(numel))
+    return denom
+
+
+def reference_rms(ref: dict[str, torch.Tensor]) -> float:
+    """The RMS per element over every reference tensor: the absolute scale an all-zero one is judged on."""
+    total, count = 0.0, 0
+    for t in ref.values():
+        total += float(t.detach().float().norm()) ** 2
+        count += t.numel()
+    return math.sqrt(total / max(count, 1))
 
 
 def scale_fit(got: torch.Tensor, want: torch.Tensor, want_norm: float | None = None, bound: float | None = None) -> list[float]:
@@ -156,6 +188,22 @@ def _factor(fit: list[float]) -> dict[str, float]:
         return {"factor": 0.0, "resid": _HUGE}
     f = dot / ww
     return {"factor": f, "resid": min(math.sqrt(left) / max(abs(f) * math.sqrt(ww), 1e-300), _HUGE)}
+
+
+def partials_reduced(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The gradients with every Partial placement of a DTensor made Replicate (an all-reduce over
+    that mesh dim; Shard dims stay local). A Partial(sum) gradient (a Replicate norm weight under
+    SequenceParallel) is a per-rank part of the gradient, not the gradient: only its sum over the
+    ranks is comparable with the reference. Every rank calls it on the same tensors in the same
+    order (the optimizer's), so the collectives match."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    out = {}
+    for name, g in grads.items():
+        if isinstance(g, DTensor) and any(p.is_partial() for p in g.placements):
+            g = g.redistribute(g.device_mesh, [Replicate() if p.is_partial() else p for p in g.placements])
+        out[name] = g
+    return out
 
 
 def _sq_share(grads: dict[str, torch.Tensor], world: int) -> float:
@@ -283,6 +331,7 @@ class LossParityProbe(tr.NumericsProbe):
         ref_res, accum = self._reference_step(ctx, opts, run.hooks, ref, step)
         par = run.model
         par_res = run.step(ctx, step, ref.par_shards[step - 1])  # seeded as the reference step was
+        par_res.grads = partials_reduced(par_res.grads)
         grads = compare_tensors(
             ref_res.grads, par_res.grads, opts.tolerance_scale,
             absent="no gradient reached the optimizer on the parallel model (left unreduced: "
@@ -308,7 +357,10 @@ class LossParityProbe(tr.NumericsProbe):
             "grad": _trim(grads),
             "param": _trim(params),
             "order": [tr.canonical_name(n) for n, _ in par.named_parameters()] if step == 1 else None,
+            "counts": shard_counts(ref.par_shards[step - 1]),
+            "cross_sample": cross_sample_modules(par) if step == 1 else None,
             "sharded": sum(1 for p in par.parameters() if hasattr(p, "to_local")),  # DTensor (FSDP-managed) ones
+            "fsdp": _has_fsdp(par) if step == 1 else None,
             "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
         }, accum
 
@@ -333,7 +385,7 @@ class LossParityProbe(tr.NumericsProbe):
         """One loss_fn backward on the global batch; the grads are moved out, not copied."""
         opt.zero_grad(set_to_none=True)
         ctx.seed(STEP_SEED + 1)
-        loss = tr.call_hook("loss_fn", hooks.loss_fn, ref, shard)
+        loss = tr.call_loss(hooks, ref, shard)
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
             raise tr.HookError("hook loss_fn must return a scalar tensor that requires grad")
         loss.backward()
@@ -378,6 +430,13 @@ def _bits_sum(t: torch.Tensor) -> str:
     if t.dtype == torch.bool or t.is_complex():
         t = t.to(torch.uint8) if t.dtype == torch.bool else torch.view_as_real(t).reshape(-1)
     return f"{int(t.view(_INT_OF_SIZE[t.element_size()]).sum(dtype=torch.int64))}-{t.numel()}"
+
+
+def _has_fsdp(model: torch.nn.Module) -> bool:
+    """Whether any module is FSDP-managed (FSDP2's fully_shard or FSDP1's wrapper)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    return any(isinstance(m, FSDPModule | FullyShardedDataParallel) for m in model.modules())
 
 
 def _rms(model: torch.nn.Module) -> float:

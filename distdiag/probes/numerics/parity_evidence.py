@@ -57,6 +57,13 @@ class ParityEvidence:
     groups: dict[str, int] = field(default_factory=dict)
     sharded_params: int = 0
     """DTensor parameters on the parallel model: 0 means a replicated (DDP-like) model."""
+    fsdp: bool | None = None
+    """Whether the parallel model has FSDP modules (False: DTensors from a tensor-parallel plan only);
+    None when not recorded."""
+    counts: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Each rank's shard counts at that step (batch_counts.shard_counts): rows, valid tokens."""
+    cross_sample: list[str] = field(default_factory=list)
+    """Modules of the parallel model whose forward mixes samples (BatchNorm without SyncBatchNorm)."""
 
 
 def ratio_to_integer(ratio: float) -> tuple[int, float, bool] | None:

@@ -187,6 +187,9 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
         ref_differs=_ref_differs({r: s["ref_bits"] for r, s in setups.items() if s}),
         accum_bad=accum_bad, train_step=bool(first.get("train_step")), groups={"dp": world},
         sharded_params=next((s.get("sharded", 1) for s in first["steps"] if s.get("order")), 1),
+        fsdp=next((s.get("fsdp") for s in first["steps"] if s.get("order")), None),
+        counts={r: p["steps"][d.index].get("counts") or {} for r, p in payloads.items()},
+        cross_sample=next((s.get("cross_sample") or [] for s in first["steps"] if s.get("order")), []),
     )
 
 

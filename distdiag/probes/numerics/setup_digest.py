@@ -130,6 +130,12 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
     groups = {k: group_ranks([r for r in ranks if k in digests[r]], lambda r, k=k: digests[r][k].get("bits")) for k in differing}
     if all(digests[ranks[0]].get(k, {}).get("kind") == "buffer" for k in differing):
         return Divergence("setup_divergence_buffer_per_rank", _disagreeing(groups), "only buffers differ, every parameter agrees", 0.85, groups)
+    if _permuted(digests, ranks, differing):
+        return Divergence(
+            "setup_divergence_init_order", _disagreeing(groups),
+            f"the {len(differing)} tensor(s) hold the same values on every rank, under different names: each rank drew "
+            "the same initial values and gave them to its modules in another order (modules built or initialised "
+            "in an order that differs across ranks)", 0.85, groups)
     odd = {tuple(_one_odd(g)) for g in groups.values()}
     if len(ranks) >= 3 and len(odd) == 1 and next(iter(odd)):
         (rank,) = next(iter(odd))
@@ -152,6 +158,19 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
             "values written after init on one of the two ranks (with 2 ranks which one cannot be told; at 3 or more "
             "ranks the odd one is named)", 0.7, groups)
     return Divergence("setup_divergence", _disagreeing(groups), "ranks fall into several groups of equal values", 0.6, groups)
+
+
+def _permuted(digests: dict[int, dict[str, dict[str, Any]]], ranks: list[int], differing: list[str]) -> bool:
+    """Every rank holds the same multiset of values (shape, dtype, bits) over the differing tensors:
+    the values moved between names, none is new (at least two tensors, on every rank)."""
+    if len(differing) < 2 or any(k not in digests[r] for r in ranks for k in differing):
+        return False
+
+    def bag(r: int) -> list[tuple[str, str, str]]:
+        return sorted((str(digests[r][k]["shape"]), digests[r][k]["dtype"], str(digests[r][k].get("bits"))) for k in differing)
+
+    first = bag(ranks[0])
+    return all(bag(r) == first for r in ranks[1:])
 
 
 def _one_odd(groups: dict[Any, list[int]]) -> list[int]:

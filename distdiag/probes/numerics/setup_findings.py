@@ -32,6 +32,12 @@ FIXES = {
         "formula): compute the buffer identically on every rank, in the same dtype, or broadcast it from rank 0 after build: FSDP and DDP never reduce buffers, so the difference "
         "stays for the whole run"
     ),
+    "setup_divergence_init_order": (
+        "build and initialise the modules in one order on every rank: iterate sorted(names), not a set of names (whose "
+        "order follows each process's Python hash seed) or an unsorted directory listing, before the seed is used; "
+        "under distdiag check's default fork launch the ranks share one hash seed and such a bug hides, so confirm "
+        "with `distdiag check --launch torchrun`"
+    ),
     "setup_divergence": (
         "make build_model give the same state on every rank (same seed, same checkpoint on every rank), or broadcast "
         "the state from rank 0 before parallelize"

@@ -152,7 +152,7 @@ def _loss_dtype(ctx: Any, hooks: tr.Hooks, model: torch.nn.Module) -> dict[str, 
     shard = hooks.shard(hooks.batch(1), ctx.rank, ctx.world_size)
     ctx.seed()
     with torch.no_grad():
-        loss = tr.call_hook("loss_fn", hooks.loss_fn, model, shard)
+        loss = tr.call_loss(hooks, model, shard)
     if not isinstance(loss, torch.Tensor):
         return {"skipped": f"loss_fn returned {type(loss).__name__}"}
     return {"dtype": str(loss.dtype).replace("torch.", "")}

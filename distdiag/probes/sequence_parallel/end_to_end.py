@@ -20,6 +20,7 @@ from distdiag.probes.base import local_finding
 from distdiag.probes.checkpoint.keys import normalize_key
 from distdiag.probes.sequence_parallel.checks import IGNORE, output_shape_problem, positions_text
 from distdiag.workloads import sequence as seqw
+from distdiag.workloads.base import to_device
 
 __all__ = ["run_end_to_end", "variants", "VARIANT_TEXT"]
 
@@ -51,10 +52,6 @@ def _output_tensor(out: Any) -> torch.Tensor | None:
         return out[0]
     logits = getattr(out, "logits", None)
     return logits if isinstance(logits, torch.Tensor) else None
-
-
-def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def _forward_backward(loss_fn: Any, model: Any, batch: dict[str, Any], captured: list[Any]) -> tuple[float, torch.Tensor | None]:
@@ -111,7 +108,7 @@ def _one(ctx: Any, hooks: dict[str, Any], split: Any, mesh: Any, variant: str, b
     res: dict[str, Any] = {"variant": variant}
     ctx.seed()
     ref = hooks["build_model"]().to(device)
-    ref_loss, ref_out = _forward_backward(hooks["loss_fn"], ref, _to(batch, device), [])
+    ref_loss, ref_out = _forward_backward(hooks["loss_fn"], ref, to_device(batch, device), [])
     res["ref_loss"] = ref_loss
     ref_grads = _grads(ref)
     error, local, captured = None, None, []
@@ -119,7 +116,7 @@ def _one(ctx: Any, hooks: dict[str, Any], split: Any, mesh: Any, variant: str, b
         ctx.seed()
         sp = hooks["parallelize_sp"](hooks["build_model"]().to(device), mesh)
         local = split(batch, rank, world)
-        res["sp_loss"], _ = _forward_backward(hooks["loss_fn"], sp, _to(local, device), captured)
+        res["sp_loss"], _ = _forward_backward(hooks["loss_fn"], sp, to_device(local, device), captured)
     except Exception as exc:  # noqa: BLE001 - the user's SP step failing is a finding
         ctx.caught(exc, f"SP step on the {variant} batch")  # before agree: the step may have stranded peers
         error = f"{exc_line(exc)}"
@@ -175,8 +172,8 @@ def _unmasked_mismatch(hooks: dict[str, Any], ref: Any, sp: Any, local: Any, bat
     """
     captured: list[Any] = []
     with torch.no_grad():
-        _, ref_out = _forward_backward(hooks["loss_fn"], ref, _to(batch, device), [])
-        _forward_backward(hooks["loss_fn"], sp, _to(local, device), captured)
+        _, ref_out = _forward_backward(hooks["loss_fn"], ref, to_device(batch, device), [])
+        _forward_backward(hooks["loss_fn"], sp, to_device(local, device), captured)
     out = _captured(captured)
     if out is None or ref_out is None or not isinstance(local, dict) or not isinstance(local.get("input_ids"), torch.Tensor):
         return False

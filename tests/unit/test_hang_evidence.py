@@ -1,0 +1,142 @@
+"""The evidence that tells causes apart, each rule against its alternative: a DataLoader that ran
+out (uneven data) versus a rank that left its loop with its data intact (a branch), a line only
+one side of a two-rank desync ever issued, one error raised on every rank. The DataLoader tap
+runs on torch's real DataLoader; the rules on snapshots shaped as the watchdog posts them."""
+
+from __future__ import annotations
+
+import torch
+
+from distdiag.hang import analyze_hang
+from distdiag.watchdog.dataload import LoaderTap
+
+
+def coll(op, seq, site="train.py:10", shape=(4,), group="world"):
+    return {"op": op, "seq": seq, "group": group, "call_site": site, "shape": list(shape), "dtype": "float32",
+            "for_s": 12.0, "index_in_probe": seq}
+
+
+def snap(in_collective=None, steps=5, in_loop=True, loaders=None, history=None, stack=None):
+    return {"phase": "training", "probe": "step 5", "probe_index": -1, "phase_for_s": 12.0, "step": steps,
+            "steps": steps, "step_source": "optimizer", "in_loop": in_loop, "in_collective": in_collective,
+            "stack": stack or ["/x/train.py:5 in main: loss.backward()"], "recent": [], "history": history or [],
+            "loaders": loaders or [], "collectives_in_probe": 0}
+
+
+def passes(drawn, exhausted, pass_=1, loader=0):
+    return [{"loader": loader, "label": "RankStream", "pass": pass_, "drawn": drawn, "exhausted": exhausted}]
+
+
+def run(snaps, errors=None):
+    return analyze_hang(snaps, {}, errors or {}, len(snaps), what="training", timeout_s=10)
+
+
+def lead(findings):
+    return next(f for f in findings if f.severity in ("critical", "error"))
+
+
+def test_the_loader_tap_counts_each_pass_and_sees_it_run_out():
+    """torch's DataLoader, single process and with a persistent worker: a pass per epoch, its
+    batches, StopIteration seen; an iterator begun before the tap is counted whole."""
+    early = torch.utils.data.DataLoader(list(range(10)), batch_size=4)
+    it = iter(early)
+    next(it)
+    tap = LoaderTap(lambda: 3)
+    assert tap.install()
+    try:
+        list(it)
+        list(early)
+        worker = torch.utils.data.DataLoader(list(range(6)), batch_size=2, num_workers=1, persistent_workers=True)
+        for _ in range(2):
+            list(worker)
+        partial = iter(early)
+        next(partial)
+    finally:
+        tap.remove()
+    got = [(p["loader"], p["pass"], p["drawn"], p["exhausted"]) for p in tap.snapshot()]
+    assert got == [(0, 1, 3, True), (0, 2, 3, True), (1, 1, 3, True), (1, 2, 3, True), (0, 3, 1, False)], got
+    assert all(p.get("at_steps") == 3 for p in tap.snapshot() if p["exhausted"])
+    assert torch.utils.data.dataloader._BaseDataLoaderIter.__next__.__name__ == "__next__"
+    assert not hasattr(torch.utils.data.dataloader._BaseDataLoaderIter.__next__, "__distdiag_loader_tap__")
+
+
+def test_a_rank_whose_loader_ran_out_first_is_uneven_data_whatever_it_waits_in():
+    """Rank 2's pass ended after 25 batches while its peers drew 26-27 and go on (a prefetching
+    trainer: every rank took 24 steps). Rank 0 sits in a broadcast the recorder shows done, rank
+    2 in a metric barrier: rank 2 is named, uneven data, and no peer is blamed beside it."""
+    snaps = {r: snap(coll("all_reduce", 71, site="module.py:1137"), steps=24, loaders=passes(27, False)) for r in (1, 3)}
+    snaps[0] = snap(None, steps=24, loaders=passes(26, False),
+                    stack=["/x/loops/training_epoch_loop.py:265 in _broadcast_sigterm_tensor: broadcast(t, src=0)"])
+    snaps[2] = snap(coll("barrier", 70, site="distributed.py:213", shape=()), steps=24, in_loop=False,
+                    loaders=passes(25, True))
+    findings = run(snaps)
+    f = lead(findings)
+    assert f.ranks == [2] and f.cause == "uneven_data" and f.confidence >= 0.9, f
+    assert "ended after 25 batch(es)" in f.issue and "up to 27 in the same pass" in f.issue
+    assert [g for g in findings if g.severity in ("critical", "error") and g is not f] == []
+
+
+def test_a_pass_every_rank_finished_unevenly_is_not_what_they_wait_on():
+    """The twin: rank 1's validation pass ended after fewer batches, but every rank has finished
+    that pass; the ranks now wait on rank 1, which computes elsewhere: not uneven data."""
+    val = [{"loader": 1, "label": "Val", "pass": 1, "drawn": 3, "exhausted": True}]
+    snaps = {0: snap(coll("all_reduce", 9), loaders=passes(10, False) + [{**val[0], "drawn": 4}])}
+    snaps[1] = snap(None, loaders=passes(10, False) + val)
+    f = lead(run(snaps))
+    assert f.ranks == [1] and f.cause != "uneven_data", f
+
+
+def test_a_rank_that_left_its_loop_with_its_data_intact_is_not_uneven_data():
+    """Rank 0 alone saves (an all_gather in a branch only it takes) after the same steps, its
+    DataLoader not ended: the cause is not uneven data, and rank 0 leads."""
+    snaps = {0: snap(coll("all_gather", 40, site="train.py:88 in save"), steps=10, in_loop=False,
+                     loaders=passes(10, True)),
+             1: snap(coll("all_reduce", 40, site="train.py:60 in step"), steps=10, loaders=passes(10, True))}
+    f = lead(run(snaps))
+    assert f.cause != "uneven_data" and 0 in f.ranks, f
+
+
+def test_without_a_loader_leaving_the_loop_at_the_same_step_is_not_called_uneven_data():
+    """No DataLoader seen (a loop over a plain iterator), the same step count, out of the loop:
+    uneven data and a branch stay open, and the finding says so at a lower confidence."""
+    snaps = {0: snap(None, steps=10, in_loop=False, stack=["/x/train.py:88 in save: torch.save(m)"]),
+             1: snap(coll("all_reduce", 40), steps=10)}
+    f = lead(run(snaps))
+    assert f.ranks == [0] and f.cause != "uneven_data" and f.confidence <= 0.7, f
+
+
+def test_two_rank_desync_names_the_side_whose_line_the_other_never_issued():
+    """Rank 0 issued an all_reduce from a callback line rank 1 never ran; rank 1's all_gather
+    comes from a line rank 0 ran before (a logging gather): rank 0 is the odd one."""
+    shared = [coll("all_gather", 20, site="trainer_pt_utils.py:207"), coll("all_reduce", 21, site="accelerator.py:2861")]
+    snaps = {0: snap(coll("all_reduce", 46, site="hf_train.py:92 in on_step_end"), history=list(shared)),
+             1: snap(coll("all_gather", 46, site="trainer_pt_utils.py:207"), history=list(shared))}
+    f = lead(run(snaps))
+    assert f.ranks == [0] and f.cause == "desync" and "never issued before" in f.issue, f
+
+
+def test_two_rank_desync_stays_undecided_when_both_lines_are_known():
+    """The twin: both lines were issued by both ranks before: no side is named alone."""
+    shared = [coll("all_reduce", 20, site="a.py:1"), coll("all_gather", 21, site="b.py:2")]
+    snaps = {0: snap(coll("all_reduce", 46, site="a.py:1"), history=list(shared)),
+             1: snap(coll("all_gather", 46, site="b.py:2"), history=list(shared))}
+    f = lead(run(snaps))
+    assert f.ranks == [0, 1], f
+
+
+def test_one_error_raised_on_every_rank_is_one_finding_naming_them_all():
+    """The same ValueError at the same line, its message naming each rank: one finding, both ranks."""
+    snaps = {0: snap(None), 1: snap(None)}
+    errors = {r: {"type": "ValueError", "message": f"bad batch at step 5 on rank {r}", "raised_at": "train.py:14",
+                  "traceback": "Traceback..."} for r in (0, 1)}
+    f = lead(run(snaps, errors))
+    assert f.ranks == [0, 1] and f.cause == "raised", f
+
+
+def test_a_pass_drawn_to_its_planned_length_ended_without_a_stopiteration():
+    """The HF Trainer plans its steps from len(loader) and never asks past the end: rank 1 drew
+    all 5 batches of its pass and finished while rank 0's pass of 10 goes on: uneven data."""
+    snaps = {0: snap(coll("all_reduce", 30), steps=6, loaders=[{**passes(6, False)[0], "len": 10}]),
+             1: {**snap(None, steps=5, in_loop=False, loaders=[{**passes(5, False)[0], "len": 5}]), "phase": "barrier"}}
+    f = lead(run(snaps))
+    assert f.ranks == [1] and f.cause == "uneven_data", f
