@@ -9,9 +9,11 @@ this, distdiag's verdict ("rank 1 never entered all_reduce #7") was followed by 
 named rank 0, the rank that waited, with nothing to say.
 
 So every rank that leaves on a failing verdict (the check's or the watchdog's) writes the
-verdict's sentence there, dated when it learnt the verdict, and the ranks the verdict blames
-date theirs BLAME_LEAD_S earlier (the failure began with them; torchrun compares whole seconds
-and the ranks learn the verdict up to a second apart): the block then names the
+verdict's sentence there, dated when it learnt the verdict: the ranks the verdict blames
+BLAME_LEAD_S earlier (the failure began with them; torchrun compares whole seconds and the
+ranks learn the verdict up to a second apart), the ranks it ended BLAME_LEAD_S later (so that a
+blamed rank that died without a file, which torchrun dates when it collects the failures,
+still comes first): the block then names the
 culprit rank with distdiag's sentence, under `torchrun -m distdiag.check`, `torchrun -m
 distdiag.watch` and a script with the in-code HangWatchdog alike. Nothing is written without
 the variable (not under torchrun), for a passing verdict, or for one excused.
@@ -76,7 +78,9 @@ def write_error_file(code: int, rank: int | None = None) -> bool:
     report = str(getattr(verdict, "report", "") or "")
     if report.startswith("/"):
         text += f"\nreport: {report}"
-    stamp = int(_STATE["at"]) - (BLAME_LEAD_S if rank in blamed else 0)
+    # the blamed first; the ranks it ended after it, also after a blamed rank that died without
+    # writing a file (torchrun dates that one when it collects the failures, after the verdict)
+    stamp = int(_STATE["at"]) + (0 if not blamed else -BLAME_LEAD_S if rank in blamed else BLAME_LEAD_S)
     data = {"message": {"message": text, "extraInfo": {"py_callstack": text, "timestamp": str(stamp)}}}
     try:
         tmp = f"{path}.distdiag.{os.getpid()}"

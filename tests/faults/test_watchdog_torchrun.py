@@ -123,6 +123,9 @@ def test_wrapper_names_a_rank_killed_before_torchrun_ends_the_rest(cli_env, tmp_
     crit = [f for f in report.probe("watchdog").findings if f.severity == "critical"]
     assert crit and crit[0].ranks == [3], [(f.ranks, f.issue) for f in crit]
     assert {r for f in crit for r in f.ranks} == {3}, "the survivors torchrun ended are not blamed"
+    # torchrun's root cause is the rank that died (no file of its own), not a survivor's file
+    block = proc.stderr.split("Root Cause (first observed failure)", 1)[1]
+    assert "rank      : 3 (local_rank: 3)" in block, block
 
 
 @pytest.mark.torchrun
