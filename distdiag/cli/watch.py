@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 import threading
-from typing import IO
+from typing import IO, NoReturn
 
 import typer
 
@@ -197,10 +197,10 @@ def torchrun_problem(torchrun: list[str]) -> str | None:
 
     parser = get_args_parser()
 
-    def refuse(message: str) -> None:
+    def refuse(message: str) -> NoReturn:
         raise ValueError(message)
 
-    parser.error = refuse  # type: ignore[method-assign,assignment]
+    parser.error = refuse  # type: ignore[method-assign]
     try:
         ns = parser.parse_args([*torchrun, "-m", "distdiag.watch"])
     except ValueError as exc:
