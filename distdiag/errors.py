@@ -20,6 +20,9 @@ __all__ = [
     "publish_caught",
     "set_caught_publisher",
     "print_line",
+    "did_you_mean",
+    "shown",
+    "unknown_option_hint",
 ]
 
 COMM_ERROR_MARKERS = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "Broken pipe", "NCCL error")
@@ -32,6 +35,38 @@ def print_line(line: str) -> None:
     print() writes the text and its newline apart, so two ranks' lines could run together."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices` to a mistyped `word`, else ''."""
+    import difflib
+
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word[:200], [str(c) for c in choices], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """repr(value) for a message, cut to `limit` characters (a 100 KB option or a 5,000-digit
+    number makes a line nobody reads; an int past Python's digit limit has no repr at all)."""
+    try:
+        text = repr(value)
+    except ValueError:  # int too large to print
+        return f"an integer of over {sys.get_int_max_str_digits()} digits"
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
+
+
+def unknown_option_hint(parser: Any, message: str) -> str:
+    """argparse's message, with "did you mean" for a mistyped option it names (`--probez`)."""
+    if message.startswith("unrecognized arguments: "):
+        words = message.split(": ", 1)[1].split()
+        typo = next((w.split("=", 1)[0] for w in words if w.startswith("-")), None)
+        known = [flag for action in parser._actions for flag in action.option_strings]
+        if typo is not None:
+            return f"unrecognized arguments: {typo[:80]}{did_you_mean(typo, known)}"
+        return f"unrecognized arguments: {shown(words[0]) if words else ''}"
+    return message if len(message) <= 300 else f"{message[:280]}... ({len(message)} characters)"
 
 
 def mentions_broken_connection(exc: BaseException) -> bool:

@@ -16,9 +16,9 @@ import runpy
 import sys
 import threading
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
-from distdiag.errors import print_line
+from distdiag.errors import print_line, unknown_option_hint
 
 __all__ = ["main", "build_parser", "armed"]
 
@@ -30,8 +30,15 @@ def armed() -> Any:
     return _STATE["wd"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises _BadUsage (one line on every rank, exit 2) instead of printing usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _BadUsage(unknown_option_hint(self, message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m distdiag.watch",
         description="Run a training script unchanged with distdiag's hang watchdog armed at init_process_group.",
     )
@@ -89,6 +96,7 @@ def _arm_after(init: Any) -> Any:
             from distdiag.watchdog import HangWatchdog
 
             _STATE["wd"] = HangWatchdog(config=_STATE["config"]).start()
+            _say_armed(_STATE["config"])
             # A worker that dies makes torchrun SIGTERM the others at once: take the signal
             # so that they report it first (distdiag/watchdog/sigterm.py).
             _STATE["wd"].take_sigterm()
@@ -96,6 +104,17 @@ def _arm_after(init: Any) -> Any:
 
     init_process_group.__distdiag_wrapped__ = init  # type: ignore[attr-defined]
     return init_process_group
+
+
+def _say_armed(config: Any) -> None:
+    """Once per job (rank 0): the watchdog is armed, with its timeout (the job may run for hours
+    before anything else of distdiag's shows)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    world = os.environ.get("WORLD_SIZE", "1")
+    then = {"abort": "the ranks are ended", "raise": "HangDetected is raised", "report": "the job goes on"}
+    print_line(f"distdiag.watch: watchdog armed on {world} rank(s): {config.timeout_s:g} s without progress is a hang, "
+               f"reported to {os.path.join(config.dump_dir, 'hang-report.json')}, then {then.get(config.action, config.action)}")
 
 
 def _install_init_hook() -> list[tuple[Any, Any]]:
@@ -118,6 +137,9 @@ def _install_init_hook() -> list[tuple[Any, Any]]:
             module.init_process_group = hooked
     return saved
 
+
+MAX_RECORDER_ENTRIES = 10_000_000
+"""Flight-recorder entries at most (torch keeps them all in memory on every rank)."""
 
 _VALUED = {"--timeout-s", "--action", "--dump-dir", "--flight-recorder", "-m"}
 """Our options that take a value (the next word is theirs, not the script)."""
@@ -188,8 +210,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, Any, int]:
             entries = int(os.environ.get(WATCHDOG_FLIGHT_RECORDER, "2000") or 0)
     except (ConfigError, ValueError) as exc:
         raise _BadUsage(str(exc)) from exc
-    if entries < 0:
-        raise _BadUsage(f"--flight-recorder must be >= 0 entries, got {entries}")
+    if not 0 <= entries <= MAX_RECORDER_ENTRIES:
+        raise _BadUsage(f"--flight-recorder must be from 0 to {MAX_RECORDER_ENTRIES} entries, got {entries}")
     if ns.module is None and not os.path.isfile(ns.script):
         raise _BadUsage(f"training script {ns.script!r} not found")
     if ns.module is not None:

@@ -60,8 +60,8 @@ class AnalyzeConfig:
     """A flat stretch moves less than this fraction of the run's total progress (0 < x < 1)."""
 
     def __post_init__(self) -> None:
-        if not self.spike_factor > 1.0:
-            raise ConfigError(f"analyze.spike_factor must be > 1, got {self.spike_factor}")
+        if not 1.0 < self.spike_factor < float("inf"):  # inf would find no spike and pass
+            raise ConfigError(f"analyze.spike_factor must be a finite number > 1, got {self.spike_factor}")
         if not self.spike_window >= 5:
             raise ConfigError(f"analyze.spike_window must be >= 5, got {self.spike_window}")
         if not 0.0 < self.tolerance < 1.0:

@@ -23,6 +23,7 @@ from typing import Any
 from distdiag.analyze.series import Run
 from distdiag.analyze.values import LogFormatError, decode, monitor_finding, parse_json, read_log
 from distdiag.analyze.values import number as _number
+from distdiag.errors import shown
 
 __all__ = ["is_trainer_state", "read_trainer_state", "read_trainer_state_file", "latest_checkpoint_state", "FINDING_KEY"]
 
@@ -44,6 +45,15 @@ def _numeric_text(value: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+_METRIC_KEYS = ("loss", "grad_norm", "learning_rate")
+
+
+def _is_metric(key: str) -> bool:
+    """A key the analysis reads (a loss of any split, the gradient norm, the learning rate):
+    any other key may hold the user's own text and is left out."""
+    return any(word in key for word in _METRIC_KEYS)
 
 
 def _label(path: Path) -> str:
@@ -77,6 +87,9 @@ def read_trainer_state(path: Path, doc: dict[str, Any], *, label: str | None = N
             elif _numeric_text(value):
                 # the Trainer writes numbers; one quoted would silently drop out of the analysis
                 raise LogFormatError(f"{where}: {key!r} is the string {value!r}, expected a number (the Trainer writes numbers)")
+            elif _is_metric(key) and value is not None:  # null: not measured at that step
+                # a loss of "x" dropped, the run would pass on the points left: a PASS not earned
+                raise LogFormatError(f"{where}: {key!r} is {shown(value)}, expected a number (the Trainer writes numbers)")
     run.finish()
     return run
 

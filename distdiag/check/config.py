@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, did_you_mean, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,6 +35,10 @@ __all__ = [
 FORMATS = ("text", "json")
 BACKENDS = ("auto", "nccl", "gloo")
 """--backend (distdiag.runtime.context.BACKENDS, which this module may not import: no torch here)."""
+
+MAX_PROBE_NAMES = 256
+"""At most this many names in `probes`/`skip` (there are a dozen probes; a list of thousands is a
+mistake, and checking it would cost every rank)."""
 
 MAX_SECONDS = 7 * 24 * 3600
 """Upper bound of every timeout and deadline (one week): larger values overflow the store's and
@@ -104,16 +108,20 @@ class CheckConfig:
 
 def _str_list(key: str, value: Any) -> list[str]:
     if isinstance(value, str):
+        if len(value) > MAX_PROBE_NAMES * 64:
+            raise ConfigError(f"{key} is {len(value)} characters long; name the probes to run (distdiag probes lists them)")
         value = [v for v in (s.strip() for s in value.split(",")) if v]
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{key} must be a list of probe names, got {value!r}")
+        raise ConfigError(f"{key} must be a list of probe names, got {shown(value)}")
+    if len(value) > MAX_PROBE_NAMES:
+        raise ConfigError(f"{key} names {len(value)} probes, at most {MAX_PROBE_NAMES}; name each probe once")
     return list(value)
 
 
 def _positive(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_SECONDS:
         raise ConfigError(
-            f"{key} must be a number of seconds > 0 and at most {MAX_SECONDS} (one week), got {value!r}"
+            f"{key} must be a number of seconds > 0 and at most {MAX_SECONDS} (one week), got {shown(value)}"
         )
     return float(value)
 
@@ -139,6 +147,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             f"config file {target} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
             "pass a TOML file"
         ) from None
+    except ValueError as exc:  # an integer past Python's digit limit (tomllib calls int() on it)
+        raise ConfigError(f"config file {target} holds a number too long to be a setting: {exc}".split(";")[0]) from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {target}: {exc.strerror}") from None
 
@@ -152,7 +162,7 @@ def profile_names() -> list[str]:
 def load_profile(name: str) -> dict[str, Any]:
     names = profile_names()
     if name not in names:
-        raise ConfigError(f"unknown profile {name!r}; available: {', '.join(names)}")
+        raise ConfigError(f"unknown profile {shown(name)}{did_you_mean(name, names)}; available: {', '.join(names)}")
     text = (resources.files("distdiag") / "profiles" / f"{name}.toml").read_text("utf-8")
     try:
         return tomllib.loads(text)
@@ -191,7 +201,7 @@ def merge_config(
         for key, value in check.items():
             if key not in fields:
                 raise ConfigError(
-                    f"{origin}: unknown key check.{key}; known: {', '.join(sorted(fields))}"
+                    f"{origin}: unknown key check.{str(key)[:80]}{did_you_mean(key, fields)}; known: {', '.join(sorted(fields))}"
                 )
             merged[key] = value
         probes = data.get("probes", {})
@@ -224,14 +234,46 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
     for key in data:
         if key not in known:
             raise ConfigError(
-                f"unknown key {prefix}.{key}; known: {', '.join(sorted(known)) or '(none)'}"
+                f"unknown key {prefix}.{str(key)[:80]}{did_you_mean(key, known)}; known: {', '.join(sorted(known)) or '(none)'}"
             )
+        _check_finite(data[key], f"{prefix}.{key}")
     try:
         return cls(**data)
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{prefix}: {exc}") from None
+
+
+def _check_finite(value: Any, key: str) -> None:
+    """No setting is infinite or NaN (TOML allows `inf` and `nan`): a sleep, a deadline or a
+    threshold of inf would hang or disable a check silently."""
+    import math
+
+    values = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
+    for item in values:
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ConfigError(f"{key} must be a finite number, got {item!r}")
+
+
+def _check_checkpoint_path(path: str) -> None:
+    """--checkpoint names a DCP checkpoint folder on this machine: a path that is not there is
+    bad input (exit 2 before anything runs), not a probe failure found after the ranks start."""
+    import os
+
+    if "://" in path:  # a storage URL: the probe's reader says what it finds there
+        return
+    if not os.path.exists(path):
+        raise ConfigError(f"--checkpoint {shown(path)} does not exist; pass the directory that holds the checkpoint's .metadata file")
+
+
+def _check_target_file(spec: str | None) -> None:
+    """A target file that is not there is said once, before torch is imported or a rank starts
+    (distdiag.check.target says the same when it loads the target)."""
+    import os
+
+    if spec and (spec.endswith(".py") or "/" in spec) and not os.path.exists(spec):
+        raise ConfigError(f"target file {spec if len(spec) <= 200 else shown(spec)} does not exist")
 
 
 def layered_config(args: Any, validate: Callable[[CheckConfig], None] | None = None) -> CheckConfig:
@@ -243,11 +285,12 @@ def layered_config(args: Any, validate: Callable[[CheckConfig], None] | None = N
     check` learns where the report goes at once and leaves those checks to the process that
     imports torch anyway (distdiag.check.forkrun)."""
     layers: list[tuple[str, dict[str, Any]]] = []
-    if args.profile:
+    if args.profile is not None:  # `--profile ""` is a mistake, not "no profile"
         layers.append((f"profile {args.profile!r}", load_profile(args.profile)))
     if args.config:
         layers.append((args.config, load_toml(args.config)))
     if args.checkpoint:
+        _check_checkpoint_path(args.checkpoint)
         layers.append(("--checkpoint", {"probes": {"checkpoint": {"load": args.checkpoint}}}))
     overrides = {
         "probes": args.probes,
@@ -264,6 +307,7 @@ def layered_config(args: Any, validate: Callable[[CheckConfig], None] | None = N
     }
     config = merge_config(layers, overrides, validate=validate)
     check_output_paths(config)
+    _check_target_file(config.target)
     return config
 
 
@@ -279,3 +323,5 @@ def check_output_paths(config: CheckConfig) -> None:
                 check_output_path(path, f"pass {flag} a file path")
         except RefusedFile as exc:
             raise ConfigError(f"{key}: {exc}") from None
+        except OSError as exc:  # a name too long (ENAMETOOLONG), a folder not searchable, ...
+            raise ConfigError(f"{key}: cannot write {shown(path)}: {exc.strerror} ({flag} a shorter or other path)") from None

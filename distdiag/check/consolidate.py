@@ -89,15 +89,37 @@ def consolidate_probe(probe: Probe, posted: dict[int, dict[str, Any]], view: Con
     return result
 
 
+BUILTIN_MODEL = "built-in model"
+"""metrics["model"] of a probe that checked distdiag's own workload (no --target)."""
+
+
+def mark_builtin_model(probes: list[ProbeResult]) -> None:
+    """Without a target, the probes that check a model ran on distdiag's own workloads: say so
+    in their metrics, which the table and the verdict line show (a PASS must say what it checked)."""
+    from distdiag.probes import PROBES
+
+    for result in probes:
+        cls = PROBES.get(result.name)
+        if cls is not None and cls.checks_a_model and result.status in ("pass", "warn", "fail"):
+            result.metrics["model"] = BUILTIN_MODEL
+
+
+def _builtin_note(report: Report) -> str:
+    builtin = [p.name for p in report.probes if p.metrics.get("model") == BUILTIN_MODEL]
+    if not builtin:
+        return ""
+    return f"; {len(builtin)} ran on the {BUILTIN_MODEL}: checks the stack, not your model (--target checks yours)"
+
+
 def summary_line(report: Report) -> str:
     worst = report.findings("warning")
     if report.exit_code == 0 and not worst:
         ran = [p for p in report.probes if p.status != "skip"]
         skipped = len(report.probes) - len(ran)
         tail = f"; {skipped} skipped" if skipped else ""
-        return f"all {len(ran)} probe(s) that ran passed on {report.world_size} rank(s){tail}"
+        return f"all {len(ran)} probe(s) that ran passed on {report.world_size} rank(s){tail}{_builtin_note(report)}"
     if report.exit_code == 0:
-        return f"passed with {len(worst)} warning(s)"
+        return f"passed with {len(worst)} warning(s){_builtin_note(report)}"
     order = {"critical": 0, "error": 1, "warning": 2}
     worst.sort(key=lambda nf: order.get(nf[1].severity, 3))
     name, top = worst[0] if worst else ("", None)
@@ -120,6 +142,8 @@ def build_report(
     config: dict[str, Any],
     written_by: int,
 ) -> Report:
+    if not config.get("target"):
+        mark_builtin_model(probes)
     code = exit_code_for(probes, hung=hung)
     report = Report(
         world_size=world_size,

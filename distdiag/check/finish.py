@@ -32,6 +32,7 @@ from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.gcpause import collector_paused
 from distdiag.runtime.incident import Incident
 from distdiag.runtime.keys import IncidentKeys, Keys
+from distdiag.runtime.lastword import blamed_ranks
 
 __all__ = ["RunEnd", "LEAVE_WAIT_S"]
 
@@ -240,7 +241,7 @@ class RunEnd:
         nodes = max(info.world_size // max(info.local_world_size, 1), 1)
         shared = inc.shared_copy(text, path, info.host, readers=nodes - 1, report=report)
         inc.publish_verdict(Verdict(report.exit_code, info.rank, info.host, info.node, report.outcome, report.summary,
-                                    path, chunks=inc.chunk_count(shared)))
+                                    path, chunks=inc.chunk_count(shared), blamed=blamed_ranks(report)))
         inc.publish_report(shared, {"host": info.host, "node": info.node})
 
     def mirror(self, ex: Exchange, verdict: Verdict | dict[str, Any]) -> None:

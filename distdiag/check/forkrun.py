@@ -78,9 +78,10 @@ def plan_preloads(check_args: list[str], world: int | None) -> list[str]:
 
     Without a world size (torchrun's options did not parse) the plan is made for a world too
     large for any probe to be left out: an import too many costs this process once."""
-    from distdiag.check.plan import make_plan, parse_config
+    from distdiag.check.plan import make_plan, parse_config, validate_injection
 
     plan = make_plan(parse_config(check_args), world or 1 << 16)
+    validate_injection(world)
     names: dict[str, None] = {}
     for planned in plan.probes:
         if planned.skip_reason is None:
@@ -190,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"distdiag: error: {exc}\n")
         _leave_bad_input_report(str(exc), check_args, world or 1)
         return 2
+    from distdiag.check.launched import say_started
+    from distdiag.check.plan import parse_config
+
+    say_started(parse_config(check_args), world or 1)
     for name in preloads:
         try:
             importlib.import_module(name)

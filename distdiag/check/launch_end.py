@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from distdiag.check.jobwatch import JobWatch
-from distdiag.check.launched import LAUNCH_ID_ENV, VERDICT_NOTE_ENV, read_verdict_note
+from distdiag.check.launched import LAUNCH_FOLDER_PREFIX, LAUNCH_ID_ENV, VERDICT_NOTE_ENV, read_verdict_note
 from distdiag.errors import ReportError, print_line
 from distdiag.report.model import EXIT_BAD_INPUT, EXIT_HANG, Report, read_report, write_report
 
@@ -48,7 +48,7 @@ class Launch:
         self.report_path = report_path
         self.world_size = world_size
         self.id = uuid.uuid4().hex
-        self.folder = tempfile.mkdtemp(prefix="distdiag-launch-")
+        self.folder = tempfile.mkdtemp(prefix=LAUNCH_FOLDER_PREFIX)
         self.note_path = os.path.join(self.folder, "verdict.json")
         self.watch = JobWatch(lambda: os.path.exists(self.note_path), self.noted_pids)
         remove_stale_report(report_path)

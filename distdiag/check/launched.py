@@ -10,7 +10,8 @@ through the environment torchrun passes on:
 - VERDICT_NOTE_ENV: a file in a folder of the launcher's own, where the rank that writes (or,
   on another node, copies) the report notes the verdict's code and whether the report could
   be written. It is how the launcher knows the verdict was reached (a rank stopped after it
-  is then ended) and the code of a verdict that has no report.
+  is then ended) and the code of a verdict that has no report. A path anywhere else (the
+  variable leaked, or set by hand) is ignored: nothing is written through it.
 
 Nothing here imports torch: the command line front end uses it before any rank starts.
 """
@@ -23,12 +24,27 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
-    "report_path_in", "cancelled_by", "note_phase", "noted_rank", "note_first_failure", "read_json",
+    "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "LAUNCH_FOLDER_PREFIX", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
+    "report_path_in", "cancelled_by", "say_started", "START_PREFIX", "note_phase", "noted_rank", "note_first_failure", "read_json",
 ]
 
 LAUNCH_ID_ENV = "DISTDIAG_LAUNCH_ID"
 VERDICT_NOTE_ENV = "DISTDIAG_VERDICT_NOTE"
+
+
+START_PREFIX = "distdiag check: starting "
+"""The start line's beginning (the launcher shows it as it comes: report/render.py is_beat_line)."""
+
+
+def say_started(config: Any, nproc: int) -> None:
+    """A sign of life before the ranks spend seconds importing torch: one line on stderr, once
+    the command line is known good (a bad one stays one line), not with --quiet or json."""
+    if config.quiet or config.format != "text":
+        return
+    from distdiag.errors import print_line
+
+    print_line(f"{START_PREFIX}{nproc} rank(s) on this machine; each probe has {config.timeout_s:g} s, "
+               f"the check {config.deadline_s:g} s")
 
 
 def launch_id() -> str:
@@ -36,18 +52,43 @@ def launch_id() -> str:
     return os.environ.get(LAUNCH_ID_ENV, "")
 
 
+LAUNCH_FOLDER_PREFIX = "distdiag-launch-"
+"""The launcher's folder (tempfile.mkdtemp: this user's, mode 0700) starts with this."""
+
+
+def _note_path() -> str | None:
+    """VERDICT_NOTE_ENV when it names a file in a launcher's own folder (a directory named
+    distdiag-launch-*, this user's, open to nobody else, as tempfile.mkdtemp makes it); else
+    None. The variable may have leaked into another job's environment or been set by hand to
+    any file of the user's: nothing is ever written through it then."""
+    import stat
+
+    path = os.environ.get(VERDICT_NOTE_ENV)
+    if not path:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return None
+    if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077
+            or not os.path.basename(folder).startswith(LAUNCH_FOLDER_PREFIX)):
+        return None
+    return path
+
+
 def note_verdict(exit_code: int, report_written: bool) -> None:
     """Tell the launcher (if any) the verdict's code and whether the report is on disk.
 
     Best effort: the note's folder belongs to the launcher, which may be gone already."""
-    path = os.environ.get(VERDICT_NOTE_ENV)
+    path = _note_path()
     if not path:
         return
     _write_json(path, {"launch_id": launch_id(), "exit_code": int(exit_code), "report_written": bool(report_written)})
 
 
 def _folder() -> str | None:
-    path = os.environ.get(VERDICT_NOTE_ENV)
+    path = _note_path()
     return os.path.dirname(path) if path else None
 
 
@@ -99,7 +140,7 @@ def note_first_failure(rank: int, pid: int, exitcode: int, host: str) -> None:
 def cancelled_by() -> str | None:
     """The signal the launcher got from the user (SIGINT: Ctrl-C), once it forwarded it; the
     launcher then says the cancellation in one line, and the ranks print no report."""
-    path = os.environ.get(VERDICT_NOTE_ENV)
+    path = _note_path()
     if not path:
         return None
     try:

@@ -80,12 +80,18 @@ def filter_torchrun_stderr(lines: list[str]) -> list[str]:
 
 def _pump(src: IO[str], sink: list[str], live: bool) -> None:
     """Collect torchrun's stderr; live (DISTDIAG_DEBUG=1): also show every line as it comes,
-    torchrun's log lines included, since that is what the errors tell users to rerun for."""
+    torchrun's log lines included, since that is what the errors tell users to rerun for.
+    Rank 0's progress lines in plain logs (report/render.py PlainBeat) are shown as they come
+    and not kept: they are signs of life, worth nothing once the job ended."""
+    from distdiag.report.render import is_beat_line
+
     for line in src:
-        if live:
+        beat = is_beat_line(line)
+        if live or beat:
             sys.stderr.write(line)
             sys.stderr.flush()
-        sink.append(line)
+        if not beat:
+            sink.append(line)
 
 
 STOP_WAIT_S = 60.0
@@ -223,7 +229,8 @@ Environment:
   DISTDIAG_CONFIG      a TOML config layered over the profile (expected busbw, GPUs per node)
   DISTDIAG_REPORT      where this node's report goes (default: distdiag-gate-report.json)
   DISTDIAG_JUNIT       where this node's JUnit XML goes (default: none)
-  DISTDIAG_CHECK_ARGS  more arguments for the check (e.g. "--timeout-s 60"), split like a shell
+  DISTDIAG_CHECK_ARGS  more arguments for the check (e.g. "--timeout-s 60"), split like a shell;
+                       not --report or --junit (DISTDIAG_REPORT and DISTDIAG_JUNIT say those)
   DISTDIAG_LAUNCH      fork (default): import torch once, fork the ranks (torchrun's --run-path
                        --start-method fork); torchrun: each rank its own python -m distdiag.check
   DISTDIAG_DEBUG=1     torchrun's own stderr as it comes (otherwise its log lines and the
@@ -246,9 +253,15 @@ def _gate_check_args(report: str) -> list[str]:
     if os.environ.get("DISTDIAG_JUNIT"):
         check_args += ["--junit", os.environ["DISTDIAG_JUNIT"]]
     try:
-        return check_args + shlex.split(os.environ.get("DISTDIAG_CHECK_ARGS", ""))
+        extra = shlex.split(os.environ.get("DISTDIAG_CHECK_ARGS", ""))
     except ValueError as exc:
         raise ConfigError(f"DISTDIAG_CHECK_ARGS: {exc}") from None
+    for flag, variable in (("--report", "DISTDIAG_REPORT"), ("--junit", "DISTDIAG_JUNIT")):
+        # the gate reads and checks the file it names itself; one given here would be written
+        # by the ranks unchecked, over whatever file it names
+        if any(arg == flag or arg.startswith(f"{flag}=") for arg in extra):
+            raise ConfigError(f"DISTDIAG_CHECK_ARGS: {flag} is the gate's own; set {variable} instead")
+    return check_args + extra
 
 
 def run_filtered(cmd: list[str], env: dict[str, str], launch: Launch) -> tuple[JobEnd, list[str]]:

@@ -17,9 +17,17 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from distdiag.check.config import BACKENDS, FORMATS, MAX_SECONDS
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, unknown_option_hint
 
-__all__ = ["CheckOption", "CHECK_OPTIONS", "LAUNCHER_OPTIONS", "LAUNCHES", "build_parser", "to_check_argv", "version_line"]
+__all__ = [
+    "CheckOption",
+    "CHECK_OPTIONS",
+    "LAUNCHER_OPTIONS",
+    "LAUNCHES",
+    "build_parser",
+    "to_check_argv",
+    "version_line",
+]
 
 EXIT_CODES = (
     "exit codes: 0 pass (warnings allowed), 1 a probe failed, 2 bad input (nothing ran), "
@@ -71,13 +79,21 @@ CHECK_OPTIONS: tuple[CheckOption, ...] = (
 """The check's options, in the order --help lists them."""
 
 
+MAX_NPROC_PER_NODE = 65536
+"""Ranks one machine may start: far above any machine's devices or cores (a typo such as 2**31
+would otherwise make the launcher plan billions of ranks until memory runs out)."""
+
+
 def _positive_int(text: str) -> int:
+    want = f"must be a whole number of ranks from 1 to {MAX_NPROC_PER_NODE}"
     try:
-        value = int(text)
+        value = int(text[:20]) if len(text) <= 20 else None
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number of ranks >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of ranks >= 1, got {value}")
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{want}, got {text[:40]!r}")
+    if not 1 <= value <= MAX_NPROC_PER_NODE:
+        raise argparse.ArgumentTypeError(f"{want}, got {value}")
     return value
 
 
@@ -127,7 +143,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises ConfigError (one line, exit 2 on every rank) instead of printing usage."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see: {self.prog} -h)")
+        raise ConfigError(f"{unknown_option_hint(self, message)} (see: {self.prog} -h)")
 
 
 def build_parser(prog: str | None = None, *, launcher: bool = False) -> argparse.ArgumentParser:

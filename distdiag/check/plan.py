@@ -9,10 +9,18 @@ from typing import Any
 
 from distdiag.check.config import CheckConfig, dataclass_from_dict, layered_config
 from distdiag.check.options import build_parser
-from distdiag.errors import ConfigError
+from distdiag.errors import ConfigError, did_you_mean
 from distdiag.probes import PROBES, Probe
 
-__all__ = ["Plan", "build_parser", "parse_config", "config_from_args", "make_plan", "validate_names_and_options"]
+__all__ = [
+    "Plan",
+    "build_parser",
+    "parse_config",
+    "config_from_args",
+    "make_plan",
+    "validate_injection",
+    "validate_names_and_options",
+]
 
 
 def parse_config(argv: list[str]) -> CheckConfig:
@@ -33,11 +41,20 @@ def validate_names_and_options(config: CheckConfig) -> None:
     for key, names in (("check.probes", [] if config.probes == ["all"] else config.probes or []), ("check.skip", config.skip)):
         for name in names:
             if name not in PROBES:
-                raise ConfigError(f"{key}: unknown probe {name!r}; available: {known}")
+                raise ConfigError(f"{key}: unknown probe {name!r}{did_you_mean(name, PROBES)}; available: {known}")
     for name, opts in config.probe_options.items():
         if name not in PROBES:
-            raise ConfigError(f"probes.{name}: unknown probe {name!r}; available: {known}")
+            raise ConfigError(f"probes.{name}: unknown probe {name!r}{did_you_mean(name, PROBES)}; available: {known}")
         _probe_options(PROBES[name], opts, name)
+
+
+def validate_injection(world_size: int | None) -> None:
+    """DISTDIAG_INJECT is bad input when malformed or when it names a rank outside the job (with
+    `world_size`) or a point that is no probe, `setup` or `final`: that fault would never fire
+    and the run would pass as if it had been tested."""
+    from distdiag.runtime.faults import FaultPlan
+
+    FaultPlan.from_env(0, world_size=world_size, points=[*PROBES, "setup", "final"])
 
 
 def _probe_options(cls: type[Probe], opts: dict[str, Any], name: str) -> Any:
@@ -73,10 +90,10 @@ def make_plan(config: CheckConfig, world_size: int) -> Plan:
     requested = None if every else config.probes
     for name in (requested or []) + config.skip:
         if name not in PROBES:
-            raise ConfigError(f"unknown probe {name!r}; available: {known}")
+            raise ConfigError(f"unknown probe {name!r}{did_you_mean(name, PROBES)}; available: {known}")
     for name in config.probe_options:
         if name not in PROBES:
-            raise ConfigError(f"probes.{name}: unknown probe {name!r}; available: {known}")
+            raise ConfigError(f"probes.{name}: unknown probe {name!r}{did_you_mean(name, PROBES)}; available: {known}")
     explicit = requested is not None
     # Probes with default_enabled = False (slow ones, e.g. bandwidth) run only when a profile
     # or --probes names them.

@@ -22,7 +22,7 @@ from typing import Any
 from distdiag.check.config import CheckConfig
 from distdiag.check.finish import RunEnd
 from distdiag.check.launched import note_phase
-from distdiag.check.plan import Plan, make_plan, parse_config
+from distdiag.check.plan import Plan, make_plan, parse_config, validate_injection
 from distdiag.check.shared_values import share_fields
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
 from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo
@@ -462,7 +462,7 @@ def run_check(argv: list[str]) -> int:
         config = parse_config(argv)
         info = LaunchInfo.from_env()
         plan = make_plan(config, info.world_size)
-        FaultPlan.from_env(info.rank)  # a malformed DISTDIAG_INJECT is bad input too
+        validate_injection(info.world_size)  # a malformed DISTDIAG_INJECT is bad input too
     except ConfigError as exc:
         return _bad_input(exc, argv)
     except SystemExit as exc:  # argparse's --version: the only exit of ours before the run
@@ -490,6 +490,9 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
         print_line(f"distdiag[rank {os.environ.get('RANK', '0')}]: the check was ended by sys.exit({exc.code!r}) "
                    "from inside (the target?) before its verdict; exiting 3")
         code = 3
+    from distdiag.runtime.lastword import write_error_file
+
+    write_error_file(code)  # the verdict's sentence for torchrun's root cause (runtime/lastword.py)
     sys.stdout.flush()
     sys.stderr.flush()
     if forked and code == 0:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from distdiag.cli.options import FormatOpt, check_format, check_severity, fail
+from distdiag.cli.options import ExitCodeOpt, ExitZeroOpt, FormatOpt, check_format, check_severity, fail
 
 __all__ = ["register"]
 
@@ -27,7 +27,8 @@ def analyze(
     tolerance: Annotated[float, typer.Option("--tolerance", help="Relative gap at which several runs part (0.05 = 5%).")] = 0.05,
     min_severity: Annotated[str, typer.Option("--min-severity", help="Hide findings below this: info, warning, error.")] = "info",
     strict: Annotated[bool, typer.Option("--strict", help="A truncated last line or record is an error too (default: skipped with a note).")] = False,
-    exit_code: Annotated[bool, typer.Option("--exit-code", help="Exit 1 when a finding is an error (default: 0 once analysed).")] = False,
+    exit_zero: ExitZeroOpt = False,
+    exit_code: ExitCodeOpt = False,
 ) -> None:
     """Diagnose training curves from metric logs: divergence, NaN/Inf, loss spikes (and whether
     gradient spikes preceded them), plateaus, vanishing/exploding gradients, overfitting, and
@@ -37,6 +38,7 @@ def analyze(
     from distdiag.errors import ConfigError
     from distdiag.report.render import render_report
 
+    del exit_code  # accepted for old scripts: the verdict's code is the default now
     check_format(format)
     check_severity(min_severity)
     if plot is not None:
@@ -64,11 +66,10 @@ def analyze(
         typer.echo(
             render_report(
                 report, min_severity=min_severity, title=f"distdiag analyze: {sources}",
-                exit_code=report.exit_code if exit_code else 0,
+                exit_code=0 if exit_zero else report.exit_code,
             )
         )
-    if exit_code:
-        raise typer.Exit(report.exit_code)
+    raise typer.Exit(0 if exit_zero else report.exit_code)
 
 
 def _write_plot(runs: list, report: object, plot: Path, config: object) -> None:

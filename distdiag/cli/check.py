@@ -18,7 +18,7 @@ __all__ = ["register"]
 def check(ctx: typer.Context) -> None:
     """Run the probe suite on N local ranks through torchrun; exit with the verdict's code (see: distdiag check -h)."""
     from distdiag.check.config import layered_config
-    from distdiag.check.launched import report_path_in
+    from distdiag.check.launched import report_path_in, say_started
     from distdiag.check.launcher import launch_mode, run_torchrun_check
     from distdiag.check.options import build_parser, to_check_argv
     from distdiag.errors import ConfigError
@@ -34,13 +34,16 @@ def check(ctx: typer.Context) -> None:
             # torch) by distdiag.check.forkrun, once, before it starts a rank.
             merged = layered_config(args)
         else:
-            from distdiag.check.plan import config_from_args, make_plan
+            from distdiag.check.plan import config_from_args, make_plan, validate_injection
 
             merged = config_from_args(args)
             make_plan(merged, args.nproc_per_node)
+            validate_injection(args.nproc_per_node)
     except ConfigError as exc:
         _leave_bad_input_report(str(exc), merged.report if merged is not None else report_path_in(ctx.args))
         raise fail(str(exc)) from None
+    if launch != "fork":  # forkrun says it once the names it checks are known good
+        say_started(merged, args.nproc_per_node)
     # The report the ranks write: the flag, else the config's or profile's, else the default.
     raise typer.Exit(run_torchrun_check(args.nproc_per_node, to_check_argv(args), merged.report, launch=launch))
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from distdiag.cli.options import FormatOpt, check_format, fail
+from distdiag.cli.options import ExitCodeOpt, ExitZeroOpt, FormatOpt, check_format, fail
 
 __all__ = ["register", "report_from_dumps", "dump_problem"]
 
@@ -52,7 +52,8 @@ def hang_report(
     trust_pickle: Annotated[
         bool, typer.Option("--trust-pickle", hidden=True, help="No longer needed: pickle dumps are read safely by default.")
     ] = False,
-    exit_code: Annotated[bool, typer.Option("--exit-code", help="Exit 3 when the report says the job hung.")] = False,
+    exit_zero: ExitZeroOpt = False,
+    exit_code: ExitCodeOpt = False,
     world_size: Annotated[
         int | None, typer.Option("--world-size", help="The job's number of ranks, when its dumps do not say (gloo's "
                                  "carry no membership): ranks without a dump are then suspects too.")
@@ -64,6 +65,7 @@ def hang_report(
     from distdiag.report.model import non_regular_kind, read_report
     from distdiag.watchdog.writer import REPORT_NAME, render_hang_report
 
+    del exit_code  # accepted for old scripts: the verdict's code is the default now
     check_format(format)
     if not path.exists():
         raise fail(f"{path} does not exist")
@@ -78,10 +80,8 @@ def hang_report(
                 raise fail(str(exc)) from None
             report = None
         if report is not None:
-            typer.echo(report.to_json() if format == "json" else render_hang_report(report, report.exit_code if exit_code else 0))
-            if exit_code:
-                raise typer.Exit(report.exit_code)
-            return
+            typer.echo(report.to_json() if format == "json" else render_hang_report(report, 0 if exit_zero else report.exit_code))
+            raise typer.Exit(0 if exit_zero else report.exit_code)
     try:
         files = dump_files(path)
     except OSError as exc:
@@ -98,9 +98,8 @@ def hang_report(
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot read a dump in {path}: {exc.strerror}") from None
-    typer.echo(report.to_json() if format == "json" else render_hang_report(report, report.exit_code if exit_code else 0))
-    if exit_code:
-        raise typer.Exit(report.exit_code)
+    typer.echo(report.to_json() if format == "json" else render_hang_report(report, 0 if exit_zero else report.exit_code))
+    raise typer.Exit(0 if exit_zero else report.exit_code)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,11 +8,33 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["FormatOpt", "fail", "check_format", "check_severity", "raw_args", "register_passthrough"]
+from distdiag.errors import did_you_mean
+
+__all__ = [
+    "FormatOpt",
+    "ExitZeroOpt",
+    "ExitCodeOpt",
+    "fail",
+    "check_format",
+    "check_severity",
+    "did_you_mean",
+    "raw_args",
+    "register_passthrough",
+]
 
 FormatOpt = Annotated[
     str,
     typer.Option("--format", help="text: a human table; json: machine-readable on stdout.", metavar="[text|json]"),
+]
+
+ExitZeroOpt = Annotated[
+    bool,
+    typer.Option("--exit-zero", help="Exit 0 once the input was read, whatever the verdict (default: exit with the "
+                 "verdict's code, so a CI step fails on a FAIL)."),
+]
+ExitCodeOpt = Annotated[
+    bool,
+    typer.Option("--exit-code", hidden=True, help="Deprecated, no effect: the exit code is the verdict's by default."),
 ]
 
 

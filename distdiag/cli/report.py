@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from distdiag.cli.options import FormatOpt, check_format, check_severity, fail
+from distdiag.cli.options import ExitCodeOpt, ExitZeroOpt, FormatOpt, check_format, check_severity, fail
 
 __all__ = ["register"]
 
@@ -35,9 +35,8 @@ def show(
     full: Annotated[
         bool, typer.Option("--full", help="Everything: --verbose, and every row of the tables (default: the first 12).")
     ] = False,
-    exit_code: Annotated[
-        bool, typer.Option("--exit-code", help="Exit with the code the check exited with (default: 0 once shown).")
-    ] = False,
+    exit_zero: ExitZeroOpt = False,
+    exit_code: ExitCodeOpt = False,
 ) -> None:
     """Render a saved report the way rank 0 printed it (--verbose, --full: more of it)."""
     from distdiag.errors import ReportError
@@ -46,6 +45,7 @@ def show(
 
     if min_severity is not None:
         check_severity(min_severity)
+    del exit_code  # accepted for old scripts: the verdict's code is the default now
     check_format(format)
     try:
         report = read_report(path)
@@ -57,11 +57,10 @@ def show(
         typer.echo(
             render_report(
                 report, verbose=verbose or full, min_severity=min_severity, max_rows=None if full else 12,
-                exit_code=report.exit_code if exit_code else 0,
+                exit_code=0 if exit_zero else report.exit_code,
             )
         )
-    if exit_code:
-        raise typer.Exit(report.exit_code)
+    raise typer.Exit(0 if exit_zero else report.exit_code)
 
 
 def register(app: typer.Typer) -> None:

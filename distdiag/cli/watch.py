@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 import threading
-from typing import IO
+from typing import IO, NoReturn
 
 import typer
 
@@ -186,6 +186,37 @@ def _say_who_failed(output: WatchOutput, code: int) -> None:
                f"by itself (no hang report); exiting {code}")
 
 
+def torchrun_problem(torchrun: list[str]) -> str | None:
+    """What torchrun would reject among its options (with "did you mean" for a watch option
+    mistyped, `--timeout` for `--timeout-s`), checked with torchrun's own parser before it
+    starts: one line, not its 18-line usage after a torch import. None when they parse."""
+    from torch.distributed.run import get_args_parser
+
+    from distdiag.check.options import MAX_NPROC_PER_NODE
+    from distdiag.errors import did_you_mean, unknown_option_hint
+
+    parser = get_args_parser()
+
+    def refuse(message: str) -> NoReturn:
+        raise ValueError(message)
+
+    parser.error = refuse  # type: ignore[method-assign]
+    try:
+        ns = parser.parse_args([*torchrun, "-m", "distdiag.watch"])
+    except ValueError as exc:
+        message = unknown_option_hint(parser, str(exc))
+        if message.startswith("unrecognized arguments: ") and "did you mean" not in message:
+            typo = message.split(": ", 1)[1]
+            message += did_you_mean(typo, [*_WATCH_VALUED, *_WATCH_FLAGS])
+        return f"{message} (torchrun's options: torchrun -h; watch options: distdiag watch -h)"
+    except SystemExit:  # a -h among torchrun's options: torchrun printed its help
+        return ""
+    nproc = str(getattr(ns, "nproc_per_node", "1"))
+    if nproc.isdigit() and not 1 <= int(nproc) <= MAX_NPROC_PER_NODE:
+        return f"--nproc-per-node must be from 1 to {MAX_NPROC_PER_NODE} ranks (or auto, cpu, gpu), got {nproc[:40]}"
+    return None
+
+
 def run_watch(argv: list[str]) -> int:
     """Launch torchrun with the watchdog wrapper; the verdict's exit code."""
     from distdiag.check.launcher import run_forwarding_signals
@@ -204,6 +235,11 @@ def run_watch(argv: list[str]) -> int:
     except _BadUsage as exc:
         sys.stderr.write(f"distdiag: error: {exc}\n")
         return 2
+    problem = torchrun_problem(torchrun)
+    if problem is not None:
+        if problem:
+            sys.stderr.write(f"distdiag: error: {problem}\n")
+        return 2 if problem else 0
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun, "-m", "distdiag.watch", *watch, "--", *command]
     output = WatchOutput(sys.stderr, debug=os.environ.get("DISTDIAG_DEBUG") == "1")
     pumps: list[threading.Thread] = []

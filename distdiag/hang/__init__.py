@@ -16,6 +16,7 @@
     recorder.py  torch's flight recorder read live (per-group enqueued/started/completed) or
                  from dumps: the positions the rules read first
     dumps.py     dump files as torch writes them (pickle read with no globals, JSON), checked
+    plainpickle.py  an untrusted pickle read as plain data, its memo, size, depth and time bounded
     dumpgroups.py  one rank's dump normalised: groups by members, ops, positions, peers
     frontier.py  who holds a dumped job up, from the recorder's semantics: per group the
                  frontier and who never entered it, each rank's oldest unfinished op, send/recv

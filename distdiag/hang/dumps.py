@@ -20,12 +20,12 @@ the way; gloo writes numbers as strings): hang/dumpgroups.py reads them all. Tor
 
 from __future__ import annotations
 
-import io
 import json
-import pickle
 import re
 from pathlib import Path
 from typing import Any
+
+from distdiag.hang.plainpickle import PlainPickleError, load_plain, plain_problem
 
 __all__ = ["DumpError", "MAX_DUMP_BYTES", "MAX_RANK", "MAX_NODES", "load_dump", "parse_dump", "dump_problem", "rank_of",
            "as_int", "is_dump"]
@@ -47,37 +47,27 @@ class DumpError(ValueError):
     """A file that is not a readable flight-recorder dump; the message is one line."""
 
 
-class _NoGlobals(pickle._Unpickler):  # noqa: SLF001 - the pure-Python unpickler: its memo is a dict
-    """Loads plain containers and scalars only: any global (hence any call) is refused.
-
-    The pure-Python unpickler, not the C one: the C one sizes its memo by the largest index a
-    PUT names, so a few bytes (`LONG_BINPUT 0x7fffffff`) would ask for tens of GB."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise DumpError(f"it asks to load {module}.{name}; a flight-recorder dump holds plain data only, "
-                        "so it was refused before anything ran")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise DumpError("it refers to a persistent object; a flight-recorder dump holds plain data only")
-
-
 def parse_dump(data: bytes, where: str) -> Any:
     """The object in one dump's bytes (pickle or JSON). Raises DumpError."""
     if data[:1] == b"\x80":
         try:
-            return _NoGlobals(io.BytesIO(data)).load()
-        except DumpError as exc:
+            return load_plain(data)  # no globals, memo, size, depth and time bounded: hang/plainpickle.py
+        except PlainPickleError as exc:
             raise DumpError(f"{where} is not a plain flight-recorder dump: {exc}") from None
         except RecursionError:
             raise DumpError(f"{where} nests too deeply to read: not a flight-recorder dump") from None
         except Exception as exc:  # noqa: BLE001 - any broken pickle is one line
             raise DumpError(f"{where} is a broken pickle ({type(exc).__name__}): not a flight-recorder dump") from None
     try:
-        return json.loads(data.decode("utf-8"))
+        loaded = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise DumpError(f"{where} is neither JSON nor a pickle flight-recorder dump") from None
     except RecursionError:
         raise DumpError(f"{where} nests JSON too deeply to read: not a flight-recorder dump") from None
+    problem = plain_problem(loaded)  # the same bounds as a pickle's (a list of 10^7 numbers)
+    if problem:
+        raise DumpError(f"{where} is not a plain flight-recorder dump: {problem}")
+    return loaded
 
 
 def load_dump(path: Path) -> dict[str, Any]:

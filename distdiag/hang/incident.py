@@ -358,6 +358,13 @@ def event_of(e: IncidentEvent | dict[str, Any]) -> IncidentEvent:
     return e if isinstance(e, IncidentEvent) else IncidentEvent.from_dict(e)
 
 
+def _ranks(value: Any) -> list[int]:
+    """A verdict's blamed ranks as published (a list of ints; anything else: none)."""
+    if not isinstance(value, list):
+        return []
+    return [r for r in value if isinstance(r, int) and not isinstance(r, bool)][:64]
+
+
 @dataclass
 class Verdict:
     """What every waiting rank needs to leave: small (a few hundred bytes), published first.
@@ -379,17 +386,20 @@ class Verdict:
     """The watchdog's declared timeout was no hang after all: why (nobody acts)."""
     chunks: int = 0
     """How many chunks of the report's JSON the store holds for other hosts (0: none)."""
+    blamed: list[int] = field(default_factory=list)
+    """The ranks the report blames (at most 64): their torchrun error file dates the failure
+    first, so torchrun's root cause names them (distdiag/runtime/lastword.py)."""
 
     SUMMARY_MAX = 300
 
     def to_dict(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "writer": self.writer, "host": self.host, "node": self.node,
                 "outcome": self.outcome, "summary": self.summary[: self.SUMMARY_MAX], "report": self.report,
-                "excused": self.excused, "chunks": self.chunks}
+                "excused": self.excused, "chunks": self.chunks, "blamed": list(self.blamed)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Verdict:
         return cls(int(d.get("exit_code", 3)), int(d.get("writer", -1)), str(d.get("host", "") or ""),
                    int(d.get("node", -1) if d.get("node") is not None else -1), str(d.get("outcome", "") or ""),
                    str(d.get("summary", "") or ""), str(d.get("report", "") or ""), d.get("excused"),
-                   int(d.get("chunks", 0) or 0))
+                   int(d.get("chunks", 0) or 0), _ranks(d.get("blamed")))

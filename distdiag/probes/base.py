@@ -79,6 +79,11 @@ class Probe(abc.ABC):
         """Why these options cannot run in this world (a size that must divide it): bad input."""
         return None
 
+    checks_a_model: ClassVar[bool] = False
+    """True: the probe checks a model, data or layout: the target's hooks, or without a target a
+    built-in workload of distdiag's own; such a PASS then says it checked the stack, not the
+    user's model (the table and the verdict line say so: distdiag/check/consolidate.py)."""
+
     preload: ClassVar[tuple[str, ...]] = ()
     """Modules `run` imports that cost seconds (FSDP2, DTensor, DCP): `distdiag check` imports
     those of the planned probes once per node, before it forks the ranks

@@ -259,6 +259,8 @@ class NumericsProbe(Probe):
     to agree on setup failures) in the same order on every rank.
     """
 
+    checks_a_model = True
+
     preload = SHARDING_IMPORTS
 
     def skip_reason(self, ctx: Any) -> str | None:

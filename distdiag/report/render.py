@@ -13,7 +13,7 @@ from distdiag.report.safefile import printable
 
 __all__ = [
     "render_report", "known_hosts", "format_ranks", "compress_numbers", "format_hosts", "render_table", "ProgressLine",
-    "PROGRESS_ENV",
+    "PROGRESS_ENV", "PlainBeat", "BEAT_S", "is_beat_line",
 ]
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "error": "ERROR"}
@@ -170,6 +170,8 @@ def _probe_row(probe: ProbeResult, name_w: int) -> str:
         summary = f"skipped: {probe.reason}"
     elif probe.status == "error" and probe.reason and not summary:
         summary = probe.reason
+    elif probe.metrics.get("model") == "built-in model":  # no --target: distdiag's own workload
+        summary = f"{summary}; built-in model" if summary else "built-in model"
     return f"{probe.name.ljust(name_w)}  {_MARK[probe.status]:<6}  {probe.duration_s:7.2f}s  {summary or '-'}"
 
 
@@ -213,8 +215,8 @@ def render_report(
     cut at `max_rows` rows (None: all); the JSON report always has everything.
     `title` replaces the first line (which otherwise describes the ranks of a check).
     `exit_code` is the code the command will return when it is not the report's own (a
-    command that exits 0 unless asked for `--exit-code`): the verdict line prints that one and
-    says which flag returns the report's, so a printed exit code is always the one returned.
+    command given `--exit-zero`): the verdict line prints that one and
+    says the verdict's code beside it, so a printed exit code is always the one returned.
     """
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
     # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
@@ -245,7 +247,7 @@ def render_report(
     out.append("")
     code = f"exit {report.exit_code}"
     if exit_code is not None and exit_code != report.exit_code:
-        code = f"exit {exit_code}; --exit-code exits {report.exit_code}"
+        code = f"exit {exit_code} with --exit-zero; the verdict's code is {report.exit_code}"
     out.append(f"verdict: {report.verdict.upper()} ({code}) - {report.summary}")
     return printable("\n".join(out))  # the title too
 
@@ -309,9 +311,10 @@ class ProgressLine:
     it instead of after it; `clear()` blanks it before the verdict is printed.
     """
 
-    def __init__(self, stream: TextIO | None) -> None:
+    def __init__(self, stream: TextIO | None, beat: PlainBeat | None = None) -> None:
         self.stream = stream
         self.width = 0
+        self.beat = beat
 
     @classmethod
     def for_check(cls, config: Any, rank: int) -> ProgressLine:
@@ -321,9 +324,11 @@ class ProgressLine:
             return cls(sys.stderr)
         if os.environ.get(PROGRESS_ENV) == "stdout" and _is_tty(sys.stdout):
             return cls(sys.stdout)
-        return cls(None)
+        return cls(None, PlainBeat(sys.stderr, config.timeout_s))  # plain logs: a line every BEAT_S
 
     def show(self, index: int, total: int, name: str) -> None:
+        if self.beat is not None:
+            self.beat.at(index, total, name)
         if self.stream is None:
             return
         text = f"distdiag [{index + 1}/{total}] {name} ..."
@@ -332,6 +337,8 @@ class ProgressLine:
 
     def clear(self) -> None:
         """Blank the line for good: nothing is shown after the verdict."""
+        if self.beat is not None:
+            self.beat.stop()
         if self.stream is not None and self.width:
             self._write("\r" + " " * self.width + "\r")
         self.stream = None
@@ -343,3 +350,59 @@ class ProgressLine:
             self.stream.flush()  # type: ignore[union-attr]
         except (OSError, ValueError):  # the terminal went away: drop the line, never the check
             self.stream = None
+
+
+BEAT_S = 10.0
+"""How often rank 0 says where the check is in plain logs (CI, Slurm: no terminal to redraw)."""
+
+
+_BEAT = re.compile(r"^distdiag check: (\d+ s in: probe |starting \d+ rank)")
+
+
+def is_beat_line(line: str) -> bool:
+    """A PlainBeat line or the check's start line (the launcher shows them as they come)."""
+    return bool(_BEAT.match(line))
+
+
+class PlainBeat:
+    """Signs of life for output that is not a terminal: every BEAT_S, one line on rank 0 naming
+    the probe running, for how long and against which deadline (a check that is quiet for a
+    minute in a CI log looks hung). Nothing before the first BEAT_S (a healthy check is done by
+    then) or after `stop()` (the verdict). One named daemon thread, started by the first probe."""
+
+    def __init__(self, stream: TextIO, timeout_s: float, every_s: float = BEAT_S) -> None:
+        import threading
+
+        self.stream, self.timeout_s, self.every_s = stream, timeout_s, every_s
+        self.started = self.probe_started = 0.0
+        self.where = ""
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def at(self, index: int, total: int, name: str) -> None:
+        import threading
+        import time
+
+        self.probe_started = time.monotonic()
+        self.where = f"probe {name} [{index + 1}/{total}]"
+        if self.thread is None and not self.done.is_set():
+            self.started = self.probe_started
+            self.thread = threading.Thread(target=self._run, name="distdiag-progress", daemon=True)
+            self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+
+    def line(self, now: float) -> str:
+        return (f"distdiag check: {now - self.started:.0f} s in: {self.where} running for {now - self.probe_started:.0f} s "
+                f"of its {self.timeout_s:g} s")
+
+    def _run(self) -> None:
+        import time
+
+        while not self.done.wait(self.every_s):
+            try:
+                self.stream.write(self.line(time.monotonic()) + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):  # the log went away: stop saying anything, never the check
+                return

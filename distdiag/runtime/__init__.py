@@ -11,6 +11,8 @@
     nodes.py     snapshots gathered per node: local rank 0 posts its node's as one value
     gcpause.py   Python's cyclic collector held off while a writer builds a 16k-rank report
     sentinel.py  one daemon thread per rank that ends a broken run with a report
+    lastword.py  torchrun's error file (TORCHELASTIC_ERROR_FILE) written with the verdict, so its
+                 root cause names the blamed rank with distdiag's sentence
     tracker.py   where the main thread is: phase, probe, the collective it is inside
     comm.py      the tracked collectives probes issue (ctx.comm), open to injected faults
     faults.py    the fault-injection vocabulary (DISTDIAG_INJECT) that proves each diagnosis

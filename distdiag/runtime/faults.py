@@ -74,7 +74,16 @@ class FaultPlan:
         self.faults = faults or []
 
     @classmethod
-    def parse(cls, spec: str, rank: int | None = None) -> FaultPlan:
+    def parse(
+        cls, spec: str, rank: int | None = None, *, world_size: int | None = None, points: list[str] | None = None
+    ) -> FaultPlan:
+        """The faults of `rank` (every rank's: None). With `world_size` and `points` (the probe
+        names, `setup`, `final`), a fault for a rank or a point that does not exist is bad
+        input: it would never fire, and the run would pass as if it had been tested."""
+        from distdiag.errors import did_you_mean, shown
+
+        if len(spec) > 10_000:
+            raise ConfigError(f"{INJECT_ENV} is {len(spec)} characters long; name a few faults")
         faults = []
         for part in (p.strip() for p in spec.split(";")):
             if not part:
@@ -82,7 +91,7 @@ class FaultPlan:
             bits = part.split(":")
             if len(bits) < 3 or bits[0] not in ACTIONS:
                 raise ConfigError(
-                    f"{INJECT_ENV}: cannot read {part!r}; expected ACTION:PROBE:RANK[:after=N] "
+                    f"{INJECT_ENV}: cannot read {shown(part)}; expected ACTION:PROBE:RANK[:after=N] "
                     f"with ACTION one of {', '.join(ACTIONS)}"
                 )
             try:
@@ -100,14 +109,20 @@ class FaultPlan:
                     else:
                         raise ValueError(f"unknown option {key!r}")
             except ValueError as exc:
-                raise ConfigError(f"{INJECT_ENV}: cannot read {part!r}: {exc}") from None
+                raise ConfigError(f"{INJECT_ENV}: cannot read {shown(part)}: {exc}") from None
+            if world_size is not None and not 0 <= fault.rank < world_size:
+                raise ConfigError(f"{INJECT_ENV}: {shown(part)} names rank {shown(fault.rank, 30)}; "
+                                  f"this job's ranks are 0 to {world_size - 1}")
+            if points is not None and fault.point not in points:
+                raise ConfigError(f"{INJECT_ENV}: {shown(part)} names {shown(fault.point, 40)}{did_you_mean(fault.point, points)}, "
+                                  f"not a probe; points: {', '.join(points)}")
             if rank is None or fault.rank == rank:
                 faults.append(fault)
         return cls(faults)
 
     @classmethod
-    def from_env(cls, rank: int) -> FaultPlan:
-        return cls.parse(os.environ.get(INJECT_ENV, ""), rank)
+    def from_env(cls, rank: int, *, world_size: int | None = None, points: list[str] | None = None) -> FaultPlan:
+        return cls.parse(os.environ.get(INJECT_ENV, ""), rank, world_size=world_size, points=points)
 
     def __bool__(self) -> bool:
         return bool(self.faults)

@@ -35,6 +35,7 @@ from distdiag.hang.incident import RankSnapshot, Silence, SilentReason, Verdict
 from distdiag.runtime import snapwire
 from distdiag.runtime.exchange import Exchange, bounded, poll_interval
 from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys, StoreValueTooLarge, checked_value
+from distdiag.runtime.lastword import remember
 
 __all__ = [
     "Incident", "StoreValueTooLarge", "post_snapshot", "collect_snapshots", "collect_histories", "WRITER_STALL_S", "checked_value", "compact_snapshot", "silent_rank_reasons",
@@ -78,6 +79,12 @@ _SHEDDABLE = ("recent", "step_walls")
 HISTORY_MAX_BYTES = 1024 * 1024
 """The most one rank's packed history may take in the store (in parts under 64 KB): 512
 records pack to ~10 KB; a history past this keeps its newest records."""
+
+
+def _remembered(verdict: Verdict) -> Verdict:
+    """A verdict received: remembered for torchrun's error file (runtime/lastword.py)."""
+    remember(verdict)
+    return verdict
 
 
 def _packed(snap: RankSnapshot) -> tuple[bytes, bytes | None]:
@@ -241,6 +248,7 @@ class Incident:
         """The small verdict, first; one new store client if the first try fails (the old one
         may be broken by an earlier failed write). False when no verdict could be published:
         the caller says so in one line."""
+        remember(verdict)  # torchrun's error file says it when this rank leaves (runtime/lastword.py)
         text = checked_value(self.keys.verdict, verdict.to_dict())
         for attempt in (1, 2):
             try:
@@ -380,13 +388,13 @@ class Incident:
                     seen_news = count // NEWS_STEP
                     got = self.ex.read(self.keys.verdict)
                     if got is not None:
-                        return Verdict.from_dict(got), ""
+                        return _remembered(Verdict.from_dict(got)), ""
                     if stop is not None and stop():
                         return None, "stopped waiting"
             elif now - moved > stall_s:
                 got = self.ex.read(self.keys.verdict)  # published just before the writer stopped
                 if got is not None:
-                    return Verdict.from_dict(got), ""
+                    return _remembered(Verdict.from_dict(got)), ""
                 stage = self._stage()
                 at = f" (last at: {stage})" if stage else (" (no rank claimed the writer role)" if last <= 0 else "")
                 return None, f"the writer made no progress for {stall_s:g}s{at}"

@@ -146,7 +146,11 @@ def _run_at_abort() -> None:
 
 def flush_and_exit(code: int) -> None:
     """Run the `at_abort` cleanups, flush what was printed and logged, then end the process at
-    once (any thread may call it)."""
+    once (any thread may call it). A failing verdict this rank published or received goes to
+    torchrun's error file first (runtime/lastword.py): its root cause then says it."""
+    from distdiag.runtime.lastword import write_error_file
+
+    write_error_file(code)
     _run_at_abort()
     for stream in (sys.stdout, sys.stderr):
         try:

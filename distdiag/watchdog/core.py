@@ -162,6 +162,12 @@ class HangWatchdog:
                 watcher.request("raised", summary)
             _wait_acted(watcher, self.config.snapshot_grace.total_seconds() + VERDICT_STALL_S)
         watcher.finish(summary)
+        if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit):
+            # the job ends with this exception (HangDetected under action 'raise', or the rank's
+            # own error): a failing verdict reached meanwhile goes to torchrun's root cause too
+            from distdiag.runtime.lastword import write_error_file
+
+            write_error_file(1)
         try:
             atexit.unregister(self.close)
         except Exception:  # noqa: BLE001 - interpreter shutting down

@@ -46,6 +46,7 @@ from distdiag.runtime.blind import blind_spot, mark_blind
 from distdiag.runtime.gcpause import collector_paused
 from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons
 from distdiag.runtime.keys import Keys
+from distdiag.runtime.lastword import blamed_ranks
 from distdiag.runtime.nodes import gather_snapshots, node_leaders
 
 __all__ = [
@@ -450,7 +451,7 @@ def publish_outcome(incident: Incident, report: Report | None, *, excuse: str | 
         hosts = {r.host for r in report.ranks if r.host and r.host != "?"}
         shared = incident.shared_copy(text, where, host, readers=max(len(hosts) - 1, 1), report=report)
         incident.publish_verdict(Verdict(report.exit_code, rank, host, outcome=report.outcome, summary=report.summary,
-                                         report=where, chunks=incident.chunk_count(shared)))
+                                         report=where, chunks=incident.chunk_count(shared), blamed=blamed_ranks(report)))
         incident.publish_report(shared, {"host": host})
         report.__dict__.pop(_WORKING, None)  # freed here, after the verdict
 

@@ -259,7 +259,7 @@ def test_report_show_prints_escapes_as_text(cli_env, tmp_path):
     report = Report(world_size=2, exit_code=1, verdict="fail", summary=f"sum{ESCAPES}", probes=[probe])
     (tmp_path / "r.json").write_text(report.to_json())
     out = distdiag(["report", "show", "r.json", "--verbose"], cli_env, tmp_path)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # the report's verdict: FAIL
     assert not any(c in out.stdout for c in "\x1b\x07\r\x9b\u202e"), repr(out.stdout)
     assert out.stdout.count("\\x1b[2J\\x1b]0;owned\\x07\\r\\x9b31m\\u202e") >= 6, out.stdout
     shown = distdiag(["report", "show", "r.json", "--format", "json"], cli_env, tmp_path)
@@ -318,3 +318,123 @@ def test_gate_refuses_a_report_path_that_is_a_link_or_fifo(cli_env, tmp_path, ki
     _one_line_exit_2(out, f"DISTDIAG_REPORT: gate.json {LINK_WORDS[kind]}")
     assert "job ran" not in out.stdout
     assert (victim.read_text() == "precious") if kind == "link" else not victim.exists()
+
+
+def _memo_bomb(levels: int, inside_entries: bool) -> bytes:
+    """A pickle of ~550 bytes whose list holds the same list twice, `levels` times over: a small
+    graph through the memo, 2**levels values to any walk over it."""
+    out = bytearray(b"\x80\x02]q\x00")  # PROTO 2, EMPTY_LIST, BINPUT 0
+    for _ in range(levels):  # memo[0] = [memo[0], memo[0]]
+        out += b"]q\x01(h\x00h\x00eh\x01q\x000"
+    if inside_entries:  # {"entries": [{"input_sizes": memo[0]}]}
+        return bytes(out + b"}(X\x07\x00\x00\x00entries](}(X\x0b\x00\x00\x00input_sizesh\x00ueu.")
+    return bytes(out + b"}(X\x07\x00\x00\x00entriesh\x00u.")
+
+
+BOUNDED_DUMPS = {
+    "memo-bomb": (lambda: _memo_bomb(40, False), "one list shared many times over"),
+    "memo-bomb-in-entries": (lambda: _memo_bomb(40, True), "one list shared many times over"),
+    "ten-million-ints": (lambda: __import__("pickle").dumps({"entries": list(range(10**7))}),
+                         "has 10,000,000 items, over 5,000,000"),
+    "cycle": (lambda: b"\x80\x02}q\x00(X\x07\x00\x00\x00entries]q\x01h\x01au.", "it contains itself"),
+}
+
+
+@pytest.mark.parametrize("case", list(BOUNDED_DUMPS))
+def test_hang_report_dump_bombs_are_refused_in_seconds(cli_env, tmp_path, case):
+    """A pickle memo bomb (~550 bytes that expand exponentially), the same inside `entries`, a list of
+    10^7 numbers, a cycle: one line and exit 2 in seconds (the first ran until killed, the third was read)."""
+    import time
+
+    make, words = BOUNDED_DUMPS[case]
+    (tmp_path / "dumps").mkdir()
+    (tmp_path / "dumps" / "rank_0").write_bytes(make())
+    start = time.monotonic()
+    out = distdiag(["hang-report", "dumps"], cli_env, tmp_path)
+    _one_line_exit_2(out, words)
+    assert time.monotonic() - start < 30
+
+
+def test_dump_bounds_read_a_real_sized_dump():
+    """The healthy twin of the bombs: 2000 entries with call stacks, torch's default, pass the bounds."""
+    import pickle
+
+    from distdiag.hang.plainpickle import load_plain
+
+    frames = [{"name": f"f{i}", "filename": "train.py", "line": i} for i in range(12)]
+    entries = [{"collective_seq_id": i, "process_group": ("0", "default"), "input_sizes": [[4, 4]],
+                "frames": frames, "state": "completed"} for i in range(2000)]
+    dump = {"version": "2.10", "entries": entries, "pg_config": {}}
+    assert load_plain(pickle.dumps(dump)) == dump
+
+
+BIG_INPUT = {
+    "5000-digit-config": (["--config", "big.toml"], "holds a number too long to be a setting"),
+    "5000-char-report": (["--report", "r" * 5000], "check.report: cannot write"),
+    "100kb-probes": (["--probes", ",".join(["env"] * 25_000)], "check.probes is 99999 characters long"),
+    "empty-profile": (["--profile", ""], "unknown profile ''"),
+    "inf-delay": (["--config", "inf.toml"], "probes.bandwidth.delay_s must be a finite number, got inf"),
+    "nproc-2^31": (["--nproc-per-node", "2147483648"], "must be a whole number of ranks from 1 to 65536"),
+    "timeout-minus-inf": (["--timeout-s=-inf"], "check.timeout_s must be a number of seconds > 0"),
+}
+
+
+@pytest.mark.parametrize("case", list(BIG_INPUT))
+def test_check_huge_or_empty_values_are_one_line(cli_env, tmp_path, case):
+    """A 5,000-digit integer in a config, a 5,000-character report name, --probes of 100 KB, --profile "",
+    delay_s = inf, --nproc-per-node 2^31 (it grew to 10 GB), -inf seconds: one short line, exit 2, at once."""
+    (tmp_path / "big.toml").write_text("[check]\ntimeout_s = " + "9" * 5000 + "\n")
+    (tmp_path / "inf.toml").write_text("[probes.bandwidth]\ndelay_s = inf\n")
+    args, words = BIG_INPUT[case]
+    out = distdiag(["check", *args], cli_env, tmp_path)
+    _one_line_exit_2(out, words)
+    assert len(out.stderr) < 400, out.stderr
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ("hang:collectivs:1", "names 'collectivs' (did you mean 'collectives'?), not a probe"),
+    ("hang:env:100000000000000000000", "names rank 100000000000000000000; this job's ranks are 0 to 1"),
+])
+def test_inject_naming_no_probe_or_rank_is_bad_input(cli_env, tmp_path, spec, words):
+    """DISTDIAG_INJECT naming an unknown probe or rank 10^20 never fires: said once, exit 2 (it was a PASS)."""
+    out = distdiag(["check", "--probes", "env"], dict(cli_env, DISTDIAG_INJECT=spec), tmp_path)
+    _one_line_exit_2(out, words)
+
+
+def test_analyze_trainer_state_loss_that_is_no_number(cli_env, tmp_path):
+    """`"loss": "x"` in a trainer_state.json: one line and exit 2, not a PASS on the points left."""
+    history = [{"step": 1, "loss": "x"}] + [{"step": s, "loss": 1.0 / s} for s in range(2, 40)]
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    _one_line_exit_2(distdiag(["analyze", "trainer_state.json"], cli_env, tmp_path),
+                     "log_history[0]: 'loss' is 'x', expected a number")
+
+
+def test_verdict_note_outside_a_launcher_folder_writes_nothing(tmp_path, monkeypatch):
+    """DISTDIAG_VERDICT_NOTE pointing at a 0600 file of the user's (leaked, or set by hand) is never
+    written through; in a launcher's own folder (the healthy twin) the note is written."""
+    import tempfile
+
+    from distdiag.check.launched import LAUNCH_FOLDER_PREFIX, note_phase, note_verdict, read_json
+
+    victim = tmp_path / "id_ed25519"
+    victim.write_text("precious")
+    victim.chmod(0o600)
+    monkeypatch.setenv("DISTDIAG_VERDICT_NOTE", str(victim))
+    note_verdict(0, True)
+    note_phase("in probe 'env'")
+    assert victim.read_text() == "precious" and sorted(p.name for p in tmp_path.iterdir()) == ["id_ed25519"]
+    folder = tempfile.mkdtemp(prefix=LAUNCH_FOLDER_PREFIX, dir=tmp_path)
+    monkeypatch.setenv("DISTDIAG_VERDICT_NOTE", os.path.join(folder, "verdict.json"))
+    note_verdict(1, True)
+    assert read_json(os.path.join(folder, "verdict.json"))["exit_code"] == 1
+
+
+def test_gate_check_args_may_not_name_the_report(cli_env, tmp_path):
+    """DISTDIAG_CHECK_ARGS="--report FILE" would make the ranks write over FILE unchecked: refused, exit 2."""
+    victim = tmp_path / "secret"
+    victim.write_text("precious")
+    victim.chmod(0o600)
+    out = distdiag(["gate", "--nproc-per-node", "1", "--", sys.executable, "-c", "print('job ran')"],
+                   dict(cli_env, DISTDIAG_CHECK_ARGS=f"--report {victim}"), tmp_path)
+    _one_line_exit_2(out, "DISTDIAG_CHECK_ARGS: --report is the gate's own; set DISTDIAG_REPORT instead")
+    assert victim.read_text() == "precious" and "job ran" not in out.stdout

@@ -32,16 +32,18 @@ def test_probes_lists_each_probe_with_a_line(cli_env, tmp_path):
 
 
 def test_report_show_renders_like_rank0(cli_env, tmp_path):
-    """`distdiag report show` prints what rank 0 printed; --exit-code returns the check's code."""
+    """`distdiag report show` prints what rank 0 printed and exits with the check's code; --exit-zero exits 0."""
     report = Report(world_size=2, exit_code=1, verdict="fail", summary="x",
                     probes=[ProbeResult.from_findings("collectives", [Finding("error", "bad", ranks=[1])])])
     path = write_report(report, tmp_path / "r.json")
     out = distdiag(["report", "show", str(path)], cli_env, tmp_path)
-    assert out.returncode == 0
-    assert out.stdout.rstrip("\n") == render_report(report, verbose=False, exit_code=0)
-    assert "verdict: FAIL (exit 0; --exit-code exits 1)" in out.stdout
-    strict = distdiag(["report", "show", str(path), "--exit-code"], cli_env, tmp_path)
-    assert strict.returncode == 1 and "verdict: FAIL (exit 1) - x" in strict.stdout
+    assert out.returncode == 1
+    assert out.stdout.rstrip("\n") == render_report(report, verbose=False)
+    assert "verdict: FAIL (exit 1) - x" in out.stdout
+    lenient = distdiag(["report", "show", str(path), "--exit-zero"], cli_env, tmp_path)
+    assert lenient.returncode == 0 and "verdict: FAIL (exit 0 with --exit-zero; the verdict's code is 1)" in lenient.stdout
+    old = distdiag(["report", "show", str(path), "--exit-code"], cli_env, tmp_path)  # deprecated, accepted
+    assert old.returncode == 1 and "verdict: FAIL (exit 1) - x" in old.stdout
 
 
 def test_report_show_verbose_and_full(cli_env, tmp_path):

@@ -79,18 +79,34 @@ def test_version_under_torchrun_prints_once(cli_env, tmp_path):
     ("args", "words"),
     [
         (["check", "--format", "xml"], "argument --format: invalid choice: 'xml'"),
-        (["check", "--nproc-per-node", "0"], "argument --nproc-per-node/--nproc: must be a whole number of ranks >= 1, got 0"),
+        (["check", "--nproc-per-node", "0"], "argument --nproc-per-node/--nproc: must be a whole number of ranks from 1 to 65536, got 0"),
         (["check", "--nproc-per-node", "1", "--probes", "collectives"], "WORLD_SIZE must be >= 2"),
         (["check", "--checkpoint", "ckpt", "--bogus"], "unrecognized arguments: --bogus (see: distdiag check -h)"),
         (["probes", "--format", "xml"], "--format must be text or json, got 'xml'"),
         (["probes", "--bogus"], "No such option: --bogus"),
         (["nope"], "No such command 'nope'"),
         (["report", "show"], "Missing argument"),
+        (["check", "--probez", "env"], "unrecognized arguments: --probez (did you mean '--probes'?)"),
+        (["check", "--probes", "collectivs"], "unknown probe 'collectivs' (did you mean 'collectives'?)"),
+        (["check", "--profile", "quik"], "unknown profile 'quik' (did you mean 'quick'?)"),
+        (["check", "--checkpoint", "no_such_ckpt"], "--checkpoint 'no_such_ckpt' does not exist"),
+        (["check", "--target", "nope.py"], "target file nope.py does not exist"),
+        (["watch", "--nproc-per-node", "1", "--timeout", "5", "--", "train.py"],
+         "unrecognized arguments: --timeout (did you mean '--timeout-s'?)"),
+        (["watch", "--timeout-s", "abc", "--", "train.py"], "argument --timeout-s: invalid float value: 'abc'"),
+        (["watch", "--action", "bogus", "--", "train.py"], "argument --action: invalid choice: 'bogus'"),
+        (["watch", "--flight-recorder", "x", "--", "train.py"], "argument --flight-recorder: invalid int value: 'x'"),
     ],
 )
 def test_usage_errors_are_one_line_exit_2(cli_env, tmp_path, args, words):
-    """A mistyped command line is one line on stderr and exit 2, in typer's commands as in the check's."""
+    """A mistyped command line is one line on stderr and exit 2 within seconds, in typer's commands as in the
+    check's and watch's (with "did you mean" for an option or a probe name typed wrong)."""
+    import time
+
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    start = time.monotonic()
     out = run(["distdiag", *args], cli_env, tmp_path)
+    assert time.monotonic() - start < 30  # torch's import at most, never a rank's start
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("distdiag: error:"), out.stderr
     assert words in out.stderr, out.stderr
@@ -109,3 +125,13 @@ def test_probes_says_which_are_opt_in_and_how_to_run_them(cli_env, tmp_path):
     rows = {r["name"]: r for r in json.loads(run(["distdiag", "probes", "--format", "json"], cli_env, tmp_path).stdout)}
     assert rows["bandwidth"]["default"] is False and "full" in rows["bandwidth"]["profiles"]
     assert rows["env"]["default"] is True
+
+
+def test_bare_barrier_benchmark_help(cli_env, tmp_path):
+    """benchmarks/bare_barrier.py --help prints its usage and exits 0 (it used to start a process group and crash)."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bare_barrier.py"
+    out = subprocess.run([sys.executable, str(script), "--help"], env=cli_env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0 and "torchrun --nproc-per-node N" in out.stdout and not out.stderr, out.stderr

@@ -32,7 +32,10 @@ def _run(args, env, cwd, timeout=150):
 
 
 def _lines(err: str) -> list[str]:
-    return [line for line in err.strip().splitlines() if line.strip()]
+    """What the launcher said, without the check's start and progress lines (signs of life)."""
+    from distdiag.report.render import is_beat_line
+
+    return [line for line in err.strip().splitlines() if line.strip() and not is_beat_line(line)]
 
 
 # -- the exit code, from this run alone (no processes) ---------------------------------------

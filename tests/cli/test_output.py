@@ -98,3 +98,38 @@ def test_progress_line_is_blanked_when_rank_0_is_the_stuck_one(cli_env, tmp_path
     assert code != 0 and "distdiag [2/2] collectives ..." in drawn
     clear = "\r" + " " * len("distdiag [2/2] collectives ...") + "\r"
     assert clear in drawn and drawn.index(clear) < drawn.index("distdiag check: 2 rank(s)"), drawn[-3000:]
+
+
+def test_plain_logs_get_a_start_line_and_progress(cli_env, tmp_path):
+    """Piped (CI, Slurm): `distdiag check` says it started at once, and while a probe runs long rank 0
+    says every 10 s which probe runs, for how long, against which deadline; nothing after the verdict."""
+    env = {**cli_env, "DISTDIAG_INJECT": "sleep:collectives:0:seconds=13"}
+    out = subprocess.run([sys.executable, "-m", "distdiag", "check", "--nproc", "2", "--probes", "env,collectives",
+                          "--timeout-s", "40"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stderr.splitlines()
+    assert lines[0] == "distdiag check: starting 2 rank(s) on this machine; each probe has 40 s, the check 600 s", lines
+    beats = [line for line in lines if line.startswith("distdiag check: ") and " s in: probe collectives [2/2]" in line]
+    assert beats and beats[0].endswith("of its 40 s"), lines
+    assert "\r" not in out.stderr and "verdict: PASS" in out.stdout
+
+
+def test_progress_beat_stops_at_the_verdict():
+    """PlainBeat: nothing before its first interval, a line per interval, nothing once stopped."""
+    import io
+    import time
+
+    from distdiag.report.render import PlainBeat, is_beat_line
+
+    stream = io.StringIO()
+    beat = PlainBeat(stream, 60.0, every_s=0.05)
+    beat.at(1, 3, "collectives")
+    time.sleep(0.23)
+    beat.stop()
+    beat.thread.join(timeout=2)
+    written = stream.getvalue().splitlines()
+    assert 2 <= len(written) <= 5 and all(is_beat_line(line) for line in written), written
+    assert "probe collectives [2/3] running for 0 s of its 60 s" in written[0]
+    time.sleep(0.12)
+    assert stream.getvalue().splitlines() == written

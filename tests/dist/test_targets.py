@@ -95,3 +95,36 @@ def test_model_too_big_for_the_reference_is_a_finding(workdir):
     (err,) = result.report().probe("loss_parity").findings
     assert "does not fit the reference: the limit is" in err.issue and "reference_limit_mib" in err.issue
     assert err.ranks == [0, 1]
+
+
+def test_a_pass_says_what_it_checked(workdir):
+    """No target: the model probes' rows and the verdict line say they ran on the built-in model (a PASS of
+    the stack, not of the user's model); with a target that has no SP or MoE hooks, sequence_parallel and
+    moe_routing skip with the reason instead of passing on built-in pieces."""
+    from distdiag.report.render import render_report
+
+    result = run_check(2, ["--probes", "env,loss_parity,sequence_parallel,moe_routing"], workdir, timeout=120)
+    report = result.report()
+    assert result.codes == [0, 0], result.stderr
+    assert {p.name for p in report.probes if p.metrics.get("model") == "built-in model"} == {
+        "loss_parity", "sequence_parallel", "moe_routing"}
+    assert "3 ran on the built-in model: checks the stack, not your model" in report.summary
+    rows = {line.split()[0]: line for line in render_report(report).splitlines() if line.startswith(("env", "loss"))}
+    assert "built-in model" in rows["loss_parity"] and "built-in model" not in rows["env"]
+    target = workdir / "plain_target.py"  # a model, a batch, a loss: no SP or MoE hook
+    target.write_text(
+        "import torch\n"
+        "def build_model():\n    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))\n"
+        "def make_batch(step):\n    g = torch.Generator().manual_seed(step)\n"
+        "    return {'x': torch.randn(8, 8, generator=g), 'y': torch.randn(8, 4, generator=g)}\n"
+        "def loss_fn(model, batch):\n    return torch.nn.functional.mse_loss(model(batch['x']), batch['y'])\n"
+    )
+    result = run_check(2, ["--probes", "loss_parity,sequence_parallel,moe_routing", "--target", str(target)],
+                       workdir, timeout=120)
+    report = result.report()
+    assert result.codes == [0, 0], result.stderr
+    assert report.probe("loss_parity").status == "pass" and "model" not in report.probe("loss_parity").metrics
+    for name, hook in (("sequence_parallel", "split_sequence()"), ("moe_routing", "route()")):
+        probe = report.probe(name)
+        assert probe.status == "skip" and "nothing of yours to check" in probe.reason and hook in probe.reason
+    assert "built-in model" not in report.summary

@@ -38,6 +38,48 @@ def test_wrapper_names_the_blocked_rank_with_recorder_tail(cli_env, tmp_path):
     assert probe.details.get("flight_recorder"), "the wrapper enables the flight recorder before init"
     assert "distdiag watchdog" in proc.stderr
     assert elapsed < 45
+    _root_cause_is(proc.stderr, 1, "rank 1 never entered all_reduce")
+
+
+def _root_cause_is(stderr: str, rank: int, words: str) -> None:
+    """torchrun's "Root Cause (first observed failure)" block names `rank` with distdiag's sentence
+    (read from the error file that rank wrote: TORCHELASTIC_ERROR_FILE), not the rank that waited."""
+    assert "Root Cause (first observed failure)" in stderr, stderr[-3000:]
+    block = stderr.split("Root Cause (first observed failure)", 1)[1]
+    assert f"rank      : {rank} (local_rank: {rank})" in block, block
+    assert "traceback : distdiag: " in block and words in block, block
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(120)
+def test_root_cause_is_ours_under_torchrun_check(cli_env, tmp_path):
+    """`torchrun -m distdiag.check` with rank 1 hung in the collectives probe: torchrun's root cause is
+    rank 1 with the check's verdict sentence (it named rank 0, the waiter, with no message)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m", "distdiag.check",
+           "--probes", "env,collectives", "--timeout-s", "5"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=dict(cli_env, DISTDIAG_INJECT="hang:collectives:1:after=2"),
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode != 0
+    _root_cause_is(proc.stderr, 1, "rank 1 never entered all_reduce")
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(120)
+def test_root_cause_is_ours_with_the_in_code_watchdog(cli_env, tmp_path):
+    """A script with `HangWatchdog` in its code, under plain torchrun, rank 1 blocked: the root cause is
+    rank 1 with the watchdog's sentence."""
+    script = tmp_path / "train_wd.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parents[2])!r})\n"
+        "from tests.faults.watchdog_workers import train\n"
+        "sys.exit(train(sys.argv[1:]))\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script),
+           "fault=block", "rank=1", "step=2", "timeout=3"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=dict(cli_env), capture_output=True, text=True, timeout=100)
+    assert proc.returncode != 0
+    _root_cause_is(proc.stderr, 1, "rank 1 never entered all_reduce")
 
 
 @pytest.mark.torchrun
@@ -46,6 +88,8 @@ def test_wrapper_healthy_script_exits_zero_without_report(cli_env, tmp_path):
     proc, _ = _torchrun(cli_env, tmp_path, "fault=slow_step", "rank=1", "step=1", "steps=3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (tmp_path / "hang-report").exists()
+    # armed: said once for the job (rank 0), with the timeout
+    assert proc.stderr.count("distdiag.watch: watchdog armed on 2 rank(s): 3 s without progress is a hang") == 1, proc.stderr
 
 
 @pytest.mark.timeout(60)
@@ -79,6 +123,9 @@ def test_wrapper_names_a_rank_killed_before_torchrun_ends_the_rest(cli_env, tmp_
     crit = [f for f in report.probe("watchdog").findings if f.severity == "critical"]
     assert crit and crit[0].ranks == [3], [(f.ranks, f.issue) for f in crit]
     assert {r for f in crit for r in f.ranks} == {3}, "the survivors torchrun ended are not blamed"
+    # torchrun's root cause is the rank that died (no file of its own), not a survivor's file
+    block = proc.stderr.split("Root Cause (first observed failure)", 1)[1]
+    assert "rank      : 3 (local_rank: 3)" in block, block
 
 
 @pytest.mark.torchrun

@@ -167,7 +167,7 @@ def test_two_seeds_of_one_recipe_do_not_part():
 
 def test_config_is_validated():
     """A spike factor <= 1 names the key, the value and the range."""
-    with pytest.raises(ValueError, match=r"analyze.spike_factor must be > 1, got 0.5"):
+    with pytest.raises(ValueError, match=r"analyze.spike_factor must be a finite number > 1, got 0.5"):
         AnalyzeConfig(spike_factor=0.5)
 
 

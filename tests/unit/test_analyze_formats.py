@@ -43,7 +43,7 @@ def test_trainer_state_by_content_whatever_its_name(tmp_path):
         assert run.series["loss"].steps[:2] == [1, 2] and run.series["eval_loss"].steps == [25]
         assert run.monitor_findings[0]["step"] == 30
     code, out, _ = _cli(str(tmp_path / "trainer_state.json"))
-    assert code == 0 and "module 'mlp'" in out and f"{tmp_path.name} (" in out  # labelled by its folder
+    assert code == 1 and "module 'mlp'" in out and f"{tmp_path.name} (" in out  # labelled by its folder; a FAIL: exit 1
 
 
 def test_directories_json_arrays_and_renamed_event_files(tmp_path):

@@ -77,7 +77,38 @@ def test_tensorboard_events_read_without_tensorboard(tmp_path, tensor):
     assert s.steps == list(range(100)) and math.isnan(s.values[60])
     assert s.values[3] == pytest.approx(loss[3], rel=1e-6)
     code, out, _ = _cli(str(logdir))
-    assert code == 0 and "train/loss became NaN at step 60" in out
+    assert code == 1 and "train/loss became NaN at step 60" in out
+
+
+CRC32C_VECTORS = [(b"", 0), (b"123456789", 0xE3069283), (bytes(32), 0x8A9136AA), (b"\xff" * 32, 0x62A8AB43),
+                  (bytes(range(32)), 0x46DD794E)]  # the check value and RFC 3720's B.4 vectors
+
+
+def test_crc32c_python_gives_the_known_values():
+    """The pure-Python fallback against the standard CRC32C vectors."""
+    from distdiag.analyze.tfevents import crc32c_python
+
+    assert [crc32c_python(data) for data, _ in CRC32C_VECTORS] == [want for _, want in CRC32C_VECTORS]
+
+
+def test_crc32c_c_and_python_agree(tmp_path, monkeypatch):
+    """google-crc32c's C code (the `crc32c` extra) and the Python fallback give the same checksums, and the
+    reader gives the same series through either."""
+    pytest.importorskip("google_crc32c")
+    import random
+
+    from distdiag.analyze import tfevents
+
+    assert tfevents.crc32c_implementation() == "c"
+    rng = random.Random(0)
+    for data in [d for d, _ in CRC32C_VECTORS] + [rng.randbytes(n) for n in (1, 7, 64, 1000, 65537)]:
+        assert tfevents.crc32c(data) == tfevents.crc32c_python(data), len(data)
+    path = tmp_path / "events.out.tfevents.1.host"
+    write_events(path, {"loss": clean_curve(50)}, tensor=False)
+    with_c = load_run(path).series["loss"].values
+    monkeypatch.setattr(tfevents, "_FAST", [None])
+    assert tfevents.crc32c_implementation() == "python"
+    assert load_run(path).series["loss"].values == with_c
 
 
 def test_jsonl_generic_nested_and_resumed(tmp_path):
@@ -166,7 +197,9 @@ def test_truncated_tensorboard_record(tmp_path):
 def test_bad_options_and_unknown_metric(tmp_path):
     p = write_jsonl(tmp_path / "a.jsonl", loss=clean_curve(50))
     code, _, err = _cli(str(p), "--spike-factor", "1")
-    assert code == 2 and "--spike-factor must be > 1, got 1.0" in err
+    assert code == 2 and "--spike-factor must be a finite number > 1, got 1.0" in err
+    code, _, err = _cli(str(p), "--spike-factor", "inf")  # it would find no spike at all, and pass
+    assert code == 2 and "--spike-factor must be a finite number > 1, got inf" in err
     code, _, err = _cli(str(p), "--metric", "nope")
     assert code == 2 and "no metric 'nope'" in err and "loss" in err
     code, _, err = _cli(str(p), "--format", "xml")
@@ -174,12 +207,12 @@ def test_bad_options_and_unknown_metric(tmp_path):
 
 
 def test_json_output_is_a_report_and_exit_code(tmp_path):
-    """--format json is a distdiag report that parses back; --exit-code gives 1 on an error."""
+    """--format json is a distdiag report that parses back; the exit code is 1 on an error."""
     from distdiag.report.model import Report
 
     loss = [v if i < 80 else math.nan for i, v in enumerate(clean_curve(100))]
     p = write_jsonl(tmp_path / "nan.jsonl", loss=loss)
-    code, out, _ = _cli(str(p), "--format", "json", "--exit-code")
+    code, out, _ = _cli(str(p), "--format", "json")
     assert code == 1
     report = Report.from_dict(json.loads(out))
     assert report.probe("nonfinite").findings[0].issue == "loss became NaN at step 80"
@@ -187,11 +220,14 @@ def test_json_output_is_a_report_and_exit_code(tmp_path):
 
 
 def test_printed_exit_code_is_the_one_returned(tmp_path):
-    """A failing analysis prints the exit code it returns, with and without --exit-code."""
+    """A failing analysis exits with the verdict's code by default (a CI step fails on it), 0 with
+    --exit-zero, and prints the code it returns; the old --exit-code is accepted and changes nothing."""
     loss = [v if i < 80 else math.nan for i, v in enumerate(clean_curve(100))]
     p = write_jsonl(tmp_path / "nan.jsonl", loss=loss)
     code, out, _ = _cli(str(p))
-    assert code == 0 and "verdict: FAIL (exit 0; --exit-code exits 1)" in out, out
+    assert code == 1 and "verdict: FAIL (exit 1) -" in out, out
+    code, out, _ = _cli(str(p), "--exit-zero")
+    assert code == 0 and "verdict: FAIL (exit 0 with --exit-zero; the verdict's code is 1)" in out, out
     code, out, _ = _cli(str(p), "--exit-code")
     assert code == 1 and "verdict: FAIL (exit 1) -" in out, out
 

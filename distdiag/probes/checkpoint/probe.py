@@ -117,6 +117,7 @@ def _adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 class CheckpointProbe(Probe):
     name = "checkpoint"
+    checks_a_model = True
     summary = "DCP checkpoints that do not round-trip, and checkpoints whose keys no longer match the model (renames, wrappers)"
     Config = CheckpointConfig
     private_apis = ("torch.distributed.checkpoint._nested_dict:flatten_state_dict",)

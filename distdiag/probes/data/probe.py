@@ -40,6 +40,7 @@ class DataShardsConfig:
 
 class DataShardsProbe(Probe):
     name = "data_shards"
+    checks_a_model = True
     summary = "ranks that see identical or overlapping samples (no DistributedSampler, one seed for all), an order repeated each epoch"
     Config = DataShardsConfig
 

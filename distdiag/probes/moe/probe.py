@@ -169,6 +169,7 @@ def _ep_group(members: list[int], world: int) -> Any:
 
 class MoeRoutingProbe(Probe):
     name = "moe_routing"
+    checks_a_model = True
     summary = "MoE routers that differ between calls or ranks, all_to_all dispatch that loses tokens, lopsided expert load"
     min_world_size = 2
     Config = MoeRoutingConfig
@@ -180,6 +181,15 @@ class MoeRoutingProbe(Probe):
             _layer_shape(options, world_size)
         except ConfigError as exc:
             return str(exc)
+        return None
+
+    def skip_reason(self, ctx: Any) -> str | None:
+        """A target without a router hook has nothing of the user's to check: only the built-in
+        router and layer would run, and a PASS would say nothing of the target."""
+        target = getattr(ctx, "target", None)
+        if target is not None and not target.has("route"):
+            return (f"nothing of yours to check: target {target.spec} has no route() hook "
+                    "(without --target the probe checks its built-in router and layer)")
         return None
 
     def run(self, ctx: Any) -> dict[str, Any]:

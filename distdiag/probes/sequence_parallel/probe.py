@@ -120,16 +120,24 @@ def _local_lists(out: Any, rows: int) -> tuple[dict[str, Any] | None, str | None
 
 class SequenceParallelProbe(Probe):
     name = "sequence_parallel"
+    checks_a_model = True
     summary = "sequence-parallel splits that lose or shift tokens, restart positions, or average per-rank losses"
     min_world_size = 2
     Config = SequenceParallelConfig
+
+    def skip_reason(self, ctx: Any) -> str | None:
+        """A target without sequence-parallel hooks has nothing of the user's to check: the probe
+        would test only its built-in splits, and a PASS would say nothing of the target."""
+        target = getattr(ctx, "target", None)
+        if target is not None and not (target.has("split_sequence") or target.has("parallelize_sp")):
+            return (f"nothing of yours to check: target {target.spec} has no split_sequence() or parallelize_sp() "
+                    "hook (without --target the probe checks its built-in splits)")
+        return None
 
     def run(self, ctx: Any) -> dict[str, Any]:
         opts: SequenceParallelConfig = self.options(ctx)
         rank, world = ctx.rank, ctx.world_size
         target = ctx.target
-        if target is not None and not (target.has("split_sequence") or target.has("parallelize_sp")):
-            target = None  # a target without SP hooks: check the built-in pieces, not its batch
         findings: list[dict[str, Any]] = []
         ctx.seed()
         if target is not None and target.has("make_batch"):
