@@ -24,11 +24,21 @@ def test_a_checked_in_rank_on_another_host_is_no_answer_from_that_host():
     assert silent_rank_reasons([1], infos, "node-a") == {1: "no answer from host node-b (dead, stopped or unreachable)"}
 
 
+def _launch_folder(tmp_path):
+    """The launcher's own folder, as it makes it: distdiag-launch-*, mode 0700 (notes are read
+    and written nowhere else)."""
+    from distdiag.check.launched import LAUNCH_FOLDER_PREFIX
+
+    folder = tmp_path / f"{LAUNCH_FOLDER_PREFIX}test"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
 def _end(tmp_path, monkeypatch, *, local_world: int):
     from distdiag.check.launched import VERDICT_NOTE_ENV
     from distdiag.runtime.context import LaunchInfo
 
-    monkeypatch.setenv(VERDICT_NOTE_ENV, str(tmp_path / "verdict.json"))
+    monkeypatch.setenv(VERDICT_NOTE_ENV, str(_launch_folder(tmp_path) / "verdict.json"))
     end = RunEnd.__new__(RunEnd)
     end.info = LaunchInfo(0, 3, 0, local_world, 0, "vm", 4341, 0, "r", "127.0.0.1", 1, True)
     end.rank_infos = [RankInfo(0, "vm", 0, 0, "cpu", 4341), RankInfo(1, "vm", 0, 1, "cpu", 4342),
@@ -44,7 +54,7 @@ def test_a_rank_lost_before_checking_in_gets_host_pid_and_last_phase_from_its_no
     from distdiag.report.model import Report
     from distdiag.report.render import render_report
 
-    (tmp_path / "rank-2.json").write_text('{"phase": "connecting to the job\'s store", "pid": 999999}')
+    (_launch_folder(tmp_path) / "rank-2.json").write_text('{"phase": "connecting to the job\'s store", "pid": 999999}')
     end = _end(tmp_path, monkeypatch, local_world=1)  # not one node: only the note places rank 2
     known = end._known_rank_infos()
     assert (known[2].host, known[2].pid) == ("vm", 999999)
