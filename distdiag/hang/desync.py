@@ -122,22 +122,24 @@ def odd_by_call_site(classes: list[list[int]], snaps: dict[int, dict[str, Any]])
         sides.append((ranks, {(g, q): c for g, by in recs.items() for q, c in by.get(rank, {}).items()}))
     (a_ranks, a), (b_ranks, b) = sides
     parted = sorted((k for k in set(a) & set(b) if _fingerprint(a[k]) != _fingerprint(b[k]) or
-                     a[k].get("call_site") != b[k].get("call_site")), key=lambda k: k[1])
+                     a[k].get("call_site") != b[k].get("call_site")), key=lambda k: (k[1], k[0]))
     if not parted:
         return None
     key = parted[0]
     site_a, site_b = a[key].get("call_site"), b[key].get("call_site")
     if not site_a or not site_b or site_a == site_b:
         return None
-    before_a = {c.get("call_site") for k, c in a.items() if k[1] < key[1]}
-    before_b = {c.get("call_site") for k, c in b.items() if k[1] < key[1]}
+    # what each side issued before, by its recorded history: on the same group before that
+    # position, and on its other groups (sequence numbers are not comparable across groups)
+    before_a = {c.get("call_site") for k, c in a.items() if k[0] != key[0] or k[1] < key[1]}
+    before_b = {c.get("call_site") for k, c in b.items() if k[0] != key[0] or k[1] < key[1]}
     a_alone = site_a not in before_b and site_b in before_a
     b_alone = site_b not in before_a and site_a in before_b
     if a_alone == b_alone:
         return None
     odd, usual, site, other = (a_ranks, b_ranks, site_a, site_b) if a_alone else (b_ranks, a_ranks, site_b, site_a)
-    why = (f"at {key[0]} #{key[1]} it issued a collective from {site}, a line its peers never issued before, "
-           f"while their {other} is a line it had issued before")
+    why = (f"at {key[0]} #{key[1]} it issued a collective from {site}, a line not in its peers' recorded "
+           f"history, while their {other} is a line in its own")
     return [usual, odd], {r: why for r in odd}
 
 

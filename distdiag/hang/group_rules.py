@@ -34,13 +34,21 @@ UNEVEN_FIX = (
 
 
 def loader_passes(v: Any) -> dict[tuple[int, int], dict[str, Any]]:
-    """(loader, pass) -> that pass's record, from the rank's DataLoader tap (distdiag.watchdog.dataload)."""
+    """(loader, pass) -> that pass's record, from the rank's DataLoader tap (distdiag.watchdog.dataload).
+    Only well-formed records (another version's, or a corrupt value, are left out, never raised on)."""
     out = {}
-    for p in v.snap.get("loaders") or []:
-        if isinstance(p, dict) and isinstance(p.get("loader"), int) and isinstance(p.get("pass"), int):
-            if isinstance(p.get("drawn"), int):
-                out[(p["loader"], p["pass"])] = p
+    raw = v.snap.get("loaders")
+    for p in raw if isinstance(raw, list) else []:
+        if not isinstance(p, dict) or not all(_is_int(p.get(k)) for k in ("loader", "pass", "drawn")):
+            continue
+        clean = {k: x for k, x in p.items() if k not in ("len", "last", "at_steps") or _is_int(x)}
+        clean["label"] = str(p.get("label", "?"))
+        out[(p["loader"], p["pass"])] = clean
     return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def pass_ended(p: dict[str, Any]) -> bool:
@@ -72,12 +80,15 @@ def ran_out_first(a: Analysis) -> list[tuple[int, dict[str, Any], list[int], int
     found: dict[tuple[int, int], list[tuple[int, dict[str, Any], list[int], int]]] = {}
     for r, mine in sorted(passes.items()):
         for key, p in mine.items():
-            if not pass_ended(p):
-                continue
-            more = sorted(o for o, theirs in passes.items() if o != r and key in theirs and _longer(theirs[key], p["drawn"]))
-            # a peer still in that pass: the rank's data ended while the peer's goes on (a pass
-            # every rank has left, however unevenly, is not what the ranks wait on now)
-            if more and any(_current(passes[o], key) for o in more):
+            if not pass_ended(p) or any(k[0] == key[0] and k[1] > key[1] for k in mine):
+                continue  # not ended, or the rank went on to its loader's next pass (a step-driven loop)
+            more = sorted(o for o, theirs in passes.items() if o != r and key in theirs
+                          and theirs[key]["label"] == p["label"] and _longer(theirs[key], p["drawn"]))
+            # a peer still in that pass, and one of them waiting: the rank's data ended while the
+            # peers' goes on, and they wait (a pass every rank has left, however unevenly, or
+            # peers that compute their longer share, is not what the ranks wait on now)
+            if (more and any(_current(passes[o], key) for o in more)
+                    and any(a.views[o].waiting for o in more)):
                 most = max(max(passes[o][key]["drawn"], passes[o][key].get("len") or 0) for o in more)
                 found.setdefault(key, []).append((r, p, more, most))
     out = []
@@ -139,7 +150,7 @@ def _short_ranks(a: Analysis) -> list[tuple[int, int, int]]:
             continue  # a short rank outside any collective: `behind` names it where it is
         if loader_passes(v):
             continue
-        if v.steps < top:  # the others are inside a later step (equal counts: a branch as likely)
+        if v.steps <= top:  # the others took as many and are inside their next step, or more
             out.append((r, v.steps, top))
     return out
 

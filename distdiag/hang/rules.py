@@ -124,9 +124,10 @@ def raised(a: Analysis) -> None:
         # one error raised on several ranks often names its rank or step ("... on rank 3"):
         # the same type, place and words with other numbers is one finding naming every rank
         words = _DIGITS.sub("#", str(err.get("message")))
-        by_exc[(err.get("type"), words, err.get("raised_at"), bool(err.get("caught")))].append(rank)
-    for (etype, _words, _at, caught), ranks in by_exc.items():
+        by_exc[(str(err.get("type")), words, str(err.get("raised_at")), bool(err.get("caught")))].append(rank)
+    for (_type, _words, _at, caught), ranks in by_exc.items():
         err = causes[ranks[0]]
+        etype = err.get("type")
         message = err.get("message")
         who = format_ranks(ranks)
         lib = f" in {err['through']}" if err.get("through") else ""
@@ -369,22 +370,18 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
     place, evidence = _behind_text(a, rank, group, seq)
     lag = _step_lag(a, rank, at_top)
     confidence = 0.9
-    if lag and v.state in ("computing", "finished", "final") and _fewer_steps(a, rank, at_top):
+    if lag and v.state in ("computing", "finished", "final"):
         issue = (
             f"rank {rank} stopped taking training steps while {_they(at_top)} in {_wait_text(first)}: "
             f"{lag}; {place}"
         )
         fix, cause = UNEVEN_FIX.format(rank=rank), CAUSE_UNEVEN
-    elif lag and v.state in ("computing", "finished", "final"):
-        # the same step count, out of the loop, and no DataLoader seen: its data's end is not
-        # observed, so uneven data and a rank-dependent branch out of the loop stay open
-        issue = (f"rank {rank} left its training loop while {_they(at_top)} in {_wait_text(first)}: {lag}; "
-                 f"{place}; mechanism not identified: uneven data or a rank-dependent branch")
-        fix = (f"decide by where rank {rank} left the loop: if its data iterator ended, give every rank the same "
-               "number of batches (DistributedSampler(..., drop_last=True), or Join); if a branch taken on this rank "
-               "alone (if rank == 0, a metric reduced to rank 0 only) leads out of the loop or into a collective, "
-               "make every rank take it")
-        cause, confidence = "left_loop", 0.6
+        if not _fewer_steps(a, rank, at_top):
+            # the same step count, out of the loop, and no DataLoader seen: its data's end is not
+            # observed, so a branch out of the loop stays open beside uneven data
+            confidence = 0.7
+            fix += (f"; no DataLoader was seen on rank {rank}, so its data's end was not observed: if it did not "
+                    "run out, a branch taken on this rank alone led it out of the loop")
     elif v.state in ("finished", "final"):
         issue = (
             f"rank {rank} finished while {_they(at_top)} in {_wait_text(first)}: it issued fewer "

@@ -16,13 +16,14 @@ DataLoaderShard and the HF Trainer included) and reads torch's own count of the 
 trainer made its iterator) is counted whole. Per batch it costs one Python call. A loader is
 known by its sampler (one per DataLoader), numbered in the order this rank first drew from it (SPMD code iterates
 its loaders in the same order on every rank); a pass is one iterator, or one reset of it. Each rank keeps the last PASSES_KEPT passes of each
-of its first LOADERS_KEPT loaders.
+of the LOADERS_KEPT loaders it drew from most recently.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Any
 
 __all__ = ["LoaderTap", "LOADERS_KEPT", "PASSES_KEPT"]
@@ -39,10 +40,11 @@ class LoaderTap:
         """`steps`: a callable giving the rank's step count, stamped on a pass that runs out."""
         self._steps = steps
         self._loaders: dict[int, tuple[int, str, Any]] = {}
-        """id(the loader's sampler) -> (its index on this rank, its dataset's type, the sampler:
-        held so the id stays its own)"""
+        """id(the loader's sampler) -> (its index on this rank, its dataset's type, a weak reference
+        to the sampler: the id is that sampler's only while it lives)"""
         self._passes: list[dict[str, Any]] = []
         self._draws = 0
+        self._numbered = 0
         self._counts: dict[int, int] = {}
         """loader index -> passes seen"""
         self._lock = threading.Lock()
@@ -57,14 +59,14 @@ class LoaderTap:
         if record is not None and drawn >= record["drawn"]:
             return record
         # the loader's own sampler object (its batch sampler, or the constant one of an
-        # IterableDataset): one per DataLoader, where a dataset may serve two (train and val)
+        # IterableDataset): one per DataLoader, where a dataset may serve two (train and val).
+        # Held weakly: the tap keeps no user data alive.
         owner = getattr(it, "_index_sampler", None)
         entry = self._loaders.get(id(owner))
+        if entry is not None and entry[2]() is not owner:
+            entry = None  # that id was another, collected sampler's
         if entry is None:
-            if len(self._loaders) >= LOADERS_KEPT:
-                return None
-            dataset = getattr(it, "_dataset", None)
-            entry = self._loaders[id(owner)] = (len(self._loaders), type(dataset).__name__, owner)
+            entry = self._new_loader(owner, type(getattr(it, "_dataset", None)).__name__)
         index = entry[0]
         self._counts[index] = self._counts.get(index, 0) + 1
         record = {"loader": index, "label": entry[1], "pass": self._counts[index], "drawn": 0, "exhausted": False}
@@ -79,6 +81,26 @@ class LoaderTap:
                 self._passes.remove(mine[0])
         it.__dict__[_MARK] = record
         return record
+
+    def _new_loader(self, owner: Any, label: str) -> tuple[int, str, Any]:
+        """Number a loader (in the order this rank first draws from it, the same on every rank of
+        SPMD code); past LOADERS_KEPT the one drawn from least recently is forgotten, so a loader
+        built anew each epoch is always followed."""
+        with self._lock:
+            gone = [key for key, e in self._loaders.items() if e[2]() is None]  # loaders the job dropped
+            if len(self._loaders) - len(gone) >= LOADERS_KEPT:
+                drawn = {p["loader"]: p.get("last", 0) for p in self._passes}
+                gone.append(min(self._loaders, key=lambda key: drawn.get(self._loaders[key][0], 0)))
+            dropped = {self._loaders.pop(key)[0] for key in gone}
+            self._passes = [p for p in self._passes if p["loader"] not in dropped]
+        try:
+            ref: Any = weakref.ref(owner)
+        except TypeError:  # a sampler without weak references: held (rare, and one per loader)
+            ref = lambda owner=owner: owner  # noqa: E731
+        entry = (self._numbered, label, ref)
+        self._numbered += 1
+        self._loaders[id(owner)] = entry
+        return entry
 
     def _drew(self, it: Any) -> None:
         record = self._record(it)
@@ -123,8 +145,10 @@ class LoaderTap:
         return True
 
     def remove(self) -> None:
+        """Put torch's method back, unless something patched it after us (then leave theirs)."""
         for owner, name, fn in reversed(self._saved):
-            setattr(owner, name, fn)
+            if getattr(getattr(owner, name, None), _MARK, False):
+                setattr(owner, name, fn)
         self._saved = []
 
     # -- the watchdog's thread ----------------------------------------------------------------

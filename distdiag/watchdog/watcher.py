@@ -288,7 +288,8 @@ class Watcher(threading.Thread):
         event = IncidentEvent.from_dict(json.loads(self.ex.store.get(Keys.event(epoch))))
         if event.kind is EventKind.DESYNC:
             self.desync_reported = True
-        _post_own_error(self)
+        if event.kind in (EventKind.TIMEOUT, EventKind.RAISED):
+            _post_own_error(self)  # another kind's analysis would not read it: declared after
         incident.post_snapshot(self._snapshot(event))
         lost: dict[int, str] = {}
         writer = incident.claim_writer()
@@ -469,13 +470,9 @@ def _blocked_in_phase(watcher: Watcher) -> bool:
         return False
     now = time.monotonic()
     wait = watcher.stall.c10d_wait
-    if wait is not None and now - wait[1] >= BLOCKED_IN_PHASE_S:
-        return True
-    since = watcher.stall.waiting_since()
-    if since is None or now - since < BLOCKED_IN_PHASE_S:
-        return False
-    assert watcher.ex is not None
-    return watcher.stall.blocked_in_collective(watcher.ex)
+    current = watcher.progress.current  # a wrapped collective it is inside (no store read: this runs each tick)
+    return ((wait is not None and now - wait[1] >= BLOCKED_IN_PHASE_S)
+            or (current is not None and now - current.t0 >= BLOCKED_IN_PHASE_S))
 
 
 def _post_own_error(watcher: Watcher) -> None:

@@ -96,13 +96,43 @@ def test_a_rank_that_left_its_loop_with_its_data_intact_is_not_uneven_data():
     assert f.cause != "uneven_data" and 0 in f.ranks, f
 
 
-def test_without_a_loader_leaving_the_loop_at_the_same_step_is_not_called_uneven_data():
-    """No DataLoader seen (a loop over a plain iterator), the same step count, out of the loop:
-    uneven data and a branch stay open, and the finding says so at a lower confidence."""
+def test_without_a_loader_leaving_the_loop_at_the_same_step_says_what_is_not_observed():
+    """No DataLoader seen (a loop over a plain list), the same step count, out of the loop: likely
+    uneven data (the list ran out), at a lower confidence, the fix naming the branch it could be."""
     snaps = {0: snap(None, steps=10, in_loop=False, stack=["/x/train.py:88 in save: torch.save(m)"]),
              1: snap(coll("all_reduce", 40), steps=10)}
     f = lead(run(snaps))
-    assert f.ranks == [0] and f.cause != "uneven_data" and f.confidence <= 0.7, f
+    assert f.ranks == [0] and f.confidence <= 0.7 and "no DataLoader was seen" in f.fix, f
+
+
+def test_peers_that_compute_their_longer_share_are_not_waiting_on_the_short_rank():
+    """An uneven evaluation pass without per-batch collectives is legitimate: ranks 0 and 2 ended
+    theirs and wait in the final gather while rank 1 still computes its longer share and is
+    stuck there: rank 1 is named, not the ranks whose data ended."""
+    ev = lambda drawn, ended: [{"loader": 0, "label": "Eval", "pass": 1, "drawn": drawn, "exhausted": ended}]  # noqa: E731
+    snaps = {r: snap(coll("all_gather", 30), loaders=ev(10, True)) for r in (0, 2)}
+    snaps[1] = snap(None, loaders=ev(12, False), stack=["/x/eval.py:40 in predict: model(x)"])
+    f = lead(run(snaps))
+    assert f.ranks == [1] and f.cause != "uneven_data", f
+
+
+def test_a_rank_that_went_on_to_its_loaders_next_pass_did_not_run_out():
+    """A step-driven loop re-iterates its DataLoader when a pass ends (shards of other lengths are
+    healthy there): rank 0's pass 1 ended at 25 and it draws from pass 2; rank 1 stalls computing:
+    rank 1 is named, not rank 0."""
+    snaps = {0: snap(coll("all_reduce", 60), loaders=passes(25, True) + passes(6, False, pass_=2))}
+    snaps[1] = snap(None, loaders=passes(31, False), stack=["/x/train.py:50 in step: model(x)"])
+    f = lead(run(snaps))
+    assert f.ranks == [1] and f.cause != "uneven_data", f
+
+
+def test_malformed_loader_records_are_left_out_never_raised_on():
+    """Another version's or a corrupt value: not a list, a string where a number goes."""
+    snaps = {0: {**snap(coll("all_reduce", 9)), "loaders": 5},
+             1: snap(None, loaders=[{"loader": 0, "pass": 1, "drawn": 3, "last": "7a", "len": "40", "label": None},
+                                    {"loader": "x"}, 7])}
+    f = lead(run(snaps))
+    assert f.ranks == [1], f
 
 
 def test_two_rank_desync_names_the_side_whose_line_the_other_never_issued():
@@ -112,7 +142,7 @@ def test_two_rank_desync_names_the_side_whose_line_the_other_never_issued():
     snaps = {0: snap(coll("all_reduce", 46, site="hf_train.py:92 in on_step_end"), history=list(shared)),
              1: snap(coll("all_gather", 46, site="trainer_pt_utils.py:207"), history=list(shared))}
     f = lead(run(snaps))
-    assert f.ranks == [0] and f.cause == "desync" and "never issued before" in f.issue, f
+    assert f.ranks == [0] and f.cause == "desync" and "not in its peers' recorded history" in f.issue, f
 
 
 def test_two_rank_desync_stays_undecided_when_both_lines_are_known():
@@ -172,3 +202,26 @@ def test_a_pass_a_peer_has_left_for_another_is_not_what_it_waits_on():
              1: snap(None, loaders=[{**train0, "drawn": 11, "last": 8}, val1])}
     f = lead(run(snaps))
     assert f.ranks == [1] and f.cause != "uneven_data", f
+
+
+def test_the_tap_follows_loaders_built_anew_and_keeps_no_data_alive():
+    """A DataLoader built each epoch (12 of them): the latest is still followed, the oldest are
+    forgotten, and a dropped loader's data is freed (the tap holds its sampler weakly)."""
+    import gc
+    import weakref
+
+    tap = LoaderTap()
+    assert tap.install()
+    try:
+        for epoch in range(12):
+            list(torch.utils.data.DataLoader(list(range(4 + epoch)), batch_size=2))
+        data = torch.utils.data.TensorDataset(torch.zeros(6, 2))
+        ref = weakref.ref(data)
+        list(torch.utils.data.DataLoader(data, batch_size=3))
+        del data
+        gc.collect()
+    finally:
+        tap.remove()
+    loaders = {p["loader"] for p in tap.snapshot()}
+    assert 12 in loaders and 0 not in loaders and len(loaders) <= 8, loaders  # dropped loaders forgotten
+    assert ref() is None
