@@ -92,9 +92,6 @@ def _print(config: CheckConfig, report: Report, text: str, where: str | None) ->
         sys.stdout.write(render_report(report, verbose=config.verbose) + "\n")
         if where:
             sys.stdout.write(f"report: {os.path.abspath(where)}\n")
-    if not config.verbose and config.format != "json":
-        for note in report.notes:  # a hint: on stderr, where the compact table leaves it out
-            sys.stderr.write(f"distdiag: note: {note}\n")
 
 
 class RunEnd:

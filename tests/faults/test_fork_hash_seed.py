@@ -55,7 +55,7 @@ def test_set_order_bug_hidden_by_fork_is_said_and_seen_under_torchrun(cli_env, t
     the sorted twin passes under torchrun with no note."""
     code, report, err = _check(cli_env, tmp_path, "fork")
     assert code == 0 and any("--launch torchrun" in n and "hash seed" in n for n in report.get("notes", [])), report
-    assert "distdiag: note: forked ranks share one Python hash seed" in err, err[-2000:]  # the compact table leaves it out
+    assert "distdiag: note:" not in err, err[-2000:]  # a healthy run stays one line per probe: in the JSON, and --verbose
     code, report, _ = _check(cli_env, tmp_path, "torchrun")
     errors = [f for p in report["probes"] for f in p["findings"] if f["severity"] == "error"]
     assert code == 1 and any("in branches" in f["issue"] for f in errors), errors  # the module, or its branches
