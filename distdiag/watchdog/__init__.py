@@ -8,6 +8,7 @@ torch; arming does.
     config.py     WatchdogConfig and the DISTDIAG_WATCHDOG_* variables
     progress.py   what the training thread records: steps, phases, wrapped collectives
     intercept.py  the optional wrappers around torch.distributed's Python collectives
+    dataload.py   the DataLoader tap: batches drawn per pass and where a pass ended (uneven data)
     watcher.py    Watcher, the daemon thread: tick, event, action
     stall.py      when this rank declares a hang (the recorder's counters, steps, phases)
     marks.py      step marks compared across ranks (a desync between steps)
