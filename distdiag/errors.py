@@ -90,6 +90,10 @@ _GENERIC_FRAMES = frozenset({"wrapper", "inner", "inner_func", "_fn", "decorate_
 _CALLEE = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
 
 
+def _is_runpy(filename: str) -> bool:
+    return filename == "<frozen runpy>" or filename.replace("\\", "/").endswith("/runpy.py")
+
+
 def library_path(exc: BaseException, limit: int = 6) -> dict[str, str]:
     """Where an exception was raised, outside distdiag's own frames.
 
@@ -101,17 +105,20 @@ def library_path(exc: BaseException, limit: int = 6) -> dict[str, str]:
     frames = traceback.extract_tb(exc.__traceback__)
     ours = [i for i, f in enumerate(frames) if "/distdiag/" in f.filename.replace("\\", "/")]
     start = ours[-1] + 1 if ours and ours[-1] + 1 < len(frames) else 0
-    outside = frames[start:]
+    # runpy's frames are how the zero-code wrapper runs the user's script, not a library call
+    outside = [f for f in frames[start:] if not _is_runpy(f.filename)]
     if not outside:
         return {}
     names = [f.name for f in outside if f.name not in _GENERIC_FRAMES] or [outside[-1].name]
     if ours and start:
         match = _CALLEE.search(frames[start - 1].line or "")
-        if match:
+        if match and not match.group(1).startswith("runpy."):
             names.insert(0, match.group(1))
+    last = outside[-1]
+    if len(names) == 1 and names[0] == last.name:
+        return {"raised_at": f"{last.filename}:{last.lineno} in {last.name}"}  # the user's own line: no chain
     if len(names) > limit:
         names = names[:1] + ["..."] + names[-(limit - 2):]
-    last = outside[-1]
     return {"raised_at": f"{last.filename}:{last.lineno} in {last.name}", "through": " -> ".join(names)}
 
 
