@@ -25,7 +25,7 @@ from distdiag.check.launched import note_phase
 from distdiag.check.plan import Plan, make_plan, parse_config, validate_injection
 from distdiag.check.shared_values import share_fields
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
-from distdiag.report.model import EXIT_BAD_INPUT, ProbeResult, RankInfo
+from distdiag.report.model import EXIT_BAD_INPUT, EXIT_HANG, ProbeResult, RankInfo
 from distdiag.report.render import ProgressLine
 from distdiag.runtime.exchange import Exchange, bounded, poll_interval
 from distdiag.runtime.faults import FaultPlan
@@ -112,7 +112,7 @@ class CheckRun:
         install_sigterm_wakeup()
         note_phase("connecting to the job's store")
         if not self._connect():
-            return 3
+            return EXIT_HANG
         setup_exc, device_error = None, None
         try:
             device, backend = pick_device(info, self.config.backend)
@@ -160,7 +160,7 @@ class CheckRun:
         from distdiag.runtime.sentinel import flush_and_exit
 
         # A stopped or frozen store host answers no call, whatever the store's timeout.
-        bound_store_calls(info.rank, lambda: flush_and_exit(3))
+        bound_store_calls(info.rank, lambda: flush_and_exit(EXIT_HANG))
         self.ex = Exchange(self.store, info.rank, info.world_size)
         from distdiag.errors import set_caught_publisher
 
@@ -339,7 +339,7 @@ class CheckRun:
         self.sentinel.aborting.wait(self.config.deadline_s)
         time.sleep(self.config.timeout_s + 60)
         print_line(f"distdiag[rank {self.info.rank}]: the sentinel did not end the run; exiting 3")
-        os._exit(3)
+        os._exit(EXIT_HANG)
 
     # -- the normal end --------------------------------------------------------------------
     def _finish(self) -> int:
@@ -489,7 +489,7 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
         # leaving with the code asked for (0, often) would pass for a passing rank.
         print_line(f"distdiag[rank {os.environ.get('RANK', '0')}]: the check was ended by sys.exit({exc.code!r}) "
                    "from inside (the target?) before its verdict; exiting 3")
-        code = 3
+        code = EXIT_HANG
     from distdiag.runtime.lastword import write_error_file
 
     write_error_file(code)  # the verdict's sentence for torchrun's root cause (runtime/lastword.py)

@@ -22,6 +22,7 @@ from typing import IO, NoReturn
 import typer
 
 from distdiag.cli.options import raw_args, register_passthrough
+from distdiag.report.model import EXIT_HANG
 
 __all__ = ["register", "run_watch", "WatchOutput"]
 
@@ -164,7 +165,7 @@ def _exit_code(report_path: str, before: int | None, rc: int, output: WatchOutpu
             return read_report(report_path).exit_code
         except ReportError as exc:
             sys.stderr.write(f"distdiag: error: {exc}\n")
-            return 3
+            return EXIT_HANG
     code = output.worker_exit_code() or rc
     _say_who_failed(output, code)
     return code

@@ -35,6 +35,7 @@ from distdiag.runtime.incident import (
     silent_rank_reasons,
 )
 from distdiag.runtime.keys import IncidentKeys, Keys
+from distdiag.report.model import EXIT_HANG
 
 __all__ = [
     "Sentinel", "install_sigterm_wakeup", "flush_and_exit", "process_state", "silent_rank_reasons",
@@ -218,7 +219,7 @@ class Sentinel(threading.Thread):
             self.exchange = Exchange(self.store_factory(), self.rank, self.world_size)
         except Exception as exc:  # noqa: BLE001 - without a store nothing can be reported
             print_line(f"distdiag[rank {self.rank}]: cannot reach the job's store: {exc}")
-            flush_and_exit(3)
+            flush_and_exit(EXIT_HANG)
         self.started_ok.set()
         last_beat = 0.0
         try:
@@ -248,7 +249,7 @@ class Sentinel(threading.Thread):
             if self.finishing_code is not None:
                 flush_and_exit(self.finishing_code)
             print_line(f"distdiag[rank {self.rank}]: lost the job's store ({type(exc).__name__}: {exc}); exiting 3")
-            flush_and_exit(3)
+            flush_and_exit(EXIT_HANG)
 
     def _check(self, now: float) -> IncidentEvent | None:
         with self._lock:
@@ -302,14 +303,14 @@ class Sentinel(threading.Thread):
             traceback.print_exc()
             incident.publish_verdict(Verdict(3, self.rank, self.host, outcome="error",
                                              summary=f"the writer failed to write the report: {type(exc).__name__}"))
-            return 3
+            return EXIT_HANG
 
     def _await(self, incident: Incident) -> int:
         """Wait for the verdict while the writer moves; this node's copy of the report; the code."""
         verdict, why = incident.wait_verdict(VERDICT_STALL_S)
         if verdict is None:
             print_line(f"distdiag[rank {self.rank}]: no verdict: {why}; exiting 3")
-            return 3
+            return EXIT_HANG
         if self.mirror is not None:
             try:
                 self.mirror(incident.ex, verdict)
