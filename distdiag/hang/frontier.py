@@ -28,11 +28,11 @@ Pure and torch-free; linear in entries (plus groups x members).
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from distdiag.hang.dumpgroups import GroupState, OpRecord, RankDump, group_label, op_text
-from distdiag.hang.waitfor import cycle_of, sccs  # the wait-for graph's Tarjan (iterative) and its cycle
+from distdiag.hang.waitfor import cycle_of, distances_to, sccs  # the wait-for graph's Tarjan (iterative) and its cycle
 
 __all__ = ["FRESH_S", "STALE_OPS", "Step", "Edge", "End", "Attribution", "attribute", "kernel_started", "sizes_may_differ"]
 
@@ -350,18 +350,7 @@ def _differ(inside: list[Step]) -> bool:
 
 def _chains(a: Attribution) -> None:
     """Each waiting rank not at an end: its shortest chain of waits to one (BFS backwards)."""
-    into: dict[int, list[int]] = defaultdict(list)
-    for src, es in a.edges.items():
-        for e in es:
-            into[e.dst].append(src)
-    dist = dict.fromkeys(a.end_of, 0)
-    todo = deque(a.end_of)
-    while todo:
-        v = todo.popleft()
-        for src in into.get(v, ()):
-            if src not in dist:
-                dist[src] = dist[v] + 1
-                todo.append(src)
+    dist = distances_to(list(a.end_of), a.edges)  # type: ignore[arg-type]
     for r in sorted(a.edges):
         if r in a.end_of or r not in dist or not a.edges[r]:
             continue

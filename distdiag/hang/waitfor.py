@@ -28,7 +28,7 @@ from typing import Any
 from distdiag.hang.views import RankView, coll_label, group_members, where
 
 __all__ = ["Wait", "Node", "Edge", "End", "WaitGraph", "build_graph", "nodes_from_views", "nodes_from_positions", "chain_text",
-           "sccs", "cycle_of"]
+           "sccs", "cycle_of", "distances_to"]
 
 Group = tuple[int, ...]
 _PEER = re.compile(r"\((?:src|dst|peer)=(\d+)\)")
@@ -337,18 +337,13 @@ def build_graph(nodes: dict[int, Node], world: int) -> WaitGraph:
     return WaitGraph(edges=edges, ends=ends, stranded=stranded, end_of=end_of, nodes=nodes)
 
 
-def _chains(waiting: list[int], edges: dict[int, list[Edge]], end_at: dict[int, End]) -> tuple[dict[int, list[Edge]], dict[int, End]]:
-    """For each waiting rank not at an end: the shortest chain of waits to one.
-
-    One breadth-first pass backwards from every end gives each rank its distance to the
-    nearest end; a rank's chain then takes, at each step, its first wait whose rank is one
-    step nearer. Linear in the edges (a search from every rank would be ranks x edges).
-    """
+def distances_to(ends: list[int], edges: dict[int, list[Any]]) -> dict[int, int]:
+    """Each node's number of waits to the nearest of `ends`, by one breadth-first pass backwards
+    over `edges` (node -> its waits, each with a `dst`); nodes that reach no end are left out."""
     into: dict[int, list[int]] = defaultdict(list)
     for src, es in edges.items():
         for e in es:
             into[e.dst].append(src)
-    ends = sorted(r for r in end_at if r >= 0)  # a hub inside a deadlock is reached through its ranks
     dist = dict.fromkeys(ends, 0)
     todo = deque(ends)
     while todo:
@@ -357,6 +352,18 @@ def _chains(waiting: list[int], edges: dict[int, list[Edge]], end_at: dict[int, 
             if src not in dist:
                 dist[src] = dist[v] + 1
                 todo.append(src)
+    return dist
+
+
+def _chains(waiting: list[int], edges: dict[int, list[Edge]], end_at: dict[int, End]) -> tuple[dict[int, list[Edge]], dict[int, End]]:
+    """For each waiting rank not at an end: the shortest chain of waits to one.
+
+    One breadth-first pass backwards from every end gives each rank its distance to the
+    nearest end; a rank's chain then takes, at each step, its first wait whose rank is one
+    step nearer. Linear in the edges (a search from every rank would be ranks x edges).
+    """
+    ends = sorted(r for r in end_at if r >= 0)  # a hub inside a deadlock is reached through its ranks
+    dist = distances_to(ends, edges)
     stranded: dict[int, list[Edge]] = {}
     end_of: dict[int, End] = {}
     for r in waiting:

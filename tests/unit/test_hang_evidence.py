@@ -5,6 +5,7 @@ runs on torch's real DataLoader; the rules on snapshots shaped as the watchdog p
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from distdiag.hang import analyze_hang
@@ -225,3 +226,24 @@ def test_the_tap_follows_loaders_built_anew_and_keeps_no_data_alive():
     loaders = {p["loader"] for p in tap.snapshot()}
     assert 12 in loaders and 0 not in loaders and len(loaders) <= 8, loaders  # dropped loaders forgotten
     assert ref() is None
+
+
+@pytest.mark.parametrize(("world", "short"), [(3, 1), (16, 7), (16, 0)])
+def test_the_short_rank_alone_is_named_at_other_world_sizes(world, short):
+    """Not a power of two, and 16 ranks: the rank whose pass ended is named, every other rank is
+    stranded (none in a critical finding), whatever rank is short."""
+    snaps = {r: snap(coll("all_reduce", 40, site="module.py:1137"), loaders=passes(26, False)) for r in range(world)}
+    snaps[short] = snap(coll("barrier", 39, site="distributed.py:213", shape=()), in_loop=False, loaders=passes(25, True))
+    findings = run(snaps)
+    critical = [f for f in findings if f.severity in ("critical", "error")]
+    assert [f.ranks for f in critical] == [[short]] and critical[0].cause == "uneven_data", critical
+
+
+@pytest.mark.parametrize("world", [3, 16])
+def test_every_rank_with_its_whole_pass_is_no_uneven_data(world):
+    """The twin at those sizes: every pass drawn alike, one rank computing elsewhere: it is named,
+    and the cause is not uneven data."""
+    snaps = {r: snap(coll("all_reduce", 40), loaders=passes(26, False)) for r in range(world)}
+    snaps[world - 1] = snap(None, loaders=passes(26, False), stack=["/x/train.py:50 in step: model(x)"])
+    f = lead(run(snaps))
+    assert f.ranks == [world - 1] and f.cause != "uneven_data", f
