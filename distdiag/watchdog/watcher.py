@@ -41,7 +41,7 @@ from typing import Any
 from distdiag.errors import HangDetected, print_line
 from distdiag.hang.incident import EngineView, EventKind, IncidentEvent, RankSnapshot, Verdict
 from distdiag.report.model import RankInfo
-from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.incident import (
     WRITER_STALL_S,
     Incident,
@@ -165,7 +165,9 @@ class Watcher(threading.Thread):
         self.stall.start(self.engine)
         self.ready.set()
         failures = 0
-        poll = self.config.poll_s
+        # one store request a tick (the event key; the recorder's counts at most every timeout/4):
+        # slower past the world the store's poll budget holds (at 16k ranks 0.66 s, not 0.5 s)
+        poll = poll_interval(self.config.poll_s, self.world)
         while not self.stopping.wait(poll):
             try:
                 self._tick()
