@@ -22,7 +22,7 @@ from typing import IO, NoReturn
 import typer
 
 from distdiag.cli.options import raw_args, register_passthrough
-from distdiag.report.model import EXIT_HANG
+from distdiag.report.model import EXIT_CANCELLED, EXIT_HANG
 
 __all__ = ["register", "run_watch", "WatchOutput"]
 
@@ -253,10 +253,20 @@ def run_watch(argv: list[str]) -> int:
 
     report = os.path.join(config.dump_dir, REPORT_NAME)
     before = _stamp(report)  # a report left by an earlier run is not this run's verdict
-    rc = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1).rc
+    end = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
     for thread in pumps:
         thread.join(timeout=5)
-    return _exit_code(report, before, rc, output)
+    stamp = _stamp(report)
+    if end.stopped_by and (stamp is None or stamp == before):
+        # the user's Ctrl-C or a SIGTERM to distdiag watch (a cancelled job): every rank was
+        # told to stop, so the watchdog wrote no report; not a failure of the job
+        from distdiag.check.launch_end import signal_words
+        from distdiag.errors import print_line
+
+        print_line(f"distdiag watch: cancelled by {signal_words(end.stopped_by)}; the job was stopped "
+                   f"(torchrun exited {end.rc}), no hang report; exiting {EXIT_CANCELLED}")
+        return EXIT_CANCELLED
+    return _exit_code(report, before, end.rc, output)
 
 
 def watch(ctx: typer.Context) -> None:
