@@ -36,7 +36,9 @@ requests the clients counted / the measured wall), server_cores (the server proc
 / wall, psutil: 1.0 is one core), server_us_per_request (its CPU / the requests), projected_cores
 (offered_per_s x that cost: the share the real intervals would take were the clients able to
 offer them), clients_cores, late_rounds (requests a whole interval late: the client was busy
-with its other ranks) and shortfall (1 - achieved / offered). Two client processes on a
+with its other ranks) and shortfall (1 - achieved / offered). A client has one request in
+flight at a time, so a client process offers at most 1 / round trip: `--conns K` gives each
+process K clients on threads of their own (the requests are the same; more are in flight). Two client processes on a
 2-core machine shared with the server cannot offer much more than ~40-60k requests a second:
 beyond that the achieved rate is what they managed, and projected_cores is the figure to read.
 """
@@ -134,7 +136,27 @@ def formula(world: int, mode: str, old: bool) -> float:
 
 # -- one client process, ranks lo..hi-1 ------------------------------------------------------
 def _ranks(port: int, prefix: str, world: int, lo: int, hi: int, plan: dict[str, float], seconds: float,
-           out: Any) -> None:
+           conns: int, out: Any) -> None:
+    """Ranks lo..hi-1 on one client (`conns` > 1: that many clients, each on a thread of its own
+    with its share of the ranks; a client has one request in flight at a time)."""
+    import threading
+
+    cuts = [lo + (hi - lo) * i // conns for i in range(conns + 1)]
+    got: list[dict[str, Any]] = []
+    threads = [threading.Thread(target=lambda a, b: got.append(_play(port, prefix, world, a, b, plan, seconds)),
+                                args=(cuts[i], cuts[i + 1]), daemon=True) for i in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 150)
+    if len(got) < conns:
+        return  # the main process is gone, or the store: nothing to report
+    out.put({"ops": sum(g["ops"] for g in got), "wall": max(g["wall"] for g in got),
+             "late_rounds": sum(g["late_rounds"] for g in got),
+             "issued": {k: sum(g["issued"][k] for g in got) for k in plan}, "cpu_s": _cpu() - min(g["cpu0"] for g in got)})
+
+
+def _play(port: int, prefix: str, world: int, lo: int, hi: int, plan: dict[str, float], seconds: float) -> dict[str, Any]:
     from distdiag.runtime.exchange import Exchange
     from distdiag.runtime.keys import Keys
 
@@ -166,7 +188,7 @@ def _ranks(port: int, prefix: str, world: int, lo: int, hi: int, plan: dict[str,
     given_up = time.monotonic() + 120  # the main process is gone: do not wait on
     while not store.check(["go"]):
         if time.monotonic() > given_up:
-            return
+            raise TimeoutError("no go")
         time.sleep(0.02)
     t0 = float(bytes(store.get("go")).decode())
     end = t0 + seconds
@@ -191,26 +213,25 @@ def _ranks(port: int, prefix: str, world: int, lo: int, hi: int, plan: dict[str,
             late += 1  # a whole interval behind: this rank's next round starts from now, no catch-up
         act[kind](r)
         issued[kind] += 1
-    wall = time.time() - t0
-    out.put({"ops": store.ops, "wall": wall, "late_rounds": late, "issued": issued, "cpu_s": _cpu() - cpu0})
+    return {"ops": store.ops, "wall": time.time() - t0, "late_rounds": late, "issued": issued, "cpu0": cpu0}
 
 
 # -- one configuration, one N ------------------------------------------------------------------
 def run_once(port: int, server: Any, world: int, clients: int, seconds: float, plan: dict[str, float],
-             prefix: str) -> dict[str, Any]:
+             prefix: str, conns: int = 1) -> dict[str, Any]:
     import torch.distributed as dist
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     cuts = [world * i // clients for i in range(clients + 1)]
-    procs = [ctx.Process(target=_ranks, args=(port, prefix, world, cuts[i], cuts[i + 1], plan, seconds, out),
+    procs = [ctx.Process(target=_ranks, args=(port, prefix, world, cuts[i], cuts[i + 1], plan, seconds, conns, out),
                          daemon=True) for i in range(clients)]
     for p in procs:
         p.start()
     try:
         main = dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", port, None, False, timeout=_delta(120)))
         ready_by = time.monotonic() + 120
-        while int(main.add("ready", 0)) < clients:
+        while int(main.add("ready", 0)) < clients * conns:
             if time.monotonic() > ready_by or not all(p.is_alive() for p in procs):
                 raise RuntimeError("the client processes did not start")
             time.sleep(0.1)
@@ -234,7 +255,8 @@ def run_once(port: int, server: Any, world: int, clients: int, seconds: float, p
 
 
 def measure(world: int, *, clients: int = 2, seconds: float = 10.0, mode: str = "both", old: bool = False,
-            timeout_s: float | None = None, marks_s: float = 0.0, server: tuple[int, Any] | None = None) -> dict[str, Any]:
+            timeout_s: float | None = None, marks_s: float = 0.0, conns: int = 1,
+            server: tuple[int, Any] | None = None) -> dict[str, Any]:
     """One configuration at `world` ranks; `server`: (port, psutil.Process) of a running store
     server, else one is started (and stopped) for this measurement."""
     import psutil
@@ -247,7 +269,7 @@ def measure(world: int, *, clients: int = 2, seconds: float = 10.0, mode: str = 
     plan = streams(world, mode, old, timeout_s, marks_s)
     try:
         got = run_once(server[0], server[1], world, clients, seconds, plan,
-                       f"{'old' if old else 'new'}{mode}{world}-{time.monotonic_ns()}/")
+                       f"{'old' if old else 'new'}{mode}{world}-{time.monotonic_ns()}/", conns)
     finally:
         if own is not None:
             own.stdin.close()
@@ -268,7 +290,7 @@ def measure(world: int, *, clients: int = 2, seconds: float = 10.0, mode: str = 
         "projected_cores": None if cost is None else round(offer * cost, 2),
         "clients_cores": round(got["clients_cpu"] / got["wall"], 2),
         "late_rounds": got["late_rounds"], "shortfall": round(max(0.0, 1 - achieved / offer), 3) if offer else 0.0,
-        "clients": clients, "seconds": round(got["wall"], 2), "load_average": [round(x, 2) for x in os.getloadavg()],
+        "clients": clients, "conns": conns, "seconds": round(got["wall"], 2), "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -279,6 +301,8 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--seconds", type=float, default=10.0, help="measured stretch per configuration (default 10)")
     parser.add_argument("--clients", type=int, default=2, help="client processes playing the ranks (default 2)")
+    parser.add_argument("--conns", type=int, default=1,
+                        help="store clients per client process, one thread each (default 1: one client a process)")
     parser.add_argument("--mode", choices=("check", "watch", "both"), default="both")
     parser.add_argument("--old", action="store_true", help="also the intervals before they scaled with the world, old first")
     parser.add_argument("--timeout-s", type=float, default=None, help="the watchdog's timeout (default WatchdogConfig's)")
@@ -297,7 +321,7 @@ def main() -> int:
         for world in args.ranks:
             for old in ([True, False] if args.old else [False]):
                 row = measure(world, clients=args.clients, seconds=args.seconds, mode=args.mode, old=old,
-                              timeout_s=args.timeout_s, marks_s=args.marks, server=server)
+                              timeout_s=args.timeout_s, marks_s=args.marks, conns=args.conns, server=server)
                 if args.json:
                     print(json.dumps(row), flush=True)
                     continue
