@@ -117,7 +117,7 @@ def offered(world: int, plan: dict[str, float]) -> float:
     return sum(world * REQUESTS[kind] / interval for kind, interval in plan.items())
 
 
-def formula(world: int, mode: str, old: bool) -> float:
+def formula(world: int, mode: str, old: bool, timeout_s: float | None = None) -> float:
     """The same as N / interval from the functions, before the sentinel's tick grid (and
     without the engine counts and marks)."""
     from distdiag.runtime.exchange import poll_interval
@@ -129,7 +129,7 @@ def formula(world: int, mode: str, old: bool) -> float:
         look, beat = (OLD_LOOK_S, OLD_BEAT_S) if old else standing_intervals(world)
         total += world / look + world / beat
     if mode in ("watch", "both"):
-        poll = WatchdogConfig().poll_s
+        poll = (WatchdogConfig() if timeout_s is None else WatchdogConfig(timeout=_delta(timeout_s))).poll_s
         total += world / (poll if old else poll_interval(poll, world))
     return total
 
@@ -283,7 +283,7 @@ def measure(world: int, *, clients: int = 2, seconds: float = 10.0, mode: str = 
     return {
         "ranks": world, "mode": mode, "intervals": "old" if old else "new",
         "interval_s": {k: round(v, 4) for k, v in plan.items()},
-        "offered_per_s": round(offer), "formula_per_s": round(formula(world, mode, old)),
+        "offered_per_s": round(offer), "formula_per_s": round(formula(world, mode, old, timeout_s)),
         "achieved_per_s": round(achieved), "requests": got["ops"], "issued": got["issued"],
         "server_cores": round(got["server_cpu"] / got["wall"], 3),
         "server_us_per_request": None if cost is None else round(cost * 1e6, 2),
