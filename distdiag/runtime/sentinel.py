@@ -61,8 +61,8 @@ operator reading the store, so it is the standing poll that yields most."""
 
 def standing_intervals(world: int) -> tuple[float, float]:
     """(the interval of a rank's look at the job's abort flag, of its heartbeat) for `world`
-    ranks: the look at TICK_S up to the world the store's poll budget holds (250 ranks), then
-    slower, so that the standing traffic of the whole job stays within POLL_BUDGET_OPS_S +
+    ranks: the look at TICK_S (and the heartbeat at HEARTBEAT_EVERY_S) up to the world the
+    store's poll budget holds (2,500 ranks), then slower, so that the standing traffic of the whole job stays within POLL_BUDGET_OPS_S +
     HEARTBEAT_BUDGET_OPS_S requests a second (about a fifth of one store core at 16k ranks;
     it was 196,608 a second there, one core and more). The local deadlines and SIGTERM are
     still looked at every tick."""

@@ -109,6 +109,7 @@ class Watcher(threading.Thread):
         self.info = info
         self.rank = info.rank
         self.world = info.world_size
+        self._marks_at = 0.0
         self.store_factory = store_factory
         self.extra_config = extra_config
         self.stopping = threading.Event()
@@ -214,7 +215,10 @@ class Watcher(threading.Thread):
         self.phase_board.hook_compile(self.config.compile_timeout)
         self.phase_board.publish(self.ex, self.config.startup_timeout.total_seconds(), blocked=_blocked_in_phase(self))
         if self.config.compare_steps and not self.desync_reported:
-            self._compare_marks()
+            now = time.monotonic()  # a read of a peer's marks is 2 requests: within the store's poll budget
+            if now - self._marks_at >= poll_interval(self.config.poll_s, 2 * self.world):
+                self._marks_at = now
+                self._compare_marks()
         if self.ex.store.check([Keys.event(self.handled + 1)]):
             self._handle(self.handled + 1)
             return
