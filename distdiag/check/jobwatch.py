@@ -107,8 +107,14 @@ class JobWatch:
         verdict_reached: Callable[[], bool],
         noted_pids: Callable[[], list[int]] = list,
         clock: Callable[[], float] = time.monotonic,
+        rank_stopped_s: float | None = None,
     ) -> None:
         self.verdict_reached = verdict_reached
+        self.rank_stopped_s = rank_stopped_s
+        """Before the verdict, how long a rank may stay stopped before the job is ended; None
+        where the ranks watch each other from the start (the check's sentinels). `distdiag
+        watch` sets it: a rank stopped before its watchdog armed (in init_process_group) is
+        seen by no peer."""
         self.noted_pids = noted_pids
         """The pids the ranks noted themselves (distdiag.check.launched.note_phase): a rank
         that lived less than a tick is known by them, not seen among the agent's children."""
@@ -166,11 +172,31 @@ class JobWatch:
         states = {pid: _status(proc) for pid, proc in self.ranks.items()}
         gone_for = {pid: self._since(self.gone_at, pid, now, _gone(s)) for pid, s in states.items()}
         if self.verdict_at is None:
+            if self.rank_stopped_s is not None:
+                for pid, status in states.items():
+                    if self._since(self.stopped_at, pid, now, _stopped(status)) > self.rank_stopped_s:
+                        return (f"a rank (pid {pid}) has been stopped (SIGSTOP or a debugger) for over "
+                                f"{self.rank_stopped_s:g}s and no watchdog reported it (it stopped before arming)")
             if states and all(_gone(s) for s in states.values()) and min(gone_for.values()) > GONE_S:
                 return (f"every rank has ended but torchrun's agent (pid {agent_pid}) has still not, {GONE_S:g}s "
                         "later (a rank left with exit 0 without handing torchrun its result?)")
             return None
         return self._after_verdict(now, states, gone_for)
+
+    def orphans(self) -> list[int]:
+        """The ranks still alive: after torchrun's agent was killed they run on without it."""
+        out = []
+        for pid, proc in self.ranks.items():
+            if proc is not None and not _gone(_status(proc)):
+                out.append(pid)
+        return out
+
+    def end_orphans(self) -> list[int]:
+        """Kill the ranks left alive (their agent is gone; nothing else would end them)."""
+        left = self.orphans()
+        for pid in left:
+            _kill(self.ranks[pid])
+        return left
 
     def _after_verdict(self, now: float, states: dict[int, str], gone_for: dict[int, float]) -> str | None:
         assert self.verdict_at is not None

@@ -218,6 +218,21 @@ def torchrun_problem(torchrun: list[str]) -> str | None:
     return None
 
 
+class _WatchedJob:
+    """What the launcher keeps of a watched training job: the job watch (distdiag/check/jobwatch.py)
+    without the check's verdict (a training job runs for days after a report under
+    `--action report`: nothing here ends it for lingering), with a rank stopped before its
+    watchdog armed ended after the timeout and 10 s more."""
+
+    def __init__(self, timeout_s: float) -> None:
+        from distdiag.check.jobwatch import JobWatch
+
+        self.watch = JobWatch(verdict_reached=lambda: False, rank_stopped_s=timeout_s + 10.0)
+
+    def mark_cancelled(self, signal_name: str) -> None:
+        return None  # the ranks learn it from torchrun's SIGTERM; the launcher says it in one line
+
+
 def run_watch(argv: list[str]) -> int:
     """Launch torchrun with the watchdog wrapper; the verdict's exit code."""
     from distdiag.check.launcher import run_forwarding_signals
@@ -253,9 +268,20 @@ def run_watch(argv: list[str]) -> int:
 
     report = os.path.join(config.dump_dir, REPORT_NAME)
     before = _stamp(report)  # a report left by an earlier run is not this run's verdict
-    end = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
+    launch = _WatchedJob(config.timeout_s)
+    end = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, launch, stderr=subprocess.PIPE, text=True,
+                                 bufsize=1)
     for thread in pumps:
         thread.join(timeout=5)
+    orphans = launch.watch.end_orphans() if end.rc < 0 else []
+    if orphans:
+        from distdiag.errors import print_line
+
+        print_line(f"distdiag watch: torchrun's agent was killed by signal {-end.rc}; its {len(orphans)} rank(s) "
+                   f"left running (pids {', '.join(map(str, orphans))}) were ended; exiting {EXIT_HANG}")
+        return EXIT_HANG
+    if end.killed_why:
+        return EXIT_HANG  # said in one line already ("...; killing the job")
     stamp = _stamp(report)
     if end.stopped_by and (stamp is None or stamp == before):
         # the user's Ctrl-C or a SIGTERM to distdiag watch (a cancelled job): every rank was

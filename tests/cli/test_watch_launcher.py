@@ -107,7 +107,7 @@ def test_a_cancelled_watch_is_one_line_and_the_cancellation_code(cli_env, tmp_pa
     root = psutil.Process(proc.pid)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len([p for p in root.children(recursive=True) if "watchdog_script" in " ".join(p.cmdline())]) < 2:
+        while time.monotonic() < deadline and len(_rank_pids(root, "watchdog_script")) < 2:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             time.sleep(0.3)
         time.sleep(6)  # armed and training
@@ -123,3 +123,88 @@ def test_a_cancelled_watch_is_one_line_and_the_cancellation_code(cli_env, tmp_pa
     assert not (tmp_path / "hang-report").exists() and "Traceback" not in err, err[-3000:]
     time.sleep(1)
     assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _rank_pids(root, marker: str) -> list[int]:
+    import psutil
+
+    out = []
+    for p in root.children(recursive=True):
+        try:
+            line = " ".join(p.cmdline())
+            if marker in line and "distdiag.watch" in line and "torch.distributed.run" not in line:
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(180)
+def test_a_rank_stopped_before_its_watchdog_armed_ends_the_job(cli_env, tmp_path):
+    """Rank 1 is SIGSTOPped while its script is still before init_process_group: no watchdog is
+    armed anywhere (rank 0 waits in the rendezvous), so the launcher's job watch ends the job
+    after the timeout and 10 s more, in one line, exit 3, nothing left running."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    script = tmp_path / "slow_init.py"
+    script.write_text("import time\nimport torch.distributed as dist\ntime.sleep(6)\ndist.init_process_group('gloo')\n"
+                      "dist.barrier()\n")
+    cmd = [sys.executable, "-m", "distdiag", "watch", "--nproc-per-node", "2", "--standalone", "--timeout-s", "3",
+           "--", str(script)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root = psutil.Process(proc.pid)
+    try:
+        deadline = time.monotonic() + 60
+        while len(ranks := _rank_pids(root, "slow_init.py")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(ranks) == 2, proc.communicate()[1][-3000:] if proc.poll() is not None else "ranks never started"
+        os.kill(max(ranks), signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err[-3000:]
+    assert "has been stopped (SIGSTOP or a debugger) for over 13s" in err, err[-3000:]
+    assert time.monotonic() - stopped_at < 60
+    time.sleep(1)
+    assert not [p for p in ranks if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(180)
+def test_a_killed_agent_leaves_no_rank_training_on(cli_env, tmp_path):
+    """torchrun's agent SIGKILLed while the job trains: its ranks would run on, orphaned. The
+    launcher ends them and says so in one line, exit 3 (not 247)."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "distdiag", "watch", "--nproc-per-node", "2", "--standalone", "--timeout-s", "30",
+           "--", str(SCRIPT), "fault=none", "steps=100000", "step_s=0.05"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root = psutil.Process(proc.pid)
+    try:
+        deadline = time.monotonic() + 90
+        while len(ranks := _rank_pids(root, "watchdog_script")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(ranks) == 2, "ranks never started"
+        time.sleep(4)
+        agent = psutil.Process(ranks[0]).parent()
+        os.kill(agent.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err[-3000:]
+    said = [line for line in _lines(err) if line.startswith("distdiag watch:")]
+    assert said and "agent was killed by signal 9" in said[-1] and "were ended" in said[-1], err[-3000:]
+    time.sleep(1)
+    assert not [p for p in ranks if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
