@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import functools
 import json
 import os
 import sys
@@ -60,6 +61,30 @@ EXIT_HANG = 3
 """A rank hung, died or never reported."""
 EXIT_DRAIN = 4
 """A finding says: take this node out (cluster gate)."""
+
+
+@functools.cache
+def distdiag_version() -> str:
+    """This distdiag's version (the report's `distdiag_version`)."""
+    from distdiag import __version__
+
+    return __version__
+
+
+@functools.cache
+def torch_version() -> str:
+    """The torch this process runs (the report's `torch_version`): the imported module's own
+    version, else the installed distribution's, read without importing torch (`distdiag
+    hang-report` and `report show` stay light); "" where there is none."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(getattr(torch, "__version__", None), str):
+        return str(torch.__version__)
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("torch")
+    except (PackageNotFoundError, ValueError):
+        return ""
 
 
 def _severity_rank(severity: str) -> int:
@@ -298,6 +323,10 @@ class Report:
     written_by: int = 0
     """The global rank whose process wrote this report (not always rank 0)."""
     schema: str = SCHEMA
+    distdiag_version: str = field(default_factory=distdiag_version)
+    """The distdiag that wrote the report ("" in a report read back from before the field)."""
+    torch_version: str = field(default_factory=torch_version)
+    """The torch the writing process ran ("" when unknown)."""
 
     def findings(self, min_severity: str = "info") -> list[tuple[str, Finding]]:
         floor = _severity_rank(min_severity)
@@ -314,6 +343,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": self.schema,
+            "distdiag_version": self.distdiag_version,
+            "torch_version": self.torch_version,
             "verdict": self.verdict,
             "exit_code": self.exit_code,
             "outcome": self.outcome,
@@ -358,6 +389,8 @@ class Report:
             config=dict(data.get("config", {})),
             written_by=int(data.get("written_by", 0)),
             schema=schema,
+            distdiag_version=str(data.get("distdiag_version") or ""),
+            torch_version=str(data.get("torch_version") or ""),
         )
 
     def to_json(self) -> str:
