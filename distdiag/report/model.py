@@ -262,6 +262,14 @@ def group_by_node(report: Report) -> dict[str, Any]:
     return out
 
 
+def _hostlist(report: Report) -> str:
+    """Every host of the rank table in Slurm's hostlist syntax (`scontrol show hostnames`
+    expands it); derived from `ranks`, written, never read back."""
+    from distdiag.report.render import known_hosts, slurm_hostlist
+
+    return slurm_hostlist(known_hosts(report))
+
+
 def now_iso() -> str:
     """A report's `created`: UTC, to the second."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -361,6 +369,7 @@ class Report:
             "not_run": list(self.not_run),
             **({"notes": list(self.notes)} if self.notes else {}),
             "by_node": group_by_node(self),
+            "hostlist": _hostlist(self),
             "config": self.config,
         }
 

@@ -12,7 +12,8 @@ from distdiag.report.model import SEVERITIES, Finding, ProbeResult, Report
 from distdiag.report.safefile import printable
 
 __all__ = [
-    "render_report", "known_hosts", "format_ranks", "compress_numbers", "format_hosts", "render_table", "ProgressLine",
+    "render_report", "known_hosts", "format_ranks", "compress_numbers", "format_hosts", "slurm_hostlist",
+    "hosts_text", "render_table", "ProgressLine",
     "PROGRESS_ENV", "PlainBeat", "BEAT_S", "is_beat_line",
 ]
 
@@ -122,6 +123,61 @@ def format_hosts(hosts: list[str]) -> str:
 
 
 _HOST_NUM = re.compile(r"^(.*?)(\d+)$")
+_SLURM_SAFE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def slurm_hostlist(hosts: list[str]) -> str:
+    """Host names in Slurm's hostlist syntax, which `scontrol show hostnames` expands back to
+    exactly these names: node0005..node0007, node0127 -> 'node[0005-0007,0127]'.
+
+    Names are grouped by the text before their trailing number and that number's width, so
+    zero padding survives ('node08' and 'node9' stay apart: 'node08,node9', never a range
+    that would read as node09); a group of one is written bare. A name without a trailing
+    number, or with characters a hostlist gives a meaning to (brackets, commas), is written as
+    it is. Every number is written out (no 'step', no 'every'): longer than `format_hosts`
+    on regular sets, but a scheduler reads it."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    out: list[tuple[str, int, str]] = []
+    for h in sorted(set(hosts)):
+        m = _HOST_NUM.match(h) if _SLURM_SAFE.match(h) else None
+        if m is None:
+            out.append((h, -1, h))
+            continue
+        digits = m.group(2)
+        # an unpadded number's width is its own: 'node9' and 'node10' are one group of width 0
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        groups.setdefault((m.group(1), width), []).append(int(digits))
+    for (stem, width) in [k for k in groups if k[1] == 0]:  # 'node10' beside 'node08': one group of width 2
+        for n in list(groups[(stem, 0)]):
+            if (stem, len(str(n))) in groups and len(str(n)) > 1:
+                groups[(stem, len(str(n)))].append(n)
+                groups[(stem, 0)].remove(n)
+        if not groups[(stem, 0)]:
+            del groups[(stem, 0)]
+    for (stem, width), nums in groups.items():
+        nums = sorted(set(nums))
+        if len(nums) == 1:
+            out.append((stem, width, f"{stem}{nums[0]:0{width}d}"))
+            continue
+        ranges = ",".join(_span_text(a, b, width) for a, b in _spans(nums))
+        out.append((stem, width, f"{stem}[{ranges}]"))
+    return ",".join(text for _stem, _width, text in sorted(out))
+
+
+SLURM_SHOWN = 400
+"""Longest Slurm hostlist written beside the short form in text; a longer one is counted (the
+JSON report's `hostlist` and rank table have every name)."""
+
+
+def hosts_text(hosts: list[str]) -> str:
+    """Hosts for a person and for a scheduler: the short form (`format_hosts`) and, where it
+    is not already the same, Slurm's hostlist beside it."""
+    human, slurm = format_hosts(hosts), slurm_hostlist(hosts)
+    if human == slurm:
+        return human
+    if len(slurm) > SLURM_SHOWN:
+        return f"{human} (Slurm hostlist: {len(slurm)} characters, too long to show; see the JSON report)"
+    return f"{human} (Slurm hostlist: {slurm})"
 
 
 def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
@@ -137,7 +193,7 @@ def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
     return "\n".join(out)
 
 
-def _finding_lines(f: Finding, world_size: int, width: int) -> list[str]:
+def _finding_lines(f: Finding, world_size: int, width: int, host_of: dict[int, str] | None = None) -> list[str]:
     head = f"  [{_SEV[f.severity]}] {format_ranks(f.ranks, world_size)}: {f.issue}"
     lines = textwrap.wrap(head, width, subsequent_indent="      ") or [head]
     if f.evidence:
@@ -157,6 +213,10 @@ def _finding_lines(f: Finding, world_size: int, width: int) -> list[str]:
     if f.drain:
         where = ", ".join(f"{k}={v}" for k, v in f.drain.items())
         lines.append(f"      DRAIN: take this node out ({where})")
+    hosts = sorted({host_of[r] for r in f.ranks if r in host_of}) if host_of else []
+    if len(hosts) > 1:  # one host is named in the sentences; a set of them is given whole here
+        lines += textwrap.wrap(f"{len(hosts)} hosts: {hosts_text(hosts)}", width, initial_indent="      on ",
+                               subsequent_indent="        ", break_on_hyphens=False)
     return lines
 
 
@@ -222,6 +282,7 @@ def render_report(
     # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
     # escaped before wrapping and splitting (which would act on a CR or a C1 line break)
     hosts = {printable(h) for h in known_hosts(report)}
+    host_of = {r.rank: printable(r.host) for r in report.ranks if r.host not in ("", "?")}
     report = Report.from_dict(_printable_shown(_shown_dict(report), max_rows))
     out: list[str] = []
     out.append(
@@ -236,7 +297,7 @@ def render_report(
         out.append(_probe_row(probe, name_w))
         for f in probe.findings:
             if SEVERITIES.index(f.severity) >= floor:
-                out += _finding_lines(f, report.world_size, width)
+                out += _finding_lines(f, report.world_size, width, host_of)
         troubled = probe.status in ("warn", "fail", "error") or any(f.severity != "info" for f in probe.findings)
         if verbose or troubled:
             out += _detail_tables(probe, max_rows)

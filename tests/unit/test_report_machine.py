@@ -41,3 +41,56 @@ def test_torch_version_without_importing_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     version, imported = out.split()
     assert version and imported == "False"
+
+
+def _expand(hostlist: str) -> list[str]:
+    """What `scontrol show hostnames` prints for a hostlist (its grammar as we write it)."""
+    import re
+
+    names = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?|\[[^\]]*\]", hostlist):
+        item = item.lstrip(",")
+        m = re.fullmatch(r"(.*)\[(.*)\]", item)
+        if m is None:
+            names.append(item)
+            continue
+        for part in m.group(2).split(","):
+            lo, _, hi = part.partition("-")
+            for n in range(int(lo), int(hi or lo) + 1):
+                names.append(f"{m.group(1)}{n:0{len(lo)}d}")
+    return names
+
+
+def test_slurm_hostlist_on_tricky_names() -> None:
+    from distdiag.report.render import slurm_hostlist
+
+    assert slurm_hostlist(["node0005", "node0006", "node0007", "node0127"]) == "node[0005-0007,0127]"
+    assert slurm_hostlist(["node0003"]) == "node0003"
+    assert slurm_hostlist([]) == ""
+    # zero padding: a padded and an unpadded number of another width never share a range
+    assert slurm_hostlist(["node08", "node9", "node10", "node11"]) == "node9,node[08,10-11]"
+    assert slurm_hostlist(["n1", "n01", "n001", "n2"]) == "n[1-2],n01,n001"
+    # mixed prefixes, non-numeric names, a digit inside the name, duplicates
+    hosts = ["gpu-a100-03", "gpu-a100-04", "cpu7", "login", "node0001", "node0001", "a1b2", "a1b3"]
+    assert slurm_hostlist(hosts) == "a1b[2-3],cpu7,gpu-a100-[03-04],login,node0001"
+    # a name a hostlist would misread is written as it is
+    assert slurm_hostlist(["x[1]"]) == "x[1]"
+    regular = [f"node{i:04d}" for i in range(4, 2048, 4)]
+    for case in (["node0005", "node0006", "node0007", "node0127"], ["node08", "node9", "node10", "node11"],
+                 ["n1", "n01", "n001", "n2"], hosts[:-2], regular):
+        assert sorted(_expand(slurm_hostlist(case))) == sorted(set(case)), case
+
+
+def test_host_sets_shown_beside_the_short_form() -> None:
+    from distdiag.report.model import RankInfo
+    from distdiag.report.render import hosts_text, render_report
+
+    assert hosts_text(["node0004", "node0005"]) == "node[0004-0005]"
+    assert hosts_text([f"node{i:04d}" for i in range(4, 40, 4)]) == (
+        "node[0004-0036 step 4] (Slurm hostlist: node[0004,0008,0012,0016,0020,0024,0028,0032,0036])")
+    ranks = [RankInfo(r, f"node{4 * (r // 2):04d}", r // 2, r % 2, "cpu", 100 + r) for r in range(16)]
+    finding = Finding("error", "x", ranks=[1, 3, 5, 7, 9, 11])
+    report = Report(world_size=16, ranks=ranks, probes=[ProbeResult.from_findings("p", [finding])])
+    text = render_report(report)
+    assert "      on 6 hosts: node[0000-0020 step 4] (Slurm hostlist: node[0000,0004,0008,0012,0016,0020])" in text, text
+    assert report.to_dict()["hostlist"] == "node[0000,0004,0008,0012,0016,0020,0024,0028]"
