@@ -17,7 +17,16 @@ from typing import Annotated, Any
 
 import typer
 
-from distdiag.cli.options import ExitCodeOpt, ExitZeroOpt, FormatOpt, check_format, fail
+from distdiag.cli.options import (
+    ExitCodeOpt,
+    ExitZeroOpt,
+    FormatOpt,
+    JunitOpt,
+    check_format,
+    check_junit_path,
+    fail,
+    write_junit_for,
+)
 
 __all__ = ["register", "report_from_dumps", "dump_problem"]
 
@@ -58,15 +67,17 @@ def hang_report(
         int | None, typer.Option("--world-size", help="The job's number of ranks, when its dumps do not say (gloo's "
                                  "carry no membership): ranks without a dump are then suspects too.")
     ] = None,
+    junit: JunitOpt = None,
 ) -> None:
     """Render a hang report the watchdog wrote, or one built from flight-recorder dumps."""
     from distdiag.errors import ReportError
     from distdiag.hang.dumpreport import dump_files, read_folder, skipped_line
     from distdiag.report.model import non_regular_kind, read_report
-    from distdiag.watchdog.writer import REPORT_NAME, render_hang_report
+    from distdiag.watchdog.writer import REPORT_NAME
 
     del exit_code  # accepted for old scripts: the verdict's code is the default now
     check_format(format)
+    check_junit_path(junit)
     if not path.exists():
         raise fail(f"{path} does not exist")
     if not path.is_dir() and not path.is_file():
@@ -80,8 +91,7 @@ def hang_report(
                 raise fail(str(exc)) from None
             report = None
         if report is not None:
-            typer.echo(report.to_json() if format == "json" else render_hang_report(report, 0 if exit_zero else report.exit_code))
-            raise typer.Exit(0 if exit_zero else report.exit_code)
+            _show(report, format, exit_zero, junit)
     try:
         files = dump_files(path)
     except OSError as exc:
@@ -98,6 +108,14 @@ def hang_report(
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot read a dump in {path}: {exc.strerror}") from None
+    _show(report, format, exit_zero, junit)
+
+
+def _show(report: Any, format: str, exit_zero: bool, junit: Path | None) -> None:
+    """Print the report (JSON or text), write its JUnit XML, exit with the verdict's code."""
+    from distdiag.watchdog.writer import render_hang_report
+
+    write_junit_for(report, junit, "hang-report")
     typer.echo(report.to_json() if format == "json" else render_hang_report(report, 0 if exit_zero else report.exit_code))
     raise typer.Exit(0 if exit_zero else report.exit_code)
 
