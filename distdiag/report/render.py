@@ -147,7 +147,7 @@ def slurm_hostlist(hosts: list[str]) -> str:
         # an unpadded number's width is its own: 'node9' and 'node10' are one group of width 0
         width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
         groups.setdefault((m.group(1), width), []).append(int(digits))
-    for (stem, width) in [k for k in groups if k[1] == 0]:  # 'node10' beside 'node08': one group of width 2
+    for stem in [k[0] for k in groups if k[1] == 0]:  # 'node10' beside 'node08': one group of width 2
         for n in list(groups[(stem, 0)]):
             if (stem, len(str(n))) in groups and len(str(n)) > 1:
                 groups[(stem, len(str(n)))].append(n)

@@ -38,6 +38,7 @@ from distdiag.hang.incident import (
     event_of,
     snapshot_of,
 )
+from distdiag.hang.picture import hang_extras
 from distdiag.hang.views import group_members
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import known_hosts, render_report
@@ -390,7 +391,9 @@ def analyse_and_detail(
     views = build_views(merged, lost, records)
     findings = analyse(event, merged, lost, errors, world, timeout_s, views=views)
     findings = mark_blind(findings, blind_spot(snaps=merged.values()))  # NCCL blocking wait: the recorder does not move
-    return findings, _details(event, merged, lost, errors, world, infos, views=views)
+    details = _details(event, merged, lost, errors, world, infos, views=views)
+    details.update(hang_extras(findings, views, lost, errors, world))  # `hang-report --graph` draws it
+    return findings, details
 
 
 def _outcome(event: IncidentEvent | dict[str, Any], lost: dict[int, str], findings: list[Finding] | None = None) -> str:
