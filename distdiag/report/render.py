@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import textwrap
 from typing import Any, TextIO
@@ -180,17 +181,90 @@ def hosts_text(hosts: list[str]) -> str:
     return f"{human} (Slurm hostlist: {slurm})"
 
 
-def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """A plain fixed-width table of dict rows (used for probes' structured details)."""
+DEFAULT_WIDTH = 100
+"""Columns of text output when it does not go to a terminal (a pipe, a file, CI's log)."""
+MIN_WIDTH = 40
+"""Narrowest width text is fitted to (a narrower terminal gets lines of this width)."""
+
+
+def terminal_width() -> int:
+    """The width text output is fitted to: $COLUMNS when set, the terminal's width when stdout
+    is one, else DEFAULT_WIDTH; never under MIN_WIDTH."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return max(int(columns), MIN_WIDTH)
+    if _is_tty(sys.stdout):
+        return max(shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns, MIN_WIDTH)
+    return DEFAULT_WIDTH
+
+
+_MIN_COLUMN = 8
+"""Narrowest a table's column is squeezed to before the table is left wider than the width."""
+
+
+def _column_widths(cols: list[str], cells: list[list[str]], width: int | None) -> list[int]:
+    """Each column's width: its longest cell; when the table is wider than `width`, the widest
+    columns are narrowed (their cells wrapped) until it fits, none under its header or _MIN_COLUMN."""
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+    if width is None:
+        return widths
+    floor = [max(len(c), _MIN_COLUMN) for c in cols]
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        i = max(range(len(widths)), key=lambda j: widths[j] - floor[j])
+        if widths[i] <= floor[i]:
+            break
+        widths[i] -= 1
+    return widths
+
+
+def _wrapped_row(values: list[str], widths: list[int]) -> list[str]:
+    """One table row as lines: each cell wrapped to its column's width."""
+    parts = [textwrap.wrap(v, w, break_on_hyphens=False) or [""] if len(v) > w else [v]
+             for v, w in zip(values, widths, strict=True)]
+    height = max(len(p) for p in parts)
+    return ["  ".join((p[k] if k < len(p) else "").ljust(w) for p, w in zip(parts, widths, strict=True)).rstrip()
+            for k in range(height)]
+
+
+def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None, width: int | None = None) -> str:
+    """A plain fixed-width table of dict rows (used for probes' structured details). `width`:
+    the columns it may take; a wider table has its widest cells wrapped onto more lines. No
+    line ends in spaces."""
     if not rows:
         return "(empty)"
     cols = columns or list(rows[0].keys())
     cells = [[str(row.get(c, "")) for c in cols] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
-    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    widths = _column_widths(cols, cells, width)
+    out = _wrapped_row(cols, widths) + ["  ".join("-" * w for w in widths)]
+    for r in cells:
+        out += _wrapped_row(r, widths)
     return "\n".join(out)
+
+
+def _fit_title(title: str, width: int) -> list[str]:
+    """The first line within `width`, broken only after its commas (a run's name stays with
+    its source, a count with its noun); a part longer than the width is cut where it must be."""
+    if len(title) <= width:
+        return [title.rstrip()]
+    glued = re.sub(r"(?<!,) ", "\x00", title)
+    return [ln.replace("\x00", " ").rstrip() for ln in textwrap.wrap(glued, width, subsequent_indent="  ",
+                                                                     break_on_hyphens=False)]
+
+
+def _fit(lines: list[str], width: int) -> list[str]:
+    """Every line within `width`: a longer one wrapped, its continuation indented two more than
+    it; trailing spaces dropped."""
+    out = []
+    for line in lines:
+        line = line.rstrip()
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[: len(line) - len(line.lstrip())]
+        more = lead + "  " if len(lead) + 2 < width // 2 else lead
+        out += textwrap.wrap(line.strip(), width, initial_indent=lead, subsequent_indent=more,
+                             break_on_hyphens=False, drop_whitespace=True) or [line[:width]]
+    return out
 
 
 def _finding_lines(f: Finding, world_size: int, width: int, host_of: dict[int, str] | None = None) -> list[str]:
@@ -235,14 +309,14 @@ def _probe_row(probe: ProbeResult, name_w: int) -> str:
     return f"{probe.name.ljust(name_w)}  {_MARK[probe.status]:<6}  {probe.duration_s:7.2f}s  {summary or '-'}"
 
 
-def _detail_tables(probe: ProbeResult, max_rows: int | None) -> list[str]:
+def _detail_tables(probe: ProbeResult, max_rows: int | None, width: int | None = None) -> list[str]:
     """A probe's `table:` details, each cut at `max_rows` rows with a line saying how many more."""
     out: list[str] = []
     for name, table in probe.details.items():
         if name.startswith("table:") and isinstance(table, list) and table and all(isinstance(r, dict) for r in table):
             out.append(f"  {name[6:]}:")
             shown = table if max_rows is None else table[:max_rows]
-            out += ["    " + ln for ln in render_table(shown).splitlines()]
+            out += [("    " + ln).rstrip() for ln in render_table(shown, width=None if width is None else width - 4).splitlines()]
             if len(shown) < len(table):
                 out.append(
                     f"    ... {len(table) - len(shown)} more row(s): `distdiag report show --full` or the JSON report"
@@ -259,7 +333,7 @@ def known_hosts(report: Report) -> list[str]:
 def render_report(
     report: Report,
     *,
-    width: int = 100,
+    width: int | None = None,
     verbose: bool = True,
     min_severity: str | None = None,
     max_rows: int | None = 12,
@@ -277,7 +351,10 @@ def render_report(
     `exit_code` is the code the command will return when it is not the report's own (a
     command given `--exit-zero`): the verdict line prints that one and
     says the verdict's code beside it, so a printed exit code is always the one returned.
+    `width`: the columns lines are fitted to (default: `terminal_width()`); the verdict stays
+    one line, its summary cut to fit (the findings above have it whole, the JSON too).
     """
+    width = terminal_width() if width is None else max(width, MIN_WIDTH)
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
     # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
     # escaped before wrapping and splitting (which would act on a CR or a C1 line break)
@@ -294,13 +371,16 @@ def render_report(
     out.append(f"{'probe'.ljust(name_w)}  status  time      findings")
     out.append(f"{'-' * name_w}  ------  --------  --------")
     for probe in report.probes:
-        out.append(_probe_row(probe, name_w))
+        row = _probe_row(probe, name_w)
+        hang = " " * (name_w + 21)  # under the findings column
+        out += ([row] if len(row) <= width or len(hang) > width // 2 else
+                textwrap.wrap(row, width, subsequent_indent=hang, break_on_hyphens=False))
         for f in probe.findings:
             if SEVERITIES.index(f.severity) >= floor:
                 out += _finding_lines(f, report.world_size, width, host_of)
         troubled = probe.status in ("warn", "fail", "error") or any(f.severity != "info" for f in probe.findings)
         if verbose or troubled:
-            out += _detail_tables(probe, max_rows)
+            out += _detail_tables(probe, max_rows, width)
     if report.not_run:
         out.append(f"not run: {', '.join(report.not_run)} (the run ended early)")
     if verbose or floor == 0:  # a healthy compact run stays one line per probe (its notes: JSON, stderr)
@@ -309,7 +389,13 @@ def render_report(
     code = f"exit {report.exit_code}"
     if exit_code is not None and exit_code != report.exit_code:
         code = f"exit {exit_code} with --exit-zero; the verdict's code is {report.exit_code}"
-    out.append(f"verdict: {report.verdict.upper()} ({code}) - {report.summary}")
+    title_lines = _fit_title(out[0], width)
+    out = title_lines + _fit(out[1:], width)
+    verdict = f"verdict: {report.verdict.upper()} ({code}) - "
+    summary = report.summary
+    if len(verdict) + len(summary) > width and width - len(verdict) > 12:
+        summary = " ".join(summary.split())[: width - len(verdict) - 3].rstrip() + "..."
+    out.append(verdict + summary)
     return printable("\n".join(out))  # the title too
 
 

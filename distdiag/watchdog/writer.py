@@ -138,16 +138,13 @@ def _step_summary(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 def render_hang_report(report: Report, exit_code: int | None = None) -> str:
     """The report as text (`exit_code`: the code the command returns, when not the report's)."""
-    lines = render_report(report, exit_code=exit_code).splitlines()
     hosts = known_hosts(report)
     if report.probes and report.probes[0].name == "flight_recorder":
-        lines[0] = "distdiag hang-report: from flight-recorder dumps"
-        return "\n".join(lines)
-    lines[0] = (
-        f"distdiag watchdog: {printable(report.outcome)} report, {report.world_size} rank(s) on {len(hosts) or 1} host(s), "
-        f"written by rank {report.written_by}"
-    )
-    return "\n".join(lines)
+        title = "distdiag hang-report: from flight-recorder dumps"
+    else:
+        title = (f"distdiag watchdog: {printable(report.outcome)} report, {report.world_size} rank(s) on "
+                 f"{len(hosts) or 1} host(s), written by rank {report.written_by}")
+    return render_report(report, exit_code=exit_code, title=title)
 
 
 def _wait_for_snapshots(incident: Incident, infos: dict[int, RankInfo], *, host: str, grace_s: float) -> None:

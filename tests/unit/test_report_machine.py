@@ -94,3 +94,26 @@ def test_host_sets_shown_beside_the_short_form() -> None:
     text = render_report(report)
     assert "      on 6 hosts: node[0000-0020 step 4] (Slurm hostlist: node[0000,0004,0008,0012,0016,0020])" in text, text
     assert report.to_dict()["hostlist"] == "node[0000,0004,0008,0012,0016,0020,0024,0028]"
+
+
+def test_text_fits_the_width_and_no_line_ends_in_a_space(monkeypatch):
+    from distdiag.report.model import RankInfo
+    from distdiag.report.render import render_report, terminal_width
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert terminal_width() == 100  # not a terminal: the fallback
+    monkeypatch.setenv("COLUMNS", "72")
+    assert terminal_width() == 72
+    long = "a very long sentence " * 12
+    probe = ProbeResult.from_findings("env", [Finding("error", long, evidence=long + "\n" + long, ranks=[1], fix=long)],
+                                      details={"table:t": [{"rank": 1, "what": long, "where": "/x/" * 40}]},
+                                      reason=long)
+    report = Report(world_size=2, probes=[probe], ranks=[RankInfo(r, "h", 0, r, "cpu", 1) for r in range(2)],
+                    exit_code=1, verdict="fail", summary=long, notes=[long])
+    for width in (60, 72, 100, 140):
+        text = render_report(report, width=width)
+        lines = text.splitlines()
+        assert all(len(ln) <= width for ln in lines), [ln for ln in lines if len(ln) > width]
+        assert all(ln == ln.rstrip() for ln in lines)
+        assert lines[-1].startswith("verdict: FAIL (exit 1) - a very long") and lines[-1].endswith("...")
+    assert len(render_report(report).splitlines()[0]) <= 72  # COLUMNS
