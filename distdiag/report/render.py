@@ -15,7 +15,7 @@ from distdiag.report.safefile import printable
 __all__ = [
     "render_report", "known_hosts", "format_ranks", "compress_numbers", "format_hosts", "slurm_hostlist",
     "hosts_text", "render_table", "ProgressLine",
-    "PROGRESS_ENV", "PlainBeat", "BEAT_S", "is_beat_line",
+    "PROGRESS_ENV", "PlainBeat", "BEAT_S", "is_beat_line", "runner_frame", "without_runner_frames", "terminal_width",
 ]
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "error": "ERROR"}
@@ -267,6 +267,41 @@ def _fit(lines: list[str], width: int) -> list[str]:
     return out
 
 
+_OWN = "/distdiag/"
+_JOB_WORK = ("/distdiag/probes/", "/distdiag/workloads/", "/distdiag/runtime/comm.py", "/distdiag/runtime/faults.py")
+"""distdiag's code that does a check's work: where a rank is, as any job's line (as
+distdiag.hang.views reads stacks: the report package does not import it)."""
+_FRAME_LINE = re.compile(r"^\s*(?P<path>[^\s:][^:]*):\d+ in \S")
+_TB_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d+')
+
+
+def runner_frame(path: str) -> bool:
+    """A frame of distdiag's own runner or watchdog, or of runpy (how `-m` and the zero-code
+    wrapper start a script): how the job was run, never where it is."""
+    return ((_OWN in path and not any(w in path for w in _JOB_WORK)) or path.endswith("/runpy.py")
+            or path == "<frozen runpy>")
+
+
+def without_runner_frames(lines: list[str]) -> tuple[list[str], int]:
+    """Stack and traceback lines without distdiag's and runpy's frames (a traceback frame's
+    source line goes with it); (the lines kept, how many frames were left out)."""
+    kept: list[str] = []
+    hidden = 0
+    skip_source = False
+    for line in lines:
+        if skip_source:
+            skip_source = False
+            if line.startswith("    ") and not _TB_FRAME.match(line):
+                continue
+        m = _FRAME_LINE.match(line) or _TB_FRAME.match(line)
+        if m is not None and runner_frame(m.group("path")):
+            hidden += 1
+            skip_source = m.re is _TB_FRAME
+            continue
+        kept.append(line)
+    return kept, hidden
+
+
 def _finding_lines(f: Finding, world_size: int, width: int, host_of: dict[int, str] | None = None) -> list[str]:
     head = f"  [{_SEV[f.severity]}] {format_ranks(f.ranks, world_size)}: {f.issue}"
     lines = textwrap.wrap(head, width, subsequent_indent="      ") or [head]
@@ -276,10 +311,12 @@ def _finding_lines(f: Finding, world_size: int, width: int, host_of: dict[int, s
                 part, width, initial_indent="      evidence: ", subsequent_indent="        "
             ) or []
             break
-        extra = f.evidence.splitlines()[1:]
+        extra, hidden = without_runner_frames(f.evidence.splitlines()[1:])
         lines += [f"        {x}" for x in extra[:30]]
         if len(extra) > 30:
             lines.append(f"        ... ({len(extra) - 30} more lines in the JSON report)")
+        if hidden:
+            lines.append(f"        ({hidden} frame(s) of distdiag's runner and runpy left out; the JSON report has them)")
     if f.fix:
         lines += textwrap.wrap(
             f.fix, width, initial_indent="      fix: ", subsequent_indent="        "

@@ -117,3 +117,36 @@ def test_text_fits_the_width_and_no_line_ends_in_a_space(monkeypatch):
         assert all(ln == ln.rstrip() for ln in lines)
         assert lines[-1].startswith("verdict: FAIL (exit 1) - a very long") and lines[-1].endswith("...")
     assert len(render_report(report).splitlines()[0]) <= 72  # COLUMNS
+
+
+def test_text_stacks_leave_out_distdiag_and_runpy_frames_json_keeps_them():
+    from distdiag.hang.views import _runner
+    from distdiag.report.render import render_report, runner_frame
+
+    stack = [
+        "rank 1 main-thread stack (innermost last):",
+        "<frozen runpy>:198 in _run_module_as_main",
+        "/usr/lib/python3.12/runpy.py:88 in _run_code: exec(code, run_globals)",
+        "/venv/lib/python3.12/site-packages/distdiag/watch.py:290 in main: runpy.run_path(script)",
+        "/job/train.py:40 in <module>: main()",
+        "/venv/lib/python3.12/site-packages/distdiag/probes/cluster/collectives.py:168 in run: x = make(1)",
+        "/job/data.py:58 in next_batch: return next(self.iterator)",
+        "Traceback (most recent call last):",
+        '  File "/venv/lib/python3.12/site-packages/distdiag/watch.py", line 290, in main',
+        "    runpy.run_path(script)",
+        '  File "/job/train.py", line 40, in <module>',
+        "    main()",
+    ]
+    finding = Finding("critical", "rank 1 is at /job/data.py:58", evidence="\n".join(stack), ranks=[1])
+    report = Report(world_size=2, probes=[ProbeResult.from_findings("watchdog", [finding])], exit_code=3, verdict="fail")
+    text = render_report(report, width=200)
+    assert "runpy.py" not in text and "<frozen runpy>" not in text and "run_path" not in text, text
+    assert "distdiag/watch.py" not in text, text
+    assert "/job/train.py:40 in <module>" in text and "/job/data.py:58 in next_batch" in text
+    assert "collectives.py:168" in text  # a check's probe: where a rank is, kept
+    assert '  File "/job/train.py", line 40, in <module>' in text and "    main()" in text
+    assert "(4 frame(s) of distdiag's runner and runpy left out; the JSON report has them)" in text
+    assert report.to_dict()["probes"][0]["findings"][0]["evidence"] == "\n".join(stack)
+    for path in ("/x/site-packages/distdiag/watch.py", "/usr/lib/python3.12/runpy.py", "/job/train.py",
+                 "/x/distdiag/probes/cluster/env.py", "/x/distdiag/runtime/comm.py", "/x/distdiag/runtime/sentinel.py"):
+        assert runner_frame(path) == _runner(path), path  # the same frames as the hang analysis leaves out
