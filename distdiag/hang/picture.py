@@ -37,75 +37,90 @@ def _cut(text: str) -> str:
     return text if len(text) <= LABEL_MAX else text[: LABEL_MAX - 3] + "..."
 
 
-def _picture(ends: list[tuple[str, list[int], str, list[tuple[int, int, str]]]], culprits: set[int],
-             edges: dict[int, list[tuple[int, str]]], stranded_end: dict[int, int], hub_label: dict[int, str]) -> dict[str, Any]:
-    """The picture from a graph read into plain parts: `ends` [(kind, ranks, text, cycle edges)],
-    `edges` src -> [(dst, label)] (negative ids: hubs), `stranded_end` stranded rank -> index in `ends`."""
-    nodes: dict[str, dict[str, Any]] = {}
-    out_edges: list[dict[str, str]] = []
-    at_end: set[int] = {r for _k, ranks, _t, _c in ends for r in ranks}
-    waiting = sorted(r for r in edges if r >= 0)
-    everyone = sorted(at_end | set(waiting))
-    whole = len(everyone) <= MAX_RANK_NODES
+class _Drawing:
+    """The nodes and edges drawn so far (a node once, by id)."""
 
-    def rank_node(r: int, label: str, kind: str) -> str:
-        nid = f"r{r}"
-        if nid not in nodes:
-            nodes[nid] = {"id": nid, "label": _cut(label), "kind": kind}
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.edges: list[dict[str, str]] = []
+
+    def node(self, nid: str, label: str, kind: str) -> str:
+        if nid not in self.nodes:
+            self.nodes[nid] = {"id": nid, "label": _cut(label), "kind": kind}
         return nid
 
-    end_nodes: list[list[str]] = []
+    def edge(self, src: str, dst: str, label: str = "") -> None:
+        self.edges.append({"src": src, "dst": dst, "label": _cut(label)})
+
+
+End_ = tuple[str, list[int], str, list[tuple[int, int, str]]]
+"""An end read into plain parts: (kind, ranks, text, the cycle's edges as (src, dst, label))."""
+
+
+def _draw_ends(d: _Drawing, ends: list[End_], culprits: set[int]) -> list[list[str]]:
+    """Each end's nodes: a stall or a desync (or many ranks) one node; a deadlock its ranks and
+    their cycle; else each rank at it, red when blamed."""
+    out = []
     for i, (kind, ranks, text, cycle) in enumerate(ends):
-        ids = []
         if kind in ("stall", "mismatch", "fresh") or (kind != "deadlock" and len(ranks) > 8):
-            nid = f"e{i}"
-            nodes[nid] = {"id": nid, "label": _cut(f"{format_ranks(ranks)}: {text}"), "kind": "end"}
-            ids.append(nid)
-        elif kind == "deadlock":
-            for r in ranks:
-                ids.append(rank_node(r, f"rank {r} (in a deadlock)", "culprit" if r in culprits else "end"))
-            for src, dst, label in cycle:
-                out_edges.append({"src": f"r{src}", "dst": f"r{dst}", "label": _cut(label)})
-        else:
-            for r in ranks:
+            out.append([d.node(f"e{i}", f"{format_ranks(ranks)}: {text}", "end")])
+            continue
+        ids = []
+        for r in ranks:
+            kind_of = "culprit" if r in culprits else "end"
+            if kind == "deadlock":
+                ids.append(d.node(f"r{r}", f"rank {r} (in a deadlock)", kind_of))
+            else:
                 own = text[len(f"rank {r} "):] if text.startswith(f"rank {r} ") else text
-                ids.append(rank_node(r, f"rank {r}\n{own}" if len(ranks) == 1 else f"rank {r}: {text}",
-                                     "culprit" if r in culprits else "end"))
-        end_nodes.append(ids)
-    if whole:
-        for r in waiting:
-            if f"r{r}" not in nodes:
-                rank_node(r, f"rank {r} (waiting)", "stranded")
-        hubs_used = set()
-        for src in waiting:
-            for dst, label in edges[src]:
-                if dst < 0:
-                    hubs_used.add(dst)
-                    out_edges.append({"src": f"r{src}", "dst": f"h{-dst}", "label": ""})
-                else:
-                    rank_node(dst, f"rank {dst}", "end")
-                    out_edges.append({"src": f"r{src}", "dst": f"r{dst}", "label": _cut(label)})
-        for hub in sorted(hubs_used, reverse=True):
-            members = [dst for dst, _l in edges.get(hub, [])]
-            nodes[f"h{-hub}"] = {"id": f"h{-hub}", "label": _cut(f"{hub_label.get(hub, '')}: {len(members)} never entered"),
-                                 "kind": "hub"}
-            for m in members:
-                rank_node(m, f"rank {m}", "end")
-                out_edges.append({"src": f"h{-hub}", "dst": f"r{m}", "label": ""})
-        note = ""
+                ids.append(d.node(f"r{r}", f"rank {r}\n{own}" if len(ranks) == 1 else f"rank {r}: {text}", kind_of))
+        for src, dst, label in cycle:
+            d.edge(f"r{src}", f"r{dst}", label)
+        out.append(ids)
+    return out
+
+
+def _draw_waits(d: _Drawing, edges: dict[int, list[tuple[int, str]]], hub_label: dict[int, str]) -> None:
+    """Every waiting rank with an arrow to each rank it waits for (or to its collective's hub)."""
+    waiting = sorted(r for r in edges if r >= 0)
+    for r in waiting:
+        d.node(f"r{r}", f"rank {r} (waiting)", "stranded")
+    hubs = set()
+    for src in waiting:
+        for dst, label in edges[src]:
+            if dst < 0:
+                hubs.add(dst)
+                d.edge(f"r{src}", f"h{-dst}")
+            else:
+                d.edge(f"r{src}", d.node(f"r{dst}", f"rank {dst}", "end"), label)
+    for hub in sorted(hubs, reverse=True):
+        members = [dst for dst, _l in edges.get(hub, [])]
+        d.node(f"h{-hub}", f"{hub_label.get(hub, '')}: {len(members)} never entered", "hub")
+        for m in members:
+            d.edge(f"h{-hub}", d.node(f"r{m}", f"rank {m}", "end"))
+
+
+def _picture(ends: list[End_], culprits: set[int], edges: dict[int, list[tuple[int, str]]],
+             stranded_end: dict[int, int], hub_label: dict[int, str]) -> dict[str, Any]:
+    """The picture from a graph read into plain parts: `edges` src -> [(dst, label)] (negative
+    ids: hubs), `stranded_end` stranded rank -> its end's index in `ends`."""
+    d = _Drawing()
+    end_nodes = _draw_ends(d, ends, culprits)
+    everyone = {r for _k, ranks, _t, _c in ends for r in ranks} | {r for r in edges if r >= 0}
+    note = ""
+    if len(everyone) <= MAX_RANK_NODES:
+        _draw_waits(d, edges, hub_label)
     else:
         by_end: dict[int, list[int]] = {}
         for r, i in sorted(stranded_end.items()):
             by_end.setdefault(i, []).append(r)
         for i, ranks in sorted(by_end.items()):
-            nid = f"s{i}"
-            nodes[nid] = {"id": nid, "label": _cut(f"{format_ranks(ranks)} ({len(ranks)} stranded)"), "kind": "ranks"}
+            nid = d.node(f"s{i}", f"{format_ranks(ranks)} ({len(ranks)} stranded)", "ranks")
             for dst in end_nodes[i]:
-                out_edges.append({"src": nid, "dst": dst, "label": "wait, through chains of waits"})
+                d.edge(nid, dst, "wait, through chains of waits")
         note = (f"{len(everyone)} ranks: the stranded ones are drawn as one node per end they wait on "
                 "(each one's chain is in the report)")
-    unique = list({(e["src"], e["dst"], e["label"]): e for e in out_edges}.values())
-    return {"nodes": list(nodes.values()), "edges": unique, "note": note}
+    unique = list({(e["src"], e["dst"], e["label"]): e for e in d.edges}.values())
+    return {"nodes": list(d.nodes.values()), "edges": unique, "note": note}
 
 
 def picture_of_graph(graph: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from distdiag.errors import ReportError
+from distdiag.report.hostlist import slurm_hostlist
 from distdiag.report.safefile import MAX_REPORT_BYTES, RefusedFile, non_regular_kind, read_bytes_limited, write_atomic
 from distdiag.report.schema import MAX_DEPTH, json_depth, report_type_problem
 
@@ -66,9 +67,9 @@ EXIT_DRAIN = 4
 @functools.cache
 def distdiag_version() -> str:
     """This distdiag's version (the report's `distdiag_version`)."""
-    from distdiag import __version__
-
-    return __version__
+    # the package this module belongs to, imported before it (report/ imports no other distdiag
+    # package: distdiag/__init__.py itself is a leaf that defines the version)
+    return str(getattr(sys.modules.get("distdiag"), "__version__", ""))
 
 
 @functools.cache
@@ -265,9 +266,7 @@ def group_by_node(report: Report) -> dict[str, Any]:
 def _hostlist(report: Report) -> str:
     """Every host of the rank table in Slurm's hostlist syntax (`scontrol show hostnames`
     expands it); derived from `ranks`, written, never read back."""
-    from distdiag.report.render import known_hosts, slurm_hostlist
-
-    return slurm_hostlist(known_hosts(report))
+    return slurm_hostlist(sorted({r.host for r in report.ranks if r.host not in ("", "?")}))
 
 
 def now_iso() -> str:

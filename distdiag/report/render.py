@@ -9,6 +9,7 @@ import sys
 import textwrap
 from typing import Any, TextIO
 
+from distdiag.report.hostlist import slurm_hostlist
 from distdiag.report.model import SEVERITIES, Finding, ProbeResult, Report
 from distdiag.report.safefile import printable
 
@@ -124,47 +125,6 @@ def format_hosts(hosts: list[str]) -> str:
 
 
 _HOST_NUM = re.compile(r"^(.*?)(\d+)$")
-_SLURM_SAFE = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-def slurm_hostlist(hosts: list[str]) -> str:
-    """Host names in Slurm's hostlist syntax, which `scontrol show hostnames` expands back to
-    exactly these names: node0005..node0007, node0127 -> 'node[0005-0007,0127]'.
-
-    Names are grouped by the text before their trailing number and that number's width, so
-    zero padding survives ('node08' and 'node9' stay apart: 'node08,node9', never a range
-    that would read as node09); a group of one is written bare. A name without a trailing
-    number, or with characters a hostlist gives a meaning to (brackets, commas), is written as
-    it is. Every number is written out (no 'step', no 'every'): longer than `format_hosts`
-    on regular sets, but a scheduler reads it."""
-    groups: dict[tuple[str, int], list[int]] = {}
-    out: list[tuple[str, int, str]] = []
-    for h in sorted(set(hosts)):
-        m = _HOST_NUM.match(h) if _SLURM_SAFE.match(h) else None
-        if m is None:
-            out.append((h, -1, h))
-            continue
-        digits = m.group(2)
-        # an unpadded number's width is its own: 'node9' and 'node10' are one group of width 0
-        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
-        groups.setdefault((m.group(1), width), []).append(int(digits))
-    for stem in [k[0] for k in groups if k[1] == 0]:  # 'node10' beside 'node08': one group of width 2
-        for n in list(groups[(stem, 0)]):
-            if (stem, len(str(n))) in groups and len(str(n)) > 1:
-                groups[(stem, len(str(n)))].append(n)
-                groups[(stem, 0)].remove(n)
-        if not groups[(stem, 0)]:
-            del groups[(stem, 0)]
-    for (stem, width), nums in groups.items():
-        nums = sorted(set(nums))
-        if len(nums) == 1:
-            out.append((stem, width, f"{stem}{nums[0]:0{width}d}"))
-            continue
-        ranges = ",".join(_span_text(a, b, width) for a, b in _spans(nums))
-        out.append((stem, width, f"{stem}[{ranges}]"))
-    return ",".join(text for _stem, _width, text in sorted(out))
-
-
 SLURM_SHOWN = 400
 """Longest Slurm hostlist written beside the short form in text; a longer one is counted (the
 JSON report's `hostlist` and rank table have every name)."""
@@ -408,10 +368,7 @@ def render_report(
     out.append(f"{'probe'.ljust(name_w)}  status  time      findings")
     out.append(f"{'-' * name_w}  ------  --------  --------")
     for probe in report.probes:
-        row = _probe_row(probe, name_w)
-        hang = " " * (name_w + 21)  # under the findings column
-        out += ([row] if len(row) <= width or len(hang) > width // 2 else
-                textwrap.wrap(row, width, subsequent_indent=hang, break_on_hyphens=False))
+        out += _probe_row_lines(probe, name_w, width)
         for f in probe.findings:
             if SEVERITIES.index(f.severity) >= floor:
                 out += _finding_lines(f, report.world_size, width, host_of)
@@ -423,17 +380,30 @@ def render_report(
     if verbose or floor == 0:  # a healthy compact run stays one line per probe (its notes: JSON, stderr)
         out += [f"note: {note}" for note in report.notes]
     out.append("")
+    out = [*_fit_title(out[0], width), *_fit(out[1:], width), _verdict_line(report, exit_code, width)]
+    return printable("\n".join(out))  # the title too
+
+
+def _probe_row_lines(probe: ProbeResult, name_w: int, width: int) -> list[str]:
+    """A probe's row, wrapped under its findings column when it is wider than `width`."""
+    row = _probe_row(probe, name_w)
+    hang = " " * (name_w + 21)
+    if len(row) <= width or len(hang) > width // 2:
+        return [row]
+    return textwrap.wrap(row, width, subsequent_indent=hang, break_on_hyphens=False)
+
+
+def _verdict_line(report: Report, exit_code: int | None, width: int) -> str:
+    """'verdict: FAIL (exit 3) - summary': one line, the summary cut to fit `width`; the code
+    printed is the one the command returns (with --exit-zero, the verdict's beside it)."""
     code = f"exit {report.exit_code}"
     if exit_code is not None and exit_code != report.exit_code:
         code = f"exit {exit_code} with --exit-zero; the verdict's code is {report.exit_code}"
-    title_lines = _fit_title(out[0], width)
-    out = title_lines + _fit(out[1:], width)
     verdict = f"verdict: {report.verdict.upper()} ({code}) - "
     summary = report.summary
     if len(verdict) + len(summary) > width and width - len(verdict) > 12:
         summary = " ".join(summary.split())[: width - len(verdict) - 3].rstrip() + "..."
-    out.append(verdict + summary)
-    return printable("\n".join(out))  # the title too
+    return verdict + summary
 
 
 def _shown_dict(report: Report) -> dict[str, Any]:
