@@ -348,8 +348,8 @@ def render_report(
     `exit_code` is the code the command will return when it is not the report's own (a
     command given `--exit-zero`): the verdict line prints that one and
     says the verdict's code beside it, so a printed exit code is always the one returned.
-    `width`: the columns lines are fitted to (default: `terminal_width()`); the verdict stays
-    one line, its summary cut to fit (the findings above have it whole, the JSON too).
+    `width`: the columns lines are fitted to (default: `terminal_width()`); a long verdict
+    line wraps, its continuation indented.
     """
     width = terminal_width() if width is None else max(width, MIN_WIDTH)
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
@@ -380,7 +380,7 @@ def render_report(
     if verbose or floor == 0:  # a healthy compact run stays one line per probe (its notes: JSON, stderr)
         out += [f"note: {note}" for note in report.notes]
     out.append("")
-    out = [*_fit_title(out[0], width), *_fit(out[1:], width), _verdict_line(report, exit_code, width)]
+    out = [*_fit_title(out[0], width), *_fit(out[1:], width), *_verdict_lines(report, exit_code, width)]
     return printable("\n".join(out))  # the title too
 
 
@@ -393,17 +393,23 @@ def _probe_row_lines(probe: ProbeResult, name_w: int, width: int) -> list[str]:
     return textwrap.wrap(row, width, subsequent_indent=hang, break_on_hyphens=False)
 
 
-def _verdict_line(report: Report, exit_code: int | None, width: int) -> str:
-    """'verdict: FAIL (exit 3) - summary': one line, the summary cut to fit `width`; the code
-    printed is the one the command returns (with --exit-zero, the verdict's beside it)."""
+def _verdict_lines(report: Report, exit_code: int | None, width: int) -> list[str]:
+    """'verdict: FAIL (exit 3) - summary', its summary wrapped under it past `width`, in at most
+    VERDICT_LINES lines (the verdict stays at the end, near the prompt); the code printed is
+    the one the command returns (with --exit-zero, the verdict's beside it)."""
     code = f"exit {report.exit_code}"
     if exit_code is not None and exit_code != report.exit_code:
         code = f"exit {exit_code} with --exit-zero; the verdict's code is {report.exit_code}"
-    verdict = f"verdict: {report.verdict.upper()} ({code}) - "
-    summary = report.summary
-    if len(verdict) + len(summary) > width and width - len(verdict) > 12:
-        summary = " ".join(summary.split())[: width - len(verdict) - 3].rstrip() + "..."
-    return verdict + summary
+    line = f"verdict: {report.verdict.upper()} ({code}) - {report.summary}"
+    if len(line) <= width and "\n" not in line:
+        return [line]
+    return textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False, max_lines=VERDICT_LINES,
+                         placeholder=" ...") or [line]
+
+
+VERDICT_LINES = 2
+"""Lines the verdict may take; a longer summary is cut with '...' (a failing run's findings
+above it say it whole; the JSON has it too)."""
 
 
 def _shown_dict(report: Report) -> dict[str, Any]:

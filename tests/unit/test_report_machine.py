@@ -115,7 +115,8 @@ def test_text_fits_the_width_and_no_line_ends_in_a_space(monkeypatch):
         lines = text.splitlines()
         assert all(len(ln) <= width for ln in lines), [ln for ln in lines if len(ln) > width]
         assert all(ln == ln.rstrip() for ln in lines)
-        assert lines[-1].startswith("verdict: FAIL (exit 1) - a very long") and lines[-1].endswith("...")
+        verdict = next(i for i, ln in enumerate(lines) if ln.startswith("verdict: FAIL (exit 1) - a very long"))
+        assert len(lines) - verdict == 2 and lines[-1].startswith("    ") and lines[-1].endswith(" ...")
     assert len(render_report(report).splitlines()[0]) <= 72  # COLUMNS
 
 
