@@ -124,3 +124,4 @@ def test_an_analyze_report_follows_the_schema(tmp_path):
                            for s in range(60)))
     report = run_analysis([load_run(log, strict=False, label="run")], AnalyzeConfig())
     assert report.probes and problems(json.loads(report.to_json()), SCHEMA) == []
+
