@@ -40,6 +40,7 @@ def junit_xml(report: Report, suite_name: str = "distdiag.check") -> str:
     for key, value in (
         ("verdict", report.verdict), ("exit_code", report.exit_code), ("outcome", report.outcome),
         ("world_size", report.world_size), ("summary", report.summary), ("schema", report.schema),
+        ("distdiag_version", report.distdiag_version), ("torch_version", report.torch_version),
     ):
         ET.SubElement(props, "property", name=key, value=str(value))
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}

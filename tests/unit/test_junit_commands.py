@@ -30,6 +30,8 @@ def test_hang_report_junit_from_a_saved_report_and_from_dumps(tmp_path):
     assert out.exit_code == 3, out.output
     suite = _suite(tmp_path / "a.xml")
     assert suite.get("name") == "distdiag.hang-report" and suite.get("errors") == "1"
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["distdiag_version"] and props["torch_version"]  # what wrote the verdict, as in the JSON
     case = suite.find("testcase[@name='watchdog']")
     assert "never entered all_reduce #7" in case.find("error").get("message")
 
