@@ -394,22 +394,21 @@ def _probe_row_lines(probe: ProbeResult, name_w: int, width: int) -> list[str]:
 
 
 def _verdict_lines(report: Report, exit_code: int | None, width: int) -> list[str]:
-    """'verdict: FAIL (exit 3) - summary', its summary wrapped under it past `width`, in at most
-    VERDICT_LINES lines (the verdict stays at the end, near the prompt); the code printed is
-    the one the command returns (with --exit-zero, the verdict's beside it)."""
+    """'verdict: FAIL (exit 3) - summary' as one line (the last thing printed, one line for
+    scripts and people alike), its summary cut with '...' past `width`: a failing run's findings
+    above it say it whole, a passing run's rows say what ran, the JSON has it all. The code
+    printed is the one the command returns (with --exit-zero, the verdict's beside it)."""
     code = f"exit {report.exit_code}"
     if exit_code is not None and exit_code != report.exit_code:
         code = f"exit {exit_code} with --exit-zero; the verdict's code is {report.exit_code}"
-    line = f"verdict: {report.verdict.upper()} ({code}) - {report.summary}"
+    head = f"verdict: {report.verdict.upper()} ({code}) - "
+    line = head + report.summary
     if len(line) <= width and "\n" not in line:
         return [line]
-    return textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False, max_lines=VERDICT_LINES,
-                         placeholder=" ...") or [line]
-
-
-VERDICT_LINES = 2
-"""Lines the verdict may take; a longer summary is cut with '...' (a failing run's findings
-above it say it whole; the JSON has it too)."""
+    line = " ".join(line.split())
+    if len(line) <= width:
+        return [line]
+    return [line[: max(width - 3, len(head) + 12)].rstrip() + "..."]  # never cut into the code
 
 
 def _shown_dict(report: Report) -> dict[str, Any]:

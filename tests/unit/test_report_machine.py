@@ -115,9 +115,10 @@ def test_text_fits_the_width_and_no_line_ends_in_a_space(monkeypatch):
         lines = text.splitlines()
         assert all(len(ln) <= width for ln in lines), [ln for ln in lines if len(ln) > width]
         assert all(ln == ln.rstrip() for ln in lines)
-        verdict = next(i for i, ln in enumerate(lines) if ln.startswith("verdict: FAIL (exit 1) - a very long"))
-        assert len(lines) - verdict == 2 and lines[-1].startswith("    ") and lines[-1].endswith(" ...")
+        assert lines[-1].startswith("verdict: FAIL (exit 1) - a very long") and lines[-1].endswith("...")
     assert len(render_report(report).splitlines()[0]) <= 72  # COLUMNS
+    narrow = render_report(report, width=40, exit_code=0).splitlines()[-1]
+    assert narrow.startswith("verdict: FAIL (exit 0 with --exit-zero; the verdict's code is 1) - a very")
 
 
 def test_text_stacks_leave_out_distdiag_and_runpy_frames_json_keeps_them():
