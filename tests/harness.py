@@ -121,7 +121,8 @@ def run_ranks(
 
     `hosts` > 1 splits the ranks into that many pretend nodes (GROUP_RANK, LOCAL_RANK) on
     this one machine. `signal_after=(seconds, signum)` sends that signal to every rank once,
-    that long after the start (what a launcher does when a job is cancelled).
+    that long after every rank of a check checked in, else after the start (what a launcher
+    does when a job is cancelled).
     """
     import torch.distributed as dist
 
@@ -154,7 +155,17 @@ def run_ranks(
     killed: set[int] = set()
     try:
         if signal_after is not None:
-            time.sleep(max(0.0, started + signal_after[0] - time.monotonic()))
+            # the clock starts once every rank of a check has checked in (its sentinel, which
+            # turns the signal into a report, runs by then): on a loaded machine the imports
+            # alone outran a clock started at launch
+            checked_in = f"distdiag/{base_env['TORCHELASTIC_RUN_ID']}/0//info/n"  # PrefixStore adds a /
+            since = started
+            while time.monotonic() < deadline - 5 and not all(p.exitcode is not None for p in procs):
+                if store.check([checked_in]) and int(store.add(checked_in, 0)) >= world_size:
+                    since = time.monotonic()
+                    break
+                time.sleep(0.1)
+            time.sleep(max(0.0, since + signal_after[0] - time.monotonic()))
             for proc in procs:
                 if proc.is_alive():
                     os.kill(proc.pid, signal_after[1])

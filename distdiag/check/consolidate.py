@@ -9,6 +9,7 @@ from distdiag.hang import analyze_hang, build_views, ensure_critical, snapshot_d
 from distdiag.hang.picture import hang_extras
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.report.model import (
+    EXIT_CANCELLED,
     EXIT_HANG,
     Finding,
     ProbeResult,
@@ -145,14 +146,14 @@ def build_report(
 ) -> Report:
     if not config.get("target"):
         mark_builtin_model(probes)
-    code = exit_code_for(probes, hung=hung)
+    code = EXIT_CANCELLED if outcome == "cancelled" else exit_code_for(probes, hung=hung)
     report = Report(
         world_size=world_size,
         probes=probes,
         ranks=ranks,
         exit_code=code,
         verdict=verdict_for(code, probes),
-        outcome=outcome if code == EXIT_HANG or outcome != "completed" else "completed",
+        outcome=outcome if code in (EXIT_HANG, EXIT_CANCELLED) or outcome != "completed" else "completed",
         not_run=not_run,
         restart_count=restart_count,
         run_id=run_id,

@@ -25,9 +25,9 @@ from typing import Any
 from distdiag.check.jobwatch import JobWatch
 from distdiag.check.launched import LAUNCH_FOLDER_PREFIX, LAUNCH_ID_ENV, VERDICT_NOTE_ENV, read_verdict_note
 from distdiag.errors import ReportError, print_line
-from distdiag.report.model import EXIT_BAD_INPUT, EXIT_HANG, Report, read_report, write_report
+from distdiag.report.model import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_HANG, Report, read_report, write_report
 
-__all__ = ["Launch", "exit_code_after_run", "remove_stale_report", "lost_rank_words", "first_failure_in"]
+__all__ = ["Launch", "exit_code_after_run", "remove_stale_report", "lost_rank_words", "first_failure_in", "signal_words"]
 
 
 def remove_stale_report(path: str) -> None:
@@ -97,6 +97,17 @@ class Launch:
     def note(self) -> dict[str, Any] | None:
         return read_verdict_note(self.note_path, self.id)
 
+    def amend_report(self, report: Report, code: int, outcome: str, note: str) -> None:
+        """This run's report, its probes kept, with the code the launcher exits with (what
+        happened after the verdict changed it): the file always says what the exit code says."""
+        report.exit_code, report.outcome = code, outcome
+        report.verdict = "error" if code == EXIT_BAD_INPUT else "fail"
+        report.notes.append(note)
+        try:
+            write_report(report, self.report_path)
+        except (OSError, ValueError):
+            pass
+
     def leave_report(self, code: int, outcome: str, summary: str) -> None:
         """No rank wrote this run's report: leave one saying why, so that a script reading the
         file never takes an earlier run's for this one."""
@@ -109,7 +120,7 @@ class Launch:
             pass
 
 
-def _signal_words(name: str) -> str:
+def signal_words(name: str) -> str:
     return "SIGINT (Ctrl-C)" if name == "SIGINT" else name
 
 
@@ -165,7 +176,7 @@ def exit_code_after_run(launch: Launch, end: Any, lines: list[str] | None = None
     report = launch.report()
     where = os.path.abspath(launch.report_path)
     if report is not None:
-        return _code_of_report(report, end, where)
+        return _code_of_report(report, end, where, launch)
     note = launch.note()
     if note is not None and not note.get("report_written"):
         code = int(note["exit_code"])
@@ -175,10 +186,10 @@ def exit_code_after_run(launch: Launch, end: Any, lines: list[str] | None = None
         print_line(f"distdiag: error: the check passed but its report could not be written to {where}; exiting {EXIT_HANG}")
         return EXIT_HANG
     if end.stopped_by:
-        why = f"cancelled by {_signal_words(end.stopped_by)} before any rank could report (still starting)"
-        print_line(f"distdiag: {why}; exit {EXIT_HANG}")
-        launch.leave_report(EXIT_HANG, "cancelled", f"the run was {why}")
-        return EXIT_HANG
+        why = f"cancelled by {signal_words(end.stopped_by)} before any rank could report (still starting)"
+        print_line(f"distdiag: {why}; exit {EXIT_CANCELLED}")
+        launch.leave_report(EXIT_CANCELLED, "cancelled", f"the run was {why}")
+        return EXIT_CANCELLED
     if end.rc == EXIT_BAD_INPUT and not end.killed_why:
         # Bad input caught before any rank started (distdiag.check.forkrun, or torchrun's own
         # options): the one line saying what is wrong is on stderr already.
@@ -200,10 +211,10 @@ def _no_report_why(rc: int) -> str:
     return f"torchrun exited {rc}: a rank died before the check could report"
 
 
-def _code_of_report(report: Report, end: Any, where: str) -> int:
+def _code_of_report(report: Report, end: Any, where: str, launch: Launch) -> int:
     code = report.exit_code
     if end.stopped_by and report.outcome in ("cancelled", "terminated"):
-        print_line(f"distdiag: cancelled by {_signal_words(end.stopped_by)}: {report.summary}; report: {where} "
+        print_line(f"distdiag: cancelled by {signal_words(end.stopped_by)}: {report.summary}; report: {where} "
                    f"(exit {code})")
         return code
     if code == 0 and end.stopped_by and not end.killed_why:
@@ -212,15 +223,19 @@ def _code_of_report(report: Report, end: Any, where: str) -> int:
         # exit 1 here (the forwarded signal ended ranks that were leaving): that is the
         # user's signal, not a rank failing - one that died or stopped by itself after the
         # verdict makes its report say so (exit 3, distdiag/check/finish.py).
-        print_line(f"distdiag: cancelled by {_signal_words(end.stopped_by)} as the run finished (its report "
-                   f"says pass: {where}); exit {EXIT_HANG}")
-        return EXIT_HANG
+        print_line(f"distdiag: cancelled by {signal_words(end.stopped_by)} as the run finished (its probes "
+                   f"passed; the report says so and that it was cancelled: {where}); exit {EXIT_CANCELLED}")
+        launch.amend_report(report, EXIT_CANCELLED, "cancelled",
+                            f"cancelled by {signal_words(end.stopped_by)} as the run finished: the probes passed")
+        return EXIT_CANCELLED
     if code == 0 and (end.rc != 0 or end.killed_why or end.stopped_by):
         # The verdict passed, then a rank died (or the job had to be ended) before it was over.
         why = f"stopped by {end.stopped_by}; " if end.stopped_by else f"{end.killed_why}; " if end.killed_why else ""
         print_line(
-            f"distdiag: error: {why}the report says pass but torchrun exited {end.rc}: a rank failed after the "
-            f"verdict; exiting {EXIT_HANG} (rerun with DISTDIAG_DEBUG=1 for torchrun's log)"
+            f"distdiag: error: {why}the probes passed but torchrun exited {end.rc}: a rank failed after the "
+            f"verdict; exiting {EXIT_HANG} (the report says so; rerun with DISTDIAG_DEBUG=1 for torchrun's log)"
         )
+        launch.amend_report(report, EXIT_HANG, "lost_rank", f"{why}the probes passed, then a rank failed after the "
+                            f"verdict (torchrun exited {end.rc})")
         return EXIT_HANG
     return code

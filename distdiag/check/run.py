@@ -169,8 +169,10 @@ class CheckRun:
 
     def _start_sentinel(self) -> None:
         """Start this rank's sentinel (it ends the run when a rank hangs, dies or raises)."""
+        from distdiag.runtime import deathnote
         from distdiag.runtime.sentinel import Sentinel
 
+        deathnote.arm()  # a fatal signal leaves its stack where a same-host peer's report reads it
         info, cfg = self.info, self.config
         self.sentinel = Sentinel(
             store_factory=self._store,
@@ -490,8 +492,10 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
         print_line(f"distdiag[rank {os.environ.get('RANK', '0')}]: the check was ended by sys.exit({exc.code!r}) "
                    "from inside (the target?) before its verdict; exiting 3")
         code = EXIT_HANG
+    from distdiag.runtime import deathnote
     from distdiag.runtime.lastword import write_error_file
 
+    deathnote.disarm()  # ending normally: no fatal signal to tell
     write_error_file(code)  # the verdict's sentence for torchrun's root cause (runtime/lastword.py)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -22,7 +22,7 @@ from typing import IO, Any, NoReturn
 import typer
 
 from distdiag.cli.options import raw_args, register_passthrough
-from distdiag.report.model import EXIT_HANG
+from distdiag.report.model import EXIT_CANCELLED, EXIT_HANG
 
 __all__ = ["register", "run_watch", "WatchOutput"]
 
@@ -71,24 +71,24 @@ def _take_junit(argv: list[str]) -> tuple[str | None, list[str]]:
     return path, rest + argv[end:]
 
 
-def _junit_report(report_path: str, before: int | None, code: int, rc: int) -> Any:
+def _junit_report(report_path: str, before: int | None, code: int, rc: int, cancelled: str | None = None) -> Any:
     """What --junit writes: this run's hang report when the watchdog ended the job, else a
-    one-case report saying how the script ended by itself."""
+    one-case report saying how the script ended (by itself, or `cancelled`: how it was)."""
     from distdiag.errors import ReportError
     from distdiag.report.model import Finding, ProbeResult, Report, read_report, verdict_for
 
     stamp = _stamp(report_path)
-    if rc != 0 and stamp is not None and stamp != before:
+    if cancelled is None and rc != 0 and stamp is not None and stamp != before:
         try:
             return read_report(report_path)
         except ReportError:
             pass
-    findings = [] if code == 0 else [Finding(
+    findings = [] if code == 0 else [Finding("error", f"{cancelled}; no hang report")] if cancelled else [Finding(
         "error", f"the script exited {code} without a hang report (it failed by itself, or the watchdog's report "
         f"could not be read at {report_path})")]
     probe = ProbeResult.from_findings("watchdog", findings)
     return Report(world_size=0, probes=[probe], exit_code=code, verdict=verdict_for(code, [probe]),
-                  outcome="completed" if code == 0 else "raised",
+                  outcome="completed" if code == 0 else "cancelled" if cancelled else "raised",
                   summary="the script finished; no hang" if code == 0 else findings[0].issue)
 
 
@@ -308,14 +308,25 @@ def run_watch(argv: list[str]) -> int:
 
     report = os.path.join(config.dump_dir, REPORT_NAME)
     before = _stamp(report)  # a report left by an earlier run is not this run's verdict
-    rc = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1).rc
+    end = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
     for thread in pumps:
         thread.join(timeout=5)
-    code = _exit_code(report, before, rc, output)
+    stamp = _stamp(report)
+    if end.stopped_by and (stamp is None or stamp == before):
+        # the user's Ctrl-C or a SIGTERM to distdiag watch (a cancelled job): every rank was
+        # told to stop, so the watchdog wrote no report; not a failure of the job
+        from distdiag.check.launch_end import signal_words
+        from distdiag.errors import print_line
+
+        print_line(f"distdiag watch: cancelled by {signal_words(end.stopped_by)}; the job was stopped "
+                   f"(torchrun exited {end.rc}), no hang report; exiting {EXIT_CANCELLED}")
+        code, why = EXIT_CANCELLED, f"the job was cancelled by {signal_words(end.stopped_by)}"
+    else:
+        code, why = _exit_code(report, before, end.rc, output), None
     if junit is not None:
         from distdiag.cli.options import write_junit_for
 
-        write_junit_for(_junit_report(report, before, code, rc), junit, "watch")
+        write_junit_for(_junit_report(report, before, code, end.rc, why), junit, "watch")
     return code
 
 

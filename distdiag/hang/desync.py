@@ -55,15 +55,16 @@ def _step_sites(snap: dict[str, Any]) -> list[tuple[Any, list[str]]]:
     return out
 
 
-def departure(snap: dict[str, Any]) -> str | None:
+def departure(snap: dict[str, Any], *, loop: bool = True) -> str | None:
     """How a rank's latest steps depart from its own history, or None.
 
     Every step of a training loop issues the same collectives from the same lines. The rank
     whose current step (the collective it waits in included) issued another line at some
     position than its earlier steps did - or that left its training loop - is the one that
     changed course; with two ranks there is no majority to say it, but each rank's past does.
+    `loop=False`: only the steps count, not where the program is now (a rank ended from outside).
     """
-    if snap.get("in_loop") is False:
+    if loop and snap.get("in_loop") is False:
         return f"it left its training loop ({snap.get('loop') or '?'})"
     steps = _step_sites(snap)[1:]
     if len(steps) < 2:

@@ -134,18 +134,26 @@ class Silence(str):
     """
 
     reason: SilentReason
+    death: Any
+    """How the process died (distdiag.runtime.deathnote.Death), when a same-host peer read it."""
 
-    def __new__(cls, reason: SilentReason, text: str) -> Silence:
+    def __new__(cls, reason: SilentReason, text: str, death: Any = None) -> Silence:
         obj = super().__new__(cls, text)
         obj.reason = reason
+        obj.death = death
         return obj
 
     def __getnewargs__(self) -> tuple[Any, ...]:  # copy and pickle keep the reason
-        return (self.reason, str(self))
+        return (self.reason, str(self), self.death)
 
     def noted(self, note: str) -> Silence:
         """The same reason with more said about it."""
-        return Silence(self.reason, f"{self}{note}")
+        return Silence(self.reason, f"{self}{note}", self.death)
+
+    @staticmethod
+    def death_of(why: str) -> Any:
+        """The Death attached to a Silence, or None."""
+        return getattr(why, "death", None)
 
     @staticmethod
     def reason_of(why: str) -> SilentReason | None:
@@ -232,8 +240,11 @@ class EngineView:
         return cls(str(d.get("state", "unavailable")), groups, str(d.get("reason", "") or ""), extra)
 
     @classmethod
-    def stale(cls, why: str) -> EngineView:
-        return cls("stale", [], why)
+    def stale(cls, why: str, entries: list[Any] | None = None) -> EngineView:
+        """Counts left out of the analysis; the entries (what this rank recorded, with call
+        sites) kept when given: a count that contradicts the peers for good is a rank inside a
+        collective they paired with another one, and its entries are how the desync shows."""
+        return cls("stale", [], why, {"entries": entries} if entries else {})
 
 
 _FIELDS = ("rank", "host", "pid", "phase", "probe_index", "step", "steps", "importing", "reread", "phases", "engine",

@@ -8,7 +8,11 @@ Output: findings that name the culprit ranks, where they are, and the fix.
 The rules, tried in this order (`RULES`); each adds findings and marks the ranks it
 explained, so a later rule does not blame a rank twice:
   1. raised      - a rank's exception (raised, or caught and carried on from) left others waiting;
-  2. lost        - a rank's process is gone, stopped or silent, or it never checked in;
+  2a. aborted_in_collective (distdiag.hang.death_rules) - a rank the library aborted inside a
+                   collective (SIGABRT: gloo's size check, NCCL's watchdog): the live ranks whose
+                   steps changed course are blamed, the dead one is the consequence;
+  2. lost        - a rank's process is gone, stopped or silent, or it never checked in (with the
+                   signal and stack it died with, when a same-host peer read them);
   2b. uneven_data, deadlock (distdiag.hang.group_rules): a short rank out of its loop inside a
                    collective of its own; ranks waiting for each other across groups (a cycle);
   3. behind      - ranks wait in collective #N on a group that rank k never entered: k computes
@@ -39,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from distdiag.hang.death_rules import ABORTED_FIX, aborted_in_collective, death_fix
 from distdiag.hang.desync_rules import desync_in_flight, desync_in_histories, desync_in_records
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
 from distdiag.hang.group_rules import (
@@ -256,23 +261,27 @@ def lost(a: Analysis) -> None:
     comm = sorted(r for r, e in a.errors.items() if e.get("comm"))
     for reason, ranks in by_reason.items():
         kind = Silence.reason_of(a.lost[ranks[0]])
+        death = Silence.death_of(a.lost[ranks[0]])
         never = kind is SilentReason.NEVER_CHECKED_IN
         evidence = f"no snapshot from {format_ranks(ranks)} through the store; the others kept answering"
         if comm:
             evidence += f"; {format_ranks(comm)} saw their connection to a peer close (a consequence)"
+        if death is not None and death.stack:
+            evidence += "\nits main thread when it died (faulthandler):\n" + "\n".join(death.stack[:12])
         a.findings.append(
             Finding(
                 severity="critical",
                 issue=f"{format_ranks(ranks)} lost during {a.what}: {reason}",
                 evidence=evidence,
                 ranks=ranks,
-                fix=(
+                fix=death_fix(death) or (
                     "look for the process's end: the kernel log (dmesg: OOM killer, segfault), "
                     "torchrun's per-worker exit code, the node's health; a stopped process "
                     "(SIGSTOP, debugger) must be continued or killed"
                 ),
                 confidence=0.6 if never else 0.95,
-                cause=kind.cause if kind is not None else "lost",
+                cause=("aborted_in_collective" if death_fix(death) == ABORTED_FIX else
+                       kind.cause if kind is not None else "lost"),
             )
         )
         a.explained.update(ranks)
@@ -478,7 +487,7 @@ def nobody_waiting(a: Analysis) -> None:
 
 
 RULES: tuple[Callable[[Analysis], None], ...] = (
-    raised, lost, uneven_data, deadlock, desync_in_histories, behind, chain_end, left_early, broken_connections,
+    raised, aborted_in_collective, lost, uneven_data, deadlock, desync_in_histories, behind, chain_end, left_early, broken_connections,
     desync_in_flight, desync_in_records, stall, nobody_waiting, stranded,
 )
 

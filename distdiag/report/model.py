@@ -62,6 +62,10 @@ EXIT_HANG = 3
 """A rank hung, died or never reported."""
 EXIT_DRAIN = 4
 """A finding says: take this node out (cluster gate)."""
+EXIT_CANCELLED = 130
+"""The run was cancelled: every rank (or the launcher) was stopped by a signal (SIGINT, SIGTERM)
+and nobody is blamed; the shell's code for Ctrl-C, whatever the signal. Not a verdict on the
+job: rerun it."""
 
 
 @functools.cache

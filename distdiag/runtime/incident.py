@@ -32,7 +32,7 @@ import psutil
 
 from distdiag.errors import print_line
 from distdiag.hang.incident import RankSnapshot, Silence, SilentReason, Verdict
-from distdiag.runtime import snapwire
+from distdiag.runtime import deathnote, snapwire
 from distdiag.runtime.exchange import Exchange, bounded, poll_interval
 from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys, StoreValueTooLarge, checked_value
 from distdiag.runtime.lastword import remember
@@ -452,8 +452,12 @@ def silent_rank_reasons(
             state = process_state(info.pid)
             reason = {"gone": SilentReason.GONE, "stopped": SilentReason.STOPPED,
                       "alive": SilentReason.ALIVE_SILENT}.get(state, SilentReason.OTHER_STATE)
-            text = _LOCAL_TEXT.get(reason, "its process (pid {pid}) is in state {state}")
-            lost[r] = Silence(reason, text.format(pid=info.pid, who=who, state=state))
+            text = _LOCAL_TEXT.get(reason, "its process (pid {pid}) is in state {state}").format(
+                pid=info.pid, who=who, state=state)
+            death = deathnote.read(info.pid) if reason is SilentReason.GONE else None
+            if death is not None:
+                text = f"its process (pid {info.pid}) is gone: {death.text()}"
+            lost[r] = Silence(reason, text, death)
         elif info is None:
             on = f" on host {starting_host}" if starting_host else ""
             lost[r] = Silence(SilentReason.NEVER_CHECKED_IN, (

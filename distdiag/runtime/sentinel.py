@@ -26,7 +26,7 @@ from typing import Any
 from distdiag.errors import print_line
 from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Verdict
 from distdiag.report.model import EXIT_HANG
-from distdiag.runtime.exchange import Exchange
+from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.incident import (
     WRITER_STALL_S,
     Incident,
@@ -53,6 +53,20 @@ TIMING_QUIET_MAX_S = 5.0
 peer's abort is seen as fast as anywhere else."""
 
 HEARTBEAT_EVERY_S = 0.5
+HEARTBEAT_BUDGET_OPS_S = 5_000.0
+"""Heartbeats per second all ranks together may send the store: at 16k ranks one every 3.3 s
+per rank. Nothing of ours decides on a heartbeat (snapshots and pid checks do); it is for an
+operator reading the store, so it is the standing poll that yields most."""
+
+
+def standing_intervals(world: int) -> tuple[float, float]:
+    """(the interval of a rank's look at the job's abort flag, of its heartbeat) for `world`
+    ranks: the look at TICK_S (and the heartbeat at HEARTBEAT_EVERY_S) up to the world the
+    store's poll budget holds (2,500 ranks), then slower, so that the standing traffic of the whole job stays within POLL_BUDGET_OPS_S +
+    HEARTBEAT_BUDGET_OPS_S requests a second (about a fifth of one store core at 16k ranks;
+    it was 196,608 a second there, one core and more). The local deadlines and SIGTERM are
+    still looked at every tick."""
+    return poll_interval(TICK_S, world), max(HEARTBEAT_EVERY_S, world / HEARTBEAT_BUDGET_OPS_S)
 SNAPSHOT_GRACE_S = 2.0
 """How long the writer waits for every live rank's snapshot once a run is aborted."""
 VERDICT_STALL_S = WRITER_STALL_S
@@ -203,6 +217,8 @@ class Sentinel(threading.Thread):
         it, which means a peer failed after the verdict; returns the code to leave with."""
         self._trigger: IncidentEvent | None = None
         self._lock = threading.Lock()
+        self._looked_at = float("-inf")
+        self._look_every = TICK_S
         self.exchange: Exchange | None = None
         self.started_ok = threading.Event()
 
@@ -222,6 +238,7 @@ class Sentinel(threading.Thread):
             flush_and_exit(EXIT_HANG)
         self.started_ok.set()
         last_beat = 0.0
+        self._look_every, beat_every = standing_intervals(self.world_size)
         try:
             while True:
                 sig = _sigterm_pending(tick_s(self.tracker, time.monotonic()))
@@ -237,7 +254,7 @@ class Sentinel(threading.Thread):
                     what = "SIGINT (Ctrl-C)" if sig == "SIGINT" else "SIGTERM"
                     self.trigger(EventKind.TERMINATED, f"rank {self.rank} received {what} from the launcher (another worker failed or the job was cancelled)")
                 now = time.monotonic()
-                if now - last_beat >= HEARTBEAT_EVERY_S:
+                if now - last_beat >= beat_every:
                     self.exchange.bump(Keys.heartbeat(self.rank))
                     last_beat = now
                 if self.finishing_code is not None:
@@ -256,8 +273,10 @@ class Sentinel(threading.Thread):
             if self._trigger is not None:
                 return self._trigger
         assert self.exchange is not None
-        if self.exchange.count(Keys.ABORT_REASON) > 0:
-            return IncidentEvent(EventKind.PEER, "another rank aborted the run", self.rank)
+        if now - self._looked_at >= self._look_every:
+            self._looked_at = now
+            if self.exchange.count(Keys.ABORT_REASON) > 0:
+                return IncidentEvent(EventKind.PEER, "another rank aborted the run", self.rank)
         phase, since = self.tracker.phase, self.tracker.phase_since
         # Only the wait for every rank to check in (ranks still importing torch) gets the long
         # limit; setup proper (the target, the process groups) is bounded like a probe.

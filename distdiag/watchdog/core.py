@@ -122,6 +122,9 @@ class HangWatchdog:
             self._progress.loaders = self._loaders
         _warn_if_recorder_off(info.rank)
         _import_before_threads(symbolizer=not self.config.wrap)
+        from distdiag.runtime import deathnote
+
+        deathnote.arm()  # a fatal signal leaves its stacks where same-host peers read them
         extra = {
             "timeout_s": self.config.timeout_s, "action": self.config.action, "dump_dir": self.config.dump_dir,
             "run_id": info.run_id, "restart_count": info.restart_count,
@@ -168,6 +171,9 @@ class HangWatchdog:
             from distdiag.runtime.lastword import write_error_file
 
             write_error_file(1)
+        from distdiag.runtime import deathnote
+
+        deathnote.disarm()
         try:
             atexit.unregister(self.close)
         except Exception:  # noqa: BLE001 - interpreter shutting down

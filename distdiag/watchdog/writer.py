@@ -339,7 +339,8 @@ def _reread(
         if r in bad:
             merged[r]["engine"] = EngineView.stale(
                 "the flight recorder's counts contradicted the other ranks' twice (a rank inside a "
-                "collective its peers had completed): left out of the analysis"
+                "collective its peers had completed): its counts left out of the analysis, its entries kept",
+                (merged[r].get("engine") or {}).get("entries"),
             ).to_dict()
             records[r] = RankSnapshot.from_dict(merged[r])
 

@@ -18,7 +18,7 @@ import pytest
 from distdiag.check.launch_end import Launch, exit_code_after_run, lost_rank_words
 from distdiag.check.launched import VERDICT_NOTE_ENV, note_verdict
 from distdiag.check.launcher import JobEnd
-from distdiag.report.model import Report, read_report, write_report
+from distdiag.report.model import EXIT_CANCELLED, Report, read_report, write_report
 from distdiag.runtime.exchange import STORE_STALL_S
 from tests.cli.test_launcher_run import _alive, _connected, _workers
 
@@ -75,12 +75,13 @@ def test_a_verdict_whose_report_could_not_be_written_keeps_its_code(tmp_path, ca
 
 
 def test_a_signal_before_any_report_is_one_cancellation_line(tmp_path, capsys):
-    """Ctrl-C while the ranks start: one line saying so, exit 3, a report saying cancelled."""
+    """Ctrl-C while the ranks start: one line saying so, the cancellation's code, a report saying cancelled."""
     with Launch(str(tmp_path / "r.json"), 2) as launch:
-        assert exit_code_after_run(launch, JobEnd(-9, "SIGINT")) == 3
+        assert exit_code_after_run(launch, JobEnd(-9, "SIGINT")) == EXIT_CANCELLED
         (line,) = _lines(capsys.readouterr().err)
         assert line.startswith("distdiag: cancelled by SIGINT (Ctrl-C)"), line
         assert read_report(launch.report_path).outcome == "cancelled"
+        assert read_report(launch.report_path).exit_code == EXIT_CANCELLED
 
 
 def test_the_rank_torchrun_saw_fail_first_is_named_with_what_it_noted(tmp_path):
@@ -97,12 +98,12 @@ def test_the_rank_torchrun_saw_fail_first_is_named_with_what_it_noted(tmp_path):
 
 
 def test_a_signal_as_a_passing_run_finishes_is_still_a_cancellation(tmp_path, capsys):
-    """Ctrl-C that came too late to stop a passing run: one line, exit 3 (a gate must not start the job)."""
+    """Ctrl-C that came too late to stop a passing run: one line, the cancellation's code (a gate must not start the job)."""
     with Launch(str(tmp_path / "r.json"), 2) as launch:
         write_report(Report(world_size=2, launch_id=launch.id), launch.report_path)
-        assert exit_code_after_run(launch, JobEnd(0, "SIGINT")) == 3
+        assert exit_code_after_run(launch, JobEnd(0, "SIGINT")) == EXIT_CANCELLED
     (line,) = _lines(capsys.readouterr().err)
-    assert line.startswith("distdiag: cancelled by SIGINT (Ctrl-C) as the run finished") and line.endswith("exit 3")
+    assert line.startswith("distdiag: cancelled by SIGINT (Ctrl-C) as the run finished") and line.endswith(f"exit {EXIT_CANCELLED}")
 
 
 def test_a_signal_as_a_passing_run_finishes_is_a_cancellation_when_torchrun_exits_1_for_it(tmp_path, capsys):
@@ -111,9 +112,11 @@ def test_a_signal_as_a_passing_run_finishes_is_a_cancellation_when_torchrun_exit
     one line, not 'a rank failed after the verdict'."""
     with Launch(str(tmp_path / "r.json"), 2) as launch:
         write_report(Report(world_size=2, launch_id=launch.id), launch.report_path)
-        assert exit_code_after_run(launch, JobEnd(1, "SIGINT")) == 3
+        assert exit_code_after_run(launch, JobEnd(1, "SIGINT")) == EXIT_CANCELLED
+        amended = read_report(launch.report_path)  # the report on disk agrees with the exit code
+        assert amended.exit_code == EXIT_CANCELLED and amended.outcome == "cancelled"
     (line,) = _lines(capsys.readouterr().err)
-    assert line.startswith("distdiag: cancelled by SIGINT (Ctrl-C) as the run finished") and line.endswith("exit 3")
+    assert line.startswith("distdiag: cancelled by SIGINT (Ctrl-C) as the run finished") and line.endswith(f"exit {EXIT_CANCELLED}")
 
 
 # -- real runs ---------------------------------------------------------------------------------
@@ -212,7 +215,7 @@ def test_ctrl_c_twice_while_the_ranks_import_is_a_cancellation_not_a_pass(cli_en
         time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=90)
-        assert proc.returncode == 3, err[-2000:]
+        assert proc.returncode == EXIT_CANCELLED, err[-2000:]
         (line,) = _lines(err)
         assert line.startswith("distdiag: cancelled by SIGINT (Ctrl-C)"), err
         assert [p.pid for p in [*seen, *agent] if _alive(p)] == []

@@ -16,7 +16,7 @@ import pytest
 
 from distdiag.check.launch_end import Launch, exit_code_after_run
 from distdiag.check.launcher import JobEnd
-from distdiag.report.model import Report, write_report
+from distdiag.report.model import EXIT_CANCELLED, Report, read_report, write_report
 
 HERE = Path(__file__).resolve().parent
 
@@ -75,16 +75,17 @@ def test_signal_to_distdiag_check_stops_torchrun_and_every_worker(cli_env, tmp_p
         out, err = proc.communicate(timeout=120)
         survivors = [p.pid for p in seen if _alive(p)]
         assert survivors == [], f"workers {survivors} outlived distdiag check; stderr: {err[-2000:]}"
-        assert proc.returncode == 3, err[-2000:]
+        assert proc.returncode == EXIT_CANCELLED, err[-2000:]
         report = json.loads((tmp_path / "distdiag-report.json").read_text())
         assert report["outcome"] == "cancelled" and "cancelled" in report["summary"], report["summary"]
+        assert report["exit_code"] == EXIT_CANCELLED
         # Said in one line by the launcher; no rank prints the report about its signal. (The start
         # line and the progress lines before it are signs of life, not what the cancellation says.)
         from distdiag.report.render import is_beat_line
 
         name = "SIGINT (Ctrl-C)" if sig == signal.SIGINT else "SIGTERM"
         assert [line for line in err.strip().splitlines() if not is_beat_line(line)] == [f"distdiag: cancelled by {name}: {report['summary']}; "
-                                            f"report: {tmp_path / 'distdiag-report.json'} (exit 3)"], err
+                                            f"report: {tmp_path / 'distdiag-report.json'} (exit {EXIT_CANCELLED})"], err
         assert out == "", out
     finally:
         for p in [root, *seen]:
@@ -95,19 +96,23 @@ def test_signal_to_distdiag_check_stops_torchrun_and_every_worker(cli_env, tmp_p
 
 
 def test_pass_report_with_failed_torchrun_is_exit_3(tmp_path, capsys):
-    """This run's report says 0, torchrun says 1 (a rank died after the verdict): one line, exit 3."""
+    """This run's report says 0, torchrun says 1 (a rank died after the verdict): one line, exit 3,
+    and the report on disk says 3 too (its probes kept)."""
     with Launch(str(tmp_path / "r.json"), 2) as launch:
         write_report(Report(world_size=2, launch_id=launch.id), launch.report_path)
         assert exit_code_after_run(launch, JobEnd(1)) == 3
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "the report says pass but torchrun exited 1: a rank failed after the verdict" in err
+        assert err.count("\n") == 1 and "the probes passed but torchrun exited 1: a rank failed after the verdict" in err
+        amended = read_report(launch.report_path)
+        assert amended.exit_code == 3 and amended.outcome == "lost_rank" and "after the verdict" in amended.notes[-1]
+        write_report(Report(world_size=2, launch_id=launch.id), launch.report_path)
         assert exit_code_after_run(launch, JobEnd(0)) == 0
 
 
 @pytest.mark.torchrun
 @pytest.mark.timeout(180)
 def test_rank_lost_after_a_passing_verdict_is_exit_3(cli_env, tmp_path):
-    """Real run: rank 1 is SIGKILLed after it learnt the verdict; the PASS report stays, the exit is 3."""
+    """Real run: rank 1 is SIGKILLed after it learnt the verdict; the exit is 3 and the report says so."""
     env = dict(cli_env, DISTDIAG_TEST_DIE_AFTER_VERDICT="1")
     env["PYTHONPATH"] = str(HERE / "die_after_verdict") + os.pathsep + env["PYTHONPATH"]
     out = subprocess.run([sys.executable, "-m", "distdiag", "check", "--nproc", "2", "--probes", "env"], env=env,
@@ -115,3 +120,4 @@ def test_rank_lost_after_a_passing_verdict_is_exit_3(cli_env, tmp_path):
     assert "verdict: PASS" in out.stdout, out.stderr[-2000:]
     assert out.returncode == 3, out.stderr[-2000:]
     assert "a rank failed after the verdict; exiting 3" in out.stderr
+    assert json.loads((tmp_path / "distdiag-report.json").read_text())["exit_code"] == 3

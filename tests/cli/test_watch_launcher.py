@@ -89,3 +89,40 @@ def test_bad_input_is_one_line_exit_2(cli_env, tmp_path):
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, (args, proc.stderr)
         assert len(_lines(proc.stderr)) == 1 and "error" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_cancelled_watch_is_one_line_and_the_cancellation_code(cli_env, tmp_path, sig):
+    """Ctrl-C (or a scheduler's SIGTERM) to `distdiag watch` while a healthy job trains: a
+    cancellation, not 'the job failed': one line, exit 130, no hang report, no rank left."""
+    import signal
+    import time
+
+    import psutil
+
+    from distdiag.report.model import EXIT_CANCELLED
+
+    cmd = [sys.executable, "-m", "distdiag", "watch", "--nproc-per-node", "2", "--standalone", "--timeout-s", "30",
+           "--", str(SCRIPT), "fault=none", "steps=100000", "step_s=0.05"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root = psutil.Process(proc.pid)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len([p for p in root.children(recursive=True) if "watchdog_script" in " ".join(p.cmdline())]) < 2:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.3)
+        time.sleep(6)  # armed and training
+        workers = root.children(recursive=True)
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_CANCELLED, err[-3000:]
+    said = [line for line in _lines(err) if line.startswith("distdiag watch:")]
+    assert len(said) == 1 and said[0].startswith("distdiag watch: cancelled by SIG"), err[-3000:]
+    assert not (tmp_path / "hang-report").exists() and "Traceback" not in err, err[-3000:]
+    time.sleep(1)
+    assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

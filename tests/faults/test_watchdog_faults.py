@@ -202,3 +202,28 @@ def test_healthy_ddp_without_step_marks_is_not_a_hang(tmp_path):
     result = run_ranks(2, ["1.5", "80"], tmp_path, entry="tests.faults.ddp_worker:main", timeout=90)
     assert result.codes == [0, 0], result.stderr[-2000:]
     assert not (tmp_path / "hang-report" / "hang-report.json").exists()
+
+
+@pytest.mark.parametrize("world,culprit", [(2, 0), (3, 1), (4, 3)], ids=["2-ranks", "3-ranks-middle", "4-ranks-last"])
+@pytest.mark.timeout(60)
+def test_extra_collective_that_gloo_aborts_a_peer_for_blames_the_rank_that_issued_it(tmp_path, world, culprit):
+    """One rank issues an extra, larger all_reduce: gloo pairs it with its peers' next one and
+    aborts a receiver (SIGABRT, "Received data size doesn't match"). The dead rank is the
+    messenger: the lead names the rank whose steps changed course, with both lines."""
+    result = _run(tmp_path, world, "fault=extra_big", f"rank={culprit}", "step=3", "steps=8")
+    assert not result.timed_out, result.stderr[-3000:]
+    aborted = [o.rank for o in result.outcomes if o.exitcode == -6]
+    assert aborted and culprit not in aborted, [(o.rank, o.exitcode) for o in result.outcomes]
+    _, probe, crit = _report(result)
+    assert crit[0].ranks == [culprit] and crit[0].cause == "desync", crit[0].issue
+    assert _line("FAULT:extra_big").split(":")[1] in crit[0].issue and _line("SITE:C").split(":")[1] in crit[0].issue
+    dead = [f for f in probe.findings if f.cause == "aborted_in_collective"]
+    assert dead and set(dead[0].ranks) <= set(aborted) and "SIGABRT" in dead[0].issue
+
+
+@pytest.mark.timeout(60)
+def test_segfaulted_rank_is_named_with_its_signal_and_frame(tmp_path):
+    result = _run(tmp_path, 2, "fault=segv", "rank=1", "step=2")
+    assert not result.timed_out, result.stderr[-3000:]
+    _, _, crit = _report(result)
+    assert crit[0].ranks == [1] and "SIGSEGV" in crit[0].issue and "string_at" in crit[0].issue

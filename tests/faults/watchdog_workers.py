@@ -99,6 +99,12 @@ def train(argv: list[str]) -> int:
                 dist.all_reduce(t)  # SITE:B
             if here and fault == "extra":
                 dist.all_reduce(t.clone())  # FAULT:extra
+            if here and fault == "extra_big":
+                dist.all_reduce(torch.ones(4096))  # FAULT:extra_big (its peer's next all_reduce meets a larger message)
+            if here and fault == "segv":
+                import ctypes
+
+                ctypes.string_at(0)  # FAULT:segv
             dist.all_reduce(t)  # SITE:C
             if step == s and fault == "checkpoint":
                 if me == 0:

@@ -1,0 +1,102 @@
+"""A rank that died of a fatal signal, told apart by the signal and where its program was.
+
+Its peers learn only that the process is gone; the note faulthandler left
+(distdiag.runtime.deathnote) says how. SIGABRT while the program was inside a
+torch.distributed call is the communication library ending the process itself: gloo when a
+peer's message has another size than this rank's collective expects (the ranks are in
+different collectives: gloo pairs collectives by their order, never by name), NCCL's
+watchdog on a collective's timeout or a communicator error. The dead rank then only received
+the mismatch; the rank that caused it is one whose own steps changed course: the same lines
+each step, then a step that issued collectives from lines its other steps never did (an
+extra evaluation, a rank-dependent branch). Such a departure is blamed, the dead rank named
+as the consequence. Without one, the dead rank is named with what its death says, and the
+observation that would decide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distdiag.hang.desync import departure
+from distdiag.hang.incident import CAUSE_DESYNC, Silence
+from distdiag.report.model import Finding
+from distdiag.report.render import format_ranks
+
+__all__ = ["ABORTED_FIX", "aborted_in_collective", "death_fix"]
+
+ABORTED_FIX = (
+    "the ranks called different collectives (or sizes) at the same point: gloo aborts the rank that receives a "
+    "message of the wrong size (its stderr says 'Is there a distributed collective mismatch'); NCCL's watchdog "
+    "aborts on a collective's timeout. Run once with TORCH_DISTRIBUTED_DEBUG=DETAIL to have torch compare every "
+    "collective across ranks, and look for a collective inside a branch only some ranks take"
+)
+
+
+def death_fix(death: Any) -> str | None:
+    """The fix a death's signal points to, or None for the generic one."""
+    if death is None:
+        return None
+    if death.signal == "SIGABRT" and death.in_collective:
+        return ABORTED_FIX
+    if death.signal in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"):
+        return ("a crash in native code (an extension, a kernel, a corrupted tensor): the stack of its main thread "
+                "is in the finding's evidence; rerun that rank's inputs under gdb (or compute-sanitizer on a GPU)")
+    return None
+
+
+def _aborted(a: Any) -> dict[int, Any]:
+    out = {}
+    for rank, why in sorted(a.lost.items()):
+        death = Silence.death_of(why)
+        if death is not None and death.signal == "SIGABRT" and death.in_collective and rank not in a.explained:
+            out[rank] = death
+    return out
+
+
+def aborted_in_collective(a: Any) -> None:
+    """Ranks aborted inside a collective: blame the live ranks whose steps changed course."""
+    dead = _aborted(a)
+    if not dead:
+        return
+    alive = [r for r in sorted(a.views) if r not in a.lost]
+    # where the program is now does not matter (the survivors were ended after the abort):
+    # only the steps their recorders kept
+    changed = {r: text for r in alive if (text := departure(a.views[r].snap, loop=False))}
+    if not changed or len(changed) == len(alive) > 1:
+        return  # nobody, or everybody (no course to depart from): `lost` names the dead rank
+    first = next(iter(dead))
+    death = dead[first]
+    culprits = sorted(changed)
+    deaths = "; ".join(f"rank {r} {d.text()}" for r, d in dead.items())
+    a.findings.append(
+        Finding(
+            severity="critical",
+            issue=(f"{format_ranks(culprits)} issued collectives its own training steps do not "
+                   f"({changed[culprits[0]]}); {format_ranks(sorted(dead))} then died inside a collective (SIGABRT): "
+                   "the ranks were in different collectives"),
+            evidence=(f"{deaths}. gloo pairs collectives by order: after an extra collective on one rank every "
+                      "later one meets a different one on its peer, until a message of the wrong size makes gloo "
+                      "abort the receiver. The survivors' recorders show the departure; the dead rank's own "
+                      "collectives are lost with it, so its matching steps are assumed"),
+            ranks=culprits,
+            fix=("make every rank issue the same collectives in the same order: a collective (an evaluation, a "
+                 "metric gather, a save) inside a branch only some ranks take must run on all of them, or move "
+                 "out of the branch. To confirm, run once with TORCH_DISTRIBUTED_DEBUG=DETAIL"),
+            confidence=0.7,
+            cause=CAUSE_DESYNC,
+        )
+    )
+    for r, d in dead.items():
+        a.findings.append(
+            Finding(
+                severity="warning",
+                issue=f"rank {r} lost during {a.what}: {a.lost[r]} (a consequence of the mismatch above)",
+                evidence="\n".join(d.stack[:12]),
+                ranks=[r],
+                fix=ABORTED_FIX,
+                confidence=0.7,
+                cause="aborted_in_collective",
+            )
+        )
+    a.explained.update(culprits)
+    a.explained.update(dead)

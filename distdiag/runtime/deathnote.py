@@ -1,0 +1,241 @@
+"""How a rank's process died, read by a peer on the same host after it is gone.
+
+A process killed by a fatal signal leaves its peers nothing: no exception, no snapshot, only
+"its process is gone". Yet the signal separates causes that call for different fixes:
+SIGKILL is the OOM killer or an operator; SIGSEGV/SIGBUS a crash in native code; SIGABRT
+inside a collective is the communication library ending the process itself - gloo when a
+peer's message has another size than the one expected (two ranks in different collectives:
+its "Is there a distributed collective mismatch in your code?"), NCCL's watchdog on a timeout
+or a communicator error. There the dead rank is the messenger, not the cause.
+
+Python's `faulthandler` writes the fatal signal and every Python thread's stack from its C
+signal handler, which runs even when a C++ thread aborts the process. When the watchdog arms
+and the program has not enabled faulthandler itself, each rank enables it into a file of its
+own, named by its pid under a per-user directory of the temp dir (mode 0700); a clean end
+disables it and removes the file. A peer that finds the process gone reads the file by pid
+(`read`). A program that enabled faulthandler itself keeps it as it is (its stderr then
+carries the stacks) and its peers learn only that the process is gone.
+
+Only same-host peers can read the file; on other hosts the rank stays "no answer".
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import re
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+__all__ = ["Death", "arm", "disarm", "read", "parse", "note_path"]
+
+_MAX_BYTES = 256 * 1024
+"""Bytes read from a note: faulthandler writes 100 frames per thread at most."""
+
+_SIGNALS = {
+    "Aborted": "SIGABRT",
+    "Segmentation fault": "SIGSEGV",
+    "Bus error": "SIGBUS",
+    "Floating-point exception": "SIGFPE",
+    "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<func>.+)$')
+
+_armed: dict[str, Any] = {}
+
+
+@dataclass
+class Death:
+    """A fatal signal as faulthandler wrote it: the signal, its line, and the stack of the
+    thread that ran the program's top level (innermost frame first)."""
+
+    signal: str
+    line: str
+    stack: list[str] = field(default_factory=list)
+    collective: str | None = None
+    """The torch.distributed function the main thread was in (``all_reduce``, ``wait``, ...)."""
+    call_site: str | None = None
+    """The innermost frame of the main thread outside torch.distributed, when it was in one."""
+
+    @property
+    def in_collective(self) -> bool:
+        return self.collective is not None
+
+    def text(self) -> str:
+        where = ""
+        if self.collective:
+            where = f" while its main thread was in torch.distributed's {self.collective}"
+            if self.call_site:
+                where += f" called at {self.call_site}"
+        elif self.stack:
+            where = f" at {self.stack[0]}"
+        return f"it died of {self.signal} ({self.line}){where}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"signal": self.signal, "line": self.line, "stack": self.stack,
+                "collective": self.collective, "call_site": self.call_site}
+
+
+def note_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"distdiag-{os.getuid()}")
+
+
+def note_path(pid: int) -> str:
+    return os.path.join(note_dir(), f"fatal-{int(pid)}.txt")
+
+
+def _own_dir(path: str) -> bool:
+    """The directory exists (made here if not), is a real directory, ours, and closed to others."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def arm() -> bool:
+    """Enable faulthandler into this process's note, unless the program enabled it already.
+    True when armed here (now or before). Never raises: the note is evidence, not a duty."""
+    if _armed.get("pid") == os.getpid():
+        return True
+    if faulthandler.is_enabled():
+        return False
+    path = note_path(os.getpid())
+    try:
+        if not _own_dir(os.path.dirname(path)):
+            return False
+        _prune(os.path.dirname(path))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+        f: IO[str] = os.fdopen(fd, "w")
+        faulthandler.enable(file=f, all_threads=True)
+    except (OSError, ValueError, RuntimeError):
+        return False
+    _armed.update(pid=os.getpid(), file=f, path=path)  # faulthandler needs the file kept open
+    return True
+
+
+_KEEP_S = 7 * 24 * 3600
+"""A note with a death in it is kept this long for a late `distdiag` reader; an empty one (a
+process ended by SIGTERM or SIGKILL, which faulthandler does not catch) only while its pid lives."""
+
+
+def _prune(path: str) -> None:
+    """Remove the notes of processes that are gone: empty ones at once, the others after _KEEP_S."""
+    import time
+
+    now = time.time()
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(r"fatal-(\d+)\.txt", name)
+        if m is None:
+            continue
+        full = os.path.join(path, name)
+        try:
+            st = os.lstat(full)
+            if st.st_size and now - st.st_mtime < _KEEP_S:
+                continue
+            if not st.st_size and _alive(int(m[1])):
+                continue
+            os.unlink(full)
+        except OSError:
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def disarm() -> None:
+    """A clean end: faulthandler off (if enabled here) and the note removed."""
+    if _armed.get("pid") != os.getpid():
+        _armed.clear()
+        return
+    try:
+        faulthandler.disable()
+    except Exception:  # noqa: BLE001 - interpreter shutting down
+        pass
+    f, path = _armed.get("file"), _armed.get("path")
+    _armed.clear()
+    try:
+        if f is not None:
+            f.close()
+        if path:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def read(pid: int) -> Death | None:
+    """The death of same-host process `pid` as its note tells it; None when it left none (no
+    fatal signal caught: SIGKILL, a plain exit, or faulthandler was not ours)."""
+    if pid <= 0:
+        return None
+    try:
+        fd = os.open(note_path(pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        data = os.read(fd, _MAX_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return parse(data.decode("utf-8", "replace"))
+
+
+def parse(text: str) -> Death | None:
+    """faulthandler's report (``Fatal Python error: <what>`` then one block per thread)."""
+    lines = text.splitlines()
+    head = next((ln for ln in lines if ln.startswith("Fatal Python error:")), None)
+    if head is None:
+        return None
+    what = head.split(":", 1)[1].strip()
+    signal = _SIGNALS.get(what, what or "a fatal signal")
+    threads: list[list[tuple[str, str, str]]] = []
+    for ln in lines:
+        if re.match(r"^(Current thread|Thread) 0x[0-9a-fA-F]+", ln):
+            threads.append([])
+            continue
+        m = _FRAME.match(ln)
+        if m and threads:
+            threads[-1].append((m["file"], m["line"], m["func"]))
+    # the thread that runs the program: a module's top level is among its frames (threads start in threading)
+    main = next((t for t in threads if any(fn == "<module>" for _, _, fn in t)), threads[0] if threads else [])
+    death = Death(signal=signal, line=head, stack=[f"{f}:{n} in {fn}" for f, n, fn in main])
+    dist = [i for i, (f, _, _) in enumerate(main) if _in_torch_distributed(f)]
+    if dist:
+        # the API called: the outermost frame of distributed_c10d (its helpers and torch's
+        # logging wrappers lie inside it), else the outermost torch.distributed frame
+        api = [i for i in dist if main[i][0].replace("\\", "/").endswith("distributed/distributed_c10d.py")]
+        death.collective = main[(api or dist)[-1]][2]
+        outside = next(((f, n, fn) for f, n, fn in main[dist[-1] + 1:] if not _in_torch_distributed(f)), None)
+        if outside is not None:
+            death.call_site = f"{outside[0]}:{outside[1]} in {outside[2]}"
+    return death
+
+
+def _in_torch_distributed(path: str) -> bool:
+    p = path.replace("\\", "/")
+    return "/torch/distributed/" in p or "/torch/nn/parallel/" in p

@@ -1,0 +1,102 @@
+"""The note faulthandler leaves when a rank dies of a fatal signal, read as a peer reads it.
+
+Each case is a real process that arms the note and dies (or ends cleanly); the file read is
+the one CPython's faulthandler wrote, never text built here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from distdiag.runtime import deathnote
+
+pytestmark = pytest.mark.timeout(60)
+
+_BODY = {
+    "abort": "import os\ndef inner():\n    os.abort()\ninner()\n",
+    "segv": "import ctypes\ndef inner():\n    ctypes.string_at(0)\ninner()\n",
+    "kill": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    "clean": "deathnote.disarm()\n",
+    "theirs": "",
+}
+
+
+def _die(tmp_path, how: str, *, theirs: bool = False) -> tuple[int, int]:
+    """Run a process that arms the note (after enabling faulthandler itself, with `theirs`) and
+    then does `how`; returns (pid, returncode)."""
+    code = "import faulthandler, sys\n" + ("faulthandler.enable()\n" if theirs else "")
+    code += "from distdiag.runtime import deathnote\nprint(deathnote.arm(), flush=True)\n" + _BODY[how]
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p.communicate(timeout=30)
+    return p.pid, p.returncode
+
+
+@pytest.fixture
+def tmpdir_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    return tmp_path
+
+
+def test_abort_names_sigabrt_and_the_main_threads_frames(tmpdir_env):
+    pid, rc = _die(tmpdir_env, "abort")
+    assert rc == -6
+    death = deathnote.read(pid)
+    assert death is not None and death.signal == "SIGABRT" and death.line == "Fatal Python error: Aborted"
+    assert death.stack[0].endswith("in inner") and death.stack[-1].endswith("in <module>")
+    assert not death.in_collective and "SIGABRT" in death.text()
+
+
+def test_segfault_names_sigsegv(tmpdir_env):
+    pid, rc = _die(tmpdir_env, "segv")
+    assert rc == -11
+    death = deathnote.read(pid)
+    assert death is not None and death.signal == "SIGSEGV" and any("string_at" in f for f in death.stack)
+
+
+def test_sigkill_and_a_clean_end_leave_nothing_to_read(tmpdir_env):
+    pid, rc = _die(tmpdir_env, "kill")
+    assert rc == -9 and deathnote.read(pid) is None  # faulthandler cannot catch SIGKILL: an empty note
+    pid, rc = _die(tmpdir_env, "clean")
+    assert rc == 0 and deathnote.read(pid) is None and not os.path.exists(deathnote.note_path(pid))
+
+
+def test_a_program_that_enabled_faulthandler_keeps_it(tmpdir_env):
+    pid, rc = _die(tmpdir_env, "theirs", theirs=True)
+    assert rc == 0 and not os.path.exists(deathnote.note_path(pid))
+
+
+def test_a_note_reached_through_a_link_is_not_read(tmpdir_env):
+    pid, rc = _die(tmpdir_env, "abort")
+    path = deathnote.note_path(pid)
+    os.rename(path, path + ".real")
+    os.symlink(path + ".real", path)
+    assert deathnote.read(pid) is None
+
+
+def test_a_collective_is_named_from_torch_distributed_frames():
+    """faulthandler's own format (as CPython 3.11 writes it) around a gloo abort in all_gather."""
+    text = textwrap.dedent('''\
+        Fatal Python error: Aborted
+
+        Thread 0x00007f75f2ffd6c0 (most recent call first):
+          File "/x/distdiag/watchdog/sigterm.py", line 82 in _listen
+          File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+        Thread 0x00007f761e249b80 (most recent call first):
+          File "/v/site-packages/torch/distributed/distributed_c10d.py", line 4287 in all_gather
+          File "/v/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+          File "/v/site-packages/transformers/trainer_pt_utils.py", line 207 in distributed_concat
+          File "/job/train.py", line 152 in <module>
+        ''')
+    death = deathnote.parse(text)
+    assert death is not None and death.collective == "all_gather"
+    assert death.call_site == "/v/site-packages/transformers/trainer_pt_utils.py:207 in distributed_concat"
