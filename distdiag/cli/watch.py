@@ -68,6 +68,13 @@ def _take_junit(argv: list[str]) -> tuple[str | None, list[str]]:
         else:
             rest.append(word)
             i += 1
+    if path is not None:
+        from distdiag.report.safefile import RefusedFile, check_output_path
+
+        try:
+            check_output_path(path, "pass --junit a file path")
+        except RefusedFile as exc:
+            raise ValueError(f"--junit: {exc}") from None
     return path, rest + argv[end:]
 
 
@@ -260,6 +267,21 @@ def torchrun_problem(torchrun: list[str]) -> str | None:
     return None
 
 
+def _ending(end: Any, report: str, before: int | None, output: WatchOutput) -> tuple[int, str | None]:
+    """(the exit code, how the job was cancelled or None) once torchrun is back."""
+    stamp = _stamp(report)
+    if end.stopped_by and (stamp is None or stamp == before):
+        # the user's Ctrl-C or a SIGTERM to distdiag watch (a cancelled job): every rank was
+        # told to stop, so the watchdog wrote no report; not a failure of the job
+        from distdiag.check.launch_end import signal_words
+        from distdiag.errors import print_line
+
+        print_line(f"distdiag watch: cancelled by {signal_words(end.stopped_by)}; the job was stopped "
+                   f"(torchrun exited {end.rc}), no hang report; exiting {EXIT_CANCELLED}")
+        return EXIT_CANCELLED, f"the job was cancelled by {signal_words(end.stopped_by)}"
+    return _exit_code(report, before, end.rc, output), None
+
+
 def run_watch(argv: list[str]) -> int:
     """Launch torchrun with the watchdog wrapper; the verdict's exit code."""
     from distdiag.check.launcher import run_forwarding_signals
@@ -274,17 +296,9 @@ def run_watch(argv: list[str]) -> int:
         return 2
     try:
         junit, argv = _take_junit(argv)
-    except ValueError as exc:
+    except ValueError as exc:  # no PATH, or a link, FIFO or directory there
         sys.stderr.write(f"distdiag: error: {exc}\n")
         return 2
-    if junit is not None:
-        from distdiag.report.safefile import RefusedFile, check_output_path
-
-        try:
-            check_output_path(junit, "pass --junit a file path")
-        except RefusedFile as exc:
-            sys.stderr.write(f"distdiag: error: --junit: {exc}\n")
-            return 2
     torchrun, watch, command = _split(argv)
     try:
         _ns, config, _entries = _parse([*watch, "--", *command])
@@ -311,18 +325,7 @@ def run_watch(argv: list[str]) -> int:
     end = run_forwarding_signals(cmd, dict(os.environ), pump_stderr, stderr=subprocess.PIPE, text=True, bufsize=1)
     for thread in pumps:
         thread.join(timeout=5)
-    stamp = _stamp(report)
-    if end.stopped_by and (stamp is None or stamp == before):
-        # the user's Ctrl-C or a SIGTERM to distdiag watch (a cancelled job): every rank was
-        # told to stop, so the watchdog wrote no report; not a failure of the job
-        from distdiag.check.launch_end import signal_words
-        from distdiag.errors import print_line
-
-        print_line(f"distdiag watch: cancelled by {signal_words(end.stopped_by)}; the job was stopped "
-                   f"(torchrun exited {end.rc}), no hang report; exiting {EXIT_CANCELLED}")
-        code, why = EXIT_CANCELLED, f"the job was cancelled by {signal_words(end.stopped_by)}"
-    else:
-        code, why = _exit_code(report, before, end.rc, output), None
+    code, why = _ending(end, report, before, output)
     if junit is not None:
         from distdiag.cli.options import write_junit_for
 
