@@ -18,7 +18,7 @@ import threading
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from distdiag.errors import print_line, unknown_option_hint
+from distdiag.errors import DistDiagError, print_line, unknown_option_hint
 
 __all__ = ["main", "build_parser", "armed"]
 
@@ -164,7 +164,7 @@ def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-class _BadUsage(Exception):
+class _BadUsage(DistDiagError):
     """A bad option or script: the message is the one line `_fail` prints."""
 
 

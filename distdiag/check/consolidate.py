@@ -5,7 +5,8 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from distdiag.hang import analyze_hang, ensure_critical, snapshot_details, state_rows
+from distdiag.hang import analyze_hang, build_views, ensure_critical, snapshot_details, state_rows
+from distdiag.hang.picture import hang_extras
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.report.model import (
     EXIT_CANCELLED,
@@ -189,6 +190,7 @@ def hang_result(
     )
     findings = mark_blind(findings, blind_spot(snaps=snaps.values()))  # NCCL blocking wait: the recorder does not move
     details = {"table:ranks at the end": state_rows(snaps, lost, world, infos), **snapshot_details(snaps)}
+    details.update(hang_extras(findings, build_views(snaps, lost), lost, errors, world))
     return ProbeResult(name, status="error", findings=findings, duration_s=duration_s, details=details, reason=reason)
 
 

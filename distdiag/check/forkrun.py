@@ -32,9 +32,9 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from distdiag.check.hashseed import HASH_PROBE, PARENT_HASH_ENV, shared_hash_seed_note
-from typing import Any
 
 __all__ = [
     "main", "split_argv", "world_size", "plan_preloads", "start_method", "cuda_in_parent", "shared_hash_seed_note",

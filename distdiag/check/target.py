@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from distdiag.errors import ConfigError, exc_line
+from distdiag.errors import ConfigError, DistDiagError, exc_line
 
 __all__ = ["HOOKS", "Target", "MissingHook", "load_target"]
 
@@ -43,7 +43,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
 """Every hook a target may define, with the arguments distdiag passes (positionally)."""
 
 
-class MissingHook(Exception):
+class MissingHook(DistDiagError):
     """A probe needs a hook the target does not define (the probe skips with this reason)."""
 
 

@@ -8,7 +8,17 @@ from typing import Annotated
 
 import typer
 
-from distdiag.cli.options import ExitCodeOpt, ExitZeroOpt, FormatOpt, check_format, check_severity, fail
+from distdiag.cli.options import (
+    ExitCodeOpt,
+    ExitZeroOpt,
+    FormatOpt,
+    JunitOpt,
+    check_format,
+    check_junit_path,
+    check_severity,
+    fail,
+    write_junit_for,
+)
 
 __all__ = ["register"]
 
@@ -29,6 +39,7 @@ def analyze(
     strict: Annotated[bool, typer.Option("--strict", help="A truncated last line or record is an error too (default: skipped with a note).")] = False,
     exit_zero: ExitZeroOpt = False,
     exit_code: ExitCodeOpt = False,
+    junit: JunitOpt = None,
 ) -> None:
     """Diagnose training curves from metric logs: divergence, NaN/Inf, loss spikes (and whether
     gradient spikes preceded them), plateaus, vanishing/exploding gradients, overfitting, and
@@ -43,6 +54,7 @@ def analyze(
     check_severity(min_severity)
     if plot is not None:
         _check_plot_path(plot)
+    check_junit_path(junit)
     try:
         config = AnalyzeConfig(metric=metric, val_metric=val_metric, grad_metric=grad_metric, spike_factor=spike_factor, tolerance=tolerance)
         labels = _labels(paths)
@@ -58,6 +70,7 @@ def analyze(
             typer.echo(f"distdiag: note: {note}", err=True)
     if plot is not None:
         _write_plot(runs, report, plot, config)
+    write_junit_for(report, junit, "analyze")
     if format == "json":
         typer.echo(report.to_json())
     else:

@@ -17,7 +17,16 @@ from typing import Annotated, Any
 
 import typer
 
-from distdiag.cli.options import ExitCodeOpt, ExitZeroOpt, FormatOpt, check_format, fail
+from distdiag.cli.options import (
+    ExitCodeOpt,
+    ExitZeroOpt,
+    FormatOpt,
+    JunitOpt,
+    check_format,
+    check_junit_path,
+    fail,
+    write_junit_for,
+)
 
 __all__ = ["register", "report_from_dumps", "dump_problem"]
 
@@ -58,15 +67,22 @@ def hang_report(
         int | None, typer.Option("--world-size", help="The job's number of ranks, when its dumps do not say (gloo's "
                                  "carry no membership): ranks without a dump are then suspects too.")
     ] = None,
+    junit: JunitOpt = None,
+    graph: Annotated[
+        Path | None, typer.Option("--graph", metavar="FILE.dot|FILE.mmd", help="Also write the wait-for graph the "
+                                  "verdict was drawn from: Graphviz DOT (.dot, .gv) or Mermaid (.mmd).")
+    ] = None,
 ) -> None:
     """Render a hang report the watchdog wrote, or one built from flight-recorder dumps."""
     from distdiag.errors import ReportError
     from distdiag.hang.dumpreport import dump_files, read_folder, skipped_line
     from distdiag.report.model import non_regular_kind, read_report
-    from distdiag.watchdog.writer import REPORT_NAME, render_hang_report
+    from distdiag.watchdog.writer import REPORT_NAME
 
     del exit_code  # accepted for old scripts: the verdict's code is the default now
     check_format(format)
+    check_junit_path(junit)
+    _check_graph_path(graph)
     if not path.exists():
         raise fail(f"{path} does not exist")
     if not path.is_dir() and not path.is_file():
@@ -80,8 +96,7 @@ def hang_report(
                 raise fail(str(exc)) from None
             report = None
         if report is not None:
-            typer.echo(report.to_json() if format == "json" else render_hang_report(report, 0 if exit_zero else report.exit_code))
-            raise typer.Exit(0 if exit_zero else report.exit_code)
+            _show(report, format, exit_zero, junit, graph)
     try:
         files = dump_files(path)
     except OSError as exc:
@@ -98,6 +113,52 @@ def hang_report(
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot read a dump in {path}: {exc.strerror}") from None
+    _show(report, format, exit_zero, junit, graph)
+
+
+def _check_graph_path(graph: Path | None) -> None:
+    """--graph must end .dot/.gv/.mmd and be a file to (re)write: bad input (exit 2) otherwise."""
+    if graph is None:
+        return
+    from distdiag.hang.picture import graph_text
+    from distdiag.report.safefile import RefusedFile, check_output_path
+
+    try:
+        graph_text({"nodes": [], "edges": []}, str(graph))
+        check_output_path(graph, "pass --graph a file path")
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    except RefusedFile as exc:
+        raise fail(f"--graph: {exc}") from None
+
+
+def _write_graph(report: Any, graph: Path) -> None:
+    """The wait-for graph of the report (its probe's `wait_for_graph`) as DOT or Mermaid; a
+    report without one (not a hang, or from an older distdiag) is said in one line."""
+    from distdiag.hang.picture import graph_text
+    from distdiag.report.model import write_json_atomic
+
+    picture = next((p.details["wait_for_graph"] for p in report.probes
+                    if isinstance(p.details.get("wait_for_graph"), dict)), None)
+    if picture is None:
+        typer.echo(f"distdiag: note: no wait-for graph in this report (not a hang, or written before distdiag drew "
+                   f"one); {graph} not written", err=True)
+        return
+    try:
+        written = write_json_atomic(graph, graph_text(picture, str(graph)).rstrip("\n"))
+    except OSError as exc:
+        typer.echo(f"distdiag: cannot write the graph to {graph}: {exc.strerror or exc}", err=True)
+        return
+    typer.echo(f"distdiag: wait-for graph written to {written}", err=True)
+
+
+def _show(report: Any, format: str, exit_zero: bool, junit: Path | None, graph: Path | None = None) -> None:
+    """Print the report (JSON or text), write its JUnit XML and graph, exit with the verdict's code."""
+    from distdiag.watchdog.writer import render_hang_report
+
+    write_junit_for(report, junit, "hang-report")
+    if graph is not None:
+        _write_graph(report, graph)
     typer.echo(report.to_json() if format == "json" else render_hang_report(report, 0 if exit_zero else report.exit_code))
     raise typer.Exit(0 if exit_zero else report.exit_code)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,6 +15,9 @@ __all__ = [
     "FormatOpt",
     "ExitZeroOpt",
     "ExitCodeOpt",
+    "JunitOpt",
+    "check_junit_path",
+    "write_junit_for",
     "fail",
     "check_format",
     "check_severity",
@@ -36,6 +40,41 @@ ExitCodeOpt = Annotated[
     bool,
     typer.Option("--exit-code", hidden=True, help="Deprecated, no effect: the exit code is the verdict's by default."),
 ]
+
+
+JunitOpt = Annotated[
+    Path | None,
+    typer.Option("--junit", help="Also write the verdict as JUnit XML to PATH (as `distdiag check --junit`), "
+                 "for CI systems that show test results.", metavar="PATH"),
+]
+
+
+def check_junit_path(path: Path | None) -> None:
+    """--junit naming a link, FIFO or directory is bad input before anything is read (exit 2)."""
+    if path is None:
+        return
+    from distdiag.report.safefile import RefusedFile, check_output_path
+
+    try:
+        check_output_path(path, "pass --junit a file path")
+    except RefusedFile as exc:
+        raise fail(f"--junit: {exc}") from None
+    except OSError as exc:
+        raise fail(f"--junit: cannot write {path}: {exc.strerror}") from None
+
+
+def write_junit_for(report: Any, path: Path | str | None, command: str) -> None:
+    """Write `report` as JUnit XML (suite `distdiag.<command>`) when --junit was given; a
+    write that fails is said on stderr in one line and leaves the verdict's exit code alone,
+    as `distdiag check --junit` does."""
+    if path is None:
+        return
+    from distdiag.report.junit import write_junit
+
+    try:
+        write_junit(report, path, f"distdiag.{command}")
+    except OSError as exc:
+        typer.echo(f"distdiag: cannot write the JUnit XML to {path}: {exc.strerror or exc}", err=True)
 
 
 def check_format(value: str) -> None:

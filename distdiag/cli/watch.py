@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 import threading
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 
 import typer
 
@@ -33,8 +33,9 @@ HELP = f"""{USAGE}
 Runs `torchrun [torchrun options] -m distdiag.watch [watch options] -- train.py ARGS...`:
 the training script unchanged, with distdiag's hang watchdog armed at init_process_group.
 Watch options (python -m distdiag.watch -h): --timeout-s S, --action abort|raise|report,
---dump-dir DIR, --flight-recorder N, --nccl-timing, --wrap, --no-wrap; every other option before `--` is torchrun's
-(--nproc-per-node, --standalone, --nnodes, --rdzv-*, ...).
+--dump-dir DIR, --flight-recorder N, --nccl-timing, --wrap, --no-wrap; --junit PATH (this
+command's: the verdict as JUnit XML, as `distdiag check --junit`); every other option before
+`--` is torchrun's (--nproc-per-node, --standalone, --nnodes, --rdzv-*, ...).
 
 Output: the ranks' stdout and stderr as they come, without torchrun's log lines and its
 closing traceback (DISTDIAG_DEBUG=1 shows everything). Exit codes: 0 the script finished,
@@ -48,6 +49,55 @@ _WATCH_FLAGS = ("--wrap", "--no-wrap", "--nccl-timing")
 _TORCHRUN_FRAME = re.compile(r'^\s*File ".*torch/distributed/(run|launch|elastic/|launcher/)')
 _ENDING = re.compile(r"^distdiag\[rank \d+\]: watchdog ending the process")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+
+
+def _take_junit(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(--junit's PATH or None, the arguments without it): an option of this command, not of
+    torchrun or distdiag.watch; only before `--` (after it, the script's arguments). Raises
+    ValueError when PATH is missing."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    path, rest, i = None, [], 0
+    while i < end:
+        word = argv[i]
+        if word == "--junit":
+            if i + 1 >= end:
+                raise ValueError("--junit needs a PATH")
+            path, i = argv[i + 1], i + 2
+        elif word.startswith("--junit="):
+            path, i = word.split("=", 1)[1], i + 1
+        else:
+            rest.append(word)
+            i += 1
+    if path is not None:
+        from distdiag.report.safefile import RefusedFile, check_output_path
+
+        try:
+            check_output_path(path, "pass --junit a file path")
+        except RefusedFile as exc:
+            raise ValueError(f"--junit: {exc}") from None
+    return path, rest + argv[end:]
+
+
+def _junit_report(report_path: str, before: int | None, code: int, rc: int, cancelled: str | None = None) -> Any:
+    """What --junit writes: this run's hang report when the watchdog ended the job, else a
+    one-case report saying how the script ended (by itself, or `cancelled`: how it was)."""
+    from distdiag.errors import ReportError
+    from distdiag.report.model import Finding, ProbeResult, Report, read_report, verdict_for
+
+    stamp = _stamp(report_path)
+    if cancelled is None and rc != 0 and stamp is not None and stamp != before:
+        try:
+            return read_report(report_path)
+        except ReportError:
+            pass
+    findings = [] if code == 0 else [Finding("error", f"{cancelled}; no hang report")] if cancelled else [Finding(
+        "error", f"the script exited {code} without a hang report (it failed by itself, or the watchdog's report "
+        f"could not be read at {report_path})")]
+    probe = ProbeResult.from_findings("watchdog", findings)
+    return Report(world_size=0, probes=[probe], exit_code=code, verdict=verdict_for(code, [probe]),
+                  outcome="completed" if code == 0 else ("cancelled" if code == EXIT_CANCELLED else "terminated")
+                  if cancelled else "raised",
+                  summary="the script finished; no hang" if code == 0 else findings[0].issue)
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -233,6 +283,29 @@ class _WatchedJob:
         return None  # the ranks learn it from torchrun's SIGTERM; the launcher says it in one line
 
 
+def _ending(end: Any, report: str, before: int | None, output: WatchOutput, launch: _WatchedJob) -> tuple[int, str | None]:
+    """(the exit code, how the job was cancelled or ended from outside, or None) once torchrun is back."""
+    from distdiag.errors import print_line
+
+    orphans = launch.watch.end_orphans() if end.rc < 0 else []
+    if orphans:
+        print_line(f"distdiag watch: torchrun's agent was killed by signal {-end.rc}; its {len(orphans)} rank(s) "
+                   f"left running (pids {', '.join(map(str, orphans))}) were ended; exiting {EXIT_HANG}")
+        return EXIT_HANG, f"torchrun's agent was killed by signal {-end.rc}"
+    if end.killed_why:
+        return EXIT_HANG, end.killed_why  # said in one line already ("...; killing the job")
+    stamp = _stamp(report)
+    if end.stopped_by and (stamp is None or stamp == before):
+        # the user's Ctrl-C or a SIGTERM to distdiag watch (a cancelled job): every rank was
+        # told to stop, so the watchdog wrote no report; not a failure of the job
+        from distdiag.check.launch_end import signal_words
+
+        print_line(f"distdiag watch: cancelled by {signal_words(end.stopped_by)}; the job was stopped "
+                   f"(torchrun exited {end.rc}), no hang report; exiting {EXIT_CANCELLED}")
+        return EXIT_CANCELLED, f"the job was cancelled by {signal_words(end.stopped_by)}"
+    return _exit_code(report, before, end.rc, output), None
+
+
 def run_watch(argv: list[str]) -> int:
     """Launch torchrun with the watchdog wrapper; the verdict's exit code."""
     from distdiag.check.launcher import run_forwarding_signals
@@ -244,6 +317,11 @@ def run_watch(argv: list[str]) -> int:
         return 0
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         sys.stderr.write(f"distdiag: error: {USAGE}\n")
+        return 2
+    try:
+        junit, argv = _take_junit(argv)
+    except ValueError as exc:  # no PATH, or a link, FIFO or directory there
+        sys.stderr.write(f"distdiag: error: {exc}\n")
         return 2
     torchrun, watch, command = _split(argv)
     try:
@@ -273,26 +351,12 @@ def run_watch(argv: list[str]) -> int:
                                  bufsize=1)
     for thread in pumps:
         thread.join(timeout=5)
-    orphans = launch.watch.end_orphans() if end.rc < 0 else []
-    if orphans:
-        from distdiag.errors import print_line
+    code, why = _ending(end, report, before, output, launch)
+    if junit is not None:
+        from distdiag.cli.options import write_junit_for
 
-        print_line(f"distdiag watch: torchrun's agent was killed by signal {-end.rc}; its {len(orphans)} rank(s) "
-                   f"left running (pids {', '.join(map(str, orphans))}) were ended; exiting {EXIT_HANG}")
-        return EXIT_HANG
-    if end.killed_why:
-        return EXIT_HANG  # said in one line already ("...; killing the job")
-    stamp = _stamp(report)
-    if end.stopped_by and (stamp is None or stamp == before):
-        # the user's Ctrl-C or a SIGTERM to distdiag watch (a cancelled job): every rank was
-        # told to stop, so the watchdog wrote no report; not a failure of the job
-        from distdiag.check.launch_end import signal_words
-        from distdiag.errors import print_line
-
-        print_line(f"distdiag watch: cancelled by {signal_words(end.stopped_by)}; the job was stopped "
-                   f"(torchrun exited {end.rc}), no hang report; exiting {EXIT_CANCELLED}")
-        return EXIT_CANCELLED
-    return _exit_code(report, before, end.rc, output)
+        write_junit_for(_junit_report(report, before, code, end.rc, why), junit, "watch")
+    return code
 
 
 def watch(ctx: typer.Context) -> None:

@@ -64,8 +64,6 @@ def aborted_in_collective(a: Any) -> None:
     changed = {r: text for r in alive if (text := departure(a.views[r].snap, loop=False))}
     if not changed or len(changed) == len(alive) > 1:
         return  # nobody, or everybody (no course to depart from): `lost` names the dead rank
-    first = next(iter(dead))
-    death = dead[first]
     culprits = sorted(changed)
     deaths = "; ".join(f"rank {r} {d.text()}" for r, d in dead.items())
     a.findings.append(

@@ -201,10 +201,12 @@ def report_from_dumps(raw: Raw, world_size: int | None = None, others: dict[str,
     and who never entered it, each rank's oldest unfinished op, send/recv paired by sender and
     receiver); the findings name the ranks at the ends of the chains of waits (hang/dumpblame.py).
     `others`: dumps of the same job by another recorder (gloo's beside NCCL's), analysed apart."""
+    from distdiag.hang.picture import picture_of_dumps
     from distdiag.hang.views import snapshot_details
 
     dumps, world, notes = rank_dumps(raw, world_size)
-    findings = findings_from(attribute(dumps, world), dumps)
+    attribution = attribute(dumps, world)
+    findings = findings_from(attribution, dumps)
     for name, extra in sorted((others or {}).items()):
         findings += _other_recorder(name, extra, sorted(dumps), world)
         notes.append(f"{len(extra)} dump(s) by the {name} recorder, analysed apart (its groups and numbers are its own)")
@@ -223,6 +225,7 @@ def report_from_dumps(raw: Raw, world_size: int | None = None, others: dict[str,
     details["table:last op per group and rank (flight-recorder dumps)"] = groups_table(dumps, world)
     details["groups"] = {str(r): {group_label(g, world): g.as_dict() for g in d.by_key().values()}
                          for r, d in dumps.items()}
+    details["wait_for_graph"] = picture_of_dumps(attribution)  # `hang-report --graph` draws it
     result = ProbeResult.from_findings("flight_recorder", findings, details=details)
     code = EXIT_HANG if any(f.severity == "critical" for f in findings) else EXIT_PASS
     return Report(

@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from distdiag.errors import DistDiagError
 from distdiag.hang.plainpickle import PlainPickleError, load_plain, plain_problem
 
 __all__ = ["DumpError", "MAX_DUMP_BYTES", "MAX_RANK", "MAX_NODES", "load_dump", "parse_dump", "dump_problem", "rank_of",
@@ -43,7 +44,7 @@ memo to multiply a few hundred bytes into billions (a "memo bomb") is refused he
 MAX_ENTRIES = 1_000_000
 
 
-class DumpError(ValueError):
+class DumpError(DistDiagError, ValueError):
     """A file that is not a readable flight-recorder dump; the message is one line."""
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from distdiag.report.model import EXIT_HANG
+
 __all__ = [
     "CAUSE_DESYNC", "CAUSE_DEADLOCK", "CAUSE_UNEVEN", "CAUSE_RAISED", "CAUSE_CAUGHT", "CAUSE_STALLED",
     "EventKind", "IncidentEvent", "SilentReason", "Silence", "RankSnapshot", "PhaseState", "GroupPosition",
@@ -410,7 +412,7 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Verdict:
-        return cls(int(d.get("exit_code", 3)), int(d.get("writer", -1)), str(d.get("host", "") or ""),
+        return cls(int(d.get("exit_code", EXIT_HANG)), int(d.get("writer", -1)), str(d.get("host", "") or ""),
                    int(d.get("node", -1) if d.get("node") is not None else -1), str(d.get("outcome", "") or ""),
                    str(d.get("summary", "") or ""), str(d.get("report", "") or ""), d.get("excused"),
                    int(d.get("chunks", 0) or 0), _ranks(d.get("blamed")))

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from distdiag.errors import DistDiagError
+
 __all__ = ["PlainPickleError", "MAX_MEMO", "MAX_VALUES", "MAX_DEPTH", "MAX_READ_S", "load_plain", "plain_problem"]
 
 MAX_MEMO = 4_000_000
@@ -38,7 +40,7 @@ MAX_READ_S = 20.0
 """Seconds one file may take to unpickle."""
 
 
-class PlainPickleError(ValueError):
+class PlainPickleError(DistDiagError, ValueError):
     """Not plain data within the bounds; the message is one line ('it ...')."""
 
 

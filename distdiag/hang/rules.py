@@ -47,7 +47,14 @@ from distdiag.hang.death_rules import ABORTED_FIX, aborted_in_collective, death_
 from distdiag.hang.desync_rules import desync_in_flight, desync_in_histories, desync_in_records
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
 from distdiag.hang.group_rules import (
-    UNEVEN_FIX, chain_end, deadlock, loader_passes, pass_ended, ran_out_first, stranded, uneven_data,
+    UNEVEN_FIX,
+    chain_end,
+    deadlock,
+    loader_passes,
+    pass_ended,
+    ran_out_first,
+    stranded,
+    uneven_data,
 )
 from distdiag.hang.incident import CAUSE_CAUGHT, CAUSE_RAISED, CAUSE_STALLED, CAUSE_UNEVEN, Silence, SilentReason
 from distdiag.hang.shapes import SHAPE_LINES, shape_lines

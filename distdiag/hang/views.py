@@ -30,6 +30,7 @@ from distdiag.report.render import compress_numbers, format_ranks
 __all__ = [
     "RankView", "build_views", "rank_state", "coll_label", "where", "stack_text", "state_rows",
     "snapshot_details", "group_members", "wait_text", "recent_table", "SplitRecords", "RECENT_COLUMNS",
+    "frame_fields", "culprit_locations",
 ]
 
 _OWN = "/distdiag/"
@@ -548,3 +549,41 @@ def _grouped(by_rank: dict[int, Any]) -> list[dict[str, Any]]:
 
 def describe_ranks(ranks: list[int]) -> str:
     return format_ranks(sorted(ranks))
+
+
+_FRAME = re.compile(r"^(?P<file>.+?):(?P<line>\d+) in (?P<function>[^:]+?)(?:: (?P<code>.*))?$")
+LOCATED_RANKS = 64
+"""A finding naming more ranks than this gets no per-rank locations (its sentences name none)."""
+
+
+def frame_fields(line: str) -> dict[str, Any] | None:
+    """'/job/data.py:58 in next_batch: return next(it)' -> {"file", "line", "function", "code"}."""
+    m = _FRAME.match(line.strip())
+    if m is None:
+        return None
+    return {"file": m.group("file"), "line": int(m.group("line")), "function": m.group("function").strip(),
+            "code": (m.group("code") or "").strip()}
+
+
+def culprit_locations(findings: list[Any], views: dict[int, RankView]) -> list[dict[str, Any]]:
+    """Where the blamed ranks are, as fields, for each place a finding's sentences name
+    (`path:line`): {"finding": its index, "rank", "file", "line", "function", "code"}, from the
+    rank's innermost frame and the job's own line that led there, those the issue or evidence
+    names. Ranks waiting on others are never located (a stranded finding names no culprit)."""
+    out: list[dict[str, Any]] = []
+    for i, f in enumerate(findings):
+        if not f.ranks or len(f.ranks) > LOCATED_RANKS or f.cause == "stranded":
+            continue
+        text = f"{f.issue}\n{f.evidence}"
+        for r in f.ranks:
+            v = views.get(r)
+            stack = [str(x) for x in v.record.stack or []] if v is not None else []
+            seen = set()
+            for frame in (_innermost(stack), user_frame(stack)) if stack else ():
+                fields = frame_fields(frame) if frame else None
+                if fields is None or (fields["file"], fields["line"]) in seen:
+                    continue
+                if f"{fields['file']}:{fields['line']}" in text:
+                    seen.add((fields["file"], fields["line"]))
+                    out.append({"finding": i, "rank": r, **fields})
+    return out

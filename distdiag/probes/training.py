@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distdiag.errors import exc_line, publish_caught
+from distdiag.errors import DistDiagError, exc_line, publish_caught
 from distdiag.probes.base import SHARDING_IMPORTS, Probe
 from distdiag.workloads import WORKLOADS, get_workload
 from distdiag.workloads.base import batch_on, batch_size, split_batch
@@ -51,7 +51,7 @@ DEFAULT_LR = 0.05
 _RTOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
-class HookError(Exception):
+class HookError(DistDiagError):
     """A user hook raised or returned something unusable; the message names the hook."""
 
 

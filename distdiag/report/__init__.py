@@ -4,6 +4,7 @@
     schema.py  type checks of a report's JSON before it is read back
     render.py  the text table rank 0 prints and `distdiag report show` repeats
     junit.py   the verdict as JUnit XML for CI systems
+    hostlist.py  host names in Slurm's hostlist syntax (`node[0005-0007,0127]`)
     safefile.py  outputs never written through a link, inputs read as bounded regular files,
                strings printed without terminal escapes
 

@@ -1,6 +1,7 @@
 """The verdict as JUnit XML, for CI systems and schedulers that show test results.
 
-One <testsuite> "distdiag.check"; a <testcase> per probe (failed: <failure>, raised or
+One <testsuite> named for the command (`distdiag.check`, `distdiag.hang-report`,
+`distdiag.analyze`, `distdiag.watch`); a <testcase> per probe (failed: <failure>, raised or
 hung: <error>, skipped: <skipped>) and a <testcase> per node (classname "distdiag.nodes"),
 failed when a finding says to take that node out, so a scheduler's UI shows which node to
 drain without reading the JSON. Written atomically, like the report.
@@ -29,16 +30,17 @@ def _finding_text(f: Finding, world: int) -> str:
     return "\n".join(lines)
 
 
-def junit_xml(report: Report) -> str:
-    """The report as a JUnit XML document (a string)."""
+def junit_xml(report: Report, suite_name: str = "distdiag.check") -> str:
+    """The report as a JUnit XML document (a string); `suite_name`: the command's suite."""
     suites = ET.Element("testsuites", name="distdiag")
     suite = ET.SubElement(
-        suites, "testsuite", name="distdiag.check", timestamp=report.created, time=f"{report.duration_s:.3f}"
+        suites, "testsuite", name=suite_name, timestamp=report.created, time=f"{report.duration_s:.3f}"
     )
     props = ET.SubElement(suite, "properties")
     for key, value in (
         ("verdict", report.verdict), ("exit_code", report.exit_code), ("outcome", report.outcome),
         ("world_size", report.world_size), ("summary", report.summary), ("schema", report.schema),
+        ("distdiag_version", report.distdiag_version), ("torch_version", report.torch_version),
     ):
         ET.SubElement(props, "property", name=key, value=str(value))
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -75,6 +77,6 @@ def junit_xml(report: Report) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode")
 
 
-def write_junit(report: Report, path: str | os.PathLike[str]) -> Path:
+def write_junit(report: Report, path: str | os.PathLike[str], suite_name: str = "distdiag.check") -> Path:
     """Write the JUnit XML atomically (readers see the old file or the new one)."""
-    return write_json_atomic(path, junit_xml(report))
+    return write_json_atomic(path, junit_xml(report, suite_name))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import functools
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from distdiag.errors import ReportError
+from distdiag.report.hostlist import slurm_hostlist
 from distdiag.report.safefile import MAX_REPORT_BYTES, RefusedFile, non_regular_kind, read_bytes_limited, write_atomic
 from distdiag.report.schema import MAX_DEPTH, json_depth, report_type_problem
 
@@ -64,6 +66,30 @@ EXIT_CANCELLED = 130
 """The run was cancelled: every rank (or the launcher) was stopped by a signal (SIGINT, SIGTERM)
 and nobody is blamed; the shell's code for Ctrl-C, whatever the signal. Not a verdict on the
 job: rerun it."""
+
+
+@functools.cache
+def distdiag_version() -> str:
+    """This distdiag's version (the report's `distdiag_version`)."""
+    # the package this module belongs to, imported before it (report/ imports no other distdiag
+    # package: distdiag/__init__.py itself is a leaf that defines the version)
+    return str(getattr(sys.modules.get("distdiag"), "__version__", ""))
+
+
+@functools.cache
+def torch_version() -> str:
+    """The torch this process runs (the report's `torch_version`): the imported module's own
+    version, else the installed distribution's, read without importing torch (`distdiag
+    hang-report` and `report show` stay light); "" where there is none."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(getattr(torch, "__version__", None), str):
+        return str(torch.__version__)
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("torch")
+    except (PackageNotFoundError, ValueError):
+        return ""
 
 
 def _severity_rank(severity: str) -> int:
@@ -241,6 +267,12 @@ def group_by_node(report: Report) -> dict[str, Any]:
     return out
 
 
+def _hostlist(report: Report) -> str:
+    """Every host of the rank table in Slurm's hostlist syntax (`scontrol show hostnames`
+    expands it); derived from `ranks`, written, never read back."""
+    return slurm_hostlist(sorted({r.host for r in report.ranks if r.host not in ("", "?")}))
+
+
 def now_iso() -> str:
     """A report's `created`: UTC, to the second."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -302,6 +334,10 @@ class Report:
     written_by: int = 0
     """The global rank whose process wrote this report (not always rank 0)."""
     schema: str = SCHEMA
+    distdiag_version: str = field(default_factory=distdiag_version)
+    """The distdiag that wrote the report ("" in a report read back from before the field)."""
+    torch_version: str = field(default_factory=torch_version)
+    """The torch the writing process ran ("" when unknown)."""
 
     def findings(self, min_severity: str = "info") -> list[tuple[str, Finding]]:
         floor = _severity_rank(min_severity)
@@ -318,6 +354,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": self.schema,
+            "distdiag_version": self.distdiag_version,
+            "torch_version": self.torch_version,
             "verdict": self.verdict,
             "exit_code": self.exit_code,
             "outcome": self.outcome,
@@ -334,6 +372,7 @@ class Report:
             "not_run": list(self.not_run),
             **({"notes": list(self.notes)} if self.notes else {}),
             "by_node": group_by_node(self),
+            "hostlist": _hostlist(self),
             "config": self.config,
         }
 
@@ -362,6 +401,8 @@ class Report:
             config=dict(data.get("config", {})),
             written_by=int(data.get("written_by", 0)),
             schema=schema,
+            distdiag_version=str(data.get("distdiag_version") or ""),
+            torch_version=str(data.get("torch_version") or ""),
         )
 
     def to_json(self) -> str:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import textwrap
 from typing import Any, TextIO
 
+from distdiag.report.hostlist import slurm_hostlist
 from distdiag.report.model import SEVERITIES, Finding, ProbeResult, Report
 from distdiag.report.safefile import printable
 
 __all__ = [
-    "render_report", "known_hosts", "format_ranks", "compress_numbers", "format_hosts", "render_table", "ProgressLine",
-    "PROGRESS_ENV", "PlainBeat", "BEAT_S", "is_beat_line",
+    "render_report", "known_hosts", "format_ranks", "compress_numbers", "format_hosts", "slurm_hostlist",
+    "hosts_text", "render_table", "ProgressLine",
+    "PROGRESS_ENV", "PlainBeat", "BEAT_S", "is_beat_line", "runner_frame", "without_runner_frames", "terminal_width",
 ]
 
 _MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "error": "ERROR"}
@@ -122,22 +125,144 @@ def format_hosts(hosts: list[str]) -> str:
 
 
 _HOST_NUM = re.compile(r"^(.*?)(\d+)$")
+SLURM_SHOWN = 400
+"""Longest Slurm hostlist written beside the short form in text; a longer one is counted (the
+JSON report's `hostlist` and rank table have every name)."""
 
 
-def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """A plain fixed-width table of dict rows (used for probes' structured details)."""
+def hosts_text(hosts: list[str]) -> str:
+    """Hosts for a person and for a scheduler: the short form (`format_hosts`) and, where it
+    is not already the same, Slurm's hostlist beside it."""
+    human, slurm = format_hosts(hosts), slurm_hostlist(hosts)
+    if human == slurm:
+        return human
+    if len(slurm) > SLURM_SHOWN:
+        return f"{human} (Slurm hostlist: {len(slurm)} characters, too long to show; see the JSON report)"
+    return f"{human} (Slurm hostlist: {slurm})"
+
+
+DEFAULT_WIDTH = 100
+"""Columns of text output when it does not go to a terminal (a pipe, a file, CI's log)."""
+MIN_WIDTH = 40
+"""Narrowest width text is fitted to (a narrower terminal gets lines of this width)."""
+
+
+def terminal_width() -> int:
+    """The width text output is fitted to: $COLUMNS when set, the terminal's width when stdout
+    is one, else DEFAULT_WIDTH; never under MIN_WIDTH."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return max(int(columns), MIN_WIDTH)
+    if _is_tty(sys.stdout):
+        return max(shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns, MIN_WIDTH)
+    return DEFAULT_WIDTH
+
+
+_MIN_COLUMN = 8
+"""Narrowest a table's column is squeezed to before the table is left wider than the width."""
+
+
+def _column_widths(cols: list[str], cells: list[list[str]], width: int | None) -> list[int]:
+    """Each column's width: its longest cell; when the table is wider than `width`, the widest
+    columns are narrowed (their cells wrapped) until it fits, none under its header or _MIN_COLUMN."""
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+    if width is None:
+        return widths
+    floor = [max(len(c), _MIN_COLUMN) for c in cols]
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        i = max(range(len(widths)), key=lambda j: widths[j] - floor[j])
+        if widths[i] <= floor[i]:
+            break
+        widths[i] -= 1
+    return widths
+
+
+def _wrapped_row(values: list[str], widths: list[int]) -> list[str]:
+    """One table row as lines: each cell wrapped to its column's width."""
+    parts = [textwrap.wrap(v, w, break_on_hyphens=False) or [""] if len(v) > w else [v]
+             for v, w in zip(values, widths, strict=True)]
+    height = max(len(p) for p in parts)
+    return ["  ".join((p[k] if k < len(p) else "").ljust(w) for p, w in zip(parts, widths, strict=True)).rstrip()
+            for k in range(height)]
+
+
+def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None, width: int | None = None) -> str:
+    """A plain fixed-width table of dict rows (used for probes' structured details). `width`:
+    the columns it may take; a wider table has its widest cells wrapped onto more lines. No
+    line ends in spaces."""
     if not rows:
         return "(empty)"
     cols = columns or list(rows[0].keys())
     cells = [[str(row.get(c, "")) for c in cols] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
-    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    widths = _column_widths(cols, cells, width)
+    out = _wrapped_row(cols, widths) + ["  ".join("-" * w for w in widths)]
+    for r in cells:
+        out += _wrapped_row(r, widths)
     return "\n".join(out)
 
 
-def _finding_lines(f: Finding, world_size: int, width: int) -> list[str]:
+def _fit_title(title: str, width: int) -> list[str]:
+    """The first line within `width`, broken only after its commas (a run's name stays with
+    its source, a count with its noun); a part longer than the width is cut where it must be."""
+    if len(title) <= width:
+        return [title.rstrip()]
+    glued = re.sub(r"(?<!,) ", "\x00", title)
+    return [ln.replace("\x00", " ").rstrip() for ln in textwrap.wrap(glued, width, subsequent_indent="  ",
+                                                                     break_on_hyphens=False)]
+
+
+def _fit(lines: list[str], width: int) -> list[str]:
+    """Every line within `width`: a longer one wrapped, its continuation indented two more than
+    it; trailing spaces dropped."""
+    out = []
+    for line in lines:
+        line = line.rstrip()
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[: len(line) - len(line.lstrip())]
+        more = lead + "  " if len(lead) + 2 < width // 2 else lead
+        out += textwrap.wrap(line.strip(), width, initial_indent=lead, subsequent_indent=more,
+                             break_on_hyphens=False, drop_whitespace=True) or [line[:width]]
+    return out
+
+
+_OWN = "/distdiag/"
+_JOB_WORK = ("/distdiag/probes/", "/distdiag/workloads/", "/distdiag/runtime/comm.py", "/distdiag/runtime/faults.py")
+"""distdiag's code that does a check's work: where a rank is, as any job's line (as
+distdiag.hang.views reads stacks: the report package does not import it)."""
+_FRAME_LINE = re.compile(r"^\s*(?P<path>[^\s:][^:]*):\d+ in \S")
+_TB_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d+')
+
+
+def runner_frame(path: str) -> bool:
+    """A frame of distdiag's own runner or watchdog, or of runpy (how `-m` and the zero-code
+    wrapper start a script): how the job was run, never where it is."""
+    return ((_OWN in path and not any(w in path for w in _JOB_WORK)) or path.endswith("/runpy.py")
+            or path == "<frozen runpy>")
+
+
+def without_runner_frames(lines: list[str]) -> tuple[list[str], int]:
+    """Stack and traceback lines without distdiag's and runpy's frames (a traceback frame's
+    source line goes with it); (the lines kept, how many frames were left out)."""
+    kept: list[str] = []
+    hidden = 0
+    skip_source = False
+    for line in lines:
+        if skip_source:
+            skip_source = False
+            if line.startswith("    ") and not _TB_FRAME.match(line):
+                continue
+        m = _FRAME_LINE.match(line) or _TB_FRAME.match(line)
+        if m is not None and runner_frame(m.group("path")):
+            hidden += 1
+            skip_source = m.re is _TB_FRAME
+            continue
+        kept.append(line)
+    return kept, hidden
+
+
+def _finding_lines(f: Finding, world_size: int, width: int, host_of: dict[int, str] | None = None) -> list[str]:
     head = f"  [{_SEV[f.severity]}] {format_ranks(f.ranks, world_size)}: {f.issue}"
     lines = textwrap.wrap(head, width, subsequent_indent="      ") or [head]
     if f.evidence:
@@ -146,10 +271,12 @@ def _finding_lines(f: Finding, world_size: int, width: int) -> list[str]:
                 part, width, initial_indent="      evidence: ", subsequent_indent="        "
             ) or []
             break
-        extra = f.evidence.splitlines()[1:]
+        extra, hidden = without_runner_frames(f.evidence.splitlines()[1:])
         lines += [f"        {x}" for x in extra[:30]]
         if len(extra) > 30:
             lines.append(f"        ... ({len(extra) - 30} more lines in the JSON report)")
+        if hidden:
+            lines.append(f"        ({hidden} frame(s) of distdiag's runner and runpy left out; the JSON report has them)")
     if f.fix:
         lines += textwrap.wrap(
             f.fix, width, initial_indent="      fix: ", subsequent_indent="        "
@@ -157,6 +284,10 @@ def _finding_lines(f: Finding, world_size: int, width: int) -> list[str]:
     if f.drain:
         where = ", ".join(f"{k}={v}" for k, v in f.drain.items())
         lines.append(f"      DRAIN: take this node out ({where})")
+    hosts = sorted({host_of[r] for r in f.ranks if r in host_of}) if host_of else []
+    if len(hosts) > 1:  # one host is named in the sentences; a set of them is given whole here
+        lines += textwrap.wrap(f"{len(hosts)} hosts: {hosts_text(hosts)}", width, initial_indent="      on ",
+                               subsequent_indent="        ", break_on_hyphens=False)
     return lines
 
 
@@ -175,14 +306,14 @@ def _probe_row(probe: ProbeResult, name_w: int) -> str:
     return f"{probe.name.ljust(name_w)}  {_MARK[probe.status]:<6}  {probe.duration_s:7.2f}s  {summary or '-'}"
 
 
-def _detail_tables(probe: ProbeResult, max_rows: int | None) -> list[str]:
+def _detail_tables(probe: ProbeResult, max_rows: int | None, width: int | None = None) -> list[str]:
     """A probe's `table:` details, each cut at `max_rows` rows with a line saying how many more."""
     out: list[str] = []
     for name, table in probe.details.items():
         if name.startswith("table:") and isinstance(table, list) and table and all(isinstance(r, dict) for r in table):
             out.append(f"  {name[6:]}:")
             shown = table if max_rows is None else table[:max_rows]
-            out += ["    " + ln for ln in render_table(shown).splitlines()]
+            out += [("    " + ln).rstrip() for ln in render_table(shown, width=None if width is None else width - 4).splitlines()]
             if len(shown) < len(table):
                 out.append(
                     f"    ... {len(table) - len(shown)} more row(s): `distdiag report show --full` or the JSON report"
@@ -199,7 +330,7 @@ def known_hosts(report: Report) -> list[str]:
 def render_report(
     report: Report,
     *,
-    width: int = 100,
+    width: int | None = None,
     verbose: bool = True,
     min_severity: str | None = None,
     max_rows: int | None = 12,
@@ -217,11 +348,15 @@ def render_report(
     `exit_code` is the code the command will return when it is not the report's own (a
     command given `--exit-zero`): the verdict line prints that one and
     says the verdict's code beside it, so a printed exit code is always the one returned.
+    `width`: the columns lines are fitted to (default: `terminal_width()`); a long verdict
+    line wraps, its continuation indented.
     """
+    width = terminal_width() if width is None else max(width, MIN_WIDTH)
     floor = SEVERITIES.index(min_severity or ("info" if verbose else "warning"))
     # every string here may come from a file (`report show`, `hang-report`, analyze's logs):
     # escaped before wrapping and splitting (which would act on a CR or a C1 line break)
     hosts = {printable(h) for h in known_hosts(report)}
+    host_of = {r.rank: printable(r.host) for r in report.ranks if r.host not in ("", "?")}
     report = Report.from_dict(_printable_shown(_shown_dict(report), max_rows))
     out: list[str] = []
     out.append(
@@ -233,23 +368,47 @@ def render_report(
     out.append(f"{'probe'.ljust(name_w)}  status  time      findings")
     out.append(f"{'-' * name_w}  ------  --------  --------")
     for probe in report.probes:
-        out.append(_probe_row(probe, name_w))
+        out += _probe_row_lines(probe, name_w, width)
         for f in probe.findings:
             if SEVERITIES.index(f.severity) >= floor:
-                out += _finding_lines(f, report.world_size, width)
+                out += _finding_lines(f, report.world_size, width, host_of)
         troubled = probe.status in ("warn", "fail", "error") or any(f.severity != "info" for f in probe.findings)
         if verbose or troubled:
-            out += _detail_tables(probe, max_rows)
+            out += _detail_tables(probe, max_rows, width)
     if report.not_run:
         out.append(f"not run: {', '.join(report.not_run)} (the run ended early)")
     if verbose or floor == 0:  # a healthy compact run stays one line per probe (its notes: JSON, stderr)
         out += [f"note: {note}" for note in report.notes]
     out.append("")
+    out = [*_fit_title(out[0], width), *_fit(out[1:], width), *_verdict_lines(report, exit_code, width)]
+    return printable("\n".join(out))  # the title too
+
+
+def _probe_row_lines(probe: ProbeResult, name_w: int, width: int) -> list[str]:
+    """A probe's row, wrapped under its findings column when it is wider than `width`."""
+    row = _probe_row(probe, name_w)
+    hang = " " * (name_w + 21)
+    if len(row) <= width or len(hang) > width // 2:
+        return [row]
+    return textwrap.wrap(row, width, subsequent_indent=hang, break_on_hyphens=False)
+
+
+def _verdict_lines(report: Report, exit_code: int | None, width: int) -> list[str]:
+    """'verdict: FAIL (exit 3) - summary' as one line (the last thing printed, one line for
+    scripts and people alike), its summary cut with '...' past `width`: a failing run's findings
+    above it say it whole, a passing run's rows say what ran, the JSON has it all. The code
+    printed is the one the command returns (with --exit-zero, the verdict's beside it)."""
     code = f"exit {report.exit_code}"
     if exit_code is not None and exit_code != report.exit_code:
         code = f"exit {exit_code} with --exit-zero; the verdict's code is {report.exit_code}"
-    out.append(f"verdict: {report.verdict.upper()} ({code}) - {report.summary}")
-    return printable("\n".join(out))  # the title too
+    head = f"verdict: {report.verdict.upper()} ({code}) - "
+    line = head + report.summary
+    if len(line) <= width and "\n" not in line:
+        return [line]
+    line = " ".join(line.split())
+    if len(line) <= width:
+        return [line]
+    return [line[: max(width - 3, len(head) + 12)].rstrip() + "..."]  # never cut into the code
 
 
 def _shown_dict(report: Report) -> dict[str, Any]:

@@ -13,8 +13,8 @@ turn out to be regular files once opened (fstat, so no race with a swap between 
 open): a FIFO would block the reader forever, /dev/zero would fill memory. They are opened
 non-blocking for that reason, and read up to a size limit.
 
-A leaf of the report package: it imports nothing of distdiag, so the check, the watchdog,
-the monitor and analyze may all use it.
+A leaf of the report package: it imports only distdiag.errors (for the common base class), so
+the check, the watchdog, the monitor and analyze may all use it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import secrets
 import stat
 from pathlib import Path
 from typing import IO
+
+from distdiag.errors import DistDiagError
 
 __all__ = [
     "RefusedFile",
@@ -58,7 +60,7 @@ _KINDS = (
 )
 
 
-class RefusedFile(OSError):
+class RefusedFile(DistDiagError, OSError):
     """A path that is not what it must be: a link where an output goes, a FIFO or device where
     an input is read, a file over its size limit. str() is the one line that says so."""
 

@@ -61,7 +61,8 @@ def _fields(obj: dict[str, Any], where: str, spec: dict[str, str], required: tup
 _TOP = {
     "world_size": _INT, "exit_code": _INT, "verdict": _STR, "outcome": _STR, "summary": _STR, "restart_count": _INT,
     "run_id": _STR, "launch_id": _STR, "created": _STR, "duration_s": _NUM, "written_by": _INT, "ranks": _LIST, "probes": _LIST,
-    "not_run": _LIST, "notes": _LIST, "config": _DICT,
+    "not_run": _LIST, "notes": _LIST, "config": _DICT, "distdiag_version": _STR, "torch_version": _STR,
+    "hostlist": _STR,
 }
 _RANK = {"rank": _INT, "host": _STR, "node": _INT, "local_rank": _INT, "device": _STR, "pid": _INT}
 _PROBE = {"name": _STR, "status": _STR, "findings": _LIST, "metrics": _DICT, "duration_s": _NUM, "details": _DICT, "reason": _STR}

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from distdiag.errors import DistDiagError
+
 __all__ = ["Keys", "IncidentKeys", "MAX_STORE_VALUE", "StoreValueTooLarge", "checked_value"]
 
 MAX_STORE_VALUE = 64 * 1024
@@ -24,7 +26,7 @@ MAX_STORE_VALUE = 64 * 1024
 rendezvous and NCCL's setup, so no single value of ours may be large (issue 21)."""
 
 
-class StoreValueTooLarge(ValueError):
+class StoreValueTooLarge(DistDiagError, ValueError):
     """A value over MAX_STORE_VALUE was about to be written to the job's store."""
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from distdiag.errors import print_line
 from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Verdict
+from distdiag.report.model import EXIT_HANG
 from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.incident import (
     WRITER_STALL_S,
@@ -35,7 +36,6 @@ from distdiag.runtime.incident import (
     silent_rank_reasons,
 )
 from distdiag.runtime.keys import IncidentKeys, Keys
-from distdiag.report.model import EXIT_HANG
 
 __all__ = [
     "Sentinel", "install_sigterm_wakeup", "flush_and_exit", "process_state", "silent_rank_reasons",

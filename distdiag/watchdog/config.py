@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from distdiag.errors import ConfigError
+from distdiag.report.model import EXIT_HANG
 
 __all__ = [
     "ACTIONS",
@@ -53,7 +54,7 @@ ACTIONS = ("abort", "raise", "report")
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 """A week: longer timeouts are a typo (1e300 used to reach the store as an int and kill every rank)."""
 
-EXIT_WATCHDOG = 3
+EXIT_WATCHDOG = EXIT_HANG
 """The exit code of a process the watchdog ends (the same as the check's "hang or rank lost")."""
 
 

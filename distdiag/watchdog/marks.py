@@ -10,6 +10,7 @@ watchdog thread (distdiag.watchdog.watcher) declares.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from distdiag.runtime.exchange import Exchange
@@ -43,20 +44,25 @@ class MarkComparer:
         self._my_marks: dict[int, tuple[Any, dict[str, list[int]]]] = {}
         self._posted: dict[str, dict[str, list[int]]] = {}
         self._labels: dict[str, list[int] | None] = {}
+        self._checked_at = float("-inf")
 
     def _ranks_of(self, label: str) -> list[int] | None:
         if label not in self._labels:
             self._labels[label] = _group_ranks(label, self.world)
         return self._labels[label]
 
-    def compare(self, ex: Exchange, progress: Progress) -> dict[str, Any] | None:
-        """Take the new marks, post them where this rank leads a group, compare the rest:
-        the desync's detail at the first difference, else None."""
+    def compare(self, ex: Exchange, progress: Progress, every: float = 0.0) -> dict[str, Any] | None:
+        """Take the new marks, post them where this rank leads a group, compare the rest (at
+        most every `every` seconds): the desync's detail at the first difference, else None."""
         marks = [m for m in list(progress.marks) if m[0] >= self._mark_next]
         if not marks and not self._my_marks:
             return None
         if self._take(marks):
             self._post(ex, marks)
+        now = time.monotonic()
+        if now - self._checked_at < every:
+            return None
+        self._checked_at = now
         return self._check(ex)
 
     def _take(self, marks: list[tuple[int, Any, dict[str, list[int]]]]) -> bool:

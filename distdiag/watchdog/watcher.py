@@ -109,7 +109,6 @@ class Watcher(threading.Thread):
         self.info = info
         self.rank = info.rank
         self.world = info.world_size
-        self._marks_at = 0.0
         self.store_factory = store_factory
         self.extra_config = extra_config
         self.stopping = threading.Event()
@@ -166,9 +165,7 @@ class Watcher(threading.Thread):
         self.stall.start(self.engine)
         self.ready.set()
         failures = 0
-        # one store request a tick (the event key; the recorder's counts at most every timeout/4):
-        # slower past the world the store's poll budget holds (at 16k ranks 0.66 s, not 0.5 s)
-        poll = poll_interval(self.config.poll_s, self.world)
+        poll = poll_interval(self.config.poll_s, self.world)  # one store request a tick: 0.66 s at 16k ranks
         while not self.stopping.wait(poll):
             try:
                 self._tick()
@@ -215,10 +212,7 @@ class Watcher(threading.Thread):
         self.phase_board.hook_compile(self.config.compile_timeout)
         self.phase_board.publish(self.ex, self.config.startup_timeout.total_seconds(), blocked=_blocked_in_phase(self))
         if self.config.compare_steps and not self.desync_reported:
-            now = time.monotonic()  # a read of a peer's marks is 2 requests: within the store's poll budget
-            if now - self._marks_at >= poll_interval(self.config.poll_s, 2 * self.world):
-                self._marks_at = now
-                self._compare_marks()
+            self._compare_marks()
         if self.ex.store.check([Keys.event(self.handled + 1)]):
             self._handle(self.handled + 1)
             return
@@ -244,7 +238,8 @@ class Watcher(threading.Thread):
     # -- digests at step marks -------------------------------------------------------------
     def _compare_marks(self) -> None:
         assert self.ex is not None
-        desync = self.mark_comparer.compare(self.ex, self.progress)
+        every = poll_interval(self.config.poll_s, 2 * self.world)  # a read of a peer's marks is 2 requests
+        desync = self.mark_comparer.compare(self.ex, self.progress, every=every)
         if desync is not None:
             self.desync_reported = True
             self._declare(EventKind.DESYNC, desync)

@@ -38,6 +38,7 @@ from distdiag.hang.incident import (
     event_of,
     snapshot_of,
 )
+from distdiag.hang.picture import hang_extras
 from distdiag.hang.views import group_members
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import known_hosts, render_report
@@ -137,16 +138,13 @@ def _step_summary(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 def render_hang_report(report: Report, exit_code: int | None = None) -> str:
     """The report as text (`exit_code`: the code the command returns, when not the report's)."""
-    lines = render_report(report, exit_code=exit_code).splitlines()
     hosts = known_hosts(report)
     if report.probes and report.probes[0].name == "flight_recorder":
-        lines[0] = "distdiag hang-report: from flight-recorder dumps"
-        return "\n".join(lines)
-    lines[0] = (
-        f"distdiag watchdog: {printable(report.outcome)} report, {report.world_size} rank(s) on {len(hosts) or 1} host(s), "
-        f"written by rank {report.written_by}"
-    )
-    return "\n".join(lines)
+        title = "distdiag hang-report: from flight-recorder dumps"
+    else:
+        title = (f"distdiag watchdog: {printable(report.outcome)} report, {report.world_size} rank(s) on "
+                 f"{len(hosts) or 1} host(s), written by rank {report.written_by}")
+    return render_report(report, exit_code=exit_code, title=title)
 
 
 def _wait_for_snapshots(incident: Incident, infos: dict[int, RankInfo], *, host: str, grace_s: float) -> None:
@@ -391,7 +389,9 @@ def analyse_and_detail(
     views = build_views(merged, lost, records)
     findings = analyse(event, merged, lost, errors, world, timeout_s, views=views)
     findings = mark_blind(findings, blind_spot(snaps=merged.values()))  # NCCL blocking wait: the recorder does not move
-    return findings, _details(event, merged, lost, errors, world, infos, views=views)
+    details = _details(event, merged, lost, errors, world, infos, views=views)
+    details.update(hang_extras(findings, views, lost, errors, world))  # `hang-report --graph` draws it
+    return findings, details
 
 
 def _outcome(event: IncidentEvent | dict[str, Any], lost: dict[int, str], findings: list[Finding] | None = None) -> str:

@@ -30,13 +30,16 @@ def _lines(text: str) -> list[str]:
 def test_hang_report_is_the_last_thing_and_the_exit_code_is_3(cli_env, tmp_path):
     """Rank 1 blocks outside any collective (hard timeout on the run): exit 3, the report's
     path is the last line, no traceback of torchrun's and no ranks' 'ending' lines after it."""
-    proc = _watch(cli_env, tmp_path, "--", str(SCRIPT), "fault=block", "rank=1", "step=2")
+    proc = _watch(cli_env, tmp_path, "--junit", str(tmp_path / "watch.xml"), "--", str(SCRIPT), "fault=block", "rank=1", "step=2")
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = _lines(proc.stderr)
     assert lines[-1] == f"hang report: {tmp_path / 'hang-report' / 'hang-report.json'}", lines[-5:]
     assert "ChildFailedError" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert any(line.startswith("verdict: FAIL (exit 3) - rank 1 never entered") for line in lines[-3:]), lines[-5:]
     assert read_report(tmp_path / "hang-report" / "hang-report.json").exit_code == 3
+    # --junit: the same verdict as JUnit XML, the report's findings in the watchdog's case
+    junit = (tmp_path / "watch.xml").read_text()
+    assert 'testsuite name="distdiag.watch"' in junit and "rank 1 never entered" in junit, junit[:2000]
 
 
 @pytest.mark.torchrun

@@ -26,6 +26,8 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from distdiag.errors import DistDiagError
+
 __all__ = ["RefusedPickle", "RestrictedUnpickler", "load_metadata", "SafeFileSystemReader", "SafeLoadPlanner", "ALLOWED"]
 
 TRUST_KEY = "probes.checkpoint.trust_pickle"
@@ -49,7 +51,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 _DTYPES = frozenset(name for name, value in vars(torch).items() if isinstance(value, torch.dtype))
 
 
-class RefusedPickle(pickle.UnpicklingError):
+class RefusedPickle(DistDiagError, pickle.UnpicklingError):
     """A checkpoint file references something the restricted reader does not admit."""
 
     def __init__(self, what: str, where: str) -> None:

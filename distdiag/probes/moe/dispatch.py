@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from distdiag.errors import DistDiagError
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 from distdiag.runtime.comm import ALL_GATHER_SINGLE
@@ -23,7 +24,7 @@ from distdiag.runtime.comm import ALL_GATHER_SINGLE
 __all__ = ["SplitRecorder", "SplitMismatch", "split_findings", "pair_mismatches"]
 
 
-class SplitMismatch(RuntimeError):
+class SplitMismatch(DistDiagError, RuntimeError):
     """Split sizes of one all_to_all_single disagree between ranks (raised on every rank)."""
 
 
