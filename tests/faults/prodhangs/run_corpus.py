@@ -123,13 +123,14 @@ def case(name, nproc, argv, truth, causes, keep=None) -> tuple[bool, str]:
         dst = os.path.join(keep, "".join(c if c.isalnum() else "_" for c in name)[:80])
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(cwd, dst)
+    report = json.load(open(reports[0])) if reports else None
     shutil.rmtree(cwd, ignore_errors=True)
     if truth is None:
         ok = rc == 0 and not reports
         return ok, f"truth healthy | exit {rc} | {len(reports)} report(s) | {secs:.0f} s"
     if not reports:
         return False, f"truth {truth} | no hang report | exit {rc} | {secs:.0f} s"
-    lead = (findings(json.load(open(reports[0]))) or [{}])[0]
+    lead = (findings(report) or [{}])[0]
     ranks = sorted(lead.get("ranks") or [])
     cause = lead.get("cause")
     ok = ranks == sorted(truth) and (causes is None or cause in causes) and rc != "timeout"
