@@ -1,7 +1,8 @@
 """2-D device mesh dp=2 x tp=2 on 4 ranks (init_device_mesh, cpu/gloo). Each step: a tp
 all_reduce of activations, a dp all_reduce of gradients. With --mode fault, tp-rank --rank
 (default 3) alone adds an all_reduce on its dp group at step --at (a 'log grad norm on the
-last tp shard' branch). Truth: that rank (an extra collective)."""
+last tp shard' branch). Truth: that rank (an extra collective).
+--mode fault_big: the same with a large flat tensor (bigger than the peer's next op)."""
 import os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch, torch.distributed as dist
@@ -25,5 +26,8 @@ for step in range(a.steps):
     if a.mode == "fault" and rank == bad and step == a.at:
         norm = torch.tensor([sum(p.grad.norm() ** 2 for p in m.parameters()).item()])
         dist.all_reduce(norm, group=dp)               # only this tp rank logs the global grad norm
+    if a.mode == "fault_big" and rank == bad and step == a.at:
+        flat = torch.cat([p.grad.flatten() for p in m.parameters()] + [torch.zeros(4096)])
+        dist.all_reduce(flat, group=dp)               # only this tp rank syncs a flat grad copy for an EMA
     opt.step(); opt.zero_grad()
 done()
