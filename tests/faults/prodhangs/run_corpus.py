@@ -49,8 +49,10 @@ CASES = [
     ("all_gather_object: only rank 0 of 3 logs metrics", 3, ["obj_coll.py", "--mode", "fault"], [0], ODD),
     ("broadcast_object_list: rank 2 of 3 skips the config broadcast", 3, ["obj_coll.py", "--mode", "fault_bcast"], [2], ODD),
     ("object collectives healthy", 3, ["obj_coll.py", "--mode", "healthy"], None, None),
-    # members-only new_group does not hang on torch 2.13 gloo (the job finishes): silence is right
-    ("new_group called only by ranks 0-1 of 4 (members only): no hang", 4, ["newgroup.py", "--mode", "fault"], None, None),
+    # members-only new_group: [0,1] on ranks 0-1 and [2,3] on ranks 2-3 get the same group name;
+    # on torch 2.13 gloo the job sometimes finishes (then silence is right), sometimes hangs in
+    # ProcessGroupGloo's rendezvous: then ranks 2-3, which skipped new_group([0,1]), are to blame
+    ("new_group called only by ranks 0-1 of 4 (members only)", 4, ["newgroup.py", "--mode", "fault"], [2, 3], ODD, "quiet_ok"),
     ("new_group: last rank 3 of 4 creates overlapping groups in another order", 4, ["newgroup.py", "--mode", "fault_order"], [3], ODD),
     ("new_group healthy", 4, ["newgroup.py", "--mode", "healthy"], None, None),
     ("async all_reduce: rank 1 of 3 issues one fewer async op", 3, ["async_ops.py", "--mode", "fault"], [1], ODD),
@@ -116,7 +118,7 @@ def findings(report: dict) -> list[dict]:
             if f.get("severity") in ("critical", "error")]
 
 
-def case(name, nproc, argv, truth, causes, keep=None) -> tuple[bool, str]:
+def case(name, nproc, argv, truth, causes, *flags, keep=None) -> tuple[bool, str]:
     cwd = tempfile.mkdtemp(prefix="dd-prod-")
     cmd = [sys.executable, "-m", "distdiag", "watch", "--nproc-per-node", str(nproc), "--timeout-s", str(TIMEOUT_S),
            "--", os.path.join(HERE, argv[0])] + argv[1:]
@@ -132,7 +134,8 @@ def case(name, nproc, argv, truth, causes, keep=None) -> tuple[bool, str]:
         ok = rc == 0 and not reports
         return ok, f"truth healthy | exit {rc} | {len(reports)} report(s) | {secs:.0f} s"
     if not reports:
-        return False, f"truth {truth} | no hang report | exit {rc} | {secs:.0f} s"
+        ok = "quiet_ok" in flags and rc == 0
+        return ok, f"truth {truth} (or quiet) | no hang report | exit {rc} | {secs:.0f} s"
     lead = (findings(report) or [{}])[0]
     ranks = sorted(lead.get("ranks") or [])
     cause = lead.get("cause")
