@@ -135,7 +135,8 @@ def case(name, nproc, argv, truth, causes, *flags, keep=None) -> tuple[bool, str
         return ok, f"truth healthy | exit {rc} | {len(reports)} report(s) | {secs:.0f} s"
     if not reports:
         ok = "quiet_ok" in flags and rc == 0
-        return ok, f"truth {truth} (or quiet) | no hang report | exit {rc} | {secs:.0f} s"
+        quiet = " (or quiet)" if "quiet_ok" in flags else ""
+        return ok, f"truth {truth}{quiet} | no hang report | exit {rc} | {secs:.0f} s"
     lead = (findings(report) or [{}])[0]
     ranks = sorted(lead.get("ranks") or [])
     cause = lead.get("cause")
