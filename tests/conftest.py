@@ -10,6 +10,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Text output is fitted to $COLUMNS (distdiag/report/render.py terminal_width): one width for
+# every test, whatever the terminal or pytest-xdist's workers say (they said 80: the 1,024-rank
+# report then wrapped past its line budget). A test that checks the fitting sets its own.
+os.environ["COLUMNS"] = "120"
+
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:

@@ -106,7 +106,7 @@ def a_snaps(a: Analysis) -> dict[int, dict[str, Any]]:
 def desync_in_records(a: Analysis) -> None:
     if any(f.cause == CAUSE_DESYNC for f in a.findings):
         return
-    d = record_divergence(a_snaps(a))
+    d = a.divergence() if hasattr(a, "divergence") else record_divergence(a_snaps(a))
     if d is None or set(d["by_rank"]) <= a.explained:
         return  # none, or the ranks' own findings explain it (uneven data)
     severity = "critical" if not any(f.severity == "critical" for f in a.findings) else "error"

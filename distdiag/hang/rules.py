@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distdiag.hang.death_rules import ABORTED_FIX, aborted_in_collective, death_fix
-from distdiag.hang.desync_rules import desync_in_flight, desync_in_histories, desync_in_records
+from distdiag.hang.desync import record_divergence
+from distdiag.hang.desync_rules import a_snaps, desync_in_flight, desync_in_histories, desync_in_records
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
 from distdiag.hang.group_rules import (
     UNEVEN_FIX,
@@ -103,6 +104,13 @@ class Analysis:
                     out[w["group"]][rank] = w
             self._waiters = out
         return self._waiters
+
+    def divergence(self) -> dict[str, Any] | None:
+        """The first (group, seq) where ranks' recorder entries name different collectives
+        (desync.record_divergence), computed once for the rules that read it."""
+        if not hasattr(self, "_divergence"):
+            self._divergence = record_divergence(a_snaps(self))
+        return self._divergence
 
     def waiting_ranks(self) -> list[int]:
         return sorted(r for r, v in self.views.items() if v.waiting)
@@ -359,8 +367,13 @@ def _step_text(snap: dict[str, Any]) -> str:
 def behind(a: Analysis) -> None:
     if a.lost:
         return  # a lost rank explains why the others wait
+    div = a.divergence()
     for group, waits in a.waiters().items():
         seq = max(int(w["seq"]) for w in waits.values())
+        if div is not None and div["group"] == group and div["seq"] <= seq:
+            # ranks recorded different collectives at #div on this group (gloo paired them by
+            # order): whoever sits below #seq there is in another collective, not behind
+            continue
         at_top = sorted(r for r, w in waits.items() if int(w["seq"]) == seq)
         first = waits[at_top[0]]
         engine = first.get("source") == "engine"

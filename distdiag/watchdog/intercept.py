@@ -36,6 +36,7 @@ C10D_OPS = (
     "gather_object", "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv",
 )
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
+_P2P_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})
 FUNCOL_OPS = (
     "broadcast", "all_reduce", "all_gather_single", "reduce_scatter_single", "all_gather_tensor",
     "reduce_scatter_tensor", "all_to_all_single", "all_reduce_coalesced", "all_gather_single_coalesced",
@@ -98,6 +99,18 @@ def _p2p_label(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """'recv(src=1)', 'send(dst=0)': the peer (a global rank) says whom a send/recv waits for."""
     name = "src" if "recv" in op else "dst"
     peer = kwargs.get(name, args[1] if len(args) > 1 else None)
+    if peer is None and isinstance(kwargs.get("group_" + name), int):
+        # torch.distributed.pipelining passes the peer as a group rank (group_src / group_dst)
+        group, local = kwargs.get("group"), kwargs["group_" + name]
+        try:
+            import torch.distributed as dist
+
+            peer = local if group is None else dist.get_global_rank(group, local)
+        except Exception:  # noqa: BLE001 - the label goes without its peer
+            peer = None
+    if op == "batch_isend_irecv" and args and isinstance(args[0], list | tuple):
+        peers = sorted({getattr(p, "peer", None) for p in args[0]} - {None})
+        return f"{op}(peers={','.join(map(str, peers))})" if peers else op
     return f"{op}({name}={peer})" if isinstance(peer, int) else op
 
 
@@ -195,7 +208,8 @@ class Interceptor:
                     group = me.group_label(spec.get(args, kwargs, spec.group_index, "group"), funcol)
                     rec_op = label
                 shape, dtype = me.describe(spec.get(args, kwargs, spec.tensor_index, spec.tensor_name))
-                is_async = funcol or bool(spec.get(args, kwargs, spec.async_index, "async_op"))
+                # isend/irecv/batch_isend_irecv return Work the caller waits on later: async
+                is_async = funcol or op in _P2P_ASYNC or bool(spec.get(args, kwargs, spec.async_index, "async_op"))
                 rec = prog.begin(rec_op, group, shape, dtype, me.call_site(), is_async)
             except Exception as exc:  # noqa: BLE001 - never break the user's collective
                 log.debug("could not record %s: %s", op, exc)
@@ -221,10 +235,16 @@ class Interceptor:
             # the progress we can see.
             prog.async_done(rec)
             return
+        works = list(work) if isinstance(work, list | tuple) else [work]
         try:
-            work.get_future().add_done_callback(lambda _fut: prog.async_done(rec))
-        except Exception:  # noqa: BLE001 - backends without futures: count the issue
-            prog.async_done(rec)
+            if len(works) != 1:
+                raise RuntimeError("several works")
+            works[0].get_future().add_done_callback(lambda _fut: prog.async_done(rec))
+        except Exception:  # noqa: BLE001 - gloo's send/recv Work has no future: the tick polls it
+            if all(hasattr(w, "is_completed") for w in works):
+                prog.poll_works[id(rec)] = (rec, works)
+            else:
+                prog.async_done(rec)
 
     def install(self, only_p2p: bool = False) -> None:
         """Wrap every collective, or (`only_p2p`) only send/recv: torch's recorder gives each

@@ -39,17 +39,22 @@ P2P_GROUP = "p2p"
 def _loop_span(code: Any, lasti: int) -> tuple[int, int] | None:
     """(first, last) bytecode offset of the innermost loop of `code` that contains `lasti`:
     a backward jump after it whose target is before it (for and while loops alike)."""
-    best: tuple[int, int] | None = None
+    # One loop may end in several backward jumps to its head (3.11+ emits one per branch that
+    # ends the body: `if c: ... else: ...` last in the loop): the loop spans to the farthest.
+    ends: dict[int, int] = {}
     try:
         for ins in dis.get_instructions(code):
             backward = ins.opname.startswith(("JUMP_BACKWARD", "POP_JUMP_BACKWARD")) or (
                 ins.opname == "JUMP_ABSOLUTE" and isinstance(ins.argval, int) and ins.argval < ins.offset
             )
-            if backward and isinstance(ins.argval, int) and ins.argval <= lasti <= ins.offset:
-                if best is None or ins.offset - ins.argval < best[1] - best[0]:
-                    best = (ins.argval, ins.offset)
+            if backward and isinstance(ins.argval, int) and ins.argval <= ins.offset:
+                ends[ins.argval] = max(ends.get(ins.argval, ins.offset), ins.offset)
     except Exception:  # noqa: BLE001 - bytecode we cannot read: the frame alone decides
         return None
+    best: tuple[int, int] | None = None
+    for start, end in ends.items():
+        if start <= lasti <= end and (best is None or end - start < best[1] - best[0]):
+            best = (start, end)
     return best
 
 
@@ -108,6 +113,8 @@ class Progress:
         self.step_since = self.last_progress
         self.current: Record | None = None
         self.pending_async: dict[int, Record] = {}
+        self.poll_works: dict[int, tuple[Record, list[Any]]] = {}
+        """Async records whose Work has no future (gloo send/recv): the watchdog's tick polls them."""
         self.records: collections.deque[Record] = collections.deque(maxlen=history)
         self.seq: dict[str, int] = {}
         self.crc: dict[str, int] = {}
@@ -167,6 +174,17 @@ class Progress:
         rec.t1 = self.last_progress = time.monotonic()
         if self.current is rec:
             self.current = None
+
+    def poll_async(self) -> None:
+        """On the watchdog's tick: the polled works that completed are done (gloo's p2p Work)."""
+        for key, (rec, works) in list(self.poll_works.items()):
+            try:
+                done = all(w.is_completed() for w in works)
+            except Exception:  # noqa: BLE001 - a work we cannot ask: count it done
+                done = True
+            if done:
+                self.poll_works.pop(key, None)
+                self.async_done(rec)
 
     def async_done(self, rec: Record) -> None:
         """Called on the backend's thread when an async collective completes."""

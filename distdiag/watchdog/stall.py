@@ -67,6 +67,7 @@ class StallCheck:
         this rank's completed counts per group are published for its peers (`eng/RANK`) when
         they changed, at most every timeout/4: peers read them only after a timeout, and a job
         of thousands of ranks must not write to the store on every tick."""
+        self.progress.poll_async()  # gloo's send/recv Work has no future: its completion is polled here
         if self.engine is None or not self.engine.available:
             return
         view = self.engine.read(details=False)
