@@ -44,6 +44,37 @@ def death_fix(death: Any) -> str | None:
     return None
 
 
+def _dead_rank_departed(a: Any, dead: dict[int, Any], alive: list[int]) -> None:
+    """No live rank changed course: the dead rank may have. It died inside a collective called
+    from a line none of the live ranks' recorded collectives came from (their histories cover
+    their steps): it issued a collective they did not, and gloo aborted it when their next
+    message, of another size, arrived."""
+    from distdiag.hang.desync import _records
+
+    seen = {c.get("call_site") for r in alive for c in _records(a.views[r].snap)} - {None}
+    if not seen:
+        return
+    odd = {r: d for r, d in dead.items() if d.call_site and d.call_site not in seen}
+    if not odd:
+        return
+    for r, d in odd.items():
+        a.findings.append(
+            Finding(
+                severity="critical",
+                issue=(f"rank {r} issued a collective the other ranks did not: it died inside {d.collective} called at "
+                       f"{d.call_site}, a line none of their recorded collectives came from ({d.signal}: gloo aborts "
+                       "the rank that receives a message of another size than its collective expects)"),
+                evidence=f"{a.lost[r]}\nits main thread when it died (faulthandler):\n" + "\n".join(d.stack[:12]),
+                ranks=[r],
+                fix=("make every rank issue the same collectives in the same order: this line runs on this rank "
+                     "only (a rank-dependent branch), or must run on all of them"),
+                confidence=0.7,
+                cause=CAUSE_DESYNC,
+            )
+        )
+        a.explained.add(r)
+
+
 def _aborted(a: Any) -> dict[int, Any]:
     out = {}
     for rank, why in sorted(a.lost.items()):
@@ -62,8 +93,11 @@ def aborted_in_collective(a: Any) -> None:
     # where the program is now does not matter (the survivors were ended after the abort):
     # only the steps their recorders kept
     changed = {r: text for r in alive if (text := departure(a.views[r].snap, loop=False))}
-    if not changed or len(changed) == len(alive) > 1:
-        return  # nobody, or everybody (no course to depart from): `lost` names the dead rank
+    if not changed:
+        _dead_rank_departed(a, dead, alive)
+        return
+    if len(changed) == len(alive) > 1:
+        return  # everybody (no course to depart from): `lost` names the dead rank
     culprits = sorted(changed)
     deaths = "; ".join(f"rank {r} {d.text()}" for r, d in dead.items())
     a.findings.append(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distdiag.hang.incident import CAUSE_DEADLOCK, CAUSE_UNEVEN
+from distdiag.hang.incident import CAUSE_DEADLOCK, CAUSE_DESYNC, CAUSE_UNEVEN
 from distdiag.hang.shapes import counted_shape_lines, shape_lines
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -200,6 +200,8 @@ def deadlock(a: Analysis) -> None:
     for end in a.graph.ends:
         if end.kind != "deadlock" or set(end.ranks) <= a.explained:
             continue
+        if _skipped_send(a, end):
+            continue
         cycle = "; ".join(f"rank {e.src} waits for {e.dst} in {e.wait.label}" for e in end.cycle)
         behind = [r for r, e in a.graph.end_of.items() if e is end and r not in end.ranks]
         tail = f"; {format_ranks(sorted(behind))} wait on them in turn" if behind else ""
@@ -219,6 +221,65 @@ def deadlock(a: Analysis) -> None:
         )
         a.explained.update(end.ranks)
         a.explained.update(behind)
+
+
+def _p2p_count(a: Analysis, rank: int, way: str, peer: int) -> int | None:
+    """How many sends to / receives from `peer` the rank issued (its wrappers' counts), or None."""
+    counts = ((a.views[rank].snap.get("p2p") or {}) if rank in a.views else {}).get(way)
+    if not isinstance(counts, dict):
+        return None
+    return int(counts.get(str(peer), counts.get(peer, 0)))  # type: ignore[call-overload]
+
+
+def _skipped_send(a: Analysis, end: Any) -> bool:
+    """A cycle of ranks each waiting in a receive is no ordering of groups: send/recv pair by
+    sender and receiver in order, so a receive waits for ever when its peer issued one send
+    fewer than it posted receives. The counts per pair name the rank that skipped a send."""
+    if not end.cycle or not all(e.wait.peer is not None and e.wait.label.startswith(("recv", "irecv"))
+                                for e in end.cycle):
+        return False
+    short: dict[int, str] = {}
+    for e in end.cycle:  # e.src waits for a message from e.dst
+        posted = _p2p_count(a, e.src, "received", e.dst)
+        sent = _p2p_count(a, e.dst, "sent", e.src)
+        if posted is None or sent is None:
+            return False
+        if sent < posted:
+            short[e.dst] = (f"rank {e.dst} issued {sent} send(s) to rank {e.src}, which posted {posted} receive(s) "
+                            f"from it: rank {e.src} waits in {e.wait.label}")
+    if len(short) == len(end.ranks):
+        # every pair is short: one rank skipped a send while it ran on, the others are short
+        # because they wait (a stage blocked in its receive sends nothing more); the one that
+        # ran on issued, in its current step, other ops than in its earlier steps
+        from distdiag.hang.desync import departure
+
+        ran_on = {r: t for r in short if (t := departure(a.views[r].snap, loop=False)) if r in a.views}
+        if not 0 < len(ran_on) < len(short):
+            return False
+        short = {r: f"{short[r]} ({ran_on[r]})" for r in ran_on}
+    if not short:
+        return False
+    culprits = sorted(short)
+    waiting = sorted(set(end.ranks) - set(culprits))
+    behind = [r for r, e in a.graph.end_of.items() if e is end and r not in end.ranks]
+    a.findings.append(
+        Finding(
+            severity="critical",
+            issue=(f"{format_ranks(culprits)} skipped a send: {'; '.join(short[r] for r in culprits)}"
+                   f"{f'; {format_ranks(waiting)} wait for it in turn' if len(waiting) > 1 else ''}"),
+            evidence="\n".join(["the receives waiting for ever:", *(f"  rank {e.src} -> {e.dst}: {e.wait.label}"
+                                                                   for e in end.cycle), *shape_lines(a, behind)]),
+            ranks=culprits,
+            fix=(f"every send must meet its receive: find the branch where {format_ranks(culprits)} leaves out a "
+                 "send (a schedule step, a rank-dependent condition) and make both sides issue the same point-to-point "
+                 "ops in the same order"),
+            confidence=0.85,
+            cause=CAUSE_DESYNC,
+        )
+    )
+    a.explained.update(end.ranks)
+    a.explained.update(behind)
+    return True
 
 
 def chain_end(a: Analysis) -> None:

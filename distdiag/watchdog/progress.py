@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dis
 import functools
+import re
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ from distdiag.runtime.tracker import thread_stack
 __all__ = ["Progress", "Record", "P2P_GROUP"]
 
 P2P_GROUP = "p2p"
+_P2P_PEER = re.compile(r"^i?(?:send|recv)\((src|dst)=(\d+)\)$")
 """Point-to-point ops pair two ranks, not a group: tracked as state, left out of the digests."""
 # Ops whose shapes may differ between ranks (hang.SHAPE_FREE_OPS): only the op enters the
 # digest. The digest leaves call sites out too (`if rank == 0: broadcast(...) else: broadcast(...)` is
@@ -125,6 +127,9 @@ class Progress:
         """Declared phases, innermost last: (name, budget in s, since)."""
         self.since_step = 0
         self.total = 0
+        self.p2p: dict[str, dict[int, int]] = {"sent": {}, "received": {}}
+        """Point-to-point ops issued, per peer (global rank): a pair whose counts part names the
+        rank that skipped a send (a recv waits for it for ever)."""
         self.depth = 0
         self.explicit = False
         """True once the user marked a step (wd.step): then a rank idle for the timeout is hung even
@@ -151,6 +156,10 @@ class Progress:
     def begin(self, op: str, group: str, shape: Any, dtype: str, site: str, is_async: bool) -> Record:
         if group == P2P_GROUP:
             rec = Record(op, group, 0, shape, dtype, site, self.step, is_async)
+            m = _P2P_PEER.search(op)
+            if m is not None:
+                way = self.p2p["received" if m.group(1) == "src" else "sent"]
+                way[int(m.group(2))] = way.get(int(m.group(2)), 0) + 1
         else:
             seq = self.seq.get(group, 0) + 1
             self.seq[group] = seq
@@ -330,6 +339,7 @@ class Progress:
             "in_collective": rec.to_dict(now) if rec is not None and not finished else None,
             "collectives_in_probe": self.since_step,
             "collectives_total": self.total,
+            "p2p": {way: dict(counts) for way, counts in self.p2p.items()} if any(self.p2p.values()) else None,
             "no_progress_s": round(now - self.last_progress, 3),
             "phases": [{"name": n, "budget_s": b, "for_s": round(now - s, 3)} for n, b, s in phases],
             "recent": history_dicts[-8:],  # history >= 16 (config), so recent is its tail

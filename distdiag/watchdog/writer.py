@@ -263,44 +263,47 @@ REREAD_WAIT_S = 3.0
 
 
 def inconsistent_ranks(merged: dict[int, Any]) -> list[int]:
-    """Ranks whose recorder shows them inside collective #k of a group on which another rank
-    has completed #k or later. A collective completes on no rank before every rank entered it,
-    so the snapshot contradicts itself (a read while the recorder was being updated, gloo
-    marking completions late): it must be re-read, not judged. `merged`: snapshots, typed or
-    as posted.
+    """Ranks whose recorder shows them inside collective #k of a group on which every other
+    member has completed #k or later: nobody is left for it to wait for, so the snapshot
+    contradicts itself (a read while the recorder was being updated, gloo marking completions
+    late): it must be re-read, not judged. `merged`: snapshots, typed or as posted.
 
-    Linear in ranks x their groups: what a rank is compared with is the most any *other*
-    member completed, the group's highest count, or its second highest where the rank itself
-    holds the highest (comparing every pair was ranks x group size: 8.4M steps at 16k ranks)."""
+    Only *every* other member counts: a broadcast's receivers complete once the root's data
+    reached them, so on gloo the root of a broadcast one receiver never entered sits inside #k
+    that the other receivers completed - it waits for that one, which has completed fewer.
+
+    Linear in ranks x their groups: what a rank is compared with is the least any *other*
+    member completed, the group's lowest count, or its second lowest where the rank itself
+    holds the lowest (comparing every pair was ranks x group size: 8.4M steps at 16k ranks)."""
     engines = {r: snapshot_of(s).engine for r, s in sorted(merged.items())}
     done: dict[str, dict[int, int]] = {}
     for rank, engine in engines.items():
         for g in engine.groups if engine is not None and engine.ok else []:
             done.setdefault(g.group, {})[rank] = g.completed
-    tops = {group: _top_two(counts) for group, counts in done.items()}
+    lows = {group: _low_two(counts) for group, counts in done.items()}
     out = []
     for rank, engine in engines.items():
         for g in engine.groups if engine is not None and engine.ok else []:
             if not g.inside:
                 continue
-            top_rank, first, second = tops[g.group]
-            others = second if top_rank == rank else first
+            low_rank, first, second = lows[g.group]
+            others = second if low_rank == rank else first
             if others is not None and others >= g.enqueued:
                 out.append(rank)
                 break
     return out
 
 
-def _top_two(counts: dict[int, int]) -> tuple[int, int | None, int | None]:
-    """(the rank with the highest count, the highest, the second highest) of rank -> count;
-    with a tie for the highest the second equals it."""
-    top_rank, first, second = -1, None, None
+def _low_two(counts: dict[int, int]) -> tuple[int, int | None, int | None]:
+    """(the rank with the lowest count, the lowest, the second lowest) of rank -> count;
+    with a tie for the lowest the second equals it."""
+    low_rank, first, second = -1, None, None
     for rank, c in counts.items():
-        if first is None or c > first:
-            top_rank, first, second = rank, c, first
-        elif second is None or c > second:
+        if first is None or c < first:
+            low_rank, first, second = rank, c, first
+        elif second is None or c < second:
             second = c
-    return top_rank, first, second
+    return low_rank, first, second
 
 
 def typed_snapshots(merged: dict[int, dict[str, Any]]) -> dict[int, RankSnapshot]:

@@ -28,7 +28,8 @@ WORLD = 1024
 
 
 def _pairwise(merged: dict[int, dict]) -> list[int]:
-    """inconsistent_ranks as it was: every inside rank against every other member's count."""
+    """inconsistent_ranks by definition: an inside rank against every other member's count
+    (inconsistent when every other member completed its collective)."""
     done: dict[str, dict[int, int]] = {}
     for rank, snap in sorted(merged.items()):
         engine = snap.get("engine") or {}
@@ -38,8 +39,8 @@ def _pairwise(merged: dict[int, dict]) -> list[int]:
     for rank, snap in sorted(merged.items()):
         engine = snap.get("engine") or {}
         for g in engine.get("groups", []) if engine.get("state") == "ok" else []:
-            if g["enqueued"] > g["completed"] and any(
-                    c >= g["enqueued"] for r, c in done[g["group"]].items() if r != rank):
+            others = [c for r, c in done[g["group"]].items() if r != rank]
+            if g["enqueued"] > g["completed"] and others and all(c >= g["enqueued"] for c in others):
                 out.append(rank)
                 break
     return out
@@ -71,16 +72,27 @@ def test_the_contradiction_check_finds_the_ranks_the_pairwise_one_did():
             merged = _random_merged(rng, world)
             assert writer.inconsistent_ranks(merged) == _pairwise(merged), merged
     # the 16k-rank job's shape at 1024: nobody contradicts; then rank 8 completed dp #11 that the
-    # rest of its dp group is inside (each of them contradicts), and rank 8 itself inside #12
+    # rest of its dp group is inside: no contradiction (a broadcast's root may complete first,
+    # and they may wait for one another); then every member but rank 40 completed it: rank 40
+    # contradicts them (nobody left to wait for), and not when it is inside #12
     snaps, _lost = incident(WORLD, "stall", 0)
     assert writer.inconsistent_ranks(snaps) == _pairwise(snaps) == []
     dp = snaps[40]["engine"]["groups"][3]["group"]
-    for enqueued in (11, 12):
-        for g in snaps[8]["engine"]["groups"]:
+    for g in snaps[8]["engine"]["groups"]:
+        if g["group"] == dp:
+            g["completed"], g["enqueued"] = 11, 11
+    assert writer.inconsistent_ranks(snaps) == _pairwise(snaps) == []
+    members = [r for r, s in snaps.items() if any(g["group"] == dp for g in (s.get("engine") or {}).get("groups", []))]
+    for r in members:
+        for g in snaps[r]["engine"]["groups"]:
             if g["group"] == dp:
-                g["completed"], g["enqueued"] = 11, enqueued
+                g["completed"], g["enqueued"] = (10, 11) if r == 40 else (11, 11)
+    for enqueued in (11, 12):
+        for g in snaps[40]["engine"]["groups"]:
+            if g["group"] == dp:
+                g["enqueued"] = enqueued
         found = writer.inconsistent_ranks(snaps)
-        assert found == _pairwise(snaps) and 8 not in found and found[:3] == [40, 72, 104]
+        assert found == _pairwise(snaps) and found == ([40] if enqueued == 11 else [])
     typed = writer.typed_snapshots(snaps)
     assert writer.inconsistent_ranks(typed) == found  # the typed snapshots read the same
 
