@@ -31,7 +31,7 @@ model, opt, val = accelerator.prepare(model, opt, val)  # train is the rank's ow
 
 step = 0
 for epoch in range(args.epochs):
-    for i, (xb, yb) in enumerate(train):
+    for i, (xb, yb) in enumerate(train):  # noqa: B007 (i counts the batches, read after the loop)
         inject.compute(step)
         loss = torch.nn.functional.mse_loss(model(xb), yb)
         accelerator.backward(loss)

@@ -57,7 +57,7 @@ def batches():
 xv = torch.randn(32, 16, generator=torch.Generator().manual_seed(0))
 step = 0
 for epoch in range(args.epochs):
-    for i, (x, y) in enumerate(batches()):
+    for i, (x, y) in enumerate(batches()):  # noqa: B007 (i counts the batches, read after the loop)
         inject.compute(step)
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()

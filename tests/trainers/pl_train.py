@@ -7,7 +7,6 @@ stream ends early, which is how the real Lightning hang comes about.
 """
 import os
 import sys
-import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -19,8 +18,8 @@ p.add_argument("--dd-timeout", type=float, default=10)
 p.add_argument("--bs", type=int, default=16)
 args = F.parse(p)
 
-import torch  # noqa: E402
 import lightning.pytorch as L  # noqa: E402
+import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
