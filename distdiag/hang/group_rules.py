@@ -24,7 +24,8 @@ from distdiag.report.render import format_ranks
 Analysis = Any
 """distdiag.hang.rules.Analysis (rules.py imports this module, so not imported back here)."""
 
-__all__ = ["uneven_data", "data_ran_out", "ran_out_first", "loader_passes", "pass_ended", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
+__all__ = [
+    "skipped_send", "uneven_data", "data_ran_out", "ran_out_first", "loader_passes", "pass_ended", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
 
 UNEVEN_FIX = (
     "rank {rank} ran out of data (or left the loop early) while the others still train: make every rank run "
@@ -200,8 +201,6 @@ def deadlock(a: Analysis) -> None:
     for end in a.graph.ends:
         if end.kind != "deadlock" or set(end.ranks) <= a.explained:
             continue
-        if _skipped_send(a, end):
-            continue
         cycle = "; ".join(f"rank {e.src} waits for {e.dst} in {e.wait.label}" for e in end.cycle)
         behind = [r for r, e in a.graph.end_of.items() if e is end and r not in end.ranks]
         tail = f"; {format_ranks(sorted(behind))} wait on them in turn" if behind else ""
@@ -231,44 +230,82 @@ def _p2p_count(a: Analysis, rank: int, way: str, peer: int) -> int | None:
     return int(counts.get(str(peer), counts.get(peer, 0)))  # type: ignore[call-overload]
 
 
-def _skipped_send(a: Analysis, end: Any) -> bool:
-    """A cycle of ranks each waiting in a receive is no ordering of groups: send/recv pair by
-    sender and receiver in order, so a receive waits for ever when its peer issued one send
-    fewer than it posted receives. The counts per pair name the rank that skipped a send."""
-    if not end.cycle or not all(e.wait.peer is not None and e.wait.label.startswith(("recv", "irecv"))
-                                for e in end.cycle):
-        return False
+def _p2p_departure(snap: dict[str, Any]) -> str | None:
+    """How a rank's latest point-to-point op departs from the period its earlier ones repeat
+    (a stage alternates receive and send per microbatch: a receive where the send was is the
+    send it skipped), or None."""
+    ops = [str(c.get("op")) for c in (snap.get("history") or []) if c.get("group") == "p2p"][-32:]
+    cur = (snap.get("in_collective") or {}).get("op") if (snap.get("in_collective") or {}).get("group") == "p2p" else None
+    if cur and (not ops or ops[-1] != cur):
+        ops.append(str(cur))
+    for period in range(1, 7):
+        body = ops[:-1]
+        if len(body) < 3 * period:
+            break
+        if all(body[i] == body[i - period] for i in range(period, len(body))):
+            if ops[-1] != ops[-1 - period]:
+                return (f"its last point-to-point op was {ops[-1]} where its earlier ones repeat every {period} "
+                        f"({', '.join(ops[-1 - period:-1])}): {ops[-1 - period]} was next")
+            return None
+    return None
+
+
+def _pending_receives(a: Analysis) -> list[tuple[int, int, str]]:
+    """(rank, peer, label) of every receive a rank has pending: the graph's waits, and the
+    wrappers' pending list (a rank waits in its oldest op; a later receive may be the one)."""
+    import re
+
+    out: dict[tuple[int, int], str] = {}
+    for r, node in sorted(a.graph.nodes.items()):
+        if r in a.explained:
+            continue
+        for w in node.waits:
+            if w.peer is not None and w.label.startswith(("recv", "irecv")):
+                out.setdefault((r, w.peer), w.label)
+        for op in ((a.views[r].snap.get("p2p") or {}).get("pending") or []) if r in a.views else []:
+            m = re.match(r"^(i?recv)\(src=(\d+)\)$", str(op))
+            if m:
+                out.setdefault((r, int(m.group(2))), f"{m.group(1)} from rank {m.group(2)}")
+    return [(r, p, label) for (r, p), label in sorted(out.items())]
+
+
+def skipped_send(a: Analysis) -> None:
+    """A receive waits for ever when its peer issued one send fewer than it posted receives:
+    send/recv pair by sender and receiver in order, never by a number (the peer went on, to
+    wait elsewhere: in its own receive, in a collective, or at the end). Per pair, the
+    wrappers' counts of sends issued and receives posted name the rank that skipped a send;
+    where several ranks fall short, the one whose own ops stopped repeating (the others are
+    short because they wait: a stage blocked in its receive sends nothing more); none when
+    that does not tell them apart."""
+    if a.lost:
+        return
+    receives = _pending_receives(a)
     short: dict[int, str] = {}
-    for e in end.cycle:  # e.src waits for a message from e.dst
-        posted = _p2p_count(a, e.src, "received", e.dst)
-        sent = _p2p_count(a, e.dst, "sent", e.src)
+    for rank, peer, label in receives:  # `rank` waits for a message from `peer`
+        posted = _p2p_count(a, rank, "received", peer)
+        sent = _p2p_count(a, peer, "sent", rank)
         if posted is None or sent is None:
-            return False
+            return
         if sent < posted:
-            short[e.dst] = (f"rank {e.dst} issued {sent} send(s) to rank {e.src}, which posted {posted} receive(s) "
-                            f"from it: rank {e.src} waits in {e.wait.label}")
-    if len(short) == len(end.ranks):
-        # every pair is short: one rank skipped a send while it ran on, the others are short
-        # because they wait (a stage blocked in its receive sends nothing more); the one that
-        # ran on issued, in its current step, other ops than in its earlier steps
+            short[peer] = (f"rank {peer} issued {sent} send(s) to rank {rank}, which posted {posted} receive(s) "
+                           f"from it: rank {rank} waits in {label}")
+    if len(short) > 1:
         from distdiag.hang.desync import departure
 
-        ran_on = {r: t for r in short if (t := departure(a.views[r].snap, loop=False)) if r in a.views}
+        ran_on = {r: t for r in short if r in a.views
+                  if (t := departure(a.views[r].snap, loop=False) or _p2p_departure(a.views[r].snap))}
         if not 0 < len(ran_on) < len(short):
-            return False
+            return
         short = {r: f"{short[r]} ({ran_on[r]})" for r in ran_on}
     if not short:
-        return False
+        return
     culprits = sorted(short)
-    waiting = sorted(set(end.ranks) - set(culprits))
-    behind = [r for r, e in a.graph.end_of.items() if e is end and r not in end.ranks]
+    waiting = sorted({r for r, _, _ in receives} - set(culprits))
     a.findings.append(
         Finding(
             severity="critical",
-            issue=(f"{format_ranks(culprits)} skipped a send: {'; '.join(short[r] for r in culprits)}"
-                   f"{f'; {format_ranks(waiting)} wait for it in turn' if len(waiting) > 1 else ''}"),
-            evidence="\n".join(["the receives waiting for ever:", *(f"  rank {e.src} -> {e.dst}: {e.wait.label}"
-                                                                   for e in end.cycle), *shape_lines(a, behind)]),
+            issue=(f"{format_ranks(culprits)} skipped a send: {'; '.join(short[r] for r in culprits)}"),
+            evidence="\n".join(["the receives waiting for ever:", *(f"  rank {r} <- {p}: {label}" for r, p, label in receives)]),
             ranks=culprits,
             fix=(f"every send must meet its receive: find the branch where {format_ranks(culprits)} leaves out a "
                  "send (a schedule step, a rank-dependent condition) and make both sides issue the same point-to-point "
@@ -277,9 +314,10 @@ def _skipped_send(a: Analysis, end: Any) -> bool:
             cause=CAUSE_DESYNC,
         )
     )
-    a.explained.update(end.ranks)
-    a.explained.update(behind)
-    return True
+    a.explained.update(culprits)
+    a.explained.update(waiting)
+    # everyone else waits on them in turn: stranded, never blamed
+    a.explained.update(r for r, node in a.graph.nodes.items() if node.state == "waiting")
 
 
 def chain_end(a: Analysis) -> None:

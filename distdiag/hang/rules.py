@@ -13,8 +13,9 @@ explained, so a later rule does not blame a rank twice:
                    steps changed course are blamed, the dead one is the consequence;
   2. lost        - a rank's process is gone, stopped or silent, or it never checked in (with the
                    signal and stack it died with, when a same-host peer read them);
-  2b. uneven_data, deadlock (distdiag.hang.group_rules): a short rank out of its loop inside a
-                   collective of its own; ranks waiting for each other across groups (a cycle);
+  2b. uneven_data, skipped_send, deadlock (distdiag.hang.group_rules): a short rank out of its
+                   loop inside a collective of its own; a receive whose peer issued fewer sends
+                   than it posted receives; ranks waiting for each other across groups (a cycle);
   3. behind      - ranks wait in collective #N on a group that rank k never entered: k computes
                    elsewhere, waits on another group, finished with fewer collectives, or ran
                    fewer training steps (uneven data);
@@ -54,6 +55,7 @@ from distdiag.hang.group_rules import (
     loader_passes,
     pass_ended,
     ran_out_first,
+    skipped_send,
     stranded,
     uneven_data,
 )
@@ -507,7 +509,7 @@ def nobody_waiting(a: Analysis) -> None:
 
 
 RULES: tuple[Callable[[Analysis], None], ...] = (
-    raised, aborted_in_collective, lost, uneven_data, deadlock, desync_in_histories, behind, chain_end, left_early, broken_connections,
+    raised, aborted_in_collective, lost, uneven_data, skipped_send, deadlock, desync_in_histories, behind, chain_end, left_early, broken_connections,
     desync_in_flight, desync_in_records, stall, nobody_waiting, stranded,
 )
 

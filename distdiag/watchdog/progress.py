@@ -184,6 +184,14 @@ class Progress:
         if self.current is rec:
             self.current = None
 
+    def _p2p_view(self) -> dict[str, Any] | None:
+        """Sends issued and receives posted per peer, and the point-to-point ops still pending
+        (oldest first, 16 at most: `in_collective` names only the oldest of all)."""
+        if not any(self.p2p.values()):
+            return None
+        pending = sorted((r for r in list(self.pending_async.values()) if r.group == P2P_GROUP), key=lambda r: r.t0)
+        return {**{way: dict(counts) for way, counts in self.p2p.items()}, "pending": [r.op for r in pending[:16]]}
+
     def poll_async(self) -> None:
         """On the watchdog's tick: the polled works that completed are done (gloo's p2p Work)."""
         for key, (rec, works) in list(self.poll_works.items()):
@@ -339,7 +347,7 @@ class Progress:
             "in_collective": rec.to_dict(now) if rec is not None and not finished else None,
             "collectives_in_probe": self.since_step,
             "collectives_total": self.total,
-            "p2p": {way: dict(counts) for way, counts in self.p2p.items()} if any(self.p2p.values()) else None,
+            "p2p": self._p2p_view(),
             "no_progress_s": round(now - self.last_progress, 3),
             "phases": [{"name": n, "budget_s": b, "for_s": round(now - s, 3)} for n, b, s in phases],
             "recent": history_dicts[-8:],  # history >= 16 (config), so recent is its tail

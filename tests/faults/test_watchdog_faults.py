@@ -227,3 +227,28 @@ def test_segfaulted_rank_is_named_with_its_signal_and_frame(tmp_path):
     assert not result.timed_out, result.stderr[-3000:]
     _, _, crit = _report(result)
     assert crit[0].ranks == [1] and "SIGSEGV" in crit[0].issue and "string_at" in crit[0].issue
+
+
+@pytest.mark.parametrize("kind,fault,world,culprit", [
+    ("pipe", "skip_grad", 3, 2), ("ring", "skip_ring", 3, 2), ("ring", "skip_ring", 4, 1),
+], ids=["pipeline-last-stage-skips-a-grad", "ring-last-rank-skips-its-send", "ring-4-middle-rank-skips-its-send"])
+@pytest.mark.timeout(60)
+def test_a_skipped_send_names_the_rank_that_skipped_it_not_a_deadlock(tmp_path, kind, fault, world, culprit):
+    """send/recv pair by sender and receiver in order: a receive waits for ever when its peer
+    issued one send fewer. The ranks waiting on each other form a cycle, but no ordering of
+    groups is at fault: the per-peer counts (and, where every pair is short, the rank whose
+    own ops stopped repeating) name the rank that skipped the send."""
+    result = run_ranks(world, [f"kind={kind}", f"fault={fault}", f"rank={culprit}", "step=3", "steps=8", "timeout=3",
+                               "step_s=0.05"], tmp_path, entry="tests.faults.watchdog_workers:p2p", timeout=HARD_TIMEOUT)
+    assert not result.timed_out, result.stderr[-3000:]
+    _, _, crit = _report(result)
+    assert crit[0].ranks == [culprit] and crit[0].cause == "desync" and "skipped a send" in crit[0].issue, crit[0].issue
+
+
+@pytest.mark.parametrize("kind", ["pipe", "ring"])
+@pytest.mark.timeout(60)
+def test_send_recv_twins_write_no_report(tmp_path, kind):
+    result = run_ranks(3, [f"kind={kind}", "fault=none", "steps=8", "timeout=3", "step_s=0.05"], tmp_path,
+                       entry="tests.faults.watchdog_workers:p2p", timeout=HARD_TIMEOUT)
+    assert not result.timed_out and all(o.exitcode == 0 for o in result.outcomes), result.stderr[-3000:]
+    assert not (tmp_path / "hang-report").exists()

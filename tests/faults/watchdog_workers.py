@@ -188,3 +188,53 @@ def fsdp_dtensor(argv: list[str]) -> int:
     dist.destroy_process_group()
     fsdp = {"all_gather_single", "reduce_scatter_single"} | {"all_gather_into_tensor", "reduce_scatter_tensor"}
     return 0 if ops & fsdp and any(op.startswith("funcol:") for op in ops) else 1
+
+
+def p2p(argv: list[str]) -> int:
+    """A hand-written pipeline (isend/irecv per microbatch: activations forward, gradients back)
+    or a ring (each rank isends to the next, irecvs from the previous), under the watchdog.
+    fault=skip_grad: the last stage skips one gradient send at step=S; fault=skip_ring: rank=K
+    skips its isend at step=S; fault=none: the healthy twin."""
+    opts = _opts(argv)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    from distdiag import HangWatchdog
+
+    me, world, s, fault = dist.get_rank(), dist.get_world_size(), int(opts["step"]), opts["fault"]
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    with HangWatchdog(timeout=timedelta(seconds=float(opts["timeout"])), dump_dir="hang-report"):
+        for step in range(int(opts["steps"])):
+            if opts.get("kind") == "ring":
+                out, got = torch.full((4,), float(me)), torch.empty(4)
+                if not (fault == "skip_ring" and me == int(opts["rank"]) and step == s):
+                    send = dist.isend(out, dst=(me + 1) % world)  # SITE:ring_send
+                else:
+                    send = None  # FAULT:skip_ring
+                dist.irecv(got, src=(me - 1) % world).wait()
+                if send is not None:
+                    send.wait()
+            else:
+                acts = []
+                for _ in range(2):
+                    x = torch.randn(2, 8) if me == 0 else torch.empty(2, 8)
+                    if me > 0:
+                        dist.irecv(x, src=me - 1).wait()
+                    x.requires_grad_(True)
+                    y = lin(x)
+                    acts.append((x, y))
+                    if me < world - 1:
+                        dist.isend(y.detach(), dst=me + 1).wait()
+                for mb, (x, y) in reversed(list(enumerate(acts))):
+                    g = torch.ones_like(y) if me == world - 1 else torch.empty_like(y)
+                    if me < world - 1:
+                        dist.irecv(g, src=me + 1).wait()
+                    y.backward(g)
+                    skip = fault == "skip_grad" and me == world - 1 and step == s and mb == 0  # FAULT:skip_grad
+                    if me > 0 and not skip:
+                        dist.isend(x.grad, dst=me - 1).wait()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(float(opts["step_s"]))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0

@@ -3,9 +3,12 @@ size) are issued and then waited; at step --at rank --rank (default 1) issues on
 (its second bucket is empty: 'no params required grad this step'). Truth: that rank.
 --mode fault_ring: a ring exchange with isend/irecv each step plus a loss all_reduce; at step
 --at the last rank skips its isend. Truth: the last rank (rank 0 waits in irecv for it)."""
-import os, sys
+import os
+import sys
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
 from _common import args, compute, done, init
 
 a = args()

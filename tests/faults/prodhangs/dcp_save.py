@@ -2,12 +2,16 @@
 --mode fault: only rank 0 calls dcp.save ('if rank == 0: save(...)'). Truth: rank 0.
 --mode fault_io: every rank saves, rank --rank (default last) stalls in its storage writer's
 write_data (a hung NFS write). Truth: that rank."""
-import os, sys, tempfile, time
+import os
+import sys
+import time
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
 from _common import FOREVER, args, compute, done, faulted, init, model
+from torch.distributed.checkpoint import FileSystemWriter
 
 a = args()
 rank, world = init()

@@ -3,11 +3,14 @@ all_reduce of activations, a dp all_reduce of gradients. With --mode fault, tp-r
 (default 3) alone adds an all_reduce on its dp group at step --at (a 'log grad norm on the
 last tp shard' branch). Truth: that rank (an extra collective).
 --mode fault_big: the same with a large flat tensor (bigger than the peer's next op)."""
-import os, sys
+import os
+import sys
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+import torch
+import torch.distributed as dist
 from _common import args, compute, done
+from torch.distributed.device_mesh import init_device_mesh
 
 a = args()
 mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))

@@ -2,11 +2,15 @@
 activations sent pp-wise rank r -> r+2, gradients back, tp all_reduce inside each stage, a dp
 all_reduce (1-rank groups) and a global loss all_reduce each step. With --mode fault, rank
 --rank (default 2) stalls forever before its tp all_reduce at step --at. Truth: that rank."""
-import os, sys, time
+import os
+import sys
+import time
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+import torch
+import torch.distributed as dist
 from _common import FOREVER, args, compute, done
+from torch.distributed.device_mesh import init_device_mesh
 
 a = args()
 mesh = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("pp", "dp", "tp"))

@@ -2,9 +2,12 @@
 validation loss and all_gathers the state; a rank that computed no metric skips the sync
 ('nothing to sync'). --mode fault: rank --rank (default 1) saw no validation batch at step
 --at (its shard of a tiny eval set is empty) and skips. Truth: that rank."""
-import os, sys
+import os
+import sys
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
 from _common import args, compute, done, init, model
 
 

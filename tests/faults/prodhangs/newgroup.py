@@ -4,9 +4,12 @@ the default group). --mode fault: the pair groups are created only by their memb
 [0,1] and go on (torch 2.13 gloo: this does not hang, the job finishes: no report is right).
 --mode fault_order: overlapping groups [0,1,2] and [1,2,3] created in another order on the
 last rank. Truth: the last rank."""
-import os, sys
+import os
+import sys
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
 from _common import args, compute, done, init
 
 a = args()

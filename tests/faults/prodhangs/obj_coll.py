@@ -4,9 +4,12 @@ a config dict (broadcast_object_list) and metrics are gathered (all_gather_objec
 'if rank == 0: log(gather(metrics))'). Truth: rank 0.
 --mode fault_bcast: rank --rank (default last) skips the broadcast_object_list at step --at
 (its 'config cache' says it already has it). Truth: that rank."""
-import os, sys
+import os
+import sys
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
 from _common import args, compute, done, faulted, init, model
 
 a = args()

@@ -1,11 +1,14 @@
 """torch.distributed.pipelining: each rank one stage of a small MLP, ScheduleGPipe (--sched
 gpipe) or Schedule1F1B (--sched 1f1b), 4 microbatches. With --mode fault the stage --rank
 (default: a middle one) stalls forever in its forward at step --at. Truth: that stage only."""
-import os, sys, time
+import os
+import sys
+import time
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+import torch
 from _common import FOREVER, args, compute, done, init
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 a = args({"--sched": dict(default="gpipe")})
 rank, world = init()

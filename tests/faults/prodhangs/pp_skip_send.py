@@ -1,9 +1,12 @@
 """Hand-written pipeline with isend/irecv; at step --at the LAST stage skips sending one
 microbatch's gradient back (a rank-dependent branch: 'no loss on an empty microbatch').
 Truth: the last stage (it skipped the send); the stage before it waits in irecv for it."""
-import os, sys
+import os
+import sys
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
 from _common import args, compute, done, init
 
 a = args()

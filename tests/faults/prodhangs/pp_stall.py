@@ -1,9 +1,13 @@
 """Hand-written pipeline (forward via send, backward via recv of grads) over every rank as a
 stage; with --mode fault the stage --rank (default: a middle one) stalls forever in compute at
 step --at. Truth: that stage; the stages before/after it wait in send/recv and are stranded."""
-import os, sys, time
+import os
+import sys
+import time
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
 from _common import FOREVER, args, compute, done, init
 
 a = args()

@@ -1,9 +1,12 @@
 """A raise in a nested helper. --mode fault_all: every rank raises the same error at step --at
 (a bad batch shape in the collate helper). --mode fault: only rank --rank (default 1) raises
 (its shard holds the bad record). Truth: the ranks that raised."""
-import os, sys
+import os
+import sys
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
 from _common import args, compute, done, init, model
 
 a = args()

@@ -1,8 +1,11 @@
 """--mode fault: rank --rank (default 2) SIGKILLs itself mid-training (the OOM killer) at step
 --at. Truth: that rank, its process gone."""
-import os, sys
+import os
+import sys
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
 from _common import args, compute, done, init, model
 
 a = args()

@@ -1,8 +1,12 @@
 """No hang: rank --rank (default last) is 3 s slower than the others each step (timeout 5 s):
 the others wait ~3 s in each all_reduce. Must stay quiet."""
-import os, sys, time
+import os
+import sys
+import time
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
 from _common import args, compute, done, faulted, init, model
 
 a = args({"--slow-s": dict(type=float, default=3.0)})
