@@ -286,6 +286,9 @@ def skipped_send(a: Analysis) -> None:
         sent = _p2p_count(a, peer, "sent", rank)
         if posted is None or sent is None:
             return
+        node = a.graph.nodes.get(peer)
+        if node is not None and node.state not in ("waiting", "finished"):
+            continue  # it has not reached its send yet (stalled in compute): a rank behind, not a skip
         if sent < posted:
             short[peer] = (f"rank {peer} issued {sent} send(s) to rank {rank}, which posted {posted} receive(s) "
                            f"from it: rank {rank} waits in {label}")
