@@ -169,6 +169,8 @@ def _column_widths(cols: list[str], cells: list[list[str]], width: int | None) -
     if width is None:
         return widths
     floor = [max(len(c), _MIN_COLUMN) for c in cols]
+    if sum(floor) + 2 * (len(floor) - 1) > width:
+        return widths  # it cannot fit: rows kept whole (a name cut over lines reads and greps worse)
     while sum(widths) + 2 * (len(widths) - 1) > width:
         i = max(range(len(widths)), key=lambda j: widths[j] - floor[j])
         if widths[i] <= floor[i]:
@@ -211,11 +213,19 @@ def _fit_title(title: str, width: int) -> list[str]:
                                                                      break_on_hyphens=False)]
 
 
+class _Whole(str):
+    """A line of a table: fitted by the table itself, never wrapped again."""
+
+
 def _fit(lines: list[str], width: int) -> list[str]:
     """Every line within `width`: a longer one wrapped, its continuation indented two more than
-    it; trailing spaces dropped."""
+    it (a table's lines excepted: the table fitted them, or keeps its rows whole when it
+    cannot); trailing spaces dropped."""
     out = []
     for line in lines:
+        if isinstance(line, _Whole):
+            out.append(str(line).rstrip())
+            continue
         line = line.rstrip()
         if len(line) <= width:
             out.append(line)
@@ -313,7 +323,7 @@ def _detail_tables(probe: ProbeResult, max_rows: int | None, width: int | None =
         if name.startswith("table:") and isinstance(table, list) and table and all(isinstance(r, dict) for r in table):
             out.append(f"  {name[6:]}:")
             shown = table if max_rows is None else table[:max_rows]
-            out += [("    " + ln).rstrip() for ln in render_table(shown, width=None if width is None else width - 4).splitlines()]
+            out += [_Whole(("    " + ln).rstrip()) for ln in render_table(shown, width=None if width is None else width - 4).splitlines()]
             if len(shown) < len(table):
                 out.append(
                     f"    ... {len(table) - len(shown)} more row(s): `distdiag report show --full` or the JSON report"
