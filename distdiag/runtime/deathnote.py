@@ -121,7 +121,22 @@ def arm() -> bool:
     except (OSError, ValueError, RuntimeError):
         return False
     _armed.update(pid=os.getpid(), file=f, path=path)  # faulthandler needs the file kept open
+    if not _armed.get("fork_hook"):
+        # a forked child (a DataLoader worker) inherits the handler and the file: its crash
+        # would read as this rank's; it gets the state it had without us
+        os.register_at_fork(after_in_child=_forked)
+        _armed["fork_hook"] = True
     return True
+
+
+def _forked() -> None:
+    if _armed.get("pid") not in (None, os.getpid()):
+        try:
+            faulthandler.disable()
+        except Exception:  # noqa: BLE001 - never break the child
+            pass
+        _armed.clear()
+        _armed["fork_hook"] = True
 
 
 _KEEP_S = 7 * 24 * 3600
@@ -166,8 +181,10 @@ def _alive(pid: int) -> bool:
 
 def disarm() -> None:
     """A clean end: faulthandler off (if enabled here) and the note removed."""
+    hook = _armed.get("fork_hook")
     if _armed.get("pid") != os.getpid():
         _armed.clear()
+        _armed.update({"fork_hook": True} if hook else {})
         return
     try:
         faulthandler.disable()
@@ -175,6 +192,7 @@ def disarm() -> None:
         pass
     f, path = _armed.get("file"), _armed.get("path")
     _armed.clear()
+    _armed.update({"fork_hook": True} if hook else {})
     try:
         if f is not None:
             f.close()

@@ -23,6 +23,8 @@ _BODY = {
     "kill": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
     "clean": "deathnote.disarm()\n",
     "theirs": "",
+    # a forked child (a DataLoader worker) that crashes must not write this rank's note
+    "child": "import os, ctypes\npid = os.fork()\nif pid == 0:\n    ctypes.string_at(0)\nos.waitpid(pid, 0)\nimport time\nos.kill(os.getpid(), 9)\n",
 }
 
 
@@ -100,3 +102,8 @@ def test_a_collective_is_named_from_torch_distributed_frames():
     death = deathnote.parse(text)
     assert death is not None and death.collective == "all_gather"
     assert death.call_site == "/v/site-packages/transformers/trainer_pt_utils.py:207 in distributed_concat"
+
+
+def test_a_forked_child_that_crashes_leaves_the_rank_s_note_empty(tmpdir_env):
+    pid, rc = _die(tmpdir_env, "child")
+    assert rc == -9 and deathnote.read(pid) is None
