@@ -289,6 +289,9 @@ def skipped_send(a: Analysis) -> None:
         node = a.graph.nodes.get(peer)
         if node is not None and node.state not in ("waiting", "finished"):
             continue  # it has not reached its send yet (stalled in compute): a rank behind, not a skip
+        end = a.graph.end_of.get(peer)
+        if end is not None and end.kind != "deadlock" and peer not in end.ranks:
+            continue  # it waits, through others, on a rank that is stuck: blocked before its send (stranded)
         if sent < posted:
             short[peer] = (f"rank {peer} issued {sent} send(s) to rank {rank}, which posted {posted} receive(s) "
                            f"from it: rank {rank} waits in {label}")
