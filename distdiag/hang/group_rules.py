@@ -273,7 +273,9 @@ def skipped_send(a: Analysis) -> None:
     """A receive waits for ever when its peer issued one send fewer than it posted receives:
     send/recv pair by sender and receiver in order, never by a number (the peer went on, to
     wait elsewhere: in its own receive, in a collective, or at the end). Per pair, the
-    wrappers' counts of sends issued and receives posted name the rank that skipped a send;
+    wrappers' counts of sends issued and receives posted name the rank that skipped a send,
+    when it went past the send: it finished, or waits in a cycle back to the receiver (a rank
+    that waits on something else that is stuck is blocked before its send);
     where several ranks fall short, the one whose own ops stopped repeating (the others are
     short because they wait: a stage blocked in its receive sends nothing more); none when
     that does not tell them apart."""
@@ -290,8 +292,8 @@ def skipped_send(a: Analysis) -> None:
         if node is not None and node.state not in ("waiting", "finished"):
             continue  # it has not reached its send yet (stalled in compute): a rank behind, not a skip
         end = a.graph.end_of.get(peer)
-        if end is not None and end.kind != "deadlock" and peer not in end.ranks:
-            continue  # it waits, through others, on a rank that is stuck: blocked before its send (stranded)
+        if node is not None and node.state == "waiting" and (end is None or end.kind != "deadlock"):
+            continue  # it waits on something else that is stuck: blocked before its send, not past it
         if sent < posted:
             short[peer] = (f"rank {peer} issued {sent} send(s) to rank {rank}, which posted {posted} receive(s) "
                            f"from it: rank {rank} waits in {label}")
