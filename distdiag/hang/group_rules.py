@@ -253,7 +253,7 @@ def _p2p_departure(snap: dict[str, Any]) -> str | None:
 def _pending_receives(a: Analysis) -> list[tuple[int, int, str]]:
     """(rank, peer, label) of every receive a rank has pending: the graph's waits, and the
     wrappers' pending list (a rank waits in its oldest op; a later receive may be the one)."""
-    import re
+    from distdiag.hang.waitfor import _PEER
 
     out: dict[tuple[int, int], str] = {}
     for r, node in sorted(a.graph.nodes.items()):
@@ -263,9 +263,9 @@ def _pending_receives(a: Analysis) -> list[tuple[int, int, str]]:
             if w.peer is not None and w.label.startswith(("recv", "irecv")):
                 out.setdefault((r, w.peer), w.label)
         for op in ((a.views[r].snap.get("p2p") or {}).get("pending") or []) if r in a.views else []:
-            m = re.match(r"^(i?recv)\(src=(\d+)\)$", str(op))
-            if m:
-                out.setdefault((r, int(m.group(2))), f"{m.group(1)} from rank {m.group(2)}")
+            what, m = str(op).split("(", 1)[0], _PEER.search(str(op))  # the label waitfor reads too
+            if m and what in ("recv", "irecv"):
+                out.setdefault((r, int(m.group(1))), f"{what} from rank {m.group(1)}")
     return [(r, p, label) for (r, p), label in sorted(out.items())]
 
 

@@ -31,6 +31,13 @@ __all__ = ["Progress", "Record", "P2P_GROUP"]
 
 P2P_GROUP = "p2p"
 _P2P_PEER = re.compile(r"^i?(?:send|recv)\((src|dst)=(\d+)\)$")
+
+
+@functools.lru_cache(maxsize=1024)
+def _p2p_way(op: str) -> tuple[str, int] | None:
+    """('sent' | 'received', peer) of a send/recv label ('isend(dst=1)'), None for others."""
+    m = _P2P_PEER.search(op)
+    return None if m is None else ("received" if m.group(1) == "src" else "sent", int(m.group(2)))
 """Point-to-point ops pair two ranks, not a group: tracked as state, left out of the digests."""
 # Ops whose shapes may differ between ranks (hang.SHAPE_FREE_OPS): only the op enters the
 # digest. The digest leaves call sites out too (`if rank == 0: broadcast(...) else: broadcast(...)` is
@@ -156,10 +163,10 @@ class Progress:
     def begin(self, op: str, group: str, shape: Any, dtype: str, site: str, is_async: bool) -> Record:
         if group == P2P_GROUP:
             rec = Record(op, group, 0, shape, dtype, site, self.step, is_async)
-            m = _P2P_PEER.search(op)
-            if m is not None:
-                way = self.p2p["received" if m.group(1) == "src" else "sent"]
-                way[int(m.group(2))] = way.get(int(m.group(2)), 0) + 1
+            counted = _p2p_way(op)  # cached: this runs on the training thread at every send/recv
+            if counted is not None:
+                way = self.p2p[counted[0]]
+                way[counted[1]] = way.get(counted[1], 0) + 1
         else:
             seq = self.seq.get(group, 0) + 1
             self.seq[group] = seq
