@@ -30,11 +30,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.harness import run_within  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINERS_DIR = os.path.join(ROOT, "tests", "trainers")
@@ -89,44 +90,9 @@ def cases() -> list[dict]:
     return out
 
 
-def descendants(pid: int) -> set[int]:
-    out, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            kids = open(f"/proc/{p}/task/{p}/children").read().split()
-        except OSError:
-            continue
-        for k in map(int, kids):
-            if k not in out:
-                out.add(k)
-                todo.append(k)
-    return out
-
-
 def run(cmd: list[str], cwd: str, env: dict, limit: float) -> tuple[object, float]:
     """Run cmd in its own session in cwd; at the limit kill its group and every descendant seen."""
-    t0 = time.time()
-    with open(os.path.join(cwd, "output.txt"), "w") as log:
-        p = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        seen: set[int] = set()
-        while p.poll() is None and time.time() - t0 < limit:
-            seen |= descendants(p.pid)
-            time.sleep(0.2)
-        rc: object = p.poll()
-        if rc is None:
-            rc = "limit"
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-        for pid in seen:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    return rc, time.time() - t0
+    return run_within(cmd, cwd, limit, env=env, over="limit")
 
 
 def lead_and_blamed(report: dict) -> tuple[dict, set[int]]:

@@ -205,3 +205,52 @@ def run_check(world_size: int, args: list[str], workdir: str | Path, *, inject: 
     if inject:
         env["DISTDIAG_INJECT"] = inject
     return run_ranks(world_size, args, workdir, env=env, timeout=timeout, **kw)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process under `pid` now (from /proc: torchrun's workers live in sessions of their own,
+    so a process group does not hold them)."""
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = open(f"/proc/{p}/task/{p}/children").read().split()
+        except OSError:
+            continue
+        for k in map(int, kids):
+            if k not in out:
+                out.add(k)
+                todo.append(k)
+    return out
+
+
+def run_within(cmd: list[str], cwd: str, limit: float, env: dict[str, str] | None = None,
+               over: str = "timeout") -> tuple[object, float]:
+    """Run `cmd` in a session of its own in `cwd` (output to cwd/output.txt) for at most `limit`
+    seconds: (its exit code, or `over` when it ran past the limit; the seconds it took). At the
+    end every process it started that was ever seen is killed (a black-box runner's hard limit)."""
+    import subprocess
+
+    t0 = time.time()
+    with open(os.path.join(cwd, "output.txt"), "w") as log:
+        p = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             env=env if env is not None else dict(os.environ, PYTHONUNBUFFERED="1"))
+        seen: set[int] = set()
+        while p.poll() is None and time.time() - t0 < limit:
+            seen |= descendants(p.pid)
+            time.sleep(0.2)
+        rc: object = p.poll()
+        if rc is None:
+            rc = over
+            seen |= descendants(p.pid)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        for pid in seen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return rc, time.time() - t0

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+from tests.harness import run_within  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = 5
@@ -72,45 +72,8 @@ CASES = [
 ]
 
 
-def descendants(pid: int) -> set[int]:
-    out, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            kids = open(f"/proc/{p}/task/{p}/children").read().split()
-        except OSError:
-            continue
-        for k in map(int, kids):
-            if k not in out:
-                out.add(k)
-                todo.append(k)
-    return out
-
-
 def run(cmd: list[str], cwd: str, limit: float) -> tuple[object, float]:
-    t0 = time.time()
-    with open(os.path.join(cwd, "output.txt"), "w") as log:
-        p = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        seen: set[int] = set()
-        while p.poll() is None and time.time() - t0 < limit:
-            seen |= descendants(p.pid)
-            time.sleep(0.2)
-        rc: object = p.poll()
-        if rc is None:
-            rc = "timeout"
-            seen |= descendants(p.pid)
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-        for pid in seen:  # torchrun and its workers live in sessions of their own
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    return rc, time.time() - t0
+    return run_within(cmd, cwd, limit)
 
 
 def findings(report: dict) -> list[dict]:
