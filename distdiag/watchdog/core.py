@@ -77,6 +77,7 @@ class HangWatchdog:
         self._watcher: Any = None
         self._step_hook: Any = None
         self._loaders: Any = None
+        self._groups: Any = None
         self._auto_step = 0
 
     # -- arming ---------------------------------------------------------------------------
@@ -89,6 +90,7 @@ class HangWatchdog:
 
         from distdiag.runtime.context import LaunchInfo
         from distdiag.watchdog.dataload import LoaderTap
+        from distdiag.watchdog.groupnames import GroupLog
         from distdiag.watchdog.intercept import Interceptor
         from distdiag.watchdog.progress import Progress
         from distdiag.watchdog.watcher import Watcher
@@ -117,6 +119,9 @@ class HangWatchdog:
         if self.config.wrap:
             self._interceptor.install()
         self._step_hook = _hook_optimizer_steps(self._progress)
+        self._groups = GroupLog()
+        if self._groups.install():
+            self._progress.groups = self._groups
         self._loaders = LoaderTap(lambda: self._progress.steps)
         if self._loaders.install():
             self._progress.loaders = self._loaders
@@ -144,6 +149,9 @@ class HangWatchdog:
             return
         watcher, self._watcher = self._watcher, None
         self._interceptor.restore()
+        if self._groups is not None:
+            self._groups.remove()
+            self._groups = None
         if self._loaders is not None:
             self._loaders.remove()
             self._loaders = None

@@ -154,6 +154,8 @@ class Progress:
         """(id, code) of the training loop's frame: the deepest frame on the stack at two
         consecutive steps. A rank whose stack no longer holds it has left the loop."""
         self.loaders: Any = None
+        self.groups: Any = None
+        """distdiag.watchdog.groupnames.GroupLog: the numbered groups this rank created."""
         """The DataLoader tap (distdiag.watchdog.dataload.LoaderTap) when installed: each pass's
         batches drawn and whether it ran out, the evidence that tells uneven data apart."""
         self._shape_free: dict[str, bool] = {}
@@ -361,4 +363,5 @@ class Progress:
             "history": history_dicts,
             "stack": [] if finished else self.stack(),
             "loaders": self.loaders.snapshot() if self.loaders is not None else [],
+            "groups_created": self.groups.snapshot() if self.groups is not None else None,
         }

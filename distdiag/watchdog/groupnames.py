@@ -1,0 +1,121 @@
+"""Each rank's process-group creation, in torch's own numbering.
+
+torch names a group made by `new_group` (and `new_subgroups`, DeviceMesh's groups, ...) from a
+per-process counter, `str(_world.group_count)`, unless it asks for a hashed name
+(`use_local_synchronization=True`, `split_group`): so every rank must create every such group,
+member or not, in one global order. The backend then meets its peers under that name in the
+store (gloo connects there at once; NCCL at the group's first collective, or at once when the
+default group is bound to a device). A rank that creates its groups in another order, or skips
+one it is not a member of, binds a name to other members than its peers do: the ranks meet the
+wrong peers, and the job hangs in the group's creation or its first collective.
+
+While armed, the name function is wrapped (it runs on every such call, member or not, before the
+backend is made) and the last `KEEP` numbered names are kept with their members; where the log
+is empty (armed after the groups were made) the registry torch keeps of this rank's own groups
+stands in. `snapshot()` is what the hang analysis reads (`distdiag.hang.creation_rules`).
+Nothing here changes what torch does: the wrapper returns torch's own name.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from distdiag.hang.members import encode_members
+
+__all__ = ["GroupLog", "KEEP"]
+
+log = logging.getLogger("distdiag.watchdog")
+
+KEEP = 32
+"""Numbered group names kept per rank (a conflict that hangs is at the newest ones)."""
+_NAME_FN = "_process_group_name"
+_MARK = "__distdiag_group_log__"
+
+
+class GroupLog:
+    """The numbered group names this process created, with their members, newest last."""
+
+    def __init__(self, keep: int = KEEP) -> None:
+        self.entries: collections.deque[tuple[str, str]] = collections.deque(maxlen=keep)
+        self.calls = 0
+        self._lock = threading.Lock()
+        self._saved: Callable[..., Any] | None = None
+
+    def record(self, ranks: Any, hashed: bool, name: Any) -> None:
+        if hashed:
+            return  # a hashed name is the same on every rank that asks for it: no order to keep
+        try:
+            members = encode_members([int(r) for r in ranks]) if ranks else "*"
+        except (TypeError, ValueError):
+            return
+        with self._lock:
+            self.entries.append((str(name), members))
+            self.calls += 1
+
+    def install(self) -> bool:
+        """Wrap torch's group-name function; False where this torch has none (nothing kept)."""
+        try:
+            from torch.distributed import distributed_c10d as c10d
+        except ImportError:  # pragma: no cover - torch without distributed
+            return False
+        fn = getattr(c10d, _NAME_FN, None)
+        if fn is None or not callable(fn) or hasattr(fn, _MARK):
+            return False
+        recorder = self
+
+        def named(ranks: Any, use_hashed_name: Any = False, *args: Any, **kwargs: Any) -> Any:
+            name = fn(ranks, use_hashed_name, *args, **kwargs)
+            try:
+                recorder.record(ranks, bool(use_hashed_name), name)
+            except Exception:  # never let the record break the user's group creation
+                log.debug("group name not recorded", exc_info=True)
+            return name
+
+        setattr(named, _MARK, fn)
+        self._saved = fn
+        c10d._process_group_name = named
+        return True
+
+    def remove(self) -> None:
+        fn, self._saved = self._saved, None
+        if fn is None:
+            return
+        from torch.distributed import distributed_c10d as c10d
+
+        if getattr(getattr(c10d, _NAME_FN, None), _MARK, None) is fn:
+            setattr(c10d, _NAME_FN, fn)
+
+    def snapshot(self) -> dict[str, Any]:
+        """{"count": torch's counter, "names": [[name, members], ...] newest last, "from":
+        "calls" (seen while armed: every numbered name, member or not) or "registry" (only
+        the groups this rank is a member of)}."""
+        with self._lock:
+            entries = list(self.entries)
+        out: dict[str, Any] = {"count": None, "names": [list(e) for e in entries], "from": "calls"}
+        try:
+            from torch.distributed import distributed_c10d as c10d
+
+            world = c10d._world
+            out["count"] = int(world.group_count)
+            if not entries:
+                out["names"], out["from"] = _registry(world), "registry"
+        except Exception:  # a torch without these internals: the calls seen are all there is
+            log.debug("group registry not read", exc_info=True)
+        return out
+
+
+def _registry(world: Any) -> list[list[str]]:
+    """This rank's own numbered groups from torch's registry, oldest first."""
+    rows: list[tuple[int, list[str]]] = []
+    for pg, name in list(world.pg_names.items()):
+        if not str(name).isdigit():
+            continue
+        ranks = world.pg_group_ranks.get(pg) or {}
+        members = [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])]
+        if members and int(name) > 0:  # "0" is the default group
+            rows.append((int(name), [str(name), encode_members(members)]))
+    return [r for _, r in sorted(rows)][-KEEP:]
