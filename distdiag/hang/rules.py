@@ -11,6 +11,9 @@ explained, so a later rule does not blame a rank twice:
   2a. aborted_in_collective (distdiag.hang.death_rules) - a rank the library aborted inside a
                    collective (SIGABRT: gloo's size check, NCCL's watchdog): the live ranks whose
                    steps changed course are blamed, the dead one is the consequence;
+  2c. group_creation (distdiag.hang.creation_rules) - ranks that bound one process-group number
+                   to different members (groups created in another order, or by their members
+                   only): their backends met the wrong peers;
   2. lost        - a rank's process is gone, stopped or silent, or it never checked in (with the
                    signal and stack it died with, when a same-host peer read them);
   2b. uneven_data, skipped_send, deadlock (distdiag.hang.group_rules): a short rank out of its
@@ -44,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from distdiag.hang.creation_rules import group_creation
 from distdiag.hang.death_rules import ABORTED_FIX, aborted_in_collective, death_fix
 from distdiag.hang.desync import record_divergence
 from distdiag.hang.desync_rules import a_snaps, desync_in_flight, desync_in_histories, desync_in_records
@@ -509,7 +513,7 @@ def nobody_waiting(a: Analysis) -> None:
 
 
 RULES: tuple[Callable[[Analysis], None], ...] = (
-    raised, aborted_in_collective, lost, uneven_data, skipped_send, deadlock, desync_in_histories, behind, chain_end, left_early, broken_connections,
+    raised, aborted_in_collective, group_creation, lost, uneven_data, skipped_send, deadlock, desync_in_histories, behind, chain_end, left_early, broken_connections,
     desync_in_flight, desync_in_records, stall, nobody_waiting, stranded,
 )
 

@@ -18,6 +18,11 @@ Words (key=value):
                  two groups in one global order
   kind=3d        8 ranks, TP x PP x DP (2, 2, 2): TP all-reduce, send/recv, DP all-reduce
   kind=uneven    2+ ranks, data parallel (an all-reduce of the grads per step)
+  kind=groups    2+ ranks: process groups made after the watchdog armed, then data parallel
+                 steps on one of them and on the world. fault=order (3+ ranks): rank K makes
+                 two overlapping groups in the other order; fault=members: a group of all
+                 but the last rank made only by its members; fault=local: the same with
+                 use_local_synchronization=True (no fault)
   fault=none|stall|kill|deadlock|raise|uneven
       stall:    rank K stops at step S (tpdp: in its data loader before the TP all-reduce;
                 pp: in its loss, K a last stage)
@@ -195,6 +200,53 @@ def _cycle(o: dict[str, str], wd: Any, me: int) -> None:
         time.sleep(float(o["step_s"]))
 
 
+def _make_groups(o: dict[str, str], me: int) -> Any:
+    """The groups of kind=groups, made the way fault= says; returns the groups this rank trains on."""
+    world = dist.get_world_size()
+    if o["fault"] in ("order", "none") and world >= 3:
+        first, last = list(range(world - 1)), list(range(1, world))  # two overlapping groups
+        if o["fault"] == "order" and me == int(o["rank"]):
+            _hang_started()
+            b = dist.new_group(last); a = dist.new_group(first)  # FAULT:group-order (its config lists them the other way)  # noqa: E702
+        else:
+            a = dist.new_group(first); b = dist.new_group(last)  # noqa: E702
+        return [g for g, ranks in ((a, first), (b, last)) if me in ranks]
+    # a group of all but the last rank (a logging or metrics group), then the pairs everyone trains on
+    # (with 2 or 4 ranks the numbers then collide in a way gloo always hangs on; with 3 the pair
+    # groups can meet the right peers by chance)
+    low = list(range(max(1, world - 1)))
+    if o["fault"] == "members":
+        if me in low:
+            dist.new_group(low)
+        else:
+            _hang_started()  # FAULT:group-members (only the members create it)
+    elif o["fault"] == "local":
+        if me in low:  # the members alone, which a hashed name allows: no fault
+            dist.new_group(low, use_local_synchronization=True)
+    else:
+        dist.new_group(low)
+    pairs = [list(range(i, min(i + 2, world))) for i in range(0, world, 2)]
+    made = [dist.new_group(p) for p in pairs]
+    return [made[me // 2]]
+
+
+def _groups(o: dict[str, str], wd: Any, me: int) -> None:
+    """Process groups made inside the watched job (fault=order|members|local|none), then data
+    parallel steps on the group made and on the world."""
+    groups = _make_groups(o, me)
+    w = torch.nn.Parameter(torch.ones(8, 8))
+    opt = torch.optim.SGD([w], lr=0.01)
+    for i in range(int(o["steps"])):
+        x = load_next_microbatch(i, o, me)
+        compute_loss(i, o, me, x @ w).backward()
+        for group in groups:
+            dist.all_reduce(w.grad, group=group)
+        dist.all_reduce(w.grad)
+        opt.step()
+        opt.zero_grad()
+        time.sleep(float(o["step_s"]))
+
+
 def wait_for_everyone(o: dict[str, str]) -> None:
     """What the short rank does once out of data: a barrier (accelerate's wait_for_everyone), a
     validation all-reduce of a metric, or a checkpoint save (no collective)."""
@@ -238,7 +290,8 @@ def train(argv: list[str]) -> int:
 
         wd = HangWatchdog(timeout=timedelta(seconds=float(o["timeout"])), dump_dir="hang-report")
     with wd:
-        {"tpdp": _tpdp, "epdp": _tpdp, "pp": _pp, "cycle": _cycle, "uneven": _uneven, "3d": _three_d}[o["kind"]](o, wd, me)
+        {"tpdp": _tpdp, "epdp": _tpdp, "pp": _pp, "cycle": _cycle, "uneven": _uneven, "3d": _three_d,
+         "groups": _groups}[o["kind"]](o, wd, me)
     dist.barrier()
     dist.destroy_process_group()
     return 0

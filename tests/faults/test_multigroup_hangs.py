@@ -196,3 +196,31 @@ def test_uneven_data_before_accelerates_wait_for_everyone_shows_the_users_line(t
     lead, findings = _run(tmp_path, 2, "kind=uneven", "fault=uneven", "rank=1", "next=accelerate")
     assert lead.ranks == [1] and "ran out of data" in lead.issue, lead.issue
     assert _line("FAULT:uneven-accelerate") in lead.issue and "accelerate/state.py" in lead.issue, lead.issue
+
+
+@pytest.mark.parametrize("world,words,culprits,said", [
+    (3, ["fault=order", "rank=2"], [2], "another order"),
+    (4, ["fault=order", "rank=0"], [0], "another order"),
+    (2, ["fault=members"], [1], "left out [0]"),
+    (4, ["fault=members"], [3], "left out [0,1,2]"),
+], ids=["order-3-last", "order-4-first", "members-only-2", "members-only-4"])
+@pytest.mark.timeout(90)
+def test_groups_made_in_another_order_or_by_members_only_blame_the_ranks_that_did(tmp_path, world, words, culprits, said):
+    """torch numbers new_group's groups per process: a rank that makes them in another order, or
+    skips one it is not a member of, binds a number to other members than its peers. The ranks
+    stuck in the group's creation or first collective are not blamed; those that made it
+    differently are, by name and members."""
+    lead, findings = _run(tmp_path, world, "kind=groups", *words)
+    assert lead.ranks == culprits and lead.cause == "desync", (lead.ranks, lead.issue)
+    assert said in lead.issue and "group '" in lead.issue, lead.issue
+    assert _blamed(findings) == set(culprits), [(f.ranks, f.issue) for f in findings]
+
+
+@pytest.mark.parametrize("world,fault", [(3, "none"), (4, "local"), (2, "local")])
+@pytest.mark.timeout(90)
+def test_groups_made_in_one_order_or_hashed_by_members_are_quiet(tmp_path, world, fault):
+    """Twins: the same groups made in one order on every rank, or made by their members only
+    with use_local_synchronization=True (a name hashed from the members: no order to keep)."""
+    result = run_ranks(world, ["kind=groups", f"fault={fault}"], tmp_path, entry=ENTRY, timeout=HARD)
+    assert not result.timed_out and result.codes == [0] * world, result.stderr[-3000:]
+    assert not (tmp_path / "hang-report").exists()
