@@ -179,3 +179,28 @@ def run_example(ex: Example, cwd: Path) -> None:
         f"{ex.where}: exit {rc}, expected {expected} ({took:.0f}s, limit {limit}s)\n--- example ---\n{body}"
         f"--- output (tail) ---\n{output[-4000:]}"
     )
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower().replace("_", "\0")).replace("\0", "_")
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def test_relative_links_resolve():
+    """A link from README or docs/ to a repository file (and #section) lands on it."""
+    broken = []
+    for path in doc_files():
+        text = path.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file_part, _, anchor = target.partition("#")
+            dest = (path.parent / file_part).resolve() if file_part else path
+            if not dest.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md":
+                heads = {_slug(h) for h in re.findall(r"^#+\s+(.*)$", dest.read_text(encoding="utf-8"), re.M)}
+                if anchor not in heads:
+                    broken.append(f"{path.relative_to(ROOT)}: {target} (no such section)")
+    assert not broken, "\n".join(broken)
