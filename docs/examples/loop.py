@@ -1,5 +1,5 @@
 """Toy stand-ins for the names the loop snippets in these docs leave to you (`model`, `opt`,
-`loader`, `train_step`, `save_checkpoint`, `aux`, `router_indices`), so that each snippet runs
+`loader`, `train_step`, `save_checkpoint`, `aux`, `router_indices`, `num_experts`), so that each snippet runs
 as shown when pasted after this file:
 
     cat docs/examples/loop.py snippet.py > try.py && torchrun --nproc-per-node 2 try.py
@@ -18,14 +18,16 @@ import torch.nn.functional as F  # noqa: F401 - the monitor's snippet uses F.cro
 if "RANK" in os.environ and not dist.is_initialized():
     dist.init_process_group("gloo")
 torch.manual_seed(0)
-VOCAB, NUM_CODES = 16, 4
-model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 32), torch.nn.Tanh(), torch.nn.Linear(32, VOCAB))
+VOCAB, num_experts = 16, 4
+model = torch.nn.Sequential(
+    torch.nn.Embedding(VOCAB, 32), torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32), torch.nn.Linear(32, VOCAB)
+)
 if dist.is_initialized():
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 loader = [SimpleNamespace(inputs=torch.randint(VOCAB, (4, 8)), labels=torch.randint(VOCAB, (4, 8))) for _ in range(30)]
 aux = torch.tensor(0.0)  # an auxiliary loss term (a MoE's load-balancing loss)
-router_indices = torch.randint(NUM_CODES, (32,))  # the experts a MoE router chose
+router_indices = torch.randint(num_experts, (32,))  # the experts a MoE router chose
 
 
 def train_step(batch: SimpleNamespace) -> None:
