@@ -16,7 +16,9 @@ or load; `text` is output or a table shown, never run. An HTML comment right bef
     <!-- doc-test: setup: docs/examples/make_logs.py -->        that script run in the directory
                                                                  first (the files the example reads)
     <!-- doc-test: needs: matplotlib -->                        not run where that module is
-                                                                 missing (an optional extra)
+                                                                 missing (an optional extra; the
+                                                                 trainers' pages name theirs, as
+                                                                 tests/integrations skip without)
     <!-- doc-test: installed -->                                 `pip install ...` commands left
                                                                  out (the test runs installed)
     <!-- doc-test: exit: 3; timeout: 90 -->                      expected exit code (default 0),
