@@ -74,6 +74,7 @@ class TrainingMonitor:
         cfg = self.config
         self.model = model
         self.group = group
+        self._warned_codes = False
         self.distributed, self.world, self.global_ranks, self.rank = _placement(group)
         self._index = _created[0]
         _created[0] += int(self.distributed)
@@ -296,8 +297,10 @@ class TrainingMonitor:
             dist.all_reduce(vec, group=self.group)
         values = vec.tolist()  # the one device sync of a look
         self._update = None
-        if codes is not None and cfg.num_codes == 0:
-            log.warning("codes= passed without num_codes=: code statistics are off")
+        if codes is not None and cfg.num_codes == 0 and not self._warned_codes:
+            # once per run, not at every look: the same sentence each look buried the findings
+            self._warned_codes = True
+            log.warning("codes= passed without num_codes=: code statistics are off (pass TrainingMonitor(..., num_codes=N))")
         self._decode(step, values, K, G, window, comp_names, final)
         self._snapshot_next, self._snapshot_step = not final, step
 
