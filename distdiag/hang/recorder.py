@@ -33,6 +33,8 @@ import time
 from types import ModuleType
 from typing import Any
 
+from distdiag.hang.groupid import GroupId, parse_label
+
 __all__ = [
     "EngineReader",
     "FR_BUFFER_ENV",
@@ -341,7 +343,7 @@ class EngineReader:
     def label_by_id(self, pg_id: str, tag: str = "nccl") -> str:
         """The label of the group that recorder `tag`'s `pg_status` calls `pg_id` in this process."""
         name = self.name_by_id(tag, pg_id)
-        return self.label(name) if name is not None else f"group {pg_id}"
+        return self.label(name) if name is not None else GroupId(name=pg_id).label
 
     @property
     def available(self) -> bool:
@@ -441,7 +443,7 @@ class EngineReader:
             return {"state": "off", "reason": _off_reason(), "groups": []}
         for g in groups:  # one group on two backends: say which is which
             if len(seen_backends.get(g.pop("_same"), [])) > 1:
-                g["group"] = f"{g['group']} ({g['backend']})"
+                g["group"] = parse_label(g["group"]).qualified(g["backend"]).label
         self.completed_total = sum(max(g["completed"], 0) for g in groups)
         self._any_enqueued = any(g["enqueued"] > 0 for g in groups)
         view: dict[str, Any] = {"state": "ok", "groups": groups}
@@ -540,10 +542,10 @@ def group_label(name: str) -> str:
 
         pg = c10d._resolve_process_group(name)
         if pg is c10d._get_default_group():
-            return "world"
-        return "ranks[" + ",".join(str(r) for r in dist.get_process_group_ranks(pg)) + "]"
+            return GroupId(world=True).label
+        return GroupId(tuple(dist.get_process_group_ranks(pg))).label
     except Exception:  # noqa: BLE001 - a label only
-        return f"group {name}"
+        return GroupId(name=name).label
 
 
 _TAG_BACKENDS = {"nccl": "nccl", "fr": "gloo"}
