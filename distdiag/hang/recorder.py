@@ -189,14 +189,15 @@ def _pg_name(entry: dict[str, Any]) -> str:
 
 
 def compact_entry(entry: dict[str, Any], label: str | None = None) -> dict[str, Any]:
-    """One recorder entry as snapshots and reports carry it."""
+    """One recorder entry as snapshots and reports carry it; without `label`, its group goes by
+    torch's name ('group 5': the members are not known here)."""
     sizes = entry.get("input_sizes")
     dtypes = entry.get("input_dtypes")
     profiling = str(entry.get("profiling_name") or "?")
     return {
         "pg": _pg_name(entry),
         "pg_id": str(entry.get("pg_id", "")),
-        "group": label or _pg_name(entry),
+        "group": label or GroupId(name=_pg_name(entry)).label,
         "seq": _int(entry.get("collective_seq_id"), 0),
         "op": op_name(entry.get("profiling_name")),
         "backend": profiling.split(":", 1)[0] if ":" in profiling else "?",
