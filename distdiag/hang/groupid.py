@@ -117,7 +117,7 @@ def parse_label(label: str) -> GroupId:
     if not (base.startswith(_RANKS) and base.endswith("]")):
         return UNKNOWN
     try:
-        members = tuple(int(x) for x in base[len(_RANKS):-1].split(",") if x.strip())
+        members = tuple([int(x) for x in base[len(_RANKS):-1].split(",") if x.strip()])  # a list first: faster
     except ValueError:
         return UNKNOWN
     desc, name = said, ""
