@@ -2,6 +2,8 @@
 
     incident.py  the incident, typed: a rank's snapshot, the event, why a rank is silent, the
                  verdict, and the findings' causes the rules decide on
+    groupid.py   a process group as reports name it (members, desc, name): its label
+                 ('world', 'ranks[0,2] (DP)') and the one parser of labels
     views.py     each rank's snapshot read into where it waits (torch's flight recorder
                  first, our wrappers for call sites), the per-rank table, the details
     rules.py     the ordered rules (raised, lost, behind, desync..., stall, nobody waiting)

@@ -29,6 +29,7 @@ from functools import lru_cache
 from typing import Any
 
 from distdiag.hang.dumps import as_int
+from distdiag.hang.groupid import GroupId
 
 __all__ = ["OpRecord", "GroupState", "RankDump", "normalise", "infer_members", "world_of", "group_label", "engine_view", "op_text"]
 
@@ -94,6 +95,10 @@ class GroupState:
     def key(self) -> tuple[Members, str, str]:
         """(members, desc, name when needed to tell twins apart): the same on every rank."""
         return (self.members or (), self.desc, self.name if self.twin else "")
+
+    def gid(self, world: int) -> GroupId:
+        """The group as reports name it: members, desc, and the name where it has a twin."""
+        return _gid(self.members or (), world, self.desc, self.name if self.twin else "")
 
     @property
     def last(self) -> OpRecord | None:
@@ -311,20 +316,15 @@ def _mark_twins(dumps: dict[int, RankDump]) -> None:
 
 
 def group_label(g: GroupState, world: int) -> str:
-    """'world', or 'ranks[0,2]', with torch's desc when it is a name (e.g. 'ranks[0,2] (DP)')."""
-    base = _base_label(g.members or (), world)
-    desc = g.desc if g.desc not in ("", "undefined", "default_pg") else ""
-    if g.twin:
-        desc = f"{desc}, group {g.name}" if desc else f"group {g.name}"
-    return f"{base} ({desc})" if desc else base
+    """'world', or 'ranks[0,2]', with torch's desc when it is a name (e.g. 'ranks[0,2] (DP)')
+    and its group name when it has a twin: `GroupId.label` (distdiag/hang/groupid.py)."""
+    return g.gid(world).label
 
 
 @lru_cache(maxsize=1 << 16)
-def _base_label(members: Members, world: int) -> str:
-    """'world' or 'ranks[0,2]', worked out once per group (every member's dump names it)."""
-    if len(members) == world and members == tuple(range(world)):
-        return "world"
-    return "ranks[" + ",".join(str(r) for r in members) + "]"
+def _gid(members: Members, world: int, desc: str, name: str) -> GroupId:
+    """One GroupId per group, its label worked out once (every member's dump names it)."""
+    return GroupId.of(members, world, desc, name)
 
 
 def op_text(o: OpRecord) -> str:

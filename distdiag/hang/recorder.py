@@ -33,6 +33,8 @@ import time
 from types import ModuleType
 from typing import Any
 
+from distdiag.hang.groupid import GroupId, parse_label
+
 __all__ = [
     "EngineReader",
     "FR_BUFFER_ENV",
@@ -187,14 +189,15 @@ def _pg_name(entry: dict[str, Any]) -> str:
 
 
 def compact_entry(entry: dict[str, Any], label: str | None = None) -> dict[str, Any]:
-    """One recorder entry as snapshots and reports carry it."""
+    """One recorder entry as snapshots and reports carry it; without `label`, its group goes by
+    torch's name ('group 5': the members are not known here)."""
     sizes = entry.get("input_sizes")
     dtypes = entry.get("input_dtypes")
     profiling = str(entry.get("profiling_name") or "?")
     return {
         "pg": _pg_name(entry),
         "pg_id": str(entry.get("pg_id", "")),
-        "group": label or _pg_name(entry),
+        "group": label or GroupId(name=_pg_name(entry)).label,
         "seq": _int(entry.get("collective_seq_id"), 0),
         "op": op_name(entry.get("profiling_name")),
         "backend": profiling.split(":", 1)[0] if ":" in profiling else "?",
@@ -341,7 +344,7 @@ class EngineReader:
     def label_by_id(self, pg_id: str, tag: str = "nccl") -> str:
         """The label of the group that recorder `tag`'s `pg_status` calls `pg_id` in this process."""
         name = self.name_by_id(tag, pg_id)
-        return self.label(name) if name is not None else f"group {pg_id}"
+        return self.label(name) if name is not None else GroupId(name=pg_id).label
 
     @property
     def available(self) -> bool:
@@ -441,7 +444,7 @@ class EngineReader:
             return {"state": "off", "reason": _off_reason(), "groups": []}
         for g in groups:  # one group on two backends: say which is which
             if len(seen_backends.get(g.pop("_same"), [])) > 1:
-                g["group"] = f"{g['group']} ({g['backend']})"
+                g["group"] = parse_label(g["group"]).qualified(g["backend"]).label
         self.completed_total = sum(max(g["completed"], 0) for g in groups)
         self._any_enqueued = any(g["enqueued"] > 0 for g in groups)
         view: dict[str, Any] = {"state": "ok", "groups": groups}
@@ -540,10 +543,10 @@ def group_label(name: str) -> str:
 
         pg = c10d._resolve_process_group(name)
         if pg is c10d._get_default_group():
-            return "world"
-        return "ranks[" + ",".join(str(r) for r in dist.get_process_group_ranks(pg)) + "]"
+            return GroupId(world=True).label
+        return GroupId(tuple(dist.get_process_group_ranks(pg))).label
     except Exception:  # noqa: BLE001 - a label only
-        return f"group {name}"
+        return GroupId(name=name).label
 
 
 _TAG_BACKENDS = {"nccl": "nccl", "fr": "gloo"}

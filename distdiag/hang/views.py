@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from distdiag.hang.groupid import group_members, parse_label
 from distdiag.hang.incident import RankSnapshot, snapshot_of
 from distdiag.hang.recorder import pending_groups
 from distdiag.report.render import compress_numbers, format_ranks
@@ -183,7 +184,7 @@ def short_group(label: str) -> str:
     group at 16k ranks is 3 KB of digits otherwise. Small groups keep their label as is."""
     if not label.startswith("ranks[") or label.count(",") < LONG_GROUP:
         return label
-    members = group_members(label, 0)
+    members = parse_label(label).members
     if members is None:
         return label
     return f"ranks[{compress_numbers(members)}] ({len(members)} ranks)"
@@ -194,19 +195,6 @@ def wait_text(w: dict[str, Any]) -> str:
     via = w.get("via") or ""
     how = f" via {via}" if via and not str(w.get("op", "")).startswith(via) else ""
     return f"{coll_label(w)}{how}"
-
-
-def group_members(label: str, world: int) -> list[int] | None:
-    """The ranks of a group from its label; None when the label does not say."""
-    base = label.split(" (", 1)[0]
-    if base == "world":
-        return list(range(world))
-    if base.startswith("ranks[") and base.endswith("]"):
-        try:
-            return [int(x) for x in base[6:-1].split(",") if x.strip()]
-        except ValueError:
-            return None
-    return None
 
 
 @dataclass

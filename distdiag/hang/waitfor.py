@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from distdiag.hang.views import RankView, coll_label, group_members, where
+from distdiag.hang.groupid import group_members, members_label
+from distdiag.hang.views import RankView, coll_label, where
 
 __all__ = ["Wait", "Node", "Edge", "End", "WaitGraph", "build_graph", "nodes_from_views", "nodes_from_positions", "chain_text",
            "sccs", "cycle_of", "distances_to"]
@@ -455,7 +456,7 @@ def _position_wait(rank: int, members: Group, g: dict[str, Any]) -> Wait:
         way = "from" if "recv" in op else "to"
         return Wait(tuple(sorted({rank, peer})), -1, f"{op} {way} rank {peer} {shape}", (op,), peer)
     seq = int(g.get("seq", -1))
-    return Wait(members, seq, f"{op} #{seq} on ranks[{','.join(map(str, members))}] {shape}", (op, str(sizes), str(dtypes)))
+    return Wait(members, seq, f"{op} #{seq} on {members_label(members)} {shape}", (op, str(sizes), str(dtypes)))
 
 
 def nodes_from_positions(per_rank: dict[int, dict[Group, dict[str, Any]]], world: int,

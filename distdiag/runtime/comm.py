@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distdiag.hang.groupid import GroupId
 from distdiag.runtime.faults import FaultPlan
 from distdiag.runtime.tracker import Tracker
 
@@ -35,9 +36,9 @@ def _op_name(op: Any) -> str:
 
 def group_name(group: Any | None) -> str:
     if group is None:
-        return "world"
+        return GroupId(world=True).label
     try:
-        return "ranks[" + ",".join(str(r) for r in dist.get_process_group_ranks(group)) + "]"
+        return GroupId(tuple(dist.get_process_group_ranks(group))).label
     except Exception:  # noqa: BLE001 - a name is only a label
         return str(group)
 

@@ -29,6 +29,7 @@ import re
 import zlib
 from typing import Any
 
+from distdiag.hang.groupid import members_label, parse_label
 from distdiag.hang.members import decode_members, encode_members
 from distdiag.hang.views import RECENT_COLUMNS, SplitRecords
 from distdiag.report.fastjson import loads
@@ -46,7 +47,6 @@ _MANY = "~snaps"
 _SHARED = "~recent"
 """In a pack_many value: the shared fields of its records; in one of its snapshots: the rows."""
 _REF = "ranks@"
-_LIST = re.compile(r"ranks\[([0-9,]+)\]")
 _REFS = re.compile(re.escape(_REF) + r"(\d+)")
 
 
@@ -99,21 +99,25 @@ class _Table:
 
     def __init__(self) -> None:
         self.table: dict[str, str] = {}
-        self._refs: dict[str, str] = {}
+        self._refs: dict[tuple[int, ...], str] = {}
 
-    def _ref(self, match: re.Match[str]) -> str:
-        spec = match.group(1)
-        if spec not in self._refs:
-            self._refs[spec] = f"{_REF}{len(self._refs)}"
-            self.table[str(len(self._refs) - 1)] = encode_members([int(x) for x in spec.split(",")])
-        return self._refs[spec]
+    def _ref(self, members: tuple[int, ...]) -> str:
+        ref = self._refs.get(members)
+        if ref is None:
+            ref = self._refs[members] = f"{_REF}{len(self._refs)}"
+            self.table[str(len(self._refs) - 1)] = encode_members(list(members))
+        return ref
 
     def shorten(self, target: dict[str, Any]) -> None:
-        """Long labels of `target` (a snapshot, or {"history": [...]}) by reference, in copies."""
+        """Long labels of `target` (a snapshot, or {"history": [...]}) by reference, in copies:
+        a label's member list ('ranks[0,32,...]', `GroupId`) becomes `ranks@K`, what follows it
+        (' (gloo)') stays."""
         for d in _labelled(target, copy=True):
             label = d.get("group")
             if isinstance(label, str) and len(label) > LONG_LABEL:
-                d["group"] = _LIST.sub(self._ref, label)
+                members = parse_label(label).members
+                if members:
+                    d["group"] = self._ref(members) + label[label.index("]") + 1:]
 
     def packed(self, value: dict[str, Any]) -> bytes:
         if self.table:
@@ -266,7 +270,7 @@ def _resolved(table: Any, cache: dict[str, str] | None) -> dict[str, str]:
         spec = str(spec)
         if spec not in cache:
             try:
-                cache[spec] = "ranks[" + ",".join(map(str, decode_members(spec))) + "]"
+                cache[spec] = members_label(decode_members(spec))
             except ValueError:  # a corrupt or hostile entry: its references stay as they are
                 continue
         full[str(key)] = cache[spec]

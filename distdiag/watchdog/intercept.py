@@ -21,8 +21,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from distdiag.hang.groupid import GroupId
 from distdiag.hang.recorder import group_label
 from distdiag.watchdog.progress import P2P_GROUP, Progress
+
+_WORLD = GroupId(world=True).label
+_UNNAMED = GroupId().label
+"""The labels of the default group and of a group this wrapper cannot name ('world', 'group?')."""
 
 __all__ = ["Interceptor", "C10D_OPS", "FUNCOL_OPS"]
 
@@ -149,7 +154,7 @@ class Interceptor:
 
     def group_label(self, group: Any, funcol: bool = False) -> str:
         if group is None:
-            return "world"
+            return _WORLD
         try:
             if funcol and not isinstance(group, self._pg_type):
                 resolve = self._resolve_group_name
@@ -161,7 +166,7 @@ class Interceptor:
             else:
                 key = group.group_name
         except Exception:  # noqa: BLE001 - a label only
-            return "group?"
+            return _UNNAMED
         label = self._labels.get(key)
         if label is None:
             label = self._labels[key] = group_label(key)

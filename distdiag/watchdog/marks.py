@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any
 
+from distdiag.hang.groupid import group_members
 from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.keys import Keys
 from distdiag.watchdog.progress import Progress
@@ -21,17 +22,6 @@ __all__ = ["MarkComparer", "MARK_WINDOW"]
 
 MARK_WINDOW = 32
 """Step marks the group's lowest rank keeps in the store for the others to compare with."""
-
-
-def _group_ranks(label: str, world: int) -> list[int] | None:
-    if label == "world":
-        return list(range(world))
-    if label.startswith("ranks[") and label.endswith("]"):
-        try:
-            return [int(x) for x in label[6:-1].split(",") if x]
-        except ValueError:
-            return None
-    return None
 
 
 class MarkComparer:
@@ -48,7 +38,7 @@ class MarkComparer:
 
     def _ranks_of(self, label: str) -> list[int] | None:
         if label not in self._labels:
-            self._labels[label] = _group_ranks(label, self.world)
+            self._labels[label] = group_members(label, self.world)  # None: not compared
         return self._labels[label]
 
     def compare(self, ex: Exchange, progress: Progress, every: float = 0.0) -> dict[str, Any] | None:

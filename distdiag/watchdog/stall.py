@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from distdiag.hang.groupid import parse_label
 from distdiag.runtime.exchange import BATCH, Exchange, poll_interval
 from distdiag.runtime.keys import Keys
 from distdiag.watchdog.config import WatchdogConfig
@@ -231,14 +232,10 @@ _C10D_FILE = os.path.join("torch", "distributed", "distributed_c10d.py")
 
 def group_members(label: str, world: int) -> list[int]:
     """The global ranks of a recorder group label ('ranks[0,8,16]', 'world'); every rank when
-    the label does not list them ('group NAME')."""
-    name = label.split(" (", 1)[0]
-    if name.startswith("ranks[") and name.endswith("]"):
-        try:
-            return [int(r) for r in name[6:-1].split(",") if r.strip()]
-        except ValueError:
-            pass
-    return list(range(world))
+    the label does not list them ('group NAME'): any of them may be a member whose count says
+    the collective completed."""
+    known = parse_label(label).ranks(world)
+    return known if known is not None else list(range(world))
 
 
 def _spread(ranks: list[int], most: int) -> list[int]:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.report.model import Finding, ProbeResult
+from distdiag.runtime.comm import group_name
 
 __all__ = ["CollectivesProbe", "CollectivesConfig", "OPS", "synchronize", "device_clock"]
 
@@ -278,7 +279,7 @@ class CollectivesProbe(Probe):
                     mine = (group, ranks)
             assert mine is not None
             group, ranks = mine
-            label = "ranks[" + ",".join(map(str, ranks)) + "]"
+            label = group_name(group)
             x = ((rank + 1) + i % 3).to(torch.float32).to(device)
             ctx.comm.all_reduce(x, group=group)
             checker.check("all_reduce(sum)", "float32", label, x.cpu(), sum(r + 1 for r in ranks) + len(ranks) * (i % 3))
