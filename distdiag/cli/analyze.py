@@ -29,7 +29,7 @@ def analyze(
         typer.Argument(help="Logs, recognised by content: JSON lines (distdiag's or {\"step\",\"loss\"} lines), a Hugging Face trainer_state.json, CSV (Lightning's metrics.csv, W&B exports), TensorBoard event files, or their directories. Several: compared side by side."),
     ],
     format: FormatOpt = "text",
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of the curves with the findings marked (needs matplotlib).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write an image (.png, .svg, .pdf) of the curves: findings coloured by severity, NaN/Inf steps shaded (needs matplotlib: pip install 'distdiag[plot]').")] = None,
     metric: Annotated[str | None, typer.Option("--metric", help="The training-loss metric (default: loss, or the one named like it).")] = None,
     val_metric: Annotated[str | None, typer.Option("--val-metric", help="The validation-loss metric (default: one named like val/eval loss).")] = None,
     grad_metric: Annotated[str | None, typer.Option("--grad-metric", help="The gradient-norm metric (default: grad_norm, or one named like it).")] = None,
@@ -86,7 +86,7 @@ def analyze(
 
 
 def _write_plot(runs: list, report: object, plot: Path, config: object) -> None:
-    """--plot: the curves with the findings marked, as a PNG (bad input: one line, exit 2)."""
+    """--plot: the curves with the findings marked, as an image (bad input: one line, exit 2)."""
     from distdiag.analyze.plot import PlotUnavailable, plot_report
 
     try:
@@ -99,13 +99,21 @@ def _write_plot(runs: list, report: object, plot: Path, config: object) -> None:
 
 
 def _check_plot_path(plot: Path) -> None:
-    """--plot naming a link, FIFO or directory is bad input before the logs are read."""
+    """--plot naming a link, FIFO or directory, a format we do not draw, or asked for without
+    matplotlib installed, is bad input before the logs are read (one line, exit 2)."""
+    from distdiag.report.figure import IMAGE_SUFFIXES, PlotUnavailable, is_image_path, pyplot
     from distdiag.report.safefile import RefusedFile, check_output_path
 
     try:
         check_output_path(plot, "pass --plot a file path")
     except RefusedFile as exc:
         raise fail(f"--plot: {exc}") from None
+    if not is_image_path(plot):
+        raise fail(f"--plot: {plot} must end in {', '.join(IMAGE_SUFFIXES)} (the image's format)")
+    try:
+        pyplot("--plot")
+    except PlotUnavailable as exc:
+        raise fail(str(exc)) from None
 
 
 def _labels(paths: list[Path]) -> list[str]:
