@@ -80,16 +80,27 @@ def _events(report: Report) -> list[tuple[str, dict[str, Any]]]:
 
 
 def plot_report(runs: list[Run], report: Report, path: str | Path, config: AnalyzeConfig | None = None) -> Path:
-    cfg = config or AnalyzeConfig()
+    """Draw the runs' curves and the report's findings to `path` (.png, .svg, .pdf)."""
     plt = pyplot("--plot")
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+    fig, panels, curves = _curves(plt, runs, config or AnalyzeConfig())
+    handles = _nonfinite(panels, curves) + _findings(fig, panels, report)
+    panels[0].legend(loc="upper right", fontsize=8)
+    panels[0].set_title(report.summary, fontsize=9, pad=8 + 10 * _LABEL_ROWS)
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False,
+                   title="findings (colour: severity; line style: detector)", title_fontsize=8)
+        fig.tight_layout(rect=(0, 0.05 + 0.025 * ((len(handles) - 1) // 4 + 1), 1, 1))
+    else:
+        fig.tight_layout()
+    return save_figure(fig, path, "--plot")
 
+
+def _curves(plt: Any, runs: list[Run], cfg: AnalyzeConfig) -> tuple[Any, list[Any], list[Series]]:
+    """The figure, its panels (loss; gradient norm when a run has one) and the curves drawn."""
     grads = [(r, pick_metric(r, "grad", cfg.grad_metric)) for r in runs]
     has_grad = any(g is not None for _, g in grads)
     fig, axes = plt.subplots(2 if has_grad else 1, 1, figsize=(11, 8 if has_grad else 5.5), sharex=True, squeeze=False)
     panels = [row[0] for row in axes]
-    ax_loss = panels[0]
     curves: list[Series] = []
     for run in runs:
         for role, style in (("loss", "-"), ("val", "--")):
@@ -97,8 +108,8 @@ def plot_report(runs: list[Run], report: Report, path: str | Path, config: Analy
             if s is not None:
                 curves.append(s)
                 label = f"{run.label}: {s.name}" if len(runs) > 1 else s.name
-                ax_loss.plot(s.steps, _finite(s.values), style, linewidth=0.9, label=label)
-    ax_loss.set_ylabel("loss")
+                panels[0].plot(s.steps, _finite(s.values), style, linewidth=0.9, label=label)
+    panels[0].set_ylabel("loss")
     if has_grad:
         ax_g = panels[1]
         for run, g in grads:
@@ -110,15 +121,30 @@ def plot_report(runs: list[Run], report: Report, path: str | Path, config: Analy
         ax_g.set_ylabel("gradient norm")
         ax_g.legend(loc="upper right", fontsize=8)
     panels[-1].set_xlabel("step")
-    handles: list[Any] = []
-    nan_spans = sorted({span for s in curves for span in nonfinite_spans(s)})
-    for first, last in nan_spans:
+    return fig, panels, curves
+
+
+def _nonfinite(panels: list[Any], curves: list[Series]) -> list[Any]:
+    """Hatch the steps where a curve is NaN/Inf on every panel; its legend entry, if any."""
+    from matplotlib.patches import Patch
+
+    spans = sorted({span for s in curves for span in nonfinite_spans(s)})
+    for first, last in spans:
         for ax in panels:
             ax.axvspan(first, max(last, first + 0.5), facecolor=_COLOURS["error"], alpha=0.12, hatch="///",
                        edgecolor=_COLOURS["error"], linewidth=0)
-    if nan_spans:
-        handles.append(Patch(facecolor=_COLOURS["error"], alpha=0.25, hatch="///", edgecolor=_COLOURS["error"],
-                             label="NaN / Inf in a curve"))
+    if not spans:
+        return []
+    return [Patch(facecolor=_COLOURS["error"], alpha=0.25, hatch="///", edgecolor=_COLOURS["error"],
+                  label="NaN / Inf in a curve")]
+
+
+def _findings(fig: Any, panels: list[Any], report: Report) -> list[Any]:
+    """Mark each finding at its step (colour: severity, line style: detector); the legend
+    entries, one per detector and severity."""
+    from matplotlib.lines import Line2D
+
+    handles: list[Any] = []
     styles: dict[str, Any] = {}
     seen: set[tuple[str, str]] = set()
     tops: list[tuple[float, str, str]] = []
@@ -136,16 +162,8 @@ def plot_report(runs: list[Run], report: Report, path: str | Path, config: Analy
                                   label=f"{severity}: {name}"))
         if severity != "info":
             tops.append((float(step), name, colour))
-    _write_names(fig, ax_loss, tops)
-    ax_loss.legend(loc="upper right", fontsize=8)
-    ax_loss.set_title(report.summary, fontsize=9, pad=8 + 10 * _LABEL_ROWS)
-    if handles:
-        fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False,
-                   title="findings (colour: severity; line style: detector)", title_fontsize=8)
-        fig.tight_layout(rect=(0, 0.05 + 0.025 * ((len(handles) - 1) // 4 + 1), 1, 1))
-    else:
-        fig.tight_layout()
-    return save_figure(fig, path, "--plot")
+    _write_names(fig, panels[0], tops)
+    return handles
 
 
 def _write_names(fig: Any, ax: Any, tops: list[tuple[float, str, str]]) -> None:

@@ -107,10 +107,59 @@ def _columns(picture: dict[str, Any], layer: dict[str, int]) -> list[list[str]]:
     return [c for c in columns if c]
 
 
+def _place(columns: list[list[str]], boxes: dict[str, tuple[float, float]],
+           sides: dict[str, tuple[float, float]]) -> tuple[dict[str, tuple[float, float]], float, float]:
+    """Each node's centre (inches), the drawing's width and the columns' height: a column as
+    wide as its widest box plus the labels written right of its boxes, columns centred."""
+    x, centres = _MARGIN, {}
+    col_x = []
+    heights = []
+    for col in columns:
+        width = max(boxes[n][0] for n in col)
+        label_w = max((sides[n][0] for n in col if n in sides), default=0.0)
+        col_x.append((x, width))
+        rows = [max(boxes[n][1], sides.get(n, (0.0, 0.0))[1]) for n in col]
+        heights.append(sum(rows) + _GAP_Y * (len(rows) - 1))
+        x += width + label_w + 0.25 + 0.7
+    tallest = max(heights, default=1.0)
+    for (x0, width), col, height in zip(col_x, columns, heights, strict=True):
+        y = _MARGIN + (tallest + height) / 2
+        for nid in col:
+            row = max(boxes[nid][1], sides.get(nid, (0.0, 0.0))[1])
+            centres[nid] = (x0 + width / 2, y - row / 2)
+            y -= row + _GAP_Y
+    return centres, max(x - 0.7 + _MARGIN, 7.0), tallest
+
+
+def _draw_graph(ax: Any, picture: dict[str, Any], nodes: dict[str, Any], centres: dict[str, tuple[float, float]],
+                boxes: dict[str, tuple[float, float]], texts: dict[str, Any], side: dict[str, Any]) -> None:
+    """The boxes at their centres (coloured by kind), their texts in them, the arrows between."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    patches = {}
+    for nid, (cx, cy) in centres.items():
+        w, h = boxes[nid]
+        kind = nodes[nid]["kind"]
+        style = "round,pad=0.02,rounding_size=0.12" if kind in ("stranded", "ranks") else "square,pad=0.02"
+        patch = FancyBboxPatch((cx - w / 2, cy - h / 2), w, h, boxstyle=style, facecolor=_FILL.get(kind, "white"),
+                               edgecolor=_EDGE.get(kind, "black"), linewidth=2.0 if kind == "culprit" else 1.0, zorder=2)
+        ax.add_patch(patch)
+        patches[nid] = patch
+        texts[nid].set_position((cx, cy))
+        if nid in side:
+            side[nid].set_position((cx + w / 2 + 0.12, cy))
+    for e in picture["edges"]:
+        if e["src"] in patches and e["dst"] in patches:
+            colour = "#cc0000" if nodes[e["dst"]]["kind"] == "culprit" else "#7f7f7f"
+            ax.add_patch(FancyArrowPatch(centres[e["src"]], centres[e["dst"]], patchA=patches[e["src"]],
+                                         patchB=patches[e["dst"]], arrowstyle="-|>", mutation_scale=9,
+                                         color=colour, linewidth=0.8, alpha=0.7, zorder=1,
+                                         connectionstyle="arc3,rad=0.25" if e["src"] == e["dst"] else "arc3,rad=0.0"))
+
+
 def draw_picture(picture: dict[str, Any], path: str | Path, title: str = "") -> Path:
     """Draw `picture` (distdiag.hang.picture's model) to `path` (.png, .svg, .pdf)."""
     plt = pyplot("--graph FILE.png")
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     nodes = {n["id"]: n for n in picture["nodes"]}
     layer = layers(picture)
@@ -136,55 +185,22 @@ def draw_picture(picture: dict[str, Any], path: str | Path, title: str = "") -> 
                                                        "pad": 1.0})
     boxes = {nid: (w + 0.16, h + 0.12) for nid, (w, h) in ((nid, size(t)) for nid, t in texts.items())}
     sides = {nid: size(t) for nid, t in side.items()}
-    header = "Wait-for graph: each arrow points from a waiting rank to what it waits for"
     legend = "red: the ranks blamed   yellow: other places ranks stopped   grey: ranks waiting on others"
     if picture.get("note"):
         legend += "\n" + textwrap.fill(str(picture["note"]), 110)
-    head_h = 0.75 + (0.3 if title else 0.0) + 0.18 * legend.count("\n")
-    # column widths: the widest box, then room for the labels written right of its boxes
-    x, centres = _MARGIN, {}
-    col_x = []
-    heights = []
-    for col in columns:
-        width = max(boxes[n][0] for n in col)
-        label_w = max((sides[n][0] for n in col if n in sides), default=0.0)
-        col_x.append((x, width))
-        rows = [max(boxes[n][1], sides.get(n, (0.0, 0.0))[1]) for n in col]
-        heights.append(sum(rows) + _GAP_Y * (len(rows) - 1))
-        x += width + max(label_w + 0.25, 0.0) + 0.7
-    total_w = max(x - 0.7 + _MARGIN, 7.0)
-    total_h = max(heights, default=1.0) + head_h + 2 * _MARGIN
-    for (x0, width), col, height in zip(col_x, columns, heights, strict=True):
-        y = _MARGIN + (max(heights) + height) / 2  # columns centred on one another
-        for nid in col:
-            row = max(boxes[nid][1], sides.get(nid, (0.0, 0.0))[1])
-            centres[nid] = (x0 + width / 2, y - row / 2)
-            y -= row + _GAP_Y
-    patches = {}
-    for nid, (cx, cy) in centres.items():
-        w, h = boxes[nid]
-        kind = nodes[nid]["kind"]
-        style = "round,pad=0.02,rounding_size=0.12" if kind in ("stranded", "ranks") else "square,pad=0.02"
-        patch = FancyBboxPatch((cx - w / 2, cy - h / 2), w, h, boxstyle=style, facecolor=_FILL.get(kind, "white"),
-                               edgecolor=_EDGE.get(kind, "black"), linewidth=2.0 if kind == "culprit" else 1.0, zorder=2)
-        ax.add_patch(patch)
-        patches[nid] = patch
-        texts[nid].set_position((cx, cy))
-        if nid in side:
-            side[nid].set_position((cx + w / 2 + 0.12, cy))
-    for e in picture["edges"]:
-        if e["src"] in patches and e["dst"] in patches:
-            colour = "#cc0000" if nodes[e["dst"]]["kind"] == "culprit" else "#7f7f7f"
-            ax.add_patch(FancyArrowPatch(centres[e["src"]], centres[e["dst"]], patchA=patches[e["src"]],
-                                         patchB=patches[e["dst"]], arrowstyle="-|>", mutation_scale=9,
-                                         color=colour, linewidth=0.8, alpha=0.7, zorder=1,
-                                         connectionstyle="arc3,rad=0.25" if e["src"] == e["dst"] else "arc3,rad=0.0"))
+    heads = [ax.text(0, 0, textwrap.fill(title, 120), fontsize=_FONT + 2, fontweight="bold", va="top")] if title else []
+    heads.append(ax.text(0, 0, "Wait-for graph: each arrow points from a waiting rank to what it waits for",
+                         fontsize=_FONT + 1, va="top"))
+    heads.append(ax.text(0, 0, legend, fontsize=_FONT, va="top", color="#444444"))
+    head_sizes = [size(t) for t in heads]
+    centres, total_w, body_h = _place(columns, boxes, sides)
+    total_w = max(total_w, max(w for w, _h in head_sizes) + 2 * _MARGIN)
+    total_h = body_h + sum(h + 0.1 for _w, h in head_sizes) + 0.3 + 2 * _MARGIN
+    _draw_graph(ax, picture, nodes, centres, boxes, texts, side)
     top = total_h - _MARGIN
-    if title:
-        ax.text(_MARGIN, top, textwrap.shorten(title, 160), fontsize=_FONT + 2, fontweight="bold", va="top")
-        top -= 0.3
-    ax.text(_MARGIN, top, header, fontsize=_FONT + 1, va="top")
-    ax.text(_MARGIN, top - 0.25, legend, fontsize=_FONT, va="top", color="#444444")
+    for text, (_w, h) in zip(heads, head_sizes, strict=True):
+        text.set_position((_MARGIN, top))
+        top -= h + 0.1
     scale = min(1.0, _MAX_IN / max(total_w, total_h))
     fig.set_size_inches(total_w * scale, total_h * scale)
     ax.set_xlim(0, total_w)

@@ -103,60 +103,70 @@ def draw_bandwidth_chart(report: Any, path: str | Path) -> Path:
     plt = pyplot("--chart")
     details = probe.details
     limits = details.get("limits") if isinstance(details.get("limits"), dict) else None
-    scores = sorted(details.get("table:straggler scores") or [], key=lambda row: row["rank"])
     links = details.get("table:ring links") or []
     floors = [row for row in details.get("table:bandwidth") or [] if row.get("expected_GBps")]
     stragglers, slow = judged(details, probe.findings)
     panels = 1 + bool(links) + bool(floors)
     fig, axes = plt.subplots(panels, 1, figsize=(11, 3.4 * panels + 0.6), squeeze=False)
-    ax = axes[0][0]
+    _scores_panel(axes[0][0], details, stragglers, limits)
+    if links:
+        _links_panel(axes[1][0], links, slow, limits)
+    if floors:
+        _floors_panel(axes[-1][0], floors)
+    fig.suptitle(textwrap.fill(f"distdiag bandwidth, {report.world_size} ranks: {report.summary}", 140), fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path, "--chart")
+
+
+def _limit_line(ax: Any, y: float, text: str, colour: str = _RED, style: str = "--") -> None:
+    ax.axhline(y, color=colour, linestyle=style, linewidth=1)
+    ax.annotate(text, (0, y), xycoords=("axes fraction", "data"), xytext=(2, 3), textcoords="offset points",
+                fontsize=7, color=colour)
+
+
+def _scores_panel(ax: Any, details: dict[str, Any], stragglers: set[int], limits: dict[str, Any] | None) -> None:
+    scores = sorted(details.get("table:straggler scores") or [], key=lambda row: row["rank"])
     _bars(ax, [str(row["rank"]) for row in scores], [row["score"] for row in scores],
           [row["rank"] in stragglers for row in scores],
           [f"rank {row['rank']} ({row['host']}): {row['late_ms']:.2f} ms late" for row in scores])
     if limits:
-        ax.axhline(limits["straggler_score"], color=_RED, linestyle="--", linewidth=1)
-        ax.annotate(f"straggler above {limits['straggler_score']:g} (and {limits['straggler_min_late_ms']:g} ms late)",
-                    (0, limits["straggler_score"]), xycoords=("axes fraction", "data"), xytext=(2, 3),
-                    textcoords="offset points", fontsize=7, color=_RED)
+        _limit_line(ax, limits["straggler_score"],
+                    f"straggler above {limits['straggler_score']:g} (and {limits['straggler_min_late_ms']:g} ms late)")
     ax.set_ylabel("straggler score")
     ax.set_xlabel("rank")
     named = (f"straggler{'s' if len(stragglers) > 1 else ''}: rank {', '.join(map(str, sorted(stragglers)[:_NAMED]))}"
              + (" ..." if len(stragglers) > _NAMED else ""))
     ax.set_title(f"Per rank: how long the others waited for it, / the median iteration "
                  f"({len(scores)} ranks; {named if stragglers else 'no straggler'})", fontsize=9)
-    row = 1
-    if links:
-        ax = axes[row][0]
-        row += 1
-        _bars(ax, [r["link"] for r in links], [r["GBps"] for r in links], [r["link"] in slow for r in links],
-              [f"{r['link']} ({r['hosts']}): {r['GBps']:g} GB/s" for r in links])
-        reference = _reference_us(links)
-        if limits and reference > 0:
-            line = links[0]["time_us"] * links[0]["GBps"] / (limits["slow_link_factor"] * reference)
-            ax.axhline(line, color=_RED, linestyle="--", linewidth=1)
-            ax.annotate(f"slow below {line:.3g} GB/s ({limits['slow_link_factor']:g}x the reference link's time)",
-                        (0, line), xycoords=("axes fraction", "data"), xytext=(2, 3), textcoords="offset points",
-                        fontsize=7, color=_RED)
-            if limits.get("expected_p2p_gbps"):
-                ax.axhline(limits["expected_p2p_gbps"], color=SEVERITY_COLOURS["warning"], linestyle=":", linewidth=1)
-        _log_axis(ax)
-        ax.set_ylabel("GB/s, one direction")
-        ax.set_xlabel("ring link (rank <-> rank)")
-        ax.set_title(f"Per ring link: {links[0]['size']} exchanged, one pair at a time "
-                     f"({len(slow)} slow of {len(links)})", fontsize=9)
-    if floors:
-        ax = axes[row][0]
-        xs = list(range(len(floors)))
-        below = [r["busbw_GBps"] < r["expected_GBps"] for r in floors]
-        ax.bar(xs, [r["busbw_GBps"] for r in floors], color=[_RED if b else _BLUE for b in below], width=0.6)
-        ax.scatter(xs, [r["expected_GBps"] for r in floors], marker="_", s=600, color=_RED, linewidths=2,
-                   label="expected busbw (the floor)")
-        ax.set_xticks(xs, [f"{r['op']}\n{r['size']}" for r in floors], fontsize=7)
-        ax.set_xlim(-0.8, max(len(xs), 6) - 0.2)
-        _log_axis(ax)
-        ax.set_ylabel("busbw GB/s")
-        ax.legend(loc="upper right", fontsize=7)
-        ax.set_title(f"Bus bandwidth against the expected floors ({sum(below)} below)", fontsize=9)
-    fig.suptitle(textwrap.fill(f"distdiag bandwidth, {report.world_size} ranks: {report.summary}", 140), fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, path, "--chart")
+
+
+def _links_panel(ax: Any, links: list[dict[str, Any]], slow: set[str], limits: dict[str, Any] | None) -> None:
+    _bars(ax, [r["link"] for r in links], [r["GBps"] for r in links], [r["link"] in slow for r in links],
+          [f"{r['link']} ({r['hosts']}): {r['GBps']:g} GB/s" for r in links])
+    reference = _reference_us(links)
+    if limits and reference > 0:
+        # GB/s x time is the bytes moved: the rate at `factor` times the reference link's time
+        line = links[0]["time_us"] * links[0]["GBps"] / (limits["slow_link_factor"] * reference)
+        _limit_line(ax, line, f"slow below {line:.3g} GB/s ({limits['slow_link_factor']:g}x the reference link's time)")
+        if limits.get("expected_p2p_gbps"):
+            _limit_line(ax, limits["expected_p2p_gbps"], f"expected_p2p_gbps {limits['expected_p2p_gbps']:g}",
+                        SEVERITY_COLOURS["warning"], ":")
+    _log_axis(ax)
+    ax.set_ylabel("GB/s, one direction")
+    ax.set_xlabel("ring link (rank <-> rank)")
+    ax.set_title(f"Per ring link: {links[0]['size']} exchanged, one pair at a time "
+                 f"({len(slow)} slow of {len(links)})", fontsize=9)
+
+
+def _floors_panel(ax: Any, floors: list[dict[str, Any]]) -> None:
+    xs = list(range(len(floors)))
+    below = [r["busbw_GBps"] < r["expected_GBps"] for r in floors]
+    ax.bar(xs, [r["busbw_GBps"] for r in floors], color=[_RED if b else _BLUE for b in below], width=0.6)
+    ax.scatter(xs, [r["expected_GBps"] for r in floors], marker="_", s=600, color=_RED, linewidths=2,
+               label="expected busbw (the floor)")
+    ax.set_xticks(xs, [f"{r['op']}\n{r['size']}" for r in floors], fontsize=7)
+    ax.set_xlim(-0.8, max(len(xs), 6) - 0.2)
+    _log_axis(ax)
+    ax.set_ylabel("busbw GB/s")
+    ax.legend(loc="upper right", fontsize=7)
+    ax.set_title(f"Bus bandwidth against the expected floors ({sum(below)} below)", fontsize=9)
