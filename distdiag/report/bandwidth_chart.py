@@ -33,15 +33,19 @@ def bandwidth_of(report: Any) -> Any | None:
 
 def judged(details: dict[str, Any], findings: list[Any]) -> tuple[set[int], set[str]]:
     """(straggler ranks, slow links as "a<->b") by the probe's own limits; without them (an
-    older report) the ranks its straggler findings name, and the links whose two ranks a
-    slow-link finding names."""
+    older report) the ranks its straggler findings name, and the links its slow-link findings
+    name (both links of a rank named alone, the pair named together)."""
     limits = details.get("limits")
     scores = details.get("table:straggler scores") or []
     links = details.get("table:ring links") or []
     if not isinstance(limits, dict):
         named = {r for f in findings for r in f.ranks if "straggler" in f.issue}
-        slow_named = {r for f in findings for r in f.ranks if "ring link" in f.issue}
-        return named, {row["link"] for row in links if _pair(row["link"]) <= slow_named}
+        # a slow rank's finding names the rank (both its links), a slow pair's names the two
+        about_links = [set(f.ranks) for f in findings
+                       if "ring links are slow" in f.issue or f.issue.startswith("slow link between")]
+        return named, {row["link"] for row in links
+                       if any(len(r) == 1 and r <= _pair(row["link"]) or len(r) == 2 and r == _pair(row["link"])
+                              for r in about_links)}
     stragglers = {row["rank"] for row in scores if row["score"] > limits["straggler_score"]
                   and row["late_ms"] > limits["straggler_min_late_ms"]}
     slow = set()
