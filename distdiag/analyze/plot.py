@@ -88,6 +88,7 @@ def plot_report(runs: list[Run], report: Report, path: str | Path, config: Analy
     panels[0].set_title(report.summary, fontsize=9, pad=8 + 10 * _LABEL_ROWS)
     if handles:
         fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False,
+                   handlelength=4,
                    title="findings (colour: severity; line style: detector)", title_fontsize=8)
         fig.tight_layout(rect=(0, 0.05 + 0.025 * ((len(handles) - 1) // 4 + 1), 1, 1))
     else:
@@ -148,7 +149,9 @@ def _findings(fig: Any, panels: list[Any], report: Report) -> list[Any]:
     styles: dict[str, Any] = {}
     seen: set[tuple[str, str]] = set()
     tops: list[tuple[float, str, str]] = []
-    for name, event in _events(report):
+    events = _events(report)
+    several = len({e.get("run") for _n, e in events}) > 1  # name the run a mark is about
+    for name, event in events:
         severity = event.get("severity", "info") if event.get("severity") in _COLOURS else "info"
         colour, style = _COLOURS[severity], styles.setdefault(name, _STYLES[len(styles) % len(_STYLES)])
         step, end = event["step"], event.get("end_step")
@@ -161,7 +164,7 @@ def _findings(fig: Any, panels: list[Any], report: Report) -> list[Any]:
             handles.append(Line2D([], [], color=colour, linestyle=style, linewidth=_WIDTH[severity] + 0.4,
                                   label=f"{severity}: {name}"))
         if severity != "info":
-            tops.append((float(step), name, colour))
+            tops.append((float(step), f"{event.get('run')}: {name}" if several and event.get("run") else name, colour))
     _write_names(fig, panels[0], tops)
     return handles
 
@@ -173,9 +176,16 @@ def _write_names(fig: Any, ax: Any, tops: list[tuple[float, str, str]]) -> None:
         return
     width_in = fig.get_size_inches()[0] * 0.85
     tops = sorted({(step, name): (step, name, colour) for step, name, colour in tops}.values())
-    items = [((step - lo) / (hi - lo), (len(name) * 7 * 0.6 / 72 + 0.1) / width_in) for step, name, _c in tops]
-    for (step, name, colour), row in zip(tops, label_rows(items), strict=True):
-        if row is None:
+    items = []
+    for step, name, _c in tops:
+        x, width = (step - lo) / (hi - lo), (len(name) * 7 * 0.6 / 72 + 0.1) / width_in
+        items.append((x - width if x + width > 1.0 else x, width))  # near the right edge: written leftwards
+    order = sorted(range(len(items)), key=lambda i: items[i][0])
+    rows = dict(zip(order, label_rows([items[i] for i in order]), strict=True))
+    for i, (step, name, colour) in enumerate(tops):
+        if rows[i] is None:
             continue
-        ax.annotate(name, (step, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 3 + 10 * row),
-                    textcoords="offset points", fontsize=7, color=colour, va="bottom", ha="left", annotation_clip=False)
+        leftwards = items[i][0] < (step - lo) / (hi - lo)
+        ax.annotate(name, (step, 1.0), xycoords=("data", "axes fraction"), xytext=(-2 if leftwards else 2, 3 + 10 * rows[i]),
+                    textcoords="offset points", fontsize=7, color=colour, va="bottom",
+                    ha="right" if leftwards else "left", annotation_clip=False)

@@ -11,6 +11,7 @@ label would be unreadable).
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -59,11 +60,29 @@ def layers(picture: dict[str, Any]) -> dict[str, int]:
     return layer
 
 
+def _wrap(line: str, width: int = _WRAP) -> list[str]:
+    """`line` in lines of at most `width` characters, broken after a space or a `/` (a path
+    breaks between its folders, not inside a name), a longer piece cut where it must."""
+    pieces = [p for p in re.split(r"(?<=[ /])", line) if p]
+    out, current = [], ""
+    for piece in pieces:
+        while len(piece) > width:
+            if current:
+                out.append(current.rstrip())
+                current = ""
+            out.append(piece[:width])
+            piece = piece[width:]
+        if len(current) + len(piece.rstrip()) > width and current:
+            out.append(current.rstrip())
+            current = ""
+        current += piece
+    if current.strip() or not out:
+        out.append(current.rstrip())
+    return out
+
+
 def _label(node: dict[str, Any]) -> str:
-    lines = []
-    for line in str(node["label"]).split("\n"):
-        lines += textwrap.wrap(line, _WRAP) or [""]
-    return "\n".join(lines)
+    return "\n".join(row for line in str(node["label"]).split("\n") for row in _wrap(line))
 
 
 def _incoming_labels(picture: dict[str, Any]) -> dict[str, str]:

@@ -238,3 +238,12 @@ def test_without_matplotlib_each_image_is_one_line_and_exit_2(tmp_path, cli_env)
         assert not (tmp_path / "hang.png").exists() and not (tmp_path / "distdiag-gate-report.json").exists()
     out = run_cli(["hang-report", str(folder), "--graph", "hang.dot"], cli_env, tmp_path, no_matplotlib=True)
     assert out.returncode == 3 and (tmp_path / "hang.dot").read_text().startswith("digraph"), out.stderr
+
+
+def test_node_labels_wrap_between_folders():
+    """A long path in a node's label breaks after a `/`, never inside a file name; no line is too long."""
+    from distdiag.hang.drawing import _wrap
+
+    rows = _wrap("is at /work/wt/plots36/distdiag/runtime/faults.py:59 in fire: time.sleep(3600)")
+    assert rows == ["is at /work/wt/plots36/distdiag/runtime/", "faults.py:59 in fire: time.sleep(3600)"]
+    assert all(len(r) <= 44 for r in _wrap("x" * 100)) and _wrap("") == [""]
