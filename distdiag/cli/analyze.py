@@ -14,6 +14,7 @@ from distdiag.cli.options import (
     FormatOpt,
     JunitOpt,
     check_format,
+    check_image_path,
     check_junit_path,
     check_severity,
     fail,
@@ -53,7 +54,7 @@ def analyze(
     check_format(format)
     check_severity(min_severity)
     if plot is not None:
-        _check_plot_path(plot)
+        check_image_path(plot, "--plot")
     check_junit_path(junit)
     try:
         config = AnalyzeConfig(metric=metric, val_metric=val_metric, grad_metric=grad_metric, spike_factor=spike_factor, tolerance=tolerance)
@@ -96,24 +97,6 @@ def _write_plot(runs: list, report: object, plot: Path, config: object) -> None:
     except OSError as exc:
         raise fail(f"cannot write the plot: {exc}") from None
     typer.echo(f"distdiag: plot written to {written}", err=True)
-
-
-def _check_plot_path(plot: Path) -> None:
-    """--plot naming a link, FIFO or directory, a format we do not draw, or asked for without
-    matplotlib installed, is bad input before the logs are read (one line, exit 2)."""
-    from distdiag.report.figure import IMAGE_SUFFIXES, PlotUnavailable, is_image_path, pyplot
-    from distdiag.report.safefile import RefusedFile, check_output_path
-
-    try:
-        check_output_path(plot, "pass --plot a file path")
-    except RefusedFile as exc:
-        raise fail(f"--plot: {exc}") from None
-    if not is_image_path(plot):
-        raise fail(f"--plot: {plot} must end in {', '.join(IMAGE_SUFFIXES)} (the image's format)")
-    try:
-        pyplot("--plot")
-    except PlotUnavailable as exc:
-        raise fail(str(exc)) from None
 
 
 def _labels(paths: list[Path]) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import typer
 
-from distdiag.cli.options import fail, raw_args, register_passthrough
+from distdiag.cli.options import check_image_path, fail, raw_args, register_passthrough
 
 __all__ = ["register", "split_chart", "CHART_HELP"]
 
@@ -54,23 +54,6 @@ def split_chart(argv: list[str]) -> tuple[str | None, list[str]]:
     return chart, rest + argv[end:]
 
 
-def _check_chart(chart: str) -> None:
-    """An image path we draw, not a link or FIFO, and matplotlib installed: else one line, exit 2,
-    before any rank starts."""
-    from distdiag.report.figure import IMAGE_SUFFIXES, PlotUnavailable, is_image_path, pyplot
-    from distdiag.report.safefile import RefusedFile, check_output_path
-
-    if not is_image_path(chart):
-        raise fail(f"--chart: {chart} must end in {', '.join(IMAGE_SUFFIXES)} (the image's format)")
-    try:
-        check_output_path(chart, "pass --chart a file path")
-        pyplot("--chart")
-    except RefusedFile as exc:
-        raise fail(f"--chart: {exc}") from None
-    except PlotUnavailable as exc:
-        raise fail(str(exc)) from None
-
-
 def gate(ctx: typer.Context) -> None:
     """Run the check on this node (torchrun options before --), then the training command if it passed (see: distdiag gate -h)."""
     from distdiag.check.launcher import GATE_HELP, run_gate
@@ -85,7 +68,7 @@ def gate(ctx: typer.Context) -> None:
         raise fail(str(exc)) from None
     if chart is None:
         raise typer.Exit(run_gate(args))
-    _check_chart(chart)
+    check_image_path(chart, "--chart")
     # run_gate reads the same variable: set, it is the one report both sides name
     report = os.environ.get("DISTDIAG_REPORT") or "distdiag-gate-report.json"
     os.environ["DISTDIAG_REPORT"] = report

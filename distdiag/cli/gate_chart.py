@@ -15,9 +15,9 @@ import sys
 __all__ = ["draw_from", "main"]
 
 
-def draw_from(report_path: str, chart: str) -> bool:
+def draw_from(report_path: str, chart: str, who: str = "distdiag gate") -> bool:
     """Draw the bandwidth chart of the report at `report_path` to `chart`; one line on stderr
-    saying where, or why not. True when written."""
+    (starting `who`) saying where, or why not. True when written."""
     from distdiag.errors import DistDiagError, ReportError
     from distdiag.report.bandwidth_chart import draw_bandwidth_chart
     from distdiag.report.model import read_report
@@ -25,12 +25,12 @@ def draw_from(report_path: str, chart: str) -> bool:
     try:
         written = draw_bandwidth_chart(read_report(report_path), chart)
     except (ReportError, ValueError) as exc:
-        sys.stderr.write(f"distdiag gate: note: {exc}; {chart} not written\n")
+        sys.stderr.write(f"{who}: note: {exc}; {chart} not written\n")
         return False
     except (OSError, DistDiagError) as exc:
-        sys.stderr.write(f"distdiag gate: cannot write the chart to {chart}: {getattr(exc, 'strerror', None) or exc}\n")
+        sys.stderr.write(f"{who}: cannot write the chart to {chart}: {getattr(exc, 'strerror', None) or exc}\n")
         return False
-    sys.stderr.write(f"distdiag gate: bandwidth chart written to {written}\n")
+    sys.stderr.write(f"{who}: bandwidth chart written to {written}\n")
     return True
 
 

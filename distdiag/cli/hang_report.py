@@ -23,6 +23,7 @@ from distdiag.cli.options import (
     FormatOpt,
     JunitOpt,
     check_format,
+    check_image_path,
     check_junit_path,
     fail,
     write_junit_for,
@@ -123,16 +124,16 @@ def _check_graph_path(graph: Path | None) -> None:
     if graph is None:
         return
     from distdiag.hang.picture import graph_text
-    from distdiag.report.figure import PlotUnavailable, is_image_path, pyplot
+    from distdiag.report.figure import is_image_path
     from distdiag.report.safefile import RefusedFile, check_output_path
 
+    if is_image_path(graph):
+        check_image_path(graph, "--graph", needs="--graph FILE.png")
+        return
     try:
-        if not is_image_path(graph):
-            graph_text({"nodes": [], "edges": []}, str(graph))
+        graph_text({"nodes": [], "edges": []}, str(graph))
         check_output_path(graph, "pass --graph a file path")
-        if is_image_path(graph):
-            pyplot("--graph FILE.png")
-    except (ValueError, PlotUnavailable) as exc:
+    except ValueError as exc:
         raise fail(str(exc)) from None
     except RefusedFile as exc:
         raise fail(f"--graph: {exc}") from None

@@ -175,6 +175,15 @@ def test_chart_of_a_real_bandwidth_report(tmp_path):
     old = {k: v for k, v in probe.details.items() if k != "limits"}
     assert judged(old, probe.findings) == (stragglers, slow)
     assert_sane_png(draw_bandwidth_chart(report, tmp_path / "chart.png"))
+    # the same chart from the saved report, afterwards
+    from typer.testing import CliRunner
+
+    from distdiag.cli import app
+
+    out = CliRunner().invoke(app, ["report", "show", str(tmp_path / "run" / "distdiag-report.json"),
+                                   "--chart", str(tmp_path / "again.svg")])
+    assert out.exit_code == 1 and "bandwidth chart written to" in out.output, out.output
+    assert (tmp_path / "again.svg").read_text().lstrip().startswith("<?xml")
 
 
 @pytest.mark.torchrun
@@ -231,10 +240,11 @@ def test_without_matplotlib_each_image_is_one_line_and_exit_2(tmp_path, cli_env)
         "--graph FILE.png": ["hang-report", str(folder), "--graph", "hang.png"],
         "--plot": ["analyze", str(log), "--plot", "hang.png"],
         "--chart": ["gate", "--chart", "hang.png", "--nproc-per-node", "2", "--", "true"],
+        "--chart ": ["report", "show", str(folder / "hang-report.json"), "--chart", "hang.png"],
     }
     for option, args in cases.items():
         out = run_cli(args, cli_env, tmp_path, no_matplotlib=True)
-        one_line_exit_2(out, f"{option} needs matplotlib: pip install 'distdiag[plot]'")
+        one_line_exit_2(out, f"{option.strip()} needs matplotlib: pip install 'distdiag[plot]'")
         assert not (tmp_path / "hang.png").exists() and not (tmp_path / "distdiag-gate-report.json").exists()
     out = run_cli(["hang-report", str(folder), "--graph", "hang.dot"], cli_env, tmp_path, no_matplotlib=True)
     assert out.returncode == 3 and (tmp_path / "hang.dot").read_text().startswith("digraph"), out.stderr
