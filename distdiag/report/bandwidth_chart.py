@@ -81,6 +81,7 @@ def _bars(ax: Any, labels: list[str], values: list[float], flagged: list[bool], 
     else:
         ax.scatter(xs, values, c=colours, s=[18 if f else 4 for f in flagged], linewidths=0)
         ax.set_xlim(-1, len(xs))
+    ax.margins(y=0.18)  # room above the highest mark for its name
     shown = 0
     for x, v, f, note in zip(xs, values, flagged, notes, strict=True):
         if f and shown < _NAMED:
@@ -91,9 +92,12 @@ def _bars(ax: Any, labels: list[str], values: list[float], flagged: list[bool], 
 
 def _log_axis(ax: Any) -> None:
     """A log scale whose ticks read as plain numbers (0.004, not 4 x 10^-3)."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    # 1, 2, 5 per decade over a narrow range (a single decade would show one tick), else 1
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if hi < 100 * lo else (1.0,)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
@@ -125,7 +129,7 @@ def draw_bandwidth_chart(report: Any, path: str | Path) -> Path:
 def _limit_line(ax: Any, y: float, text: str, colour: str = _RED, style: str = "--") -> None:
     ax.axhline(y, color=colour, linestyle=style, linewidth=1)
     ax.annotate(text, (0, y), xycoords=("axes fraction", "data"), xytext=(2, 3), textcoords="offset points",
-                fontsize=7, color=colour)
+                fontsize=7, color=colour, zorder=5, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
 
 
 def _scores_panel(ax: Any, details: dict[str, Any], stragglers: set[int], limits: dict[str, Any] | None) -> None:
