@@ -2,7 +2,8 @@
 
 Results go to stdout, hints and errors to stderr; a user mistake is one line and exit 2;
 a traceback only with DISTDIAG_DEBUG=1. Modules: check, gate, probes, report, analyze,
-hang_report, watch (one per command group) and options (the option types they share). The top of
+hang_report, watch (one per command group), options (the option types they share) and
+gate_chart (the step `gate --chart` runs before the training command). The top of
 the house: it may import any distdiag package, but only inside the command that needs it,
 so `distdiag --help` does not import torch.
 """

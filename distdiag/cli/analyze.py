@@ -14,6 +14,7 @@ from distdiag.cli.options import (
     FormatOpt,
     JunitOpt,
     check_format,
+    check_image_path,
     check_junit_path,
     check_severity,
     fail,
@@ -29,7 +30,7 @@ def analyze(
         typer.Argument(help="Logs, recognised by content: JSON lines (distdiag's or {\"step\",\"loss\"} lines), a Hugging Face trainer_state.json, CSV (Lightning's metrics.csv, W&B exports), TensorBoard event files, or their directories. Several: compared side by side."),
     ],
     format: FormatOpt = "text",
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of the curves with the findings marked (needs matplotlib).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write an image (.png, .svg, .pdf) of the curves: findings coloured by severity, NaN/Inf steps shaded (needs matplotlib: pip install 'distdiag[plot]').")] = None,
     metric: Annotated[str | None, typer.Option("--metric", help="The training-loss metric (default: loss, or the one named like it).")] = None,
     val_metric: Annotated[str | None, typer.Option("--val-metric", help="The validation-loss metric (default: one named like val/eval loss).")] = None,
     grad_metric: Annotated[str | None, typer.Option("--grad-metric", help="The gradient-norm metric (default: grad_norm, or one named like it).")] = None,
@@ -53,7 +54,7 @@ def analyze(
     check_format(format)
     check_severity(min_severity)
     if plot is not None:
-        _check_plot_path(plot)
+        check_image_path(plot, "--plot")
     check_junit_path(junit)
     try:
         config = AnalyzeConfig(metric=metric, val_metric=val_metric, grad_metric=grad_metric, spike_factor=spike_factor, tolerance=tolerance)
@@ -86,7 +87,7 @@ def analyze(
 
 
 def _write_plot(runs: list, report: object, plot: Path, config: object) -> None:
-    """--plot: the curves with the findings marked, as a PNG (bad input: one line, exit 2)."""
+    """--plot: the curves with the findings marked, as an image (bad input: one line, exit 2)."""
     from distdiag.analyze.plot import PlotUnavailable, plot_report
 
     try:
@@ -96,16 +97,6 @@ def _write_plot(runs: list, report: object, plot: Path, config: object) -> None:
     except OSError as exc:
         raise fail(f"cannot write the plot: {exc}") from None
     typer.echo(f"distdiag: plot written to {written}", err=True)
-
-
-def _check_plot_path(plot: Path) -> None:
-    """--plot naming a link, FIFO or directory is bad input before the logs are read."""
-    from distdiag.report.safefile import RefusedFile, check_output_path
-
-    try:
-        check_output_path(plot, "pass --plot a file path")
-    except RefusedFile as exc:
-        raise fail(f"--plot: {exc}") from None
 
 
 def _labels(paths: list[Path]) -> list[str]:

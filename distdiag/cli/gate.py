@@ -1,25 +1,89 @@
-"""`distdiag gate [torchrun options] -- TRAINING COMMAND...`: the cluster gate, from the package.
+"""`distdiag gate [--chart FILE.png] [torchrun options] -- TRAINING COMMAND...`: the cluster gate, from the package.
 
 A user who installed distdiag with pip has no launch/gate.sh; this is the same gate (and
 launch/gate.sh now just runs it). Its arguments belong to torchrun and to the training
 command, so they are taken as typed, from sys.argv: click would drop the `--` that separates
 the two.
+
+`--chart FILE` (before `--`, this command's own option) draws the bandwidth probe's results
+(distdiag/report/bandwidth_chart.py) from this node's report once the check is over: here
+when the gate stops the job, and, when it passes, in distdiag.cli.gate_chart just before it
+becomes the training command (the gate execs the command, so nothing runs here after it).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+from pathlib import Path
+
 import typer
 
-from distdiag.cli.options import raw_args, register_passthrough
+from distdiag.cli.options import check_image_path, fail, raw_args, register_passthrough
 
-__all__ = ["register"]
+__all__ = ["register", "split_chart", "CHART_HELP"]
+
+CHART_HELP = """
+--chart FILE (.png, .svg, .pdf; this command's own option, before `--`; needs matplotlib:
+pip install 'distdiag[plot]'): also draw the bandwidth probe's results from this node's
+report: each rank's straggler score, each ring link's GB/s and the busbw against its expected
+floor, with the ranks and links the gate named in red and its limits as dashed lines. Drawn
+whether the gate passes (just before the training command starts) or not."""
+
+
+def split_chart(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(--chart's FILE or None, the arguments without it): only before `--` (after it, the
+    training command's arguments). ValueError for a --chart without a FILE."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    chart, rest, i = None, [], 0
+    while i < end:
+        word = argv[i]
+        if word == "--chart":
+            if i + 1 >= end:
+                raise ValueError("--chart needs a FILE (.png, .svg or .pdf) before `--`")
+            chart, i = argv[i + 1], i + 2
+            continue
+        if word.startswith("--chart="):
+            chart = word.split("=", 1)[1]
+            if not chart:
+                raise ValueError("--chart needs a FILE (.png, .svg or .pdf) before `--`")
+        else:
+            rest.append(word)
+        i += 1
+    return chart, rest + argv[end:]
 
 
 def gate(ctx: typer.Context) -> None:
     """Run the check on this node (torchrun options before --), then the training command if it passed (see: distdiag gate -h)."""
-    from distdiag.check.launcher import run_gate
+    from distdiag.check.launcher import GATE_HELP, run_gate
 
-    raise typer.Exit(run_gate(raw_args(ctx, "gate")))
+    args = raw_args(ctx, "gate")
+    if args[:1] in (["-h"], ["--help"]):
+        typer.echo(GATE_HELP + "\n" + CHART_HELP)
+        raise typer.Exit(0)
+    try:
+        chart, args = split_chart(args)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if chart is None:
+        raise typer.Exit(run_gate(args))
+    check_image_path(chart, "--chart")
+    # run_gate reads the same variable: set, it is the one report both sides name
+    report = os.environ.get("DISTDIAG_REPORT") or "distdiag-gate-report.json"
+    os.environ["DISTDIAG_REPORT"] = report
+    if "--" in args and args.index("--") < len(args) - 1:
+        split = args.index("--")
+        args = [*args[: split + 1], sys.executable, "-m", "distdiag.cli.gate_chart", report, chart, "--",
+                *args[split + 1:]]
+    started = time.time()
+    code = run_gate(args)  # returns only when the job is not to start
+    # a report left by an earlier run is not this run's: no chart of it
+    if Path(report).is_file() and Path(report).stat().st_mtime >= started - 1.0:
+        from distdiag.cli.gate_chart import draw_from
+
+        draw_from(report, chart)
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

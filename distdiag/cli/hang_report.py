@@ -23,6 +23,7 @@ from distdiag.cli.options import (
     FormatOpt,
     JunitOpt,
     check_format,
+    check_image_path,
     check_junit_path,
     fail,
     write_junit_for,
@@ -69,8 +70,9 @@ def hang_report(
     ] = None,
     junit: JunitOpt = None,
     graph: Annotated[
-        Path | None, typer.Option("--graph", metavar="FILE.dot|FILE.mmd", help="Also write the wait-for graph the "
-                                  "verdict was drawn from: Graphviz DOT (.dot, .gv) or Mermaid (.mmd).")
+        Path | None, typer.Option("--graph", metavar="FILE.dot|FILE.mmd|FILE.png", help="Also write the wait-for graph "
+                                  "the verdict was drawn from: Graphviz DOT (.dot, .gv), Mermaid (.mmd), or an image "
+                                  "(.png, .svg, .pdf; needs matplotlib: pip install 'distdiag[plot]').")
     ] = None,
 ) -> None:
     """Render a hang report the watchdog wrote, or one built from flight-recorder dumps."""
@@ -117,12 +119,17 @@ def hang_report(
 
 
 def _check_graph_path(graph: Path | None) -> None:
-    """--graph must end .dot/.gv/.mmd and be a file to (re)write: bad input (exit 2) otherwise."""
+    """--graph must end .dot/.gv/.mmd (text) or .png/.svg/.pdf (an image, with matplotlib
+    installed) and be a file to (re)write: bad input (exit 2) otherwise, before anything is read."""
     if graph is None:
         return
     from distdiag.hang.picture import graph_text
+    from distdiag.report.figure import is_image_path
     from distdiag.report.safefile import RefusedFile, check_output_path
 
+    if is_image_path(graph):
+        check_image_path(graph, "--graph", needs="--graph FILE.png")
+        return
     try:
         graph_text({"nodes": [], "edges": []}, str(graph))
         check_output_path(graph, "pass --graph a file path")
@@ -133,9 +140,10 @@ def _check_graph_path(graph: Path | None) -> None:
 
 
 def _write_graph(report: Any, graph: Path) -> None:
-    """The wait-for graph of the report (its probe's `wait_for_graph`) as DOT or Mermaid; a
-    report without one (not a hang, or from an older distdiag) is said in one line."""
+    """The wait-for graph of the report (its probe's `wait_for_graph`) as DOT, Mermaid or an
+    image; a report without one (not a hang, or from an older distdiag) is said in one line."""
     from distdiag.hang.picture import graph_text
+    from distdiag.report.figure import is_image_path
     from distdiag.report.model import write_json_atomic
 
     picture = next((p.details["wait_for_graph"] for p in report.probes
@@ -145,7 +153,12 @@ def _write_graph(report: Any, graph: Path) -> None:
                    f"one); {graph} not written", err=True)
         return
     try:
-        written = write_json_atomic(graph, graph_text(picture, str(graph)).rstrip("\n"))
+        if is_image_path(graph):
+            from distdiag.hang.drawing import draw_picture
+
+            written = draw_picture(picture, graph, title=getattr(report, "summary", ""))
+        else:
+            written = write_json_atomic(graph, graph_text(picture, str(graph)).rstrip("\n"))
     except OSError as exc:
         typer.echo(f"distdiag: cannot write the graph to {graph}: {exc.strerror or exc}", err=True)
         return

@@ -24,6 +24,7 @@ __all__ = [
     "did_you_mean",
     "raw_args",
     "register_passthrough",
+    "check_image_path",
 ]
 
 FormatOpt = Annotated[
@@ -75,6 +76,26 @@ def write_junit_for(report: Any, path: Path | str | None, command: str) -> None:
         write_junit(report, path, f"distdiag.{command}")
     except OSError as exc:
         typer.echo(f"distdiag: cannot write the JUnit XML to {path}: {exc.strerror or exc}", err=True)
+
+
+def check_image_path(path: str | Path, option: str, needs: str | None = None) -> None:
+    """An image output (`--plot`, `--chart`): a path ending .png/.svg/.pdf, not a link, FIFO or
+    directory, and matplotlib installed (the `plot` extra); else one line and exit 2, before
+    any input is read or any rank starts. `needs`: how the missing-matplotlib line names the
+    option (default: `option`)."""
+    from distdiag.report.figure import IMAGE_SUFFIXES, PlotUnavailable, is_image_path, pyplot
+    from distdiag.report.safefile import RefusedFile, check_output_path
+
+    try:
+        check_output_path(path, f"pass {option} a file path")
+    except RefusedFile as exc:
+        raise fail(f"{option}: {exc}") from None
+    if not is_image_path(path):
+        raise fail(f"{option}: {path} must end in {', '.join(IMAGE_SUFFIXES)} (the image's format)")
+    try:
+        pyplot(needs or option)
+    except PlotUnavailable as exc:
+        raise fail(str(exc)) from None
 
 
 def check_format(value: str) -> None:

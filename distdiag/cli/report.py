@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from distdiag.cli.options import ExitCodeOpt, ExitZeroOpt, FormatOpt, check_format, check_severity, fail
+from distdiag.cli.options import (
+    ExitCodeOpt,
+    ExitZeroOpt,
+    FormatOpt,
+    check_format,
+    check_image_path,
+    check_severity,
+    fail,
+)
 
 __all__ = ["register"]
 
@@ -37,6 +45,10 @@ def show(
     ] = False,
     exit_zero: ExitZeroOpt = False,
     exit_code: ExitCodeOpt = False,
+    chart: Annotated[
+        Path | None, typer.Option("--chart", metavar="FILE.png", help="Also draw the bandwidth probe's results, as "
+                                  "`distdiag gate --chart` does (.png, .svg, .pdf; needs matplotlib).")
+    ] = None,
 ) -> None:
     """Render a saved report the way rank 0 printed it (--verbose, --full: more of it)."""
     from distdiag.errors import ReportError
@@ -47,10 +59,16 @@ def show(
         check_severity(min_severity)
     del exit_code  # accepted for old scripts: the verdict's code is the default now
     check_format(format)
+    if chart is not None:
+        check_image_path(chart, "--chart")
     try:
         report = read_report(path)
     except ReportError as exc:
         raise fail(str(exc)) from None
+    if chart is not None:
+        from distdiag.cli.gate_chart import draw_from
+
+        draw_from(str(path), str(chart), "distdiag")
     if format == "json":
         typer.echo(report.to_json())
     else:

@@ -12,6 +12,7 @@
     group_rules.py  the rules that read the graph: uneven data, deadlock, stranded
     picture.py   the wait-for graph as plain data in the report (`wait_for_graph`), drawn as
                  Graphviz DOT or Mermaid by `distdiag hang-report --graph`
+    drawing.py   the same graph as an image (matplotlib, optional), laid out in columns by hand
     shapes.py    stranded ranks at scale: one line per chain shape, with their hosts and a count
     desync.py    desyncs from fingerprint histories and from the recorder's entries; with two
                  ranks, the one that departs from its own history

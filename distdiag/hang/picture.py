@@ -2,7 +2,8 @@
 
 The graph is the one the rules read (distdiag.hang.waitfor for live snapshots, the dump
 frontier for flight-recorder dumps), turned into plain data a report can carry
-(`details["wait_for_graph"]`) and `distdiag hang-report --graph FILE.dot|.mmd` draws:
+(`details["wait_for_graph"]`) and `distdiag hang-report --graph FILE.dot|.mmd` writes (and
+distdiag.hang.drawing draws as an image, for `--graph FILE.png|.svg`):
 
     {"nodes": [{"id": "r3", "label": "rank 3\\nis at data.py:58 in next_batch", "kind": "culprit"}, ...],
      "edges": [{"src": "r0", "dst": "r3", "label": "all_reduce #11 on ranks[0-3]"}, ...],
@@ -219,7 +220,8 @@ def graph_text(picture: dict[str, Any], path: str) -> str:
         return to_dot(picture)
     if lower.endswith((".mmd", ".mermaid")):
         return to_mermaid(picture)
-    raise ValueError(f"--graph: {path} must end in .dot or .gv (Graphviz) or .mmd (Mermaid)")
+    raise ValueError(f"--graph: {path} must end in .dot or .gv (Graphviz), .mmd (Mermaid), "
+                     "or .png, .svg, .pdf (an image; needs matplotlib)")
 
 
 def hang_extras(findings: list[Any], views: dict[int, Any], lost: dict[int, str], errors: dict[int, dict[str, Any]],

@@ -5,6 +5,8 @@
     render.py  the text table rank 0 prints and `distdiag report show` repeats
     junit.py   the verdict as JUnit XML for CI systems
     hostlist.py  host names in Slurm's hostlist syntax (`node[0005-0007,0127]`)
+    figure.py  images through matplotlib (optional): pyplot or a one-line error, one atomic save
+    bandwidth_chart.py  the gate's chart of the bandwidth probe (`distdiag gate --chart`)
     safefile.py  outputs never written through a link, inputs read as bounded regular files,
                strings printed without terminal escapes
 

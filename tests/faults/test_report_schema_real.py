@@ -38,3 +38,12 @@ def test_real_check_runs_follow_the_schema_and_a_hang_is_drawn(tmp_path):
     assert located and located[0]["file"].endswith("faults.py") and located[0]["line"] > 0, details["culprit_locations"]
     out = CliRunner().invoke(app, ["hang-report", str(path), "--graph", str(tmp_path / "hang.dot")])
     assert out.exit_code == 3 and "r0 -> r1" in (tmp_path / "hang.dot").read_text(), out.output
+    try:
+        import matplotlib  # noqa: F401 - the image needs the plot extra; the rest of the test does not
+    except ImportError:
+        return
+    from tests.cli.test_pictures import assert_sane_png
+
+    out = CliRunner().invoke(app, ["hang-report", str(path), "--graph", str(tmp_path / "hang.png")])
+    assert out.exit_code == 3, out.output
+    assert_sane_png(tmp_path / "hang.png")

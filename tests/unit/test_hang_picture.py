@@ -69,8 +69,8 @@ def test_hang_report_graph_option(tmp_path):
         out = CliRunner().invoke(app, ["hang-report", str(tmp_path), "--graph", str(tmp_path / name)])
         assert out.exit_code == 3, out.output
         assert (tmp_path / name).read_text().startswith(head)
-    bad = CliRunner().invoke(app, ["hang-report", str(tmp_path), "--graph", str(tmp_path / "g.png")])
-    assert bad.exit_code == 2 and "must end in .dot" in bad.output and not (tmp_path / "g.png").exists()
+    bad = CliRunner().invoke(app, ["hang-report", str(tmp_path), "--graph", str(tmp_path / "g.txt")])
+    assert bad.exit_code == 2 and "must end in .dot" in bad.output and not (tmp_path / "g.txt").exists()
     # the report read back keeps both (details round-trip)
     back = read_report(tmp_path / "hang-report.json").probes[0].details
     assert back["wait_for_graph"]["nodes"] and back["culprit_locations"][0]["line"] == 58

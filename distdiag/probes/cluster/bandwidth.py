@@ -366,6 +366,13 @@ class BandwidthProbe(Probe):
             {"rank": r, "host": view.host_of(r), "score": round(s["score"], 3), "late_ms": round(s["late_s"] * 1e3, 3)}
             for r, s in sorted(scores.items())
         ]
+        plan = opts.resolved(gpu)
+        # the limits the findings above were judged by, for `distdiag gate --chart` to draw
+        details["limits"] = {
+            "straggler_score": opts.straggler_score, "straggler_min_late_ms": opts.straggler_min_late_s * 1e3,
+            "slow_link_factor": plan["slow_link_factor"], "slow_link_min_us": plan["slow_link_min_s"] * 1e6,
+            "expected_p2p_gbps": opts.expected_p2p_gbps,
+        }
         metrics["max_straggler_score"] = round(max((s["score"] for s in scores.values()), default=0.0), 3)
         return ProbeResult.from_findings(self.name, findings, metrics=metrics, details=details)
 
