@@ -57,7 +57,10 @@ def _first_byte(path: Path) -> bytes:
 
 
 def hang_report(
-    path: Annotated[Path, typer.Argument(help="The watchdog's dump directory (or its hang-report.json), or a directory of flight-recorder dumps.")],
+    paths: Annotated[list[Path], typer.Argument(
+        metavar="PATH...", help="The watchdog's dump directory (or its hang-report.json), or flight-recorder dumps: "
+        "a directory of them (subfolders per host or per rank are read too, other files skipped), or several "
+        "directories or files (a shell glob such as dumps/nccl_trace_rank_*).")],
     format: FormatOpt = "text",
     trust_pickle: Annotated[
         bool, typer.Option("--trust-pickle", hidden=True, help="No longer needed: pickle dumps are read safely by default.")
@@ -75,7 +78,9 @@ def hang_report(
                                   "(.png, .svg, .pdf; needs matplotlib: pip install 'distdiag[plot]').")
     ] = None,
 ) -> None:
-    """Render a hang report the watchdog wrote, or one built from flight-recorder dumps."""
+    """Render a hang report the watchdog wrote, or one built from flight-recorder dumps.
+
+    Several paths are read as one job's dumps (a report the watchdog wrote is one path alone)."""
     from distdiag.errors import ReportError
     from distdiag.hang.dumpreport import dump_files, read_folder, skipped_line
     from distdiag.report.model import non_regular_kind, read_report
@@ -85,6 +90,11 @@ def hang_report(
     check_format(format)
     check_junit_path(junit)
     _check_graph_path(graph)
+    if len(paths) > 1:
+        del trust_pickle
+        report = _from_several(paths, world_size)
+        _show(report, format, exit_zero, junit, graph)
+    path = paths[0]
     if not path.exists():
         raise fail(f"{path} does not exist")
     if not path.is_dir() and not path.is_file():
@@ -116,6 +126,40 @@ def hang_report(
     except OSError as exc:
         raise fail(f"cannot read a dump in {path}: {exc.strerror}") from None
     _show(report, format, exit_zero, junit, graph)
+
+
+def _from_several(paths: list[Path], world_size: int | None) -> Any:
+    """One job's dumps from several folders or files: every file each one holds, read as one set
+    (a file named twice is read once)."""
+    from distdiag.hang.dumpreport import dump_files, read_folder, skipped_line
+    from distdiag.report.model import non_regular_kind
+    from distdiag.watchdog.writer import REPORT_NAME
+
+    roots: dict[Path, Path | None] = {}
+    for path in paths:
+        if not path.exists():
+            raise fail(f"{path} does not exist")
+        if not path.is_dir() and not path.is_file():
+            raise fail(f"{path} is {non_regular_kind(path)}: pass dumps or directories of them")
+        if path.name == REPORT_NAME or (path.is_dir() and (path / REPORT_NAME).is_file()):
+            raise fail(f"{path} is (or holds) a report the watchdog wrote: pass it alone, not with other paths")
+        try:
+            listed = dump_files(path)
+        except OSError as exc:
+            raise fail(f"cannot list {path}: {exc.strerror}") from None
+        for file in listed:
+            roots.setdefault(file.resolve(), path.resolve() if path.is_dir() else None)
+    if not roots:
+        raise fail(f"{' '.join(map(str, paths[:3]))}{' ...' if len(paths) > 3 else ''} hold no flight-recorder dumps")
+    try:
+        dumps, skipped, others = read_folder(sorted(roots), roots=roots)
+        if skipped:
+            typer.echo(skipped_line(skipped, Path.cwd()), err=True)
+        return report_from_dumps(dumps, world_size, others)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"cannot read a dump: {exc.strerror}") from None
 
 
 def _check_graph_path(graph: Path | None) -> None:

@@ -65,9 +65,12 @@ def recorder_of(dump: dict[str, Any]) -> str:
     return "nccl" if dump.get("comm_lib_version") or dump.get("nccl_version") else "?"
 
 
-def read_folder(files: list[Path], root: Path | None = None,
-                skip: bool = True) -> tuple[Raw, list[tuple[Path, str]], dict[str, Raw]]:
+def read_folder(files: list[Path], root: Path | None = None, skip: bool = True,
+                roots: dict[Path, Path | None] | None = None) -> tuple[Raw, list[tuple[Path, str]], dict[str, Raw]]:
     """(rank -> raw dump, [(file, why it was skipped)], other recorder -> rank -> raw dump).
+
+    `root`: the folder the files were listed from (a file in a subfolder may be named by its
+    folder: one folder per rank); `roots`: that folder per file, where they came from several.
 
     With `skip`, a file that is not a readable dump (a log, a README, a broken or refused pickle)
     is skipped when another file is one; when none is, the first file's problem is raised
@@ -78,7 +81,8 @@ def read_folder(files: list[Path], root: Path | None = None,
     for file in files:
         try:
             dump = load_dump(file)
-            rank = rank_of(file, dump, folder_per_rank=root is not None and file.parent != root)
+            top = roots.get(file, root) if roots is not None else root
+            rank = rank_of(file, dump, folder_per_rank=top is not None and file.parent != top)
         except DumpError as exc:
             if not skip:
                 raise

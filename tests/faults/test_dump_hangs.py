@@ -96,3 +96,23 @@ def test_a_rank_without_a_dump_is_a_suspect(stalled, tmp_path):
     code, report = _report(tmp_path, "--world-size", "4")
     lead = report["probes"][0]["findings"][0]
     assert code == 3 and lead["ranks"] == [3] and "no dump file" in lead["issue"]
+
+
+def test_dumps_passed_as_several_paths_read_as_one_job(stalled, tmp_path):
+    """Dumps as users keep them: split over two hosts' folders with a log beside them, or named
+    one by one (a shell glob): read as one job, the log skipped with one line, the same verdict."""
+    import shutil
+
+    files = sorted((stalled / "pickle").glob("nccl_trace_rank_*"))
+    for i, f in enumerate(files):
+        host = tmp_path / ("node-a" if i < 2 else "node-b")
+        host.mkdir(exist_ok=True)
+        shutil.copy(f, host / f.name)
+    (tmp_path / "node-a" / "train.log").write_text("step 1 loss 2.3\n")
+    for args in ([str(tmp_path / "node-a"), str(tmp_path / "node-b")], [str(f) for f in files]):
+        out = CliRunner().invoke(app, ["hang-report", *args, "--format", "json"])
+        assert out.exit_code == 3, out.output
+        report = json.loads(out.output[out.output.index("{"):])
+        assert [f["ranks"] for f in report["probes"][0]["findings"] if f["severity"] == "critical"] == [[3]]
+    out = CliRunner().invoke(app, ["hang-report", str(tmp_path / "node-a"), str(tmp_path / "nope")])
+    assert out.exit_code == 2 and "nope does not exist" in out.output
