@@ -20,7 +20,7 @@ if "RANK" in os.environ and not dist.is_initialized():
     dist.init_process_group("gloo")
     # as your script should at its end: without it, gloo's and DDP's threads can still be
     # running while Python tears down, and a loaded machine then sees the odd SIGABRT at exit
-    atexit.register(dist.destroy_process_group)
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 torch.manual_seed(0)
 VOCAB, num_experts = 16, 4
 model = torch.nn.Sequential(
