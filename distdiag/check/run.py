@@ -460,8 +460,15 @@ def run_check(argv: list[str]) -> int:
 
             build_parser().print_help()
         return 0
+    from distdiag.check.leftovers import note_start
+
+    note_start()
     try:
         config = parse_config(argv)
+        # Fixed now, before the user's target runs: a target that changes directory at import
+        # must not send the report (or the JUnit XML) where nobody looks for it.
+        config.report = os.path.abspath(config.report)
+        config.junit = os.path.abspath(config.junit) if config.junit else config.junit
         info = LaunchInfo.from_env()
         plan = make_plan(config, info.world_size)
         validate_injection(info.world_size)  # a malformed DISTDIAG_INJECT is bad input too
@@ -500,7 +507,12 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if forked and code == 0:
-        return  # torch's worker wrapper leaves through os._exit too, once the agent has the result
+        from distdiag.check.leftovers import leave_without_joining
+
+        # torch's worker wrapper leaves through os._exit too, once the agent has the result;
+        # without waiting for the user's threads (distdiag/check/leftovers.py).
+        leave_without_joining(code)
+        return
     # os._exit: a hung collective on another thread of torch must not keep the process alive,
     # and interpreter teardown with torch loaded costs time for nothing.
     os._exit(code)
