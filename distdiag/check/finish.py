@@ -21,6 +21,7 @@ from distdiag.check.config import CheckConfig
 from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
 from distdiag.check.hashseed import shared_hash_seed_note
 from distdiag.check.launched import cancelled_by, launch_id, note_verdict, noted_rank
+from distdiag.check.leftovers import say_leaving, settle_leftovers
 from distdiag.check.plan import Plan
 from distdiag.check.shared_values import resolve_shared
 from distdiag.errors import print_line
@@ -290,21 +291,13 @@ class RunEnd:
             return self._left_code
 
     def _leave(self, wait_s: float, ex: Exchange) -> int:
-        from distdiag.check.leftovers import end_children, take_stock
         from distdiag.runtime.incident import kill_stopped_local, silent_rank_reasons
 
         report = self.verdict_report
         code = report.exit_code if report is not None else int(self.sentinel.finishing_code or 0)
-        stock = take_stock()
-        if stock:
-            ex.post(Keys.LEFTOVER, stock.sentences())
-        ex.post(Keys.LEFT, 1)
+        stock = say_leaving(ex)
         world = self.info.world_size
-        everyone = _all_left(ex, world, wait_s)
-        if report is not None:
-            self._note_leftovers(report, ex)
-        end_children(stock.children)
-        if everyone:
+        if settle_leftovers(stock, report, ex, self.config.report, everyone=_all_left(ex, world, wait_s)):
             return code
         missing = sorted(set(range(world)) - set(ex.present(Keys.LEFT)))
         # The silent ranks' rows only: each late rank reading all N rows was N^2 at 16k (issue 21).
@@ -316,23 +309,6 @@ class RunEnd:
         if report is None or not definite:
             return code
         return self._rewrite_lost_after_verdict(report, definite, ex)
-
-    def _note_leftovers(self, report: Report, ex: Exchange) -> None:
-        """What the ranks' user code left running (each rank ends its own): in the report's
-        notes and one line on stderr; the exit code stays the verdict's."""
-        from distdiag.check.leftovers import summary_line
-
-        if ex.count(Keys.LEFTOVER) <= 0:
-            return
-        by_rank = {int(r): list(v) for r, v in ex.collect(Keys.LEFTOVER).items() if v}
-        if not by_rank:
-            return
-        report.notes.extend(f"after the verdict, rank {r}: {s}" for r, said in sorted(by_rank.items()) for s in said)
-        try:
-            write_report(report, self.config.report)
-        except OSError as exc:
-            log.warning("could not add what outlived the verdict to the report: %s", exc)
-        print_line(summary_line(by_rank, report.exit_code))
 
     def _rewrite_lost_after_verdict(self, report: Report, definite: dict[int, str], ex: Exchange) -> int:
         """Ranks gone or stopped after the verdict: the written report now says so (exit 3)."""

@@ -18,11 +18,12 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
 __all__ = ["Leftovers", "take_stock", "end_children", "leave_without_joining", "note_start", "summary_line",
-           "CHILD_GRACE_S"]
+           "note_in_report", "say_leaving", "settle_leftovers", "CHILD_GRACE_S"]
 
 CHILD_GRACE_S = 1.0
 """How long a leftover child process gets after SIGTERM before it is SIGKILLed."""
@@ -113,6 +114,47 @@ def summary_line(by_rank: dict[int, list[str]], code: int) -> str:
     """One line: what outlived the verdict on which rank, and that the exit code stands."""
     parts = [f"rank {r}: {s}" for r, said in sorted(by_rank.items()) for s in said]
     return f"distdiag: what the user's code left behind at the verdict (exit {code} stands): " + "; ".join(parts)
+
+
+def say_leaving(ex: Any) -> Leftovers:
+    """This rank is leaving after the verdict: what its user code left, posted before it says
+    it leaves (so the writer, once everyone left, has every rank's). Returns it."""
+    from distdiag.runtime.keys import Keys
+
+    stock = take_stock()
+    if stock:
+        ex.post(Keys.LEFTOVER, stock.sentences())
+    ex.post(Keys.LEFT, 1)
+    return stock
+
+
+def settle_leftovers(stock: Leftovers, report: Any, ex: Any, path: str, *, everyone: bool) -> bool:
+    """Once the ranks left (`everyone`: all said so): the writer (`report` not None) notes what
+    they left; this rank ends its own children. Returns `everyone`."""
+    if report is not None:
+        note_in_report(report, ex, path)
+    end_children(stock.children)
+    return everyone
+
+
+def note_in_report(report: Any, ex: Any, path: str) -> None:
+    """The verdict's writer, once the ranks left: what their user code left (each rank ends its
+    own) goes into the report's notes and one line on stderr; the exit code stays the verdict's."""
+    from distdiag.errors import print_line
+    from distdiag.report.model import write_report
+    from distdiag.runtime.keys import Keys
+
+    if ex.count(Keys.LEFTOVER) <= 0:
+        return
+    by_rank = {int(r): list(v) for r, v in ex.collect(Keys.LEFTOVER).items() if v}
+    if not by_rank:
+        return
+    report.notes.extend(f"after the verdict, rank {r}: {s}" for r, said in sorted(by_rank.items()) for s in said)
+    try:
+        write_report(report, path)
+    except OSError as exc:
+        print_line(f"distdiag: cannot add what outlived the verdict to the report at {path}: {exc.strerror}")
+    print_line(summary_line(by_rank, report.exit_code))
 
 
 def leave_without_joining(code: int) -> None:
