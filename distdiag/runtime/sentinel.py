@@ -104,7 +104,11 @@ def install_sigterm_wakeup() -> None:
     global _wakeup_read_fd
     if _wakeup_read_fd is not None:
         return
-    read_fd, write_fd = os.pipe()
+    from distdiag.runtime.early import wakeup_pipe
+
+    # The pipe made before torch was imported (python -m distdiag.check) holds any stop signal
+    # that came meanwhile: the sentinel acts on it as soon as it starts.
+    read_fd, write_fd = wakeup_pipe() or os.pipe()
     os.set_blocking(read_fd, False)
     os.set_blocking(write_fd, False)
     for sig in _STOP_SIGNALS:
