@@ -18,6 +18,7 @@ Nothing here imports torch: the command line front end uses it before any rank s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -127,7 +128,7 @@ def _private_dir(path: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
-_JOB_FOLDER = re.compile(r"job-(\d+)-(\d+)-\d+")
+_JOB_FOLDER = re.compile(r"job-(\d+)-(\d+)-\d+-[0-9a-f]+")
 
 
 def _job_folder() -> str | None:
@@ -150,7 +151,9 @@ def _job_folder() -> str | None:
         return None
     base = os.path.join(tempfile.gettempdir(), f"distdiag-{os.getuid()}")
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    folder = os.path.join(base, f"job-{agent}-{started}-{int(restart) if restart.isdigit() else 0}")
+    job = "/".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
+    tag = hashlib.sha256(job.encode()).hexdigest()[:12]  # one agent may run several jobs (a test's forkserver)
+    folder = os.path.join(base, f"job-{agent}-{started}-{int(restart) if restart.isdigit() else 0}-{tag}")
     fresh = not os.path.isdir(folder)
     if not (_private_dir(base) and _private_dir(folder)):
         _folder_cache["ok"] = False
