@@ -17,8 +17,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-def _torchrun(env: dict[str, str], cwd: Path, sig: str) -> subprocess.CompletedProcess:
-    env = dict(env, DISTDIAG_TEST_DIE_AT_START="1", DISTDIAG_TEST_DIE_AT_START_SIGNAL=sig)
+def _torchrun(env: dict[str, str], cwd: Path, sig: str, rank: int = 1) -> subprocess.CompletedProcess:
+    env = dict(env, DISTDIAG_TEST_DIE_AT_START=str(rank), DISTDIAG_TEST_DIE_AT_START_SIGNAL=sig)
     env["PYTHONPATH"] = str(HERE / "die_at_start") + os.pathsep + env["PYTHONPATH"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "distdiag.check",
            "--probes", "env", "--quiet"]
@@ -27,17 +27,17 @@ def _torchrun(env: dict[str, str], cwd: Path, sig: str) -> subprocess.CompletedP
 
 @pytest.mark.torchrun
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSEGV"])
-def test_a_rank_killed_while_importing_is_named_by_the_survivors_report(cli_env, tmp_path, sig):
-    """Rank 1 killed while importing under plain torchrun: rank 0 writes a FAIL (exit 3) naming it."""
-    out = _torchrun(cli_env, tmp_path, sig)
+@pytest.mark.parametrize(("sig", "rank"), [("SIGKILL", 1), ("SIGSEGV", 1), ("SIGKILL", 0)])
+def test_a_rank_killed_while_importing_is_named_by_the_survivors_report(cli_env, tmp_path, sig, rank):
+    """A rank killed while importing under plain torchrun: the other writes a FAIL (exit 3) naming it."""
+    out = _torchrun(cli_env, tmp_path, sig, rank)
     report_path = tmp_path / "distdiag-report.json"
     assert report_path.exists(), f"no report; stderr:\n{out.stderr[-3000:]}"
     report = json.loads(report_path.read_text())
     assert report["exit_code"] == 3 and report["verdict"] == "fail" and report["outcome"] == "lost_rank", report["summary"]
     assert "verdict: FAIL (exit 3)" in out.stdout
     summary = report["summary"]
-    assert "rank 1 lost" in summary and "is gone" in summary and "before it checked in" in summary, summary
+    assert f"rank {rank} lost" in summary and "is gone" in summary and "before it checked in" in summary, summary
     assert "importing torch and the check" in summary, summary
     if sig == "SIGSEGV":
         assert "it died of SIGSEGV" in summary, summary
