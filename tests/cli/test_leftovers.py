@@ -131,3 +131,19 @@ def test_a_rank_that_dies_after_the_verdict_is_still_exit_3_beside_a_leftover_th
     assert out.returncode == 3, out.stderr[-3000:]
     assert "a rank failed after the verdict; exiting 3" in out.stderr
     assert json.loads((tmp_path / "distdiag-report.json").read_text())["exit_code"] == 3
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(200)
+def test_a_target_that_changes_directory_and_has_no_hook_is_still_bad_input(cli_env, tmp_path):
+    """A target that chdirs at import and defines no hook: exit 2 with the bad-input report where
+    it belongs (it used to land in the new directory, and distdiag check exited 3 for want of it)."""
+    (tmp_path / "elsewhere").mkdir()
+    target = tmp_path / "target.py"
+    target.write_text(f"import os\nos.chdir({str(tmp_path / 'elsewhere')!r})\n")
+    out = subprocess.run(_command("check", target), env=cli_env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=150, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2, out.stderr[-3000:]
+    report = json.loads((tmp_path / "distdiag-report.json").read_text())
+    assert report["exit_code"] == 2 and report["outcome"] == "bad_input"
+    assert not (tmp_path / "elsewhere" / "distdiag-report.json").exists()
