@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--corpus", action="store_true", help="also run tests/corpus's own cases (for the calibration table)")
+    ap.add_argument("--corpus-only", action="store_true", help="only tests/corpus's own cases")
     ap.add_argument("--jobs", "-j", type=int, default=1, help="cases run at once (each runs its bug, then its twin)")
     ap.add_argument("--json", default="", help="write every row here (atomically)")
     args = ap.parse_args(argv)
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"run_generalisation: unknown case(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    cases = [c for c in CASES if not only or c.target in only]
+    cases = [] if args.corpus_only else [c for c in CASES if not only or c.target in only]
+    args.corpus = args.corpus or args.corpus_only
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         rows = list(pool.map(gen_row, cases))
     for r in rows:
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'':28s} causes: {r['causes']}")
         if r.get("tail"):
             print(f"{'':28s} output: {r['tail'][-300:]!r}")
-    n = len(rows)
+    n = len(rows) or 1
     named = sum(r["outcome"] == "named" for r in rows)
     located = sum(r["located"] or r["named"] for r in rows)
     missed = sum(r["outcome"] == "missed" for r in rows)
