@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.corpus.generalisation import CASES, NEUTRAL, GenCase, band, classify_bug, findings_of, twin_loud  # noqa: E402
+from tests.corpus.generalisation import CASES, HELD_OUT, NEUTRAL, GenCase, band, classify_bug, findings_of, twin_loud  # noqa: E402
 from tests.harness import run_within  # noqa: E402
 
 LIMIT_S = 240.0
@@ -109,16 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--corpus", action="store_true", help="also run tests/corpus's own cases (for the calibration table)")
+    ap.add_argument("--held-out", action="store_true", help="run the held-out cases (written after the rules) instead")
     ap.add_argument("--corpus-only", action="store_true", help="only tests/corpus's own cases")
     ap.add_argument("--jobs", "-j", type=int, default=1, help="cases run at once (each runs its bug, then its twin)")
     ap.add_argument("--json", default="", help="write every row here (atomically)")
     args = ap.parse_args(argv)
     only = {s for s in args.only.split(",") if s}
-    unknown = only - {c.target for c in CASES}
+    pool_cases = HELD_OUT if args.held_out else CASES
+    unknown = only - {c.target for c in pool_cases}
     if unknown:
         print(f"run_generalisation: unknown case(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    cases = [] if args.corpus_only else [c for c in CASES if not only or c.target in only]
+    cases = [] if args.corpus_only else [c for c in pool_cases if not only or c.target in only]
     args.corpus = args.corpus or args.corpus_only
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         rows = list(pool.map(gen_row, cases))
