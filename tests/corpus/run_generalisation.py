@@ -72,6 +72,13 @@ def _claims(findings: list[dict[str, Any]], right: tuple[str, ...]) -> list[dict
             and f["cause"] not in NEUTRAL]
 
 
+CORPUS_SECONDARY = {
+    # Other causes a corpus bug draws that are true of the same bug (not a competing mechanism): counted right.
+    "diff:sp_loss_per_rank_mean": ("empty_shard_zero_division", "empty_batch_zero_division"),  # it has an empty shard
+    "setup:dtype_one_rank": ("low_precision_master_weights", "mixed_precision_differs_across_ranks"),  # rank 1's head is fp16
+}
+
+
 def corpus_rows() -> list[dict[str, Any]]:
     """The project's own corpus cases: the expected cause is right, any other cause named is wrong."""
     from tests.corpus import test_differential_corpus as diff
@@ -89,7 +96,7 @@ def corpus_rows() -> list[dict[str, Any]]:
         bug = run_one(target, probes, world, healthy=False)
         twin = run_one(target, probes, world, healthy=True)
         rows.append({"case": name, "bug_rc": bug["rc"], "twin_rc": twin["rc"],
-                     "claims": _claims(bug["findings"], (cause,)) + _claims(twin["findings"], ()),
+                     "claims": _claims(bug["findings"], (cause, *CORPUS_SECONDARY.get(name, ()))) + _claims(twin["findings"], ()),
                      "named": any(f.get("cause") == cause for f in bug["findings"]),
                      "twin_loud": twin_loud(twin["findings"]), "seconds": bug["seconds"] + twin["seconds"]})
     return rows

@@ -168,9 +168,19 @@ def accumulation(ev: ParityEvidence) -> Diagnosis | None:
     return Diagnosis(
         "grad_accumulation_means", "gradient accumulation that is not equivalent to one step on the global batch",
         ["in the reference process, train_step's gradients differ from one loss_fn backward on the same batch "
-         "by more than a uniform factor (see the accumulation warning)"],
-        "sum the per-token losses of every micro-batch and divide once by the global token count, instead of "
-        "averaging micro-batch means", 0.85)
+         "by more than a uniform factor (see the accumulation warning)",
+         f"candidates: {ACCUM_CANDIDATES}", f"what would decide: {ACCUM_DECIDES}"],
+        ACCUM_FIX, 0.6)
+
+
+ACCUM_CANDIDATES = ("micro-batch means averaged while the micro-batches hold different token counts (the usual one), "
+                    "gradient clipping inside the accumulation loop (after each micro-batch instead of once), a "
+                    "micro-batch left out or counted twice, an optimizer step per micro-batch")
+ACCUM_DECIDES = ("train_step on a batch whose micro-batches hold equal valid-token counts: equal then, the means "
+                 "were it; still different, look at what train_step does between the backward calls")
+ACCUM_FIX = ("not identified beyond 'train_step is not one step on the global batch'; if it averages micro-batch "
+             "means, sum the per-token losses of every micro-batch and divide once by the global token count, instead "
+             "of averaging micro-batch means; if it clips, clip once after the last micro-batch's backward")
 
 
 def _ratio_lines(ratio: float, k: int, inverted: bool, closeness: float, what: str, groups: dict[str, int]) -> tuple[str, str]:

@@ -341,11 +341,13 @@ def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
             "gradient accumulation in train_step is not equivalent to one step on the same global batch: "
             f"its gradients differ from loss_fn's (max rel err {accum['max_rel']:.3g}, not a uniform clipping factor)"
         ),
-        evidence=f"reference process, step 1: {top}",
+        evidence=f"reference process, step 1: {top}\ncandidates: {rules.ACCUM_CANDIDATES}\nwhat would decide: "
+                 f"{rules.ACCUM_DECIDES}",
         fix=(
-            "sum per-token (or per-sample) losses over the micro-batches and divide once by the global count; "
-            "averaging micro-batch means weights tokens unequally when micro-batches hold different counts"
+            "if train_step averages micro-batch means: sum per-token (or per-sample) losses over the micro-batches and "
+            "divide once by the global count (averaging micro-batch means weights tokens unequally when micro-batches "
+            "hold different counts); if it clips inside the loop: clip once after the last micro-batch"
         ),
-        confidence=0.8,
+        confidence=0.6,
         cause="grad_accumulation_means",
     )]
