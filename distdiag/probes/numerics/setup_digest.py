@@ -138,8 +138,10 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
             "in an order that differs across ranks)", 0.85, groups)
     partial = _partial(digests, groups)
     if partial:
+        lone = {tuple(_one_odd(g)) for g in groups.values()}
         return Divergence(
-            "setup_divergence_partial_tensor", _disagreeing(groups),
+            "setup_divergence_partial_tensor",
+            list(next(iter(lone))) if len(ranks) >= 3 and len(lone) == 1 and next(iter(lone)) else _disagreeing(groups),
             f"only part of each tensor differs ({partial}): rows or a slice written on some ranks after init, not the "
             "whole tensor (a checkpoint load or a rank-seeded init changes every element); candidates: an embedding "
             "built with padding_idx on some ranks only (its pad row zeroed), a special token's row initialised per "
