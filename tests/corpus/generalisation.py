@@ -76,7 +76,7 @@ HELD_OUT = [
     GenCase("loss_scale_not_unscaled", "loss_parity", "a static x1024 loss scale never undone before the step",
             ("loss_scale_not_undone",), ("train_step",), also_true=("grad_accumulation_scaled",)),
     GenCase("frozen_in_parallelize", "loss_parity", "parallelize freezes the embedding on the parallel path only",
-            ("params_frozen_in_parallelize",), ("embed",)),
+            ("parallelize_changes_trainable",), ("embed",)),
     GenCase("mask_sliced_differently", "loss_parity", "shard_batch slices tokens strided and the mask contiguously",
             ("mask_misaligned",), ("mask",)),
     GenCase("clip_per_microbatch", "loss_parity", "clip_grad_norm_ inside the accumulation loop",

@@ -224,3 +224,9 @@ def test_a_bare_model_is_gradients_never_reduced():
     assert d.cause == "grads_not_reduced" and d.confidence == 0.6  # train_step may reduce them itself
     assert diagnose_parity(_ev(reducer="ddp", sharded_params=0, gbad=_ALL_BAD,
                                rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)})).cause != "grads_not_reduced"
+
+
+def test_parameters_frozen_by_parallelize_are_named():
+    d = diagnose_parity(_ev(trainable_diff={"frozen": ["embed.weight"], "thawed": []}))
+    assert d.cause == "parallelize_changes_trainable" and "embed.weight" in d.evidence[0] and "build_model" in d.fix
+    assert diagnose_parity(_ev(trainable_diff={"frozen": [], "thawed": []})).cause != "parallelize_changes_trainable"

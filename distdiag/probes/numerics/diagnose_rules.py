@@ -138,6 +138,25 @@ def not_reduced(ev: ParityEvidence) -> Diagnosis | None:
         0.6 if ev.train_step else 0.85)
 
 
+def trainable_changed(ev: ParityEvidence) -> Diagnosis | None:
+    """parallelize froze (or unfroze) parameters the reference trains: an observation, not an inference."""
+    frozen, thawed = ev.trainable_diff.get("frozen") or [], ev.trainable_diff.get("thawed") or []
+    if not frozen and not thawed:
+        return None
+    lines = []
+    if frozen:
+        lines.append(f"trainable in the reference (build_model as built), requires_grad False on the parallel model: "
+                     f"{', '.join(frozen[:6])}{' ...' if len(frozen) > 6 else ''}")
+    if thawed:
+        lines.append(f"frozen in the reference, trainable on the parallel model: {', '.join(thawed[:6])}")
+    lines += ["parallelize (or something it calls) changed which parameters train, so the parallel run steps a "
+              "different set of parameters", *locate(ev.gbad or ev.pbad, ev.order)]
+    return Diagnosis(
+        "parallelize_changes_trainable", "parallelize changes which parameters train", lines,
+        "set requires_grad in build_model (for every run), not in parallelize: the parallel run must train the "
+        "parameters the single-process run trains", 0.9)
+
+
 def unmanaged(ev: ParityEvidence) -> Diagnosis | None:
     """Plain parameters FSDP does not manage: their gradients are never reduced."""
     plain = [n for n, b in ev.gbad.items() if b.get("sharded") is False]
@@ -406,5 +425,5 @@ def unexplained(ev: ParityEvidence) -> Diagnosis:
         "reduction)", 0.3)
 
 
-RULES: list[Any] = [setup, rank_dependent, unmanaged, not_reduced, accumulation, partition, loss_scaled, loss_off,
+RULES: list[Any] = [setup, rank_dependent, trainable_changed, unmanaged, not_reduced, accumulation, partition, loss_scaled, loss_off,
                     clip_per_rank, grad_scaled, grad_sync, optimizer]

@@ -363,6 +363,7 @@ class LossParityProbe(tr.NumericsProbe):
             "sharded": sum(1 for p in par.parameters() if hasattr(p, "to_local")),  # DTensor (FSDP-managed) ones
             "fsdp": _has_fsdp(par) if step == 1 else None,
             "reducer": _reducer(par) if step == 1 else None,
+            "trainable_diff": _trainable_diff(ref.model, par) if step == 1 else None,
             "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
         }, accum
 
@@ -439,6 +440,17 @@ def _has_fsdp(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
     return any(isinstance(m, FSDPModule | FullyShardedDataParallel) for m in model.modules())
+
+
+def _trainable_diff(ref: torch.nn.Module, par: torch.nn.Module) -> dict[str, list[str]]:
+    """Parameters trainable in the reference but frozen on the parallel model ("frozen"), and the reverse
+    ("thawed"): parallelize changed what trains (names canonical, at most 16 each)."""
+    def trainable(m: torch.nn.Module) -> dict[str, bool]:
+        return {tr.canonical_name(n): p.requires_grad for n, p in m.named_parameters()}
+
+    a, b = trainable(ref), trainable(par)
+    both = [n for n in a if n in b]
+    return {"frozen": [n for n in both if a[n] and not b[n]][:16], "thawed": [n for n in both if b[n] and not a[n]][:16]}
 
 
 def _reducer(model: torch.nn.Module) -> str:

@@ -69,6 +69,8 @@ class ParityEvidence:
     ref_split: dict[str, Any] | None = None
     """The first step at which the 1-process reference itself differs across ranks (same hooks, same global
     batch, same seed): {"step", "what" ("loss" or "grad norm"), "values" {rank: value}, "equal_before"}."""
+    trainable_diff: dict[str, list[str]] = field(default_factory=dict)
+    """Parameters whose requires_grad parallelize changed: {"frozen": [...], "thawed": [...]} (loss_parity)."""
     reducer: str | None = None
     """What reduces the parallel model's gradients (loss_parity._reducer): fsdp, ddp, dtensor, hooks, none."""
 

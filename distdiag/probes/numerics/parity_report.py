@@ -205,6 +205,7 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
         ref_counts=first["steps"][d.index].get("ref_counts") or {},
         ref_split=ref_split(payloads, d.index),
         reducer=next((s.get("reducer") for s in first["steps"] if s.get("order")), None),
+        trainable_diff=next((s.get("trainable_diff") or {} for s in first["steps"] if s.get("order")), {}),
     )
 
 
