@@ -144,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     missed = sum(r["outcome"] == "missed" for r in rows)
     wrong = sum(bool(r["wrong_high"]) for r in rows)
     loud = sum(bool(r["twin_loud"]) or r["twin_rc"] != 0 for r in rows)
-    print(f"\n{n} cases: named {named}, located {located} (named or located), missed {missed}, "
-          f"wrong cause at high confidence {wrong}; twins warning {loud}")
+    if rows:
+        print(f"\n{n} cases: named {named}, located {located} (named or located), missed {missed}, "
+              f"wrong cause at high confidence {wrong}; twins warning {loud}")
     all_rows = list(rows)
     if args.corpus:
         corpus = corpus_rows()
