@@ -41,17 +41,21 @@ _FIX_SKIP = ("call dist.new_group(ranks) on every rank for every group, members 
              "call it (the group is then named from its members, not from a per-process count)")
 
 
-def _names(snap: dict[str, Any]) -> tuple[dict[int, str], bool]:
-    """name -> members of the numbered groups a rank made, and whether its log has every call
-    (member or not) rather than torch's registry of its own groups only."""
+def _names(snap: dict[str, Any]) -> tuple[dict[int, str], bool, dict[int, str]]:
+    """name -> members of the numbered groups a rank made, whether its log has every call
+    (member or not) rather than torch's registry of its own groups only, and name -> the line
+    that made it (where the log kept one)."""
     g = snap.get("groups_created")
     if not isinstance(g, dict):
-        return {}, False
+        return {}, False, {}
     out: dict[int, str] = {}
+    sites: dict[int, str] = {}
     for row in g.get("names") or []:
-        if isinstance(row, (list, tuple)) and len(row) == 2 and str(row[0]).isdigit():
+        if isinstance(row, (list, tuple)) and len(row) in (2, 3) and str(row[0]).isdigit():
             out[int(row[0])] = str(row[1])
-    return out, g.get("from") == "calls"
+            if len(row) == 3 and row[2] and row[2] != "?":
+                sites[int(row[0])] = str(row[2])
+    return out, g.get("from") == "calls", sites
 
 
 def _members(spec: str) -> set[int]:
@@ -119,7 +123,7 @@ def _blame(a: Any, p: int, sides: list[tuple[str, list[int]]], logs: dict[int, d
         gap = _skipped(side, rest, p, logs, full)
         if gap is not None:
             still = [r for r in side if _creating(a.views[r].snap)]
-            how = (f"left out {gap}, a group {'it is' if len(side) == 1 else 'they are'} not a member of, that "
+            how = (f"left out {gap}, a group {'it is not a member' if len(side) == 1 else 'they are not members'} of, that "
                    f"{format_ranks(rest)} created as group '{p}'"
                    + (f" ({format_ranks(still)} still making groups: it may come later, in another order)" if still else ""))
             return side, how, 0.85, f"{_FIX_SKIP}; or, if the group is meant for every rank, {_FIX_ORDER}"
@@ -138,10 +142,11 @@ def group_creation(a: Any) -> None:
     """Ranks that bound one group number to different members (see the module's text)."""
     logs: dict[int, dict[int, str]] = {}
     full: dict[int, bool] = {}
+    sites: dict[int, dict[int, str]] = {}
     for r, v in a.views.items():
-        names, whole = _names(v.snap)
+        names, whole, made_at = _names(v.snap)
         if names:
-            logs[r], full[r] = names, whole
+            logs[r], full[r], sites[r] = names, whole, made_at
     found = _first_conflict(logs) if len(logs) > 1 else None
     if found is None:
         return
@@ -149,7 +154,9 @@ def group_creation(a: Any) -> None:
     culprits, how, confidence, fix = _blame(a, p, sides, logs, full)
     if set(culprits) & a.explained:
         return
-    lines = [f"{format_ranks(rs)}: group '{p}' = [{_show(spec)}]" for spec, rs in sides]
+    at = {spec: sorted({sites[r][p] for r in rs if p in sites.get(r, {})}) for spec, rs in sides}
+    lines = [f"{format_ranks(rs)}: group '{p}' = [{_show(spec)}]" + (f", made at {'; '.join(at[spec][:2])}" if at[spec] else "")
+             for spec, rs in sides]
     for r in sorted(logs)[:8]:
         made = ", ".join(f"'{q}' [{_show(logs[r][q])}]" for q in sorted(logs[r]) if q >= p)
         lines.append(f"rank {r} made, from '{p}' on: {made or '-'}")
@@ -158,7 +165,9 @@ def group_creation(a: Any) -> None:
         issue=(f"{format_ranks(culprits)} {how}: torch numbers groups per process, and group '{p}' is "
                f"[{_show(sides[0][0])}] on {format_ranks(sides[0][1])} but "
                + "; ".join(f"[{_show(s)}] on {format_ranks(rs)}" for s, rs in sides[1:])
-               + ": their backends met the wrong peers"),
+               + ": their backends met the wrong peers"
+               + (" (" + "; ".join(f"{format_ranks(rs)} made it at {at[spec][0]}" for spec, rs in sides if at[spec]) + ")"
+                  if confidence <= 0.5 and any(at.values()) else "")),
         evidence="\n".join(["the numbered process groups each rank created (name: members):", *lines]),
         ranks=culprits,
         fix=fix,

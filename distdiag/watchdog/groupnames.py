@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from distdiag.hang.members import encode_members
+from distdiag.watchdog.intercept import _skip_prefixes
 
 __all__ = ["GroupLog", "KEEP"]
 
@@ -40,12 +42,12 @@ class GroupLog:
     """The numbered group names this process created, with their members, newest last."""
 
     def __init__(self, keep: int = KEEP) -> None:
-        self.entries: collections.deque[tuple[str, str]] = collections.deque(maxlen=keep)
+        self.entries: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=keep)
         self.calls = 0
         self._lock = threading.Lock()
         self._saved: Callable[..., Any] | None = None
 
-    def record(self, ranks: Any, hashed: bool, name: Any) -> None:
+    def record(self, ranks: Any, hashed: bool, name: Any, site: str = "?") -> None:
         if hashed:
             return  # a hashed name is the same on every rank that asks for it: no order to keep
         try:
@@ -53,7 +55,7 @@ class GroupLog:
         except (TypeError, ValueError):
             return
         with self._lock:
-            self.entries.append((str(name), members))
+            self.entries.append((str(name), members, site))
             self.calls += 1
 
     def install(self) -> bool:
@@ -66,11 +68,12 @@ class GroupLog:
         if fn is None or not callable(fn) or hasattr(fn, _MARK):
             return False
         recorder = self
+        skip, site_pkgs = _skip_prefixes()
 
         def named(ranks: Any, use_hashed_name: Any = False, *args: Any, **kwargs: Any) -> Any:
             name = fn(ranks, use_hashed_name, *args, **kwargs)
             try:
-                recorder.record(ranks, bool(use_hashed_name), name)
+                recorder.record(ranks, bool(use_hashed_name), name, _caller(skip, site_pkgs))
             except Exception:  # never let the record break the user's group creation
                 log.debug("group name not recorded", exc_info=True)
             return name
@@ -90,7 +93,7 @@ class GroupLog:
             setattr(c10d, _NAME_FN, fn)
 
     def snapshot(self) -> dict[str, Any]:
-        """{"count": torch's counter, "names": [[name, members], ...] newest last, "from":
+        """{"count": torch's counter, "names": [[name, members, the user's line], ...] newest last, "from":
         "calls" (seen while armed: every numbered name, member or not) or "registry" (only
         the groups this rank is a member of)}."""
         with self._lock:
@@ -106,6 +109,20 @@ class GroupLog:
         except Exception:  # a torch without these internals: the calls seen are all there is
             log.debug("group registry not read", exc_info=True)
         return out
+
+
+def _caller(skip: tuple[str, ...], site_pkgs: str) -> str:
+    """The user's line that made the group (the first frame outside torch, distdiag and the
+    standard library; a library in site-packages counts as the user's): the evidence a person
+    reads when two sides' groups cannot be told apart. Group creation is rare: cheap enough."""
+    frame = sys._getframe(2)
+    torch_own = skip[:3]
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(skip) or (site_pkgs in name and not name.startswith(torch_own)):
+            return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "?"
 
 
 def _registry(world: Any) -> list[list[str]]:

@@ -45,8 +45,9 @@ def test_numbered_groups_are_logged_hashed_ones_not_and_torch_gets_its_own_names
     """)
     snap = got["snap"]
     assert snap["from"] == "calls"
-    assert [n for n, _ in snap["names"]] == got["names"], snap
-    assert all(m == "0" for _, m in snap["names"])
+    assert [row[0] for row in snap["names"]] == got["names"], snap
+    assert all(row[1] == "0" for row in snap["names"])
+    assert all("<string>" in row[2] for row in snap["names"]), snap  # the line that made it (here: -c)
     assert snap["count"] == int(got["names"][-1]) + 1
     assert got["restored"]  # removed: torch's own function is back
 
