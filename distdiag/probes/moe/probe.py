@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from distdiag.report.model import ProbeResult
 from distdiag.report.render import format_ranks
 from distdiag.workloads.base import batch_on
 from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["MoeRoutingProbe", "MoeRoutingConfig"]
 
@@ -102,7 +105,7 @@ def _parse_route(out: Any, num_tokens: int) -> tuple[torch.Tensor | None, torch.
     return idx.detach().cpu().long(), (scores.detach().cpu().float() if scores is not None else None), None
 
 
-def _router_checks(ctx: Any, opts: MoeRoutingConfig, route: Any, who: str) -> dict[str, Any]:
+def _router_checks(ctx: RankContext, opts: MoeRoutingConfig, route: Any, who: str) -> dict[str, Any]:
     tokens = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(11)).to(ctx.device)
     ctx.seed()
     try:
@@ -183,7 +186,7 @@ class MoeRoutingProbe(Probe):
             return str(exc)
         return None
 
-    def skip_reason(self, ctx: Any) -> str | None:
+    def skip_reason(self, ctx: RankContext) -> str | None:
         """A target without a router hook has nothing of the user's to check: only the built-in
         router and layer would run, and a PASS would say nothing of the target."""
         target = getattr(ctx, "target", None)
@@ -192,7 +195,7 @@ class MoeRoutingProbe(Probe):
                     "(without --target the probe checks its built-in router and layer)")
         return None
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: MoeRoutingConfig = self.options(ctx)
         findings: list[dict[str, Any]] = []
         ep, experts = _layer_shape(opts, ctx.world_size)
@@ -213,7 +216,7 @@ class MoeRoutingProbe(Probe):
                 payload["router_after"] = _route_indices(ctx, opts, target.route)
         return payload
 
-    def _builtin(self, ctx: Any, opts: MoeRoutingConfig, dense: DenseMoE, size: int) -> dict[str, Any]:
+    def _builtin(self, ctx: RankContext, opts: MoeRoutingConfig, dense: DenseMoE, size: int) -> dict[str, Any]:
         rank, world = ctx.rank, ctx.world_size
         x = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(100 + rank)).to(ctx.device)
         start = rank - rank % size
@@ -252,7 +255,7 @@ class MoeRoutingProbe(Probe):
         res["router_sums"] = {n: _sums(p) for n, p in ep.router.named_parameters()}
         return res
 
-    def _user_model(self, ctx: Any, opts: MoeRoutingConfig, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def _user_model(self, ctx: RankContext, opts: MoeRoutingConfig, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
         target = ctx.target
         needed = [h for h in ("build_model", "make_batch", "loss_fn") if not target.has(h)]
         if needed:
@@ -320,7 +323,7 @@ def _router_state(name: str, t: torch.Tensor) -> bool:
     return any(w in name for w in ROUTER_WORDS) and not hasattr(t, "full_tensor")
 
 
-def _route_indices(ctx: Any, opts: MoeRoutingConfig, route: Any) -> dict[str, Any]:
+def _route_indices(ctx: RankContext, opts: MoeRoutingConfig, route: Any) -> dict[str, Any]:
     """route() on the router check's tokens once more: its expert indices, or what went wrong."""
     tokens = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(11)).to(ctx.device)
     ctx.seed()

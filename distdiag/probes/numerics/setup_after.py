@@ -12,13 +12,16 @@ decides per tensor in consolidation.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from distdiag.probes import training as tr
 from distdiag.probes.numerics.setup_digest import byte_hash
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["differing_names", "after_parallel", "reach"]
 
@@ -27,7 +30,7 @@ def _int63(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
 
 
-def _spread(ctx: Any, values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _spread(ctx: RankContext, values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(max, min) over ranks of each value, in one all_reduce(MAX) of [v, -v]."""
     t = torch.tensor(values + [-v for v in values], dtype=torch.int64, device=ctx.device)
     ctx.comm.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
@@ -35,7 +38,7 @@ def _spread(ctx: Any, values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return t[:n].cpu(), -t[n:].cpu()
 
 
-def differing_names(ctx: Any, digests: dict[str, dict[str, Any]] | None) -> list[str] | None:
+def differing_names(ctx: RankContext, digests: dict[str, dict[str, Any]] | None) -> list[str] | None:
     """The tensors whose bits differ across ranks (the same list on every rank), or None when the
     ranks do not hold the same names (or one failed to build): then nothing more is compared.
     Every rank issues the same two all_reduces whatever it holds."""
@@ -67,7 +70,7 @@ def _slice(full: torch.Tensor, placements: Any, coord: list[int], shape: list[in
     return part
 
 
-def after_parallel(ctx: Any, built: nn.Module, model: nn.Module, names: list[str]) -> dict[str, dict[str, Any]]:
+def after_parallel(ctx: RankContext, built: nn.Module, model: nn.Module, names: list[str]) -> dict[str, dict[str, Any]]:
     """For each tensor in ``names``: what this rank holds after parallelize, and its own slice."""
     wanted = set(names)
     before = {tr.canonical_name(n): t for n, t in list(built.named_parameters()) + list(built.named_buffers())}
