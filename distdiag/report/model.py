@@ -232,7 +232,7 @@ def group_by_node(report: Report) -> dict[str, Any]:
     """
     node_of: dict[int, tuple[int, str]] = {}
     nodes: dict[tuple[int, str], list[int]] = {}
-    by_host: dict[str, list[tuple[int, str]]] = {}
+    by_host: dict[str | None, list[tuple[int, str]]] = {}  # read with a drain's host, which may be None
     for info in report.ranks:
         key = (info.node, info.host)
         node_of[info.rank] = key
@@ -252,7 +252,7 @@ def group_by_node(report: Report) -> dict[str, Any]:
         if not f.ranks and not f.drain:
             job.append({"probe": probe, "severity": f.severity, "issue": f.issue})
         for key, ranks in touched.items():
-            item = {"probe": probe, "severity": f.severity, "issue": f.issue, "ranks": ranks}
+            item: dict[str, Any] = {"probe": probe, "severity": f.severity, "issue": f.issue, "ranks": ranks}
             if f.drain and f.drain.get("host") == key[1]:
                 item["drain"] = f.drain
             items[key].append(item)
