@@ -320,7 +320,7 @@ def _step_lag(a: Analysis, rank: int, waiters: list[int]) -> str | None:
     """
     v = a.views[rank]
     mine = v.steps
-    theirs = [a.views[r].steps for r in waiters if a.views[r].steps is not None]
+    theirs = [s for r in waiters if (s := a.views[r].steps) is not None]
     if mine is None or not theirs:
         return None
     if mine < min(theirs):
@@ -443,7 +443,7 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
 
 def _fewer_steps(a: Analysis, rank: int, waiters: list[int]) -> bool:
     mine = a.views[rank].steps
-    theirs = [a.views[r].steps for r in waiters if a.views[r].steps is not None]
+    theirs = [s for r in waiters if (s := a.views[r].steps) is not None]
     return mine is not None and bool(theirs) and mine < min(theirs)
 
 

@@ -498,13 +498,13 @@ def recent_table(snaps: dict[int, dict[str, Any]], name: Callable[[str], str]) -
     short: dict[str, str] = {}  # name() of each group met so far (a dict read, not a call, a record)
     for rank, snap in sorted(snaps.items()):
         rows = by_rank[str(rank)] = []
-        records = snap.get("recent") or []
+        records: Any = snap.get("recent") or []  # a list, or a node leader's SplitRecords
         split = records.at if type(records) is SplitRecords and len(records.at) == len(records) else None
         for i, c in enumerate(records):
             if type(c) is not dict:
                 continue
             if split is None:
-                at = fields.at(_rest(c))
+                at: int | None = fields.at(_rest(c))
             else:
                 key = (id(records.shared), split[i])
                 at = by_node.get(key)
