@@ -24,7 +24,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -478,7 +478,7 @@ def kill_pid(pid: int) -> None:
         pass
 
 
-def kill_stopped_local(lost: dict[int, Any], infos: dict[int, Any], host: str) -> None:
+def kill_stopped_local(lost: Mapping[int, Any], infos: dict[int, Any], host: str) -> None:
     """A stopped process ignores SIGTERM: end the same-host ranks `lost` calls stopped, by pid."""
     for r, why in lost.items():
         info = infos.get(r)
