@@ -147,7 +147,7 @@ def run_forwarding_signals(
         except ProcessLookupError:
             pass
 
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, forward)

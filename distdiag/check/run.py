@@ -266,9 +266,9 @@ class CheckRun:
         if errors:
             first = min(errors)
             where = "" if len(errors) == self.info.world_size else f" (on rank {first})"
-            exc = ConfigError(f"{errors[first]}{where}")
+            bad = ConfigError(f"{errors[first]}{where}")
             self.sentinel.finishing_code = EXIT_BAD_INPUT
-            code = _bad_input(exc, [], report_path=self.config.report)
+            code = _bad_input(bad, [], report_path=self.config.report)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
