@@ -36,7 +36,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from distdiag.errors import HangDetected, print_line
 from distdiag.hang.incident import EngineView, EventKind, IncidentEvent, RankSnapshot, Verdict
@@ -313,8 +313,7 @@ class Watcher(threading.Thread):
 
     def _write(self, incident: Incident, event: IncidentEvent) -> tuple[str | None, Mapping[int, str]]:
         """This rank writes the report and publishes the verdict (first) and the report."""
-        lost: Mapping[int, str] = {}
-        report, excuse = None, None
+        report, lost, excuse = None, cast("Mapping[int, str]", {}), None
         try:
             report, lost, excuse = gather_and_write(
                 incident, event=event, host=self.info.host, timeout_s=self.config.timeout_s,
