@@ -67,7 +67,7 @@ class Probe(abc.ABC):
     def options(self, holder: RankContext | ConsolidationView) -> Any:
         """This probe's options from a RankContext or ConsolidationView: the check always
         fills them in; called directly (tests, the watchdog), the Config's defaults."""
-        return holder.options if holder.options is not None else self.Config()
+        return holder.options if holder.options is not None else self.Config()  # type: ignore[misc]  # asked only of probes with a Config
 
     def world_problem(self, world_size: int) -> str | None:
         """Why this world cannot run the probe (bad input if the probe was asked for by name)."""

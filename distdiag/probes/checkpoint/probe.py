@@ -107,7 +107,7 @@ def _shaped_like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         return local
     from torch.distributed.tensor import DTensor
 
-    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,  # type: ignore[attr-defined]  # a DTensor
                               shape=param.shape, stride=param.stride())
 
 
@@ -137,7 +137,8 @@ class CheckpointProbe(Probe):
     def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: CheckpointConfig = self.options(ctx)
         findings: list[dict[str, Any]] = []
-        model = opt = None
+        model: Any = None
+        opt: Any = None
         try:
             model, opt, source = self._setup(ctx)
         except HookError as exc:
@@ -267,6 +268,7 @@ class CheckpointProbe(Probe):
                                           fix="pass the directory that holds the checkpoint's .metadata file"))
         if agree(ctx, ckpt is None):
             return {"findings": findings}
+        assert ckpt is not None  # agree() is True when any rank's is None
         nested = any(k.startswith("model.") for k in ckpt)
         state: dict[str, Any] = {"model": msd, "optim": osd} if nested else dict(msd)
         flat, _ = flatten_state_dict(state)

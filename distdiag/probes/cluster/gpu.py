@@ -364,7 +364,7 @@ def assess_job(payloads: dict[int, dict[str, Any]], view: ConsolidationView, opt
                 fix="check the NVIDIA driver on that host (nvidia-smi); drain it until it shows its GPUs",
                 drain={"host": host, "device": None},
             ))
-        counts = [payloads[r].get("gpu_count") for r in ranks if payloads[r].get("gpu_count") is not None]
+        counts = [c for r in ranks if (c := payloads[r].get("gpu_count")) is not None]
         count = max(counts) if counts else 0
         if opts.gpus_per_node and counts and count < opts.gpus_per_node:
             out.append(Finding(

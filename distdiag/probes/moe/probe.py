@@ -88,7 +88,8 @@ class MoeRoutingConfig:
 
 def _parse_route(out: Any, num_tokens: int) -> tuple[torch.Tensor | None, torch.Tensor | None, str | None]:
     """(indices [N, k], scores [N, E] or None, problem)."""
-    idx, scores = (out, None) if isinstance(out, torch.Tensor) else (None, None)
+    idx: torch.Tensor | None = out if isinstance(out, torch.Tensor) else None
+    scores: torch.Tensor | None = None
     if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
         idx = out[0]
         for extra in out[1:]:
@@ -119,6 +120,7 @@ def _router_checks(ctx: RankContext, opts: MoeRoutingConfig, route: Any, who: st
     if first[2] or second[2]:
         return {"who": who, "problem": first[2] or second[2]}
     idx, scores = first[0], first[1]
+    assert idx is not None and second[0] is not None  # neither parse found a problem
     differ = (idx != second[0]).any(dim=1).nonzero().flatten().tolist() if idx.shape == second[0].shape else list(range(opts.num_tokens))
     res: dict[str, Any] = {"who": who, "indices": idx.tolist(), "twice_differ": differ[:16], "twice_differ_count": len(differ),
                            "second_first": second[0][differ[0]].tolist() if differ and idx.shape == second[0].shape else None}

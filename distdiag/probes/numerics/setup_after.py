@@ -46,7 +46,7 @@ def differing_names(ctx: RankContext, digests: dict[str, dict[str, Any]] | None)
     head = [len(names), _int63("\n".join(names))] if digests is not None else [-1, -1]
     hi, lo = _spread(ctx, head)
     same = bool((hi == lo).all()) and head[0] >= 0
-    values = [_int63(digests[n].get("bits", "")) for n in names] if same else []
+    values = [_int63(digests[n].get("bits", "")) for n in names] if same and digests is not None else []
     hi, lo = _spread(ctx, values if same else [0])
     if not same:
         return None
@@ -83,7 +83,7 @@ def after_parallel(ctx: RankContext, built: nn.Module, model: nn.Module, names: 
         if not hasattr(t, "placements") or all(p.is_replicate() for p in t.placements):
             out[key] = {"full": byte_hash(local)}
             continue
-        mesh = t.device_mesh
+        mesh = t.device_mesh  # type: ignore[attr-defined]  # a DTensor (it has placements)
         coord = mesh.get_coordinate() or []
         own = _slice(before[key].detach(), t.placements, coord, list(mesh.shape))
         entry: dict[str, Any] = {"local": byte_hash(local), "own": byte_hash(own) if own is not None else None}
@@ -101,8 +101,8 @@ def reach(key: str, after: dict[int, dict[str, dict[str, Any]]]) -> str | None:
     """"carried" (a rank trains on its own differing values), "healed" (every rank now holds the
     same values, or its slice of rank 0's copy), "rewritten" (parallelize replaced them all: a
     load or init after sharding), or None (not known)."""
-    entries = {r: a.get(key) for r, a in after.items()}
-    if any(e is None for e in entries.values()):
+    entries = {r: e for r, a in after.items() if (e := a.get(key)) is not None}
+    if len(entries) < len(after):
         return None
     if all("full" in e for e in entries.values()):
         return "healed" if len({e["full"] for e in entries.values()}) == 1 else "carried"

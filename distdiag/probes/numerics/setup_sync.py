@@ -141,7 +141,7 @@ def _hooks(ctx: RankContext, workload: str) -> tr.Hooks:
         # resolve_hooks wants make_batch; the build-time check needs only build_model.
         return tr.Hooks(source=f"target {target.spec}", build_model=target.build_model, make_batch=lambda s: None,
                         loss_fn=tr.default_loss, parallelize=tr.default_parallelize, shard_batch=lambda b, r, w: b,
-                        build_optimizer=lambda p: None)
+                        build_optimizer=lambda p: None)  # type: ignore[arg-type,return-value]  # never called here
     return tr.resolve_hooks(ctx, workload)
 
 

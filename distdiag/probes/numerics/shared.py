@@ -66,7 +66,7 @@ class ParallelRun:
     """The parallel model of one set of hooks on this rank, and its trajectory from setup."""
 
     hooks: tr.Hooks
-    model: nn.Module | None = None
+    model: nn.Module = None  # type: ignore[assignment]  # None only where `failed`, which readers check first
     ties: list[list[str]] = field(default_factory=list)
     error: str | None = None
     """This rank's setup error (a hook failed), or None."""

@@ -114,7 +114,8 @@ def _one(ctx: RankContext, hooks: dict[str, Any], split: Any, mesh: Any, variant
     ref_loss, ref_out = _forward_backward(hooks["loss_fn"], ref, to_device(batch, device), [])
     res["ref_loss"] = ref_loss
     ref_grads = _grads(ref)
-    error, local, captured = None, None, []
+    error, local = None, None
+    captured: list[Any] = []
     try:
         ctx.seed()
         sp = hooks["parallelize_sp"](hooks["build_model"]().to(device), mesh)

@@ -464,8 +464,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: to
     back = seqw.heads_to_seq(q_heads, world, a2a)
     kh, vh = (seqw.seq_to_heads(t[:, sl].contiguous().to(device), world, a2a).transpose(1, 2) for t in (k, v))
     out = seqw.heads_to_seq(seqw.attention(q_heads.transpose(1, 2), kh, vh, pos, pos).transpose(1, 2).contiguous(), world, a2a)
-    full = [t.to(device).transpose(1, 2) for t in (q, k, v)]
-    ref = seqw.attention(*full, pos, pos).transpose(1, 2)
+    fq, fk, fv = (t.to(device).transpose(1, 2) for t in (q, k, v))
+    ref = seqw.attention(fq, fk, fv, pos, pos).transpose(1, 2)
     return back, out, ref
 
 
