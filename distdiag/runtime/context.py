@@ -210,8 +210,8 @@ class RankContext:
     backend: str
     tracker: Tracker
     comm: Comm
-    store: Any
-    side_group: Any = None
+    store: dist.Store
+    side_group: dist.ProcessGroup | None = None
     options: Any = None
     """This probe's validated config dataclass (None when it has none)."""
     target: Any = None
