@@ -10,9 +10,13 @@
     finish.py       RunEnd: how a rank's check ends (consolidate, write and share the report,
                     publish the verdict, leave together; the report of a broken run)
     consolidate.py  what every rank posted -> one Report and its verdict (on the writing rank)
+    leftovers.py    what the user's code left running at the end (threads, children, a chdir):
+                    said in the report's notes, ended, the verdict's code kept
+    starting.py     ranks lost before they checked in, told by their phase notes
     launcher.py     `distdiag check` / `distdiag gate`: torchrun run for the user, exact codes
     launch_end.py   the launcher's side of one launch: its id, and the exit code of this run alone
-    launched.py     what the ranks share with their launcher (the launch id, the verdict note)
+    launched.py     what the ranks share with their launcher (the launch id, the verdict note,
+                    their phase notes; under plain torchrun, with their agent's other ranks)
     jobwatch.py     the launcher's outside view of the job: ends what nobody inside can end
     forkrun.py      what they run by default: torch and the planned probes' modules imported
                     once, then torchrun's agent in-process forks the ranks (--run-path)
@@ -29,7 +33,7 @@ from typing import Any
 
 __all__ = [
     "config", "consolidate", "finish", "forked_rank", "forkrun", "hashseed", "jobwatch", "launch_end", "launched", "launcher",
-    "options", "plan", "run", "target",
+    "leftovers", "options", "plan", "run", "starting", "target",
     "main", "run_check",
 ]
 

@@ -22,10 +22,12 @@ from distdiag.check.config import CheckConfig
 from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
 from distdiag.check.hashseed import shared_hash_seed_note
 from distdiag.check.launched import cancelled_by, launch_id, note_verdict, noted_rank
+from distdiag.check.leftovers import say_leaving, settle_leftovers
 from distdiag.check.plan import Plan
 from distdiag.check.shared_values import resolve_shared
+from distdiag.check.starting import with_last_notes
 from distdiag.errors import print_line
-from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Silence, Verdict
+from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Verdict
 from distdiag.probes.base import ConsolidationView
 from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, write_report
 from distdiag.report.render import ProgressLine, render_report
@@ -138,19 +140,6 @@ class RunEnd:
                 pid = note["pid"] if note is not None else -1
                 rows.append(RankInfo(r, self.info.host, self.info.node, -1, "?", pid))
         return rows
-
-    def _with_last_notes(self, lost: dict[int, Silence]) -> dict[int, Silence]:
-        """A rank lost before it checked in: what it last told this node's launcher it was
-        doing (importing, connecting, ...), with its pid and whether that process still lives."""
-        from distdiag.runtime.incident import process_state
-
-        infos = self._checked_in()
-        for r in list(lost):
-            note = noted_rank(r) if r not in infos else None
-            if note is not None:
-                state = process_state(note["pid"])
-                lost[r] = lost[r].noted(f"; its last word to the launcher was '{note['phase']}' (pid {note['pid']}, now {state})")
-        return lost
 
     def _one_host(self) -> str | None:
         """This host, when every rank of the job starts on it (one node)."""
@@ -295,9 +284,9 @@ class RunEnd:
 
         report = self.verdict_report
         code = report.exit_code if report is not None else int(self.sentinel.finishing_code or 0)
-        ex.post(Keys.LEFT, 1)
+        stock = say_leaving(ex)
         world = self.info.world_size
-        if _all_left(ex, world, wait_s):
+        if settle_leftovers(stock, report, ex, self.config.report, everyone=_all_left(ex, world, wait_s)):
             return code
         missing = sorted(set(range(world)) - set(ex.present(Keys.LEFT)))
         # The silent ranks' rows only: each late rank reading all N rows was N^2 at 16k (issue 21).
@@ -343,7 +332,7 @@ class RunEnd:
         reasons = {int(r): IncidentEvent.from_dict(v) for r, v in ex.collect(Keys.ABORT_REASON).items()}
         infos = self._checked_in()
         silent = [r for r in range(world) if r not in snaps]
-        lost = self._with_last_notes(silent_rank_reasons(silent, infos, self.info.host, starting_host=self._one_host()))
+        lost, signalled = with_last_notes(silent_rank_reasons(silent, infos, self.info.host, starting_host=self._one_host()), infos)
         # Where did the run stop? The lowest step any live rank was still in.
         indices = [s.probe_index for s in typed.values() if s.phase in ("probe", "barrier")]
         final = all(s.phase == "final" for s in typed.values()) and typed
@@ -359,8 +348,9 @@ class RunEnd:
         # Every rank that said why it stopped was told to by a signal, and none is lost or
         # raised: the run was cancelled (Ctrl-C, scancel, a preemption), nobody is at fault.
         # Ranks still starting when the user's Ctrl-C reached distdiag check died of the signal
-        # before they could check in: that is the cancellation too, not a lost rank.
-        cancelled = kinds == {EventKind.TERMINATED} and not errors and (not lost or cancelled_by() is not None)
+        # before they could check in, or noted it while importing (`signalled`): that is the
+        # cancellation too, not a lost rank.
+        cancelled = kinds == {EventKind.TERMINATED} and not errors and (not set(lost) - signalled or cancelled_by() is not None)
         duration = time.monotonic() - self.started
         with incident.moving(f"analysing {len(snaps)} snapshot(s)"):
             if cancelled:

@@ -148,12 +148,32 @@ def first_failure_in(lines: list[str]) -> dict[str, Any] | None:
     return None
 
 
+def _first_failure(launch: Launch, lines: list[str]) -> dict[str, Any] | None:
+    from distdiag.check.launched import read_json
+
+    return read_json(os.path.join(launch.folder, "first_failure.json")) or first_failure_in(lines)
+
+
+def _add_the_signal(report: Report, launch: Launch, lines: list[str], where: str) -> None:
+    """A survivor's report blames a rank lost before it could say how (SIGKILL leaves nothing a
+    peer can read); torchrun saw it end first, killed by a signal: the report's notes say so too,
+    and one line (the exit code is the report's)."""
+    from distdiag.runtime.lastword import blamed_ranks
+
+    failure = _first_failure(launch, lines)
+    if not failure or int(failure["exitcode"]) >= 0 or int(failure["rank"]) not in blamed_ranks(report):
+        return
+    note = f"torchrun saw {lost_rank_words(launch, lines)}"
+    launch.amend_report(report, report.exit_code, report.outcome, note)
+    print_line(f"distdiag: {note} (the report says so too: {where})")
+
+
 def lost_rank_words(launch: Launch, lines: list[str]) -> str | None:
     """'rank 1 (pid 42 on host h) ended first (killed by SIGKILL) while importing torch and the
     check': the rank torchrun saw fail first and what it noted it was doing; None if unknown."""
     from distdiag.check.launched import read_json
 
-    failure = read_json(os.path.join(launch.folder, "first_failure.json")) or first_failure_in(lines)
+    failure = _first_failure(launch, lines)
     if not failure:
         return None
     code = int(failure["exitcode"])
@@ -176,7 +196,10 @@ def exit_code_after_run(launch: Launch, end: Any, lines: list[str] | None = None
     report = launch.report()
     where = os.path.abspath(launch.report_path)
     if report is not None:
-        return _code_of_report(report, end, where, launch)
+        code = _code_of_report(report, end, where, launch)
+        if code == EXIT_HANG and report.outcome == "lost_rank" and end.rc != 0 and not end.killed_why:
+            _add_the_signal(report, launch, lines or [], where)
+        return code
     note = launch.note()
     if note is not None and not note.get("report_written"):
         code = int(note["exit_code"])

@@ -18,14 +18,16 @@ Nothing here imports torch: the command line front end uses it before any rank s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "LAUNCH_FOLDER_PREFIX", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
-    "report_path_in", "cancelled_by", "say_started", "START_PREFIX", "note_phase", "noted_rank", "note_first_failure", "read_json",
+    "report_path_in", "cancelled_by", "say_started", "START_PREFIX", "note_phase", "noted_rank", "forget_phase", "note_first_failure", "read_json",
 ]
 
 LAUNCH_ID_ENV = "DISTDIAG_LAUNCH_ID"
@@ -109,20 +111,118 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def note_phase(phase: str) -> None:
-    """Tell the launcher what this rank is doing ('importing torch and the check', 'in probe
-    'env'', ...): a rank lost before the ranks could report is named with it."""
-    folder = _folder()
-    if folder:
+def _private_dir(path: str) -> bool:
+    """`path` is (made here if missing) a real directory of this user's, open to nobody else."""
+    import stat
+
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+_JOB_FOLDER = re.compile(r"job-(\d+)-(\d+)-\d+-[0-9a-f]+")
+
+
+def _job_folder() -> str | None:
+    """Without a launcher of ours (plain torchrun): a folder per torchrun agent (the ranks'
+    parent) and restart, in this user's private folder of the temp dir, where the ranks of one
+    node note their phase for each other. None outside torchrun. Folders of agents that are gone
+    are removed when a new one is made."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID") or not _folder_cache.setdefault("ok", True):
+        return None
+    if "job" in _folder_cache:
+        return _folder_cache["job"]
+    import tempfile
+
+    import psutil
+
+    agent = os.getppid()
+    try:
+        started = int(psutil.Process(agent).create_time())  # a reused pid makes another folder
+    except psutil.Error:
+        return None
+    base = os.path.join(tempfile.gettempdir(), f"distdiag-{os.getuid()}")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    job = "/".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"))
+    tag = hashlib.sha256(job.encode()).hexdigest()[:12]  # one agent may run several jobs (a test's forkserver)
+    folder = os.path.join(base, f"job-{agent}-{started}-{int(restart) if restart.isdigit() else 0}-{tag}")
+    fresh = not os.path.isdir(folder)
+    if not (_private_dir(base) and _private_dir(folder)):
+        _folder_cache["ok"] = False
+        return None
+    if fresh:
+        _prune_job_folders(base)
+    _folder_cache["job"] = folder
+    return folder
+
+
+_folder_cache: dict[str, Any] = {}
+
+
+def _prune_job_folders(base: str) -> None:
+    import shutil
+
+    import psutil
+
+    for name in os.listdir(base):
+        match = _JOB_FOLDER.fullmatch(name)
+        if match is None:
+            continue
+        try:
+            alive = int(psutil.Process(int(match[1])).create_time()) == int(match[2])
+        except psutil.Error:
+            alive = False
+        if not alive:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def _rank_folder() -> str | None:
+    """Where this node's ranks note their phase: the launcher's folder, else their agent's."""
+    return _folder() or _job_folder()
+
+
+_phase: dict[str, str] = {}
+
+
+def note_phase(phase: str | None = None, *, signal: str | None = None) -> None:
+    """Tell the launcher, or under plain torchrun this node's other ranks, what this rank is
+    doing ('importing torch and the check', 'in probe 'env'', ...) and a stop signal it got
+    there (`signal`: noted while importing, distdiag/runtime/early.py): a rank lost before it
+    could check in is named with it."""
+    if phase is not None:
+        _phase["phase"] = phase
+    if signal is not None:
+        _phase["signal"] = signal
+    folder = _rank_folder()
+    if folder and "phase" in _phase:
         rank = os.environ.get("RANK", "0")
-        _write_json(os.path.join(folder, f"rank-{rank}.json"), {"phase": phase, "pid": os.getpid()})
+        _write_json(os.path.join(folder, f"rank-{rank}.json"), {**_phase, "pid": os.getpid()})
+
+
+def forget_phase() -> None:
+    """A clean end under plain torchrun: this rank's note goes, and the agent's folder with the last."""
+    folder = _job_folder() if not _folder() else None
+    if folder:
+        try:
+            os.unlink(os.path.join(folder, f"rank-{os.environ.get('RANK', '0')}.json"))
+            os.rmdir(folder)
+        except OSError:
+            pass
 
 
 def noted_rank(rank: int) -> dict[str, Any] | None:
-    """The last note rank `rank` left this process's launcher (note_phase): {phase, pid}, or
-    None. Only the ranks of this node write to this launcher's folder, so a note found here
-    is a rank on this host."""
-    folder = _folder()
+    """The last note rank `rank` left (note_phase): {phase, pid[, signal]}, or None. Only the
+    ranks of this node write to this launcher's (or agent's) folder, so a note found here is a
+    rank on this host."""
+    folder = _rank_folder()
     note = read_json(os.path.join(folder, f"rank-{rank}.json")) if folder else None
     if note is None or not isinstance(note.get("pid"), int) or not isinstance(note.get("phase"), str):
         return None

@@ -24,6 +24,7 @@ from distdiag.check.finish import RunEnd
 from distdiag.check.launched import note_phase
 from distdiag.check.plan import Plan, make_plan, parse_config, validate_injection
 from distdiag.check.shared_values import share_fields
+from distdiag.check.starting import signalled_while_importing
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
 from distdiag.report.model import EXIT_BAD_INPUT, EXIT_HANG, ProbeResult, RankInfo
 from distdiag.report.render import ProgressLine
@@ -126,6 +127,8 @@ class CheckRun:
             device, backend = torch.device("cpu"), "gloo"
             setup_exc = exc
         self._start_sentinel()
+        if signalled_while_importing(self.sentinel, info.rank):
+            self._park()  # the sentinel ends the run, before this rank checks in
         if setup_exc is not None:
             self._setup_failed(setup_exc, "could not select its device")
 
@@ -355,7 +358,7 @@ class CheckRun:
         self.tracker.enter_phase("final")
         self.faults.at("final", 0)
         if info.rank == 0:
-            if not self.ex.claim(IncidentKeys().writer, "main"):
+            if self.ex.count(Keys.ABORT_REASON) > 0 or not self.ex.claim(IncidentKeys().writer, "main"):  # a rank ends it
                 self._park()
             report = self.end.consolidate(self.ex)
             self.end.emit(report, self.ex)
@@ -463,8 +466,15 @@ def run_check(argv: list[str]) -> int:
 
             build_parser().print_help()
         return 0
+    from distdiag.check.leftovers import note_start
+
+    note_start()
     try:
         config = parse_config(argv)
+        # Fixed now, before the user's target runs: a target that changes directory at import
+        # must not send the report (or the JUnit XML) where nobody looks for it.
+        config.report = os.path.abspath(config.report)
+        config.junit = os.path.abspath(config.junit) if config.junit else config.junit
         info = LaunchInfo.from_env()
         plan = make_plan(config, info.world_size)
         validate_injection(info.world_size)  # a malformed DISTDIAG_INJECT is bad input too
@@ -495,15 +505,22 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
         print_line(f"distdiag[rank {os.environ.get('RANK', '0')}]: the check was ended by sys.exit({exc.code!r}) "
                    "from inside (the target?) before its verdict; exiting 3")
         code = EXIT_HANG
+    from distdiag.check.launched import forget_phase
     from distdiag.runtime import deathnote
     from distdiag.runtime.lastword import write_error_file
 
     deathnote.disarm()  # ending normally: no fatal signal to tell
+    forget_phase()  # and no phase note to leave (plain torchrun; the launcher removes its own)
     write_error_file(code)  # the verdict's sentence for torchrun's root cause (runtime/lastword.py)
     sys.stdout.flush()
     sys.stderr.flush()
     if forked and code == 0:
-        return  # torch's worker wrapper leaves through os._exit too, once the agent has the result
+        from distdiag.check.leftovers import leave_without_joining
+
+        # torch's worker wrapper leaves through os._exit too, once the agent has the result;
+        # without waiting for the user's threads (distdiag/check/leftovers.py).
+        leave_without_joining(code)
+        return
     # os._exit: a hung collective on another thread of torch must not keep the process alive,
     # and interpreter teardown with torch loaded costs time for nothing.
     os._exit(code)

@@ -81,20 +81,22 @@ def hang_report(
     """Render a hang report the watchdog wrote, or one built from flight-recorder dumps.
 
     Several paths are read as one job's dumps (a report the watchdog wrote is one path alone)."""
+    del exit_code, trust_pickle  # accepted for old scripts: the verdict's code is the default; pickles are read safely
+    check_format(format)
+    check_junit_path(junit)
+    _check_graph_path(graph)
+    report = _from_several(paths, world_size) if len(paths) > 1 else _from_one(paths[0], world_size)
+    _show(report, format, exit_zero, junit, graph)
+
+
+def _from_one(path: Path, world_size: int | None) -> Any:
+    """The report the watchdog wrote (the file, or the folder holding it), else one built from
+    the flight-recorder dumps the path holds."""
     from distdiag.errors import ReportError
     from distdiag.hang.dumpreport import dump_files, read_folder, skipped_line
     from distdiag.report.model import non_regular_kind, read_report
     from distdiag.watchdog.writer import REPORT_NAME
 
-    del exit_code  # accepted for old scripts: the verdict's code is the default now
-    check_format(format)
-    check_junit_path(junit)
-    _check_graph_path(graph)
-    if len(paths) > 1:
-        del trust_pickle
-        report = _from_several(paths, world_size)
-        _show(report, format, exit_zero, junit, graph)
-    path = paths[0]
     if not path.exists():
         raise fail(f"{path} does not exist")
     if not path.is_dir() and not path.is_file():
@@ -102,30 +104,25 @@ def hang_report(
     target = path / REPORT_NAME if path.is_dir() else path
     if target.is_file() and (target.name == REPORT_NAME or path.is_file()) and _first_byte(target) == b"{":
         try:
-            report = read_report(target)
+            return read_report(target)
         except ReportError as exc:
             if target.name == REPORT_NAME:  # the watchdog's own file, broken: say so, not "no entries"
                 raise fail(str(exc)) from None
-            report = None
-        if report is not None:
-            _show(report, format, exit_zero, junit, graph)
     try:
         files = dump_files(path)
     except OSError as exc:
         raise fail(f"cannot list {path}: {exc.strerror}") from None
     if not files:
         raise fail(f"{path} holds no {REPORT_NAME} and no flight-recorder dumps")
-    del trust_pickle  # accepted for old scripts: pickle dumps are read without running code now
     try:
         dumps, skipped, others = read_folder(files, path if path.is_dir() else None)
         if skipped:
             typer.echo(skipped_line(skipped, path), err=True)
-        report = report_from_dumps(dumps, world_size, others)
+        return report_from_dumps(dumps, world_size, others)
     except ValueError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot read a dump in {path}: {exc.strerror}") from None
-    _show(report, format, exit_zero, junit, graph)
 
 
 def _from_several(paths: list[Path], world_size: int | None) -> Any:

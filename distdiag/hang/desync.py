@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -165,12 +166,21 @@ _SHIFT_CHECK = 4
 """How many following collectives must confirm a shift before it is called a skip/extra."""
 
 
+@functools.lru_cache(maxsize=4096)
+def _shape_free(op: str) -> bool:
+    return op.split("(", 1)[0].rsplit(":", 1)[-1] in SHAPE_FREE_OPS
+
+
 def _pair_key(c: dict[str, Any]) -> tuple[Any, ...]:
-    """What the backend pairs on: the op, and the shape/dtype where they must agree."""
-    op = str(c["op"])
-    if op.split("(", 1)[0].rsplit(":", 1)[-1] in SHAPE_FREE_OPS:
+    """What the backend pairs on: the op, and the shape/dtype where they must agree (read for
+    every record of every rank: the op's reading is cached, the shape's text made once each)."""
+    op = c["op"]
+    if type(op) is not str:
+        op = str(op)
+    if _shape_free(op):
         return (op,)
-    return (op, str(c.get("shape")), c.get("dtype"))
+    shape = c.get("shape")
+    return (op, shape if type(shape) is str else str(shape), c.get("dtype"))
 
 
 def _full_key(c: dict[str, Any]) -> tuple[Any, ...]:

@@ -11,6 +11,7 @@
     nodes.py     snapshots gathered per node: local rank 0 posts its node's as one value
     gcpause.py   Python's cyclic collector held off while a writer builds a 16k-rank report
     sentinel.py  one daemon thread per rank that ends a broken run with a report
+    early.py     before torch is imported: a stop signal noted, then handed to the sentinel
     lastword.py  torchrun's error file (TORCHELASTIC_ERROR_FILE) written with the verdict, so its
                  root cause names the blamed rank with distdiag's sentence
     tracker.py   where the main thread is: phase, probe, the collective it is inside
@@ -25,4 +26,4 @@ Importing this package imports nothing: each module is loaded where it is used (
 imports torch).
 """
 
-__all__ = ["blind", "comm", "context", "exchange", "faults", "gcpause", "incident", "keys", "nodes", "sentinel", "snapwire", "tracker"]
+__all__ = ["blind", "comm", "context", "early", "exchange", "faults", "gcpause", "incident", "keys", "nodes", "sentinel", "snapwire", "tracker"]

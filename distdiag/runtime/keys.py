@@ -57,6 +57,10 @@ class Keys:
     sentinel that noticed; its count is the job-wide 'abort' flag every sentinel polls."""
     LEFT = "left"
     """Per rank (check): the rank is leaving after the verdict (distdiag/check/finish.py)."""
+    LEFTOVER = "leftover"
+    """Per rank (check): what the user's code left running on this rank at the end (threads,
+    child processes, a changed directory; distdiag/check/leftovers.py), posted before LEFT;
+    read by the verdict's writer, which adds it to the report's notes."""
     ACK = "ack"
     """Per rank (check): the rank read the normal end's verdict (distdiag/check/run.py)."""
     VALID = "valid"

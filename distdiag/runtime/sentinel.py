@@ -104,13 +104,38 @@ def install_sigterm_wakeup() -> None:
     global _wakeup_read_fd
     if _wakeup_read_fd is not None:
         return
-    read_fd, write_fd = os.pipe()
+    from distdiag.runtime.early import wakeup_pipe
+
+    # The pipe made before torch was imported (python -m distdiag.check) holds any stop signal
+    # that came meanwhile: the sentinel acts on it as soon as it starts.
+    read_fd, write_fd = wakeup_pipe() or os.pipe()
     os.set_blocking(read_fd, False)
     os.set_blocking(write_fd, False)
     for sig in _STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: None)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     _wakeup_read_fd = read_fd
+    # A process the user's code forks from this rank (os.fork, multiprocessing) would inherit
+    # the no-op handlers and the pipe: a SIGTERM meant for it would wake this rank's sentinel
+    # instead (read as the launcher's), and the child could not be ended by SIGTERM.
+    os.register_at_fork(after_in_child=_default_signals_in_child)
+
+
+def _default_signals_in_child() -> None:
+    """In a process forked from a rank: the stop signals' default actions, no wakeup pipe."""
+    global _wakeup_read_fd
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    except (ValueError, OSError):  # not the main thread: leave it as it is
+        return
+    if _wakeup_read_fd is not None:
+        try:
+            os.close(_wakeup_read_fd)
+        except OSError:
+            pass
+        _wakeup_read_fd = None
 
 
 def _sigterm_pending(timeout: float) -> str | None:

@@ -8,6 +8,7 @@ Under torchrun it starts the default process group (gloo) and wraps the model in
 script does before its loop. tests/docs runs every snippet of the docs this way.
 """
 
+import atexit
 import os
 from types import SimpleNamespace
 
@@ -17,6 +18,9 @@ import torch.nn.functional as F  # noqa: F401 - the monitor's snippet uses F.cro
 
 if "RANK" in os.environ and not dist.is_initialized():
     dist.init_process_group("gloo")
+    # as your script should at its end: without it, gloo's and DDP's threads can still be
+    # running while Python tears down, and a loaded machine then sees the odd SIGABRT at exit
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 torch.manual_seed(0)
 VOCAB, num_experts = 16, 4
 model = torch.nn.Sequential(

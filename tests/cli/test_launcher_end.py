@@ -289,12 +289,15 @@ def test_the_job_ends_when_the_launcher_is_killed_or_the_agent_stopped(cli_env, 
 @pytest.mark.torchrun
 @pytest.mark.timeout(180)
 def test_a_rank_lost_while_starting_is_named_with_its_host_and_what_it_was_doing(cli_env, tmp_path):
-    """Rank 1 SIGKILLed while the ranks import (nobody can report): the one line names rank 1,
-    its pid and host, the signal and its phase; the report left says the same."""
+    """Rank 1 SIGKILLed while the ranks import: rank 0 survives torchrun's SIGTERM and reports it
+    lost (exit 3); the launcher adds what torchrun saw - its pid, host, signal and phase - in one
+    line and in the report's notes."""
     env = dict(cli_env, DISTDIAG_TEST_DIE_AT_START="1")
     env["PYTHONPATH"] = str(HERE / "die_at_start") + os.pathsep + env["PYTHONPATH"]
     out = _run(["--probes", "env", "--launch", "torchrun"], env, tmp_path)
     assert out.returncode == 3, out.stderr[-2000:]
     (line,) = _lines(out.stderr)
-    assert "rank 1 (pid " in line and " on host " in line and "ended first (killed by SIGKILL) while " in line, line
-    assert "rank 1 (pid" in json.loads((tmp_path / "distdiag-report.json").read_text())["summary"]
+    assert "rank 1 (pid " in line and " on host " in line and "ended first (killed by SIGKILL) while importing" in line, line
+    report = json.loads((tmp_path / "distdiag-report.json").read_text())
+    assert report["exit_code"] == 3 and "rank 1 lost" in report["summary"], report["summary"]
+    assert any("killed by SIGKILL" in note for note in report["notes"]), report["notes"]

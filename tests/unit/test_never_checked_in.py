@@ -4,6 +4,7 @@ when every rank starts on one, not as "no answer from host ?" (issue 24)."""
 from __future__ import annotations
 
 from distdiag.check.finish import RunEnd
+from distdiag.check.starting import with_last_notes
 from distdiag.report.model import RankInfo
 from distdiag.runtime.sentinel import silent_rank_reasons
 
@@ -58,8 +59,9 @@ def test_a_rank_lost_before_checking_in_gets_host_pid_and_last_phase_from_its_no
     end = _end(tmp_path, monkeypatch, local_world=1)  # not one node: only the note places rank 2
     known = end._known_rank_infos()
     assert (known[2].host, known[2].pid) == ("vm", 999999)
-    lost = end._with_last_notes(silent_rank_reasons([2], end._checked_in(), "vm"))
-    assert "'connecting to the job's store' (pid 999999, now gone)" in lost[2], lost[2]
+    lost, signalled = with_last_notes(silent_rank_reasons([2], end._checked_in(), "vm"), end._checked_in())
+    assert lost[2].startswith("its process (pid 999999) is gone: killed or exited, before it checked in"), lost[2]
+    assert "its last word was 'connecting to the job's store'" in lost[2] and signalled == set(), lost[2]
     (row,) = [r for r in state_rows({}, lost, 3, dict(enumerate(known))) if r["rank"] == 2]
     assert (row["host"], row["pid"], row["state"]) == ("vm", 999999, "lost")
     placeholder = Report(world_size=3, ranks=end.rank_infos, exit_code=3, verdict="fail")
@@ -76,3 +78,19 @@ def test_without_a_note_or_one_node_a_lost_rank_stays_unplaced(tmp_path, monkeyp
     assert known == end.rank_infos
     rows = state_rows({}, {1: "x", 2: "y"}, 3, dict(enumerate(known)))
     assert [(r["host"], r["pid"]) for r in rows] == [("vm", 4341), ("vm", 4342), ("?", "?")]
+
+
+def test_a_rank_still_importing_when_the_stop_signal_came_is_part_of_the_cancellation(tmp_path, monkeypatch):
+    """Rank 2 noted SIGTERM while importing and is alive: told so, and counted as signalled (not
+    lost); the same note of a process that is gone stays a lost rank's, with its pid."""
+    import os
+
+    folder = _launch_folder(tmp_path)
+    end = _end(tmp_path, monkeypatch, local_world=3)
+    note = '{"phase": "importing torch and the check", "pid": %d, "signal": "SIGTERM"}'
+    (folder / "rank-2.json").write_text(note % os.getpid())
+    lost, signalled = with_last_notes(silent_rank_reasons([2], end._checked_in(), "vm"), end._checked_in())
+    assert signalled == {2} and "where it received SIGTERM" in lost[2] and "now alive" in lost[2], lost[2]
+    (folder / "rank-2.json").write_text(note % 999999)
+    lost, signalled = with_last_notes(silent_rank_reasons([2], end._checked_in(), "vm"), end._checked_in())
+    assert signalled == {2} and lost[2].startswith("its process (pid 999999) is gone"), lost[2]

@@ -21,6 +21,10 @@ def _ev(**kw) -> ParityEvidence:
     return ParityEvidence(**base)
 
 
+_ALL_BAD = {n: {"name": n, "rel": 0.5, "ranks": [0, 1], "sharded": True} for n in ("a.w", "b.w")}
+"""Every module's gradients over tolerance (a reduction that touches them all)."""
+
+
 def _sums(factor: float, resid: float = 0.0) -> list[float]:
     """scale_fit's terms for g = factor * w plus an orthogonal part of relative size resid (||w|| = 1)."""
     return [factor, 1.0, (resid * factor) ** 2, factor**2]
@@ -51,7 +55,7 @@ def test_the_same_factor_one_over_world_is_grads_averaged_twice():
 
 
 def test_a_factor_with_a_residual_over_tolerance_is_not_uniform():
-    d = diagnose_parity(_ev(rank_sums={0: _sums(0.5, 1e-2), 1: _sums(0.5, 1e-2)}, train_step=True))
+    d = diagnose_parity(_ev(rank_sums={0: _sums(0.5, 1e-2), 1: _sums(0.5, 1e-2)}, train_step=True, gbad=_ALL_BAD))
     assert d.cause == "grad_sync_micro_step" and "normalised" not in d.fix
 
 
@@ -122,7 +126,7 @@ def test_the_remaining_parity_rules_on_their_own_patterns():
     """A factor of 1/3 at 2 ranks, a factor that is no 1/k, no train_step, parameters off with exact gradients."""
     assert diagnose_parity(_ev(rank_sums={0: _sums(1 / 3), 1: _sums(1 / 3)})).cause == "grad_scale_wrong_group"
     assert diagnose_parity(_ev(rank_sums={0: _sums(0.8), 1: _sums(0.8)})).cause == "grad_scaled_uniformly"
-    assert diagnose_parity(_ev(rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)})).cause == "grad_reduction"
+    assert diagnose_parity(_ev(rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)}, gbad=_ALL_BAD)).cause == "grad_reduction"
     pbad = {"a.w": {"name": "a.w", "rel": 0.1, "ranks": [0, 1]}}
     assert diagnose_parity(_ev(gbad={}, pbad=pbad)).cause == "optimizer_step_differs"
 
@@ -171,3 +175,58 @@ def test_plain_parameters_of_a_tensor_parallel_model_get_a_plan_fix_not_fully_sh
     d = diagnose_parity(_ev(gbad=gbad, fsdp=False, rank_sums={0: _sums(1.0, 0.1), 1: _sums(1.0, 0.1)}))
     assert d.cause == "unmanaged_params" and "SequenceParallel()" in d.fix and "fully_shard" not in d.fix
     assert "fully_shard" in diagnose_parity(_ev(gbad=gbad, fsdp=True)).fix
+
+
+def test_some_modules_exact_is_not_a_micro_step_sync_but_located():
+    """Only a.w off, b exact: a sync at the wrong micro-step would touch every module; not identified, located."""
+    d = diagnose_parity(_ev(rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)}, train_step=True))
+    assert d.cause == "mechanism_not_identified" and d.confidence < 0.5
+    text = "\n".join(d.evidence)
+    assert "only a differs" in text and "extra or missing reduction" in text and "what would decide" in text
+
+
+def test_a_reference_that_differs_across_ranks_is_a_hook_reading_the_rank():
+    """The reference's loss differs across ranks at step 1: loss_fn; its stepped grad norm: train_step; its loss
+    at step 2 after equal step 1: the optimizer."""
+    def split(step, what):
+        return {"step": step, "what": what, "values": {0: 1.0, 1: 1.1}, "index": step - 1}
+
+    d = diagnose_parity(_ev(loss_rel=1e-2, mean_loss=2.02, ref_split=split(1, "loss")))
+    assert d.cause == "hook_depends_on_rank" and "loss_fn" in d.mechanism and "label smoothing" in "\n".join(d.evidence)
+    d = diagnose_parity(_ev(ref_split=split(1, "grad norm"), train_step=True))
+    assert "train_step, between backward and optimizer.step" in d.mechanism and "max_norm" in "\n".join(d.evidence)
+    d = diagnose_parity(_ev(step=2, ref_split=split(2, "loss")))
+    assert "build_optimizer" in d.mechanism and "param_groups" in d.fix
+    # weights that differ before step 1 are setup, decided first
+    assert diagnose_parity(_ev(ref_split=split(1, "loss"), ref_differs={"a.w": [[0], [1]]})).cause == "setup_divergence"
+
+
+def test_shards_that_do_not_add_up_to_the_batch():
+    """5 + 4 rows of an 8-row batch: duplicated; 4 + 4 of 9: dropped; 8 + 8 of 8 rows: split along another dim."""
+    def ev(counts, ref):
+        return _ev(loss_rel=1e-2, mean_loss=2.02, counts=counts, ref_counts=ref)
+
+    d = diagnose_parity(ev({0: {"rows": 5}, 1: {"rows": 4}}, {"rows": 8}))
+    assert d.cause == "shards_do_not_partition_batch" and "duplicates" in d.mechanism and "5 + 4 = 9 rows" in d.evidence[0]
+    d = diagnose_parity(ev({0: {"rows": 4, "valid": 20}, 1: {"rows": 4, "valid": 22}}, {"rows": 9, "valid": 47}))
+    assert d.cause == "shards_do_not_partition_batch" and "drops" in d.mechanism and "valid tokens" in d.evidence[0]
+    assert diagnose_parity(ev({0: {"rows": 8}, 1: {"rows": 8}}, {"rows": 8})).cause != "shards_do_not_partition_batch"
+    # valid tokens that add up decide, whatever the rows say
+    assert diagnose_parity(ev({0: {"rows": 8, "valid": 20}, 1: {"rows": 8, "valid": 22}},
+                              {"rows": 8, "valid": 42})).cause != "shards_do_not_partition_batch"
+
+
+def test_a_bare_model_is_gradients_never_reduced():
+    d = diagnose_parity(_ev(reducer="none", sharded_params=0, gbad=_ALL_BAD, rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)}))
+    assert d.cause == "grads_not_reduced" and d.confidence == 0.85
+    d = diagnose_parity(_ev(reducer="none", sharded_params=0, gbad=_ALL_BAD, train_step=True,
+                            rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)}))
+    assert d.cause == "grads_not_reduced" and d.confidence == 0.6  # train_step may reduce them itself
+    assert diagnose_parity(_ev(reducer="ddp", sharded_params=0, gbad=_ALL_BAD,
+                               rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)})).cause != "grads_not_reduced"
+
+
+def test_parameters_frozen_by_parallelize_are_named():
+    d = diagnose_parity(_ev(trainable_diff={"frozen": ["embed.weight"], "thawed": []}))
+    assert d.cause == "parallelize_changes_trainable" and "embed.weight" in d.evidence[0] and "build_model" in d.fix
+    assert diagnose_parity(_ev(trainable_diff={"frozen": [], "thawed": []})).cause != "parallelize_changes_trainable"

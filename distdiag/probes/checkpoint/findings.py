@@ -78,3 +78,25 @@ def key_findings(first: dict[str, Any]) -> list[Finding]:
             "the architecture changed since the checkpoint was written (sizes, vocab, experts)", 0.9,
         ))
     return out
+
+
+def unsaved_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
+    """Buffers outside the state dict (persistent=False) that a training step changes: a resume resets them."""
+    unsaved = {r: p["unsaved"] for r, p in payloads.items() if p.get("unsaved")}
+    if not unsaved:
+        return []
+    names = sorted({n for v in unsaved.values() for n in v})
+    ranks = sorted(unsaved)
+    return [Finding(
+        "warning",
+        f"{len(names)} buffer(s) change during training but are not in the state dict (persistent=False): "
+        f"{', '.join(names[:6])}; a checkpoint does not hold them, a resumed run restarts them from their initial value",
+        f"on {format_ranks(ranks)}: model.state_dict() has no key for them, and their value after one training step (or "
+        "forward) of the target differs from the value as built; a non-persistent buffer that never changes (a rotary "
+        "table, a causal mask) is not reported",
+        ranks,
+        "register state that training changes as a persistent buffer (register_buffer(name, t, persistent=True)), or "
+        "save it yourself beside the model (get_extra_state / the checkpoint's extra entries); persistent=False is for "
+        "caches recomputed from other state",
+        0.85, cause="buffer_not_saved",
+    )]

@@ -21,11 +21,12 @@ import torch
 
 from distdiag.errors import ConfigError, exc_line
 from distdiag.probes.base import DCP_IMPORTS, SHARDING_IMPORTS, ConsolidationView, Probe, local_finding
-from distdiag.probes.checkpoint.findings import key_findings, merge
+from distdiag.probes.checkpoint.findings import key_findings, merge, unsaved_findings
 from distdiag.probes.training import (
     HookError,
     agree,
     call_hook,
+    call_loss,
     default_parallelize,
     local_tensor,
     make_mesh,
@@ -150,17 +151,21 @@ class CheckpointProbe(Probe):
         msd, osd = get_state_dict(model, opt)
         if opts.load:
             return self._load_existing(ctx, opts, model, opt, msd, osd, findings, source)
-        return self._round_trip(ctx, opts, model, opt, msd, osd, findings, source)
+        return {**self._round_trip(ctx, opts, model, opt, msd, osd, findings, source), "unsaved": self.unsaved}
 
     def _setup(self, ctx: RankContext) -> tuple[Any, Any, str]:
         target = ctx.target
+        self.unsaved: list[str] = []
         if target is None or target.has("make_batch"):
             hooks = resolve_hooks(ctx, "mlp")
             model = hooks.wrap(hooks.model(ctx.seed), make_mesh(ctx))
+            shard = hooks.shard(hooks.batch(1), ctx.rank, ctx.world_size)
             if target is not None and target.has("build_optimizer"):
                 opt = hooks.optimizer(model)
-                run_step(hooks, model, opt, hooks.shard(hooks.batch(1), ctx.rank, ctx.world_size))
+                self.unsaved = _unsaved_changing(model, lambda: run_step(hooks, model, opt, shard))
                 return model, opt, hooks.source
+            if target is not None:
+                self.unsaved = _unsaved_changing(model, lambda: _forward(hooks, model, shard))
             return model, _adamw(model), hooks.source
         ctx.seed()
         model = call_hook("build_model", target.build_model)
@@ -306,10 +311,29 @@ class CheckpointProbe(Probe):
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:
         findings = merge(payloads)
         first = payloads.get(0, {})
+        findings += unsaved_findings(payloads)
         if first.get("key_diff"):
             findings += key_findings(first)
         metrics = {k: first[k] for k in ("mode", "keys", "tensors", "bytes", "loaded") if k in first}
         return ProbeResult.from_findings(self.name, findings, metrics=metrics)
+
+
+def _forward(hooks: Any, model: torch.nn.Module, shard: Any) -> None:
+    with torch.no_grad():
+        call_loss(hooks, model, shard)
+
+
+def _unsaved_changing(model: torch.nn.Module, step: Any) -> list[str]:
+    """Buffers left out of the state dict (registered persistent=False) whose value one training step (or forward)
+    changes: state a checkpoint cannot restore. Nothing runs when the model has no such buffer."""
+    keys = set(model.state_dict().keys())
+    unsaved = {n: b for n, b in model.named_buffers() if n not in keys}
+    if not unsaved:
+        return []
+    before = {n: local_tensor(b).detach().clone() for n, b in unsaved.items()}
+    step()
+    after = dict(model.named_buffers())
+    return sorted(n for n, t in before.items() if n in after and not torch.equal(local_tensor(after[n]).detach(), t))
 
 
 def _remove(path: str, cleanups: list[int]) -> bool:

@@ -68,7 +68,7 @@ class DataShardsProbe(Probe):
                 loaders = [tr.call_hook("batches", target.batches, ctx.rank, ctx.world_size, e) for e in (0, 1)]
                 epochs = [_take(it, opts.batches) for it in loaders]
                 return {"source": f"hook batches() of target {target.spec}", "epochs": epochs, "shuffles": shuffles(loaders[0]),
-                        **local}
+                        "length": batch_count(loaders[0]), **local}
             hooks = tr.resolve_hooks(ctx, opts.workload)
             rows = [row_hashes(hooks.shard(hooks.batch(s), ctx.rank, ctx.world_size)) for s in range(1, opts.batches + 1)]
             return {"source": f"shard_batch(make_batch(step)) of {hooks.source}", "epochs": [rows], **local}
@@ -90,6 +90,7 @@ class DataShardsProbe(Probe):
         same = identical_groups(first)
         findings += _overlapping(first, same)
         findings += _repeated({r: payloads[r]["epochs"] for r in ranks if payloads[r].get("shuffles")})
+        findings += _uneven_length({r: payloads[r].get("length") for r in ranks})
         nrows = sum(len(b) for b in first[ranks[0]])
         findings.append(Finding(
             severity="info",
@@ -97,6 +98,40 @@ class DataShardsProbe(Probe):
             evidence=f"from {payloads[ranks[0]]['source']}; samples compared by a hash of their bytes",
         ))
         return ProbeResult.from_findings(self.name, findings)
+
+
+def batch_count(loader: Any) -> int | None:
+    """len() of what batches returned when it has one (a DataLoader over a sized dataset: no data is read);
+    None for an iterable without a length."""
+    try:
+        return int(len(loader))
+    except Exception:  # noqa: BLE001 - an IterableDataset's loader, a generator: no length to compare
+        return None
+
+
+def _uneven_length(lengths: dict[int, int | None]) -> list[Finding]:
+    """Ranks whose epoch holds a different number of batches: the ranks with fewer stop first and the others wait in
+    the next collective (a hang at the end of each epoch, or a silently skipped step with join())."""
+    known = {r: n for r, n in lengths.items() if n is not None}
+    if len(known) < 2 or len(set(known.values())) < 2:
+        return []
+    by_count: dict[int, list[int]] = {}
+    for r, n in sorted(known.items()):
+        by_count.setdefault(n, []).append(r)
+    shown = "; ".join(f"{format_ranks(rs)}: {n}" for n, rs in sorted(by_count.items()))
+    fewest = min(by_count)
+    return [Finding(
+        severity="error",
+        issue=f"the ranks' epochs hold different numbers of batches ({shown}): a rank that runs out first leaves "
+              "the others waiting in their next collective",
+        evidence=f"len() of what hook batches returned for epoch 0, per rank: {shown}\nthe ranks train in lockstep, so "
+                 f"after {fewest} steps the ranks with more batches wait for a gradient reduction the others never "
+                 "join (a hang at the end of each epoch)",
+        ranks=sorted(r for n, rs in by_count.items() if n != max(by_count) for r in rs),
+        fix="give every rank the same number of batches: DistributedSampler (it pads, or drop_last=True drops, to an "
+            "equal share), or split by sample index and drop the remainder, instead of whole files or uneven chunks",
+        confidence=0.9, cause="batch_count_differs",
+    )]
 
 
 def _take(it: Any, n: int) -> list[list[str]]:

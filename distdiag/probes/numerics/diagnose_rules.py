@@ -46,6 +46,117 @@ def setup(ev: ParityEvidence) -> Diagnosis | None:
         0.9)
 
 
+def _stage(ev: ParityEvidence, split: dict[str, Any]) -> tuple[str, str, str]:
+    """(the hook, the candidate settings, what would decide) for the first step where the reference splits."""
+    if split["what"] == "loss" and split["step"] == 1:
+        hook = "train_step's forward (or the loss_fn it calls)" if ev.train_step else "loss_fn"
+        return (hook, "a loss setting read per rank (label smoothing, ignore index, class weights, a loss scale), or a "
+                "forward op seeded or configured per rank (dropout, noise)",
+                f"print {hook}'s settings on each rank, or call it on rank 0's and rank 1's process with one batch")
+    if split["what"] == "loss":
+        return ("build_optimizer (or train_step's optimizer step)", "per-rank optimizer settings (lr, weight decay and "
+                "which parameters it applies to, betas, eps: the param groups), a learning-rate schedule stepped per "
+                "rank, or a hook that edits the parameters after optimizer.step()",
+                "print optimizer.param_groups (without 'params': each group's settings and size) on each rank")
+    hook = "train_step, between backward and optimizer.step" if ev.train_step else "loss_fn's backward"
+    return (hook, "a clipping threshold (max_norm) read per rank, a gradient scale or accumulation count per rank, or "
+            "gradient noise seeded per rank", "print the clipping threshold and the gradient scaling on each rank")
+
+
+def rank_dependent(ev: ParityEvidence) -> Diagnosis | None:
+    """The 1-process reference itself differs across ranks, from weights equal on every rank: a hook reads the rank."""
+    split = ev.ref_split
+    if not split:
+        return None
+    step, what = split["step"], split["what"]
+    values = sorted(split["values"].items())
+    shown = ", ".join(f"rank {r} {v:.8g}" for r, v in values[:6]) + (f", ... ({len(values)} ranks)" if len(values) > 6 else "")
+    hook, candidates, decide = _stage(ev, split)
+    lines = [f"the 1-process reference (the same hooks, the same global batch, seeded alike on every rank) gives a "
+             f"different {what} on different ranks at step {step}: {shown}",
+             "its weights were bit-identical on every rank before step 1, so build_model is not it"]
+    if what == "loss" and step > 1:
+        lines.append(f"at step {step - 1} its loss and the gradients it stepped with still agreed on every rank: the "
+                     f"update of step {step - 1} differs, so {hook} computes differently per rank")
+    elif what == "grad norm":
+        lines.append(f"its loss at step {step} agrees on every rank, the gradients the optimizer steps with do not: "
+                     f"{hook} computes differently per rank")
+    else:
+        lines.append(f"from equal weights and the same batch its loss differs: {hook} computes differently per rank")
+    lines += [f"candidates: {candidates}; or a rank that computes wrongly (silent data corruption: the determinism "
+              "probe compares the reference's bits across ranks)", f"what would decide: {decide}",
+              "the parallel run is compared with each rank's own reference, so its differences follow from this one"]
+    return Diagnosis(
+        "hook_depends_on_rank", f"{hook} computes differently on each rank (it reads the rank or a per-rank setting)",
+        lines, f"make {hook} compute the same on every rank: read its settings from one config every rank loads (or "
+        "broadcast them from rank 0), not from RANK/LOCAL_RANK, a per-node file or a file only some ranks find; which "
+        f"setting is not identified: {decide}", 0.85)
+
+
+def partition(ev: ParityEvidence) -> Diagnosis | None:
+    """The ranks' shards do not add up to the global batch: shard_batch duplicates or drops rows (or tokens)."""
+    if not ev.ref_counts or not ev.counts:
+        return None
+    per = [ev.counts.get(r) or {} for r in range(ev.world)]
+    for key, label in (("valid", "valid tokens"), ("rows", "rows")):
+        if key not in ev.ref_counts or not all(key in c for c in per):
+            continue
+        total, want = sum(c[key] for c in per), ev.ref_counts[key]
+        if total == want:
+            return None  # the shards partition the batch (valid tokens decide before rows)
+        if key == "rows" and total == ev.world * want:
+            return None  # every rank holds every row: split along another dim (the sequence)
+        parts = " + ".join(str(c[key]) for c in per)
+        more = total > want
+        lines = [f"the ranks' shards hold {parts} = {total} {label}; the global batch (shard_batch(batch, 0, 1), the "
+                 f"reference's) holds {want}: {abs(total - want)} {label} {'on two ranks' if more else 'on no rank'}",
+                 f"loss {ev.mean_loss:.6g} (mean of ranks) vs reference {ev.ref_loss:.6g}: rel err {ev.loss_rel:.2e}"]
+        what = ("duplicates part of the batch across ranks (overlapping slices: an off-by-one end)" if more else
+                "drops part of the batch (a floor division that leaves the remainder on no rank)")
+        return Diagnosis(
+            "shards_do_not_partition_batch", f"shard_batch {what}", lines,
+            "make shard_batch give every row (and valid token) of the global batch to exactly one rank: slices "
+            "[rank * n, (rank + 1) * n) with n = rows // world_size, and a global batch padded to a multiple of the "
+            "world size with masked-out rows instead of a remainder left out", 0.9)
+    return None
+
+
+def not_reduced(ev: ParityEvidence) -> Diagnosis | None:
+    """Nothing on the parallel model reduces gradients (no FSDP, DDP, DTensor or gradient hook)."""
+    if ev.reducer != "none" or not ev.gbad:
+        return None
+    lines = [f"loss rel err {ev.loss_rel:.1e}; gradients differ from the reference's: {factors_text(ev)}",
+             "the model parallelize returned has no FSDP module, no DistributedDataParallel wrapper, no DTensor "
+             "parameter and no gradient hook: nothing averages its gradients over the ranks",
+             *locate(ev.gbad, ev.order)]
+    if ev.train_step:
+        lines.append("unless train_step reduces them itself (then its reduction is what differs)")
+    return Diagnosis(
+        "grads_not_reduced", "gradients are never reduced: the parallel model has no data-parallel wrapper", lines,
+        "wrap the model in parallelize (fully_shard per block and on the root, or DistributedDataParallel) on every "
+        "run: each rank otherwise steps with the gradient of its own shard only and the replicas drift apart",
+        0.6 if ev.train_step else 0.85)
+
+
+def trainable_changed(ev: ParityEvidence) -> Diagnosis | None:
+    """parallelize froze (or unfroze) parameters the reference trains: an observation, not an inference."""
+    frozen, thawed = ev.trainable_diff.get("frozen") or [], ev.trainable_diff.get("thawed") or []
+    if not frozen and not thawed:
+        return None
+    lines = []
+    if frozen:
+        lines.append(f"trainable in the reference (build_model as built), requires_grad False on the parallel model: "
+                     f"{', '.join(frozen[:6])}{' ...' if len(frozen) > 6 else ''}")
+    if thawed:
+        lines.append(f"frozen in the reference, trainable on the parallel model: {', '.join(thawed[:6])}")
+    lines += ["parallelize (or something it calls) changed which parameters train, so the parallel run steps a "
+              "different set of parameters", *locate(ev.gbad or ev.pbad, ev.order)]
+    return Diagnosis(
+        "parallelize_changes_trainable", "parallelize changes which parameters train", lines,
+        "set requires_grad in build_model (for every run), not in parallelize: the parallel run must train the "
+        "parameters the single-process run trains", 0.9)
+
+
 def unmanaged(ev: ParityEvidence) -> Diagnosis | None:
     """Plain parameters FSDP does not manage: their gradients are never reduced."""
     plain = [n for n, b in ev.gbad.items() if b.get("sharded") is False]
@@ -76,9 +187,19 @@ def accumulation(ev: ParityEvidence) -> Diagnosis | None:
     return Diagnosis(
         "grad_accumulation_means", "gradient accumulation that is not equivalent to one step on the global batch",
         ["in the reference process, train_step's gradients differ from one loss_fn backward on the same batch "
-         "by more than a uniform factor (see the accumulation warning)"],
-        "sum the per-token losses of every micro-batch and divide once by the global token count, instead of "
-        "averaging micro-batch means", 0.85)
+         "by more than a uniform factor (see the accumulation warning)",
+         f"candidates: {ACCUM_CANDIDATES}", f"what would decide: {ACCUM_DECIDES}"],
+        ACCUM_FIX, 0.6)
+
+
+ACCUM_CANDIDATES = ("micro-batch means averaged while the micro-batches hold different token counts (the usual one), "
+                    "gradient clipping inside the accumulation loop (after each micro-batch instead of once), a "
+                    "micro-batch left out or counted twice, an optimizer step per micro-batch")
+ACCUM_DECIDES = ("train_step on a batch whose micro-batches hold equal valid-token counts: equal then, the means "
+                 "were it; still different, look at what train_step does between the backward calls")
+ACCUM_FIX = ("not identified beyond 'train_step is not one step on the global batch'; if it averages micro-batch "
+             "means, sum the per-token losses of every micro-batch and divide once by the global token count, instead "
+             "of averaging micro-batch means; if it clips, clip once after the last micro-batch's backward")
 
 
 def _ratio_lines(ratio: float, k: int, inverted: bool, closeness: float, what: str, groups: dict[str, int]) -> tuple[str, str]:
@@ -243,6 +364,21 @@ def grad_sync(ev: ParityEvidence) -> Diagnosis | None:
         return None
     lines = [f"loss exact (rel err {ev.loss_rel:.1e}): the loss normalisation is right", factors_text(ev),
              *locate(ev.gbad, ev.order)]
+    exact = _exact_modules(ev)
+    if exact:
+        wrong = sorted({_module(n) for n in ev.gbad})
+        lines += [f"only {', '.join(wrong[:6])} differ{'s' if len(wrong) == 1 else ''}; the other {len(exact)} module(s) are "
+                  "exact: a reduction that skips or wraps every gradient (a sync at the wrong micro-step, a reduce "
+                  "dtype) would touch them all",
+                  "candidates: an extra or missing reduction of these tensors (an all_reduce in train_step or a hook "
+                  "on top of FSDP/DDP's, a tied or shared weight reduced twice), or these tensors reduced over another "
+                  "group", f"what would decide: print each rank's gradient of {ev.gbad and sorted(ev.gbad)[0]} before "
+                  "and after its reduction, next to the reference's"]
+        return Diagnosis(
+            "mechanism_not_identified", f"the gradients of {', '.join(wrong[:3])} are reduced differently from the "
+            "others (mechanism not identified)", lines,
+            f"not identified from this evidence; look at what reduces {', '.join(wrong[:3])}'s gradients besides "
+            "parallelize (train_step, gradient hooks, a tie)", 0.4)
     if ev.train_step:
         lines.append("train_step accumulates as one step on the global batch in the reference process (no accumulation "
                      "warning), so what differs is the parallel reduction of the accumulated gradients")
@@ -258,6 +394,16 @@ def grad_sync(ev: ParityEvidence) -> Diagnosis | None:
         "grad_reduction", "gradients reduced differently from an average over ranks", lines,
         "the gradients of the modules named above do not reach the optimizer as the average over ranks: check the "
         "reduction parallelize sets up (hooks, requires_gradient_sync, reduce dtype) for them", 0.5)
+
+
+def _module(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else "(root)"
+
+
+def _exact_modules(ev: ParityEvidence) -> list[str]:
+    """Modules (by parameter order) none of whose gradients is over tolerance."""
+    wrong = {_module(n) for n in ev.gbad}
+    return [m for m in dict.fromkeys(_module(n) for n in ev.order) if m not in wrong]
 
 
 def optimizer(ev: ParityEvidence) -> Diagnosis | None:
@@ -279,4 +425,5 @@ def unexplained(ev: ParityEvidence) -> Diagnosis:
         "reduction)", 0.3)
 
 
-RULES: list[Any] = [setup, unmanaged, accumulation, loss_scaled, loss_off, clip_per_rank, grad_scaled, grad_sync, optimizer]
+RULES: list[Any] = [setup, rank_dependent, trainable_changed, unmanaged, not_reduced, accumulation, partition, loss_scaled, loss_off,
+                    clip_per_rank, grad_scaled, grad_sync, optimizer]

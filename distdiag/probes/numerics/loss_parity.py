@@ -361,9 +361,12 @@ class LossParityProbe(tr.NumericsProbe):
             "param": _trim(params),
             "order": [tr.canonical_name(n) for n, _ in par.named_parameters()] if step == 1 else None,
             "counts": shard_counts(ref.par_shards[step - 1]),
+            "ref_counts": shard_counts(ref.shards[step - 1]),
             "cross_sample": cross_sample_modules(par) if step == 1 else None,
             "sharded": sum(1 for p in par.parameters() if hasattr(p, "to_local")),  # DTensor (FSDP-managed) ones
             "fsdp": _has_fsdp(par) if step == 1 else None,
+            "reducer": _reducer(par) if step == 1 else None,
+            "trainable_diff": _trainable_diff(ref.model, par) if step == 1 else None,
             "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
         }, accum
 
@@ -440,6 +443,34 @@ def _has_fsdp(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
     return any(isinstance(m, FSDPModule | FullyShardedDataParallel) for m in model.modules())
+
+
+def _trainable_diff(ref: torch.nn.Module, par: torch.nn.Module) -> dict[str, list[str]]:
+    """Parameters trainable in the reference but frozen on the parallel model ("frozen"), and the reverse
+    ("thawed"): parallelize changed what trains (names canonical, at most 16 each)."""
+    def trainable(m: torch.nn.Module) -> dict[str, bool]:
+        return {tr.canonical_name(n): p.requires_grad for n, p in m.named_parameters()}
+
+    a, b = trainable(ref), trainable(par)
+    both = [n for n in a if n in b]
+    return {"frozen": [n for n in both if a[n] and not b[n]][:16], "thawed": [n for n in both if b[n] and not a[n]][:16]}
+
+
+def _reducer(model: torch.nn.Module) -> str:
+    """What reduces the parallel model's gradients: fsdp, ddp, dtensor (a tensor-parallel plan), hooks (gradient
+    hooks on some parameter: a hand-made reduction) or none (a bare model: nothing reduces them)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if _has_fsdp(model):
+        return "fsdp"
+    if any(isinstance(m, DistributedDataParallel) for m in model.modules()):
+        return "ddp"
+    params = list(model.parameters())
+    if any(hasattr(p, "to_local") for p in params):
+        return "dtensor"
+    if any(getattr(p, "_post_accumulate_grad_hooks", None) or getattr(p, "_backward_hooks", None) for p in params):
+        return "hooks"
+    return "none"
 
 
 def _rms(model: torch.nn.Module) -> float:

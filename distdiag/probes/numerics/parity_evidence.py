@@ -64,6 +64,15 @@ class ParityEvidence:
     """Each rank's shard counts at that step (batch_counts.shard_counts): rows, valid tokens."""
     cross_sample: list[str] = field(default_factory=list)
     """Modules of the parallel model whose forward mixes samples (BatchNorm without SyncBatchNorm)."""
+    ref_counts: dict[str, int] = field(default_factory=dict)
+    """The reference's counts at that step (the global batch as shard_batch(batch, 0, 1) gives it)."""
+    ref_split: dict[str, Any] | None = None
+    """The first step at which the 1-process reference itself differs across ranks (same hooks, same global
+    batch, same seed): {"step", "what" ("loss" or "grad norm"), "values" {rank: value}, "equal_before"}."""
+    trainable_diff: dict[str, list[str]] = field(default_factory=dict)
+    """Parameters whose requires_grad parallelize changed: {"frozen": [...], "thawed": [...]} (loss_parity)."""
+    reducer: str | None = None
+    """What reduces the parallel model's gradients (loss_parity._reducer): fsdp, ddp, dtensor, hooks, none."""
 
 
 def ratio_to_integer(ratio: float) -> tuple[int, float, bool] | None:

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from distdiag.probes.base import ConsolidationView
-from distdiag.probes.numerics.diagnose import ParityEvidence, diagnose_parity
+from distdiag.probes.numerics import diagnose_rules as rules
+from distdiag.probes.numerics.diagnose import ParityEvidence, diagnose_parity, ratio_to_integer
+from distdiag.probes.numerics.parity_evidence import RATIO_HIGH
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
 
@@ -100,6 +102,16 @@ def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: Con
     if divergent:
         evidence = _evidence(payloads, divergent, world, order, accum_bad)
         findings.append(_divergence_finding(divergent, evidence, ranks))
+    elif (split := ref_split(payloads, len(table.rows) - 1)) is not None:
+        # Within tolerance, but the reference differs across ranks: each rank was compared with its own.
+        diag = rules.rank_dependent(ParityEvidence(
+            step=split["step"], world=world, loss_rel=0.0, loss_tol=0.0, mean_loss=0.0, ref_loss=0.0, grad_tol=0.0,
+            gbad={}, pbad={}, rank_sums={}, train_step=bool(first.get("train_step")), ref_split=split))
+        assert diag is not None
+        findings.append(Finding(
+            severity="warning", issue=f"the parallel run stays within tolerance, but {diag.mechanism}",
+            evidence="\n".join(diag.evidence), fix=diag.fix, confidence=diag.confidence, cause=diag.cause,
+            ranks=ranks))
     if accum is not None:
         findings.extend(_accumulation_findings(accum, accum_bad))
     findings.append(Finding(
@@ -190,7 +202,32 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
         fsdp=next((s.get("fsdp") for s in first["steps"] if s.get("order")), None),
         counts={r: p["steps"][d.index].get("counts") or {} for r, p in payloads.items()},
         cross_sample=next((s.get("cross_sample") or [] for s in first["steps"] if s.get("order")), []),
+        ref_counts=first["steps"][d.index].get("ref_counts") or {},
+        ref_split=ref_split(payloads, d.index),
+        reducer=next((s.get("reducer") for s in first["steps"] if s.get("order")), None),
+        trainable_diff=next((s.get("trainable_diff") or {} for s in first["steps"] if s.get("order")), {}),
     )
+
+
+REF_SPLIT_REL = 1e-6
+"""The reference runs the same hooks on the same global batch with the same seed on every rank, so its loss
+and gradient norm agree bit for bit (the determinism probe holds them to it); 1e-6 leaves room for a
+reduction order that differs between GPU models, far below any setting that reads the rank."""
+
+
+def ref_split(payloads: dict[int, dict[str, Any]], last: int) -> dict[str, Any] | None:
+    """The first step (index <= last) where the reference's loss, or the gradient norm it stepped with, differs
+    across ranks: a hook that computes differently per rank (it reads the rank, or a per-rank config)."""
+    ranks = sorted(payloads)
+    for i in range(last + 1):
+        for key, what in (("ref_loss", "loss"), ("ref_grad_norm", "grad norm")):
+            values = {r: payloads[r]["steps"][i].get(key) for r in ranks}
+            if any(v is None for v in values.values()):
+                return None
+            lo, hi = min(values.values()), max(values.values())
+            if hi - lo > REF_SPLIT_REL * max(abs(hi), abs(lo), 1e-12):
+                return {"step": payloads[ranks[0]]["steps"][i]["step"], "what": what, "values": values, "index": i}
+    return None
 
 
 def _ref_differs(bits: dict[int, dict[str, str]]) -> dict[str, list[list[int]]]:
@@ -266,6 +303,29 @@ def _loss_tol(step: dict[str, Any]) -> float:
 def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
     if accum["equal"]:
         return []
+    exact = ratio_to_integer(accum["factor"])
+    if not bad and exact is not None and exact[1] <= RATIO_HIGH:
+        k, _, inverted = exact
+        shown = f"1/{k}" if inverted else f"{k}"
+        return [Finding(
+            severity="warning",
+            issue=(f"train_step's gradients are exactly {shown} of one loss_fn backward on the same global batch "
+                   f"(factor {accum['factor']:.8g}): not clipping, which scales by max_norm / norm, no exact ratio"),
+            evidence=(f"reference process, step 1: total norm {accum['plain_norm']:.5g} with loss_fn, "
+                      f"{accum['stepped_norm']:.5g} as train_step steps; every tensor scaled alike (residual "
+                      f"{accum['scaled_resid']:.1e})\ncandidates: " + (
+                          f"each micro-batch's loss divided by the number of micro-batches ({k}) while the loss already "
+                          "normalises over the global batch (a global token count), or a loss scale not undone"
+                          if inverted else f"micro-batch losses that are each a mean over the whole batch, summed {k} "
+                          "times, or a loss scale not undone") + "\nwhat would decide: the normalisation loss_fn "
+                     "applies (a global count: the extra division is the bug; a micro-batch mean: train_step is right "
+                     "and loss_fn is not one step on the global batch)"),
+            fix=(f"scale the accumulated loss once: when loss_fn already divides by the global count, sum the "
+                 f"micro-batch losses without dividing by {k}" if inverted else
+                 f"divide the sum of micro-batch losses by {k}, or let loss_fn normalise by the global count"),
+            confidence=0.7,
+            cause="grad_accumulation_scaled",
+        )]
     if not bad:
         return [Finding(
             severity="info",
@@ -282,11 +342,13 @@ def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
             "gradient accumulation in train_step is not equivalent to one step on the same global batch: "
             f"its gradients differ from loss_fn's (max rel err {accum['max_rel']:.3g}, not a uniform clipping factor)"
         ),
-        evidence=f"reference process, step 1: {top}",
+        evidence=f"reference process, step 1: {top}\ncandidates: {rules.ACCUM_CANDIDATES}\nwhat would decide: "
+                 f"{rules.ACCUM_DECIDES}",
         fix=(
-            "sum per-token (or per-sample) losses over the micro-batches and divide once by the global count; "
-            "averaging micro-batch means weights tokens unequally when micro-batches hold different counts"
+            "if train_step averages micro-batch means: sum per-token (or per-sample) losses over the micro-batches and "
+            "divide once by the global count (averaging micro-batch means weights tokens unequally when micro-batches "
+            "hold different counts); if it clips inside the loop: clip once after the last micro-batch"
         ),
-        confidence=0.8,
+        confidence=0.6,
         cause="grad_accumulation_means",
     )]

@@ -137,6 +137,17 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
             f"the {len(differing)} tensor(s) hold the same values on every rank, under different names: each rank drew "
             "the same initial values and gave them to its modules in another order (modules built or initialised "
             "in an order that differs across ranks)", 0.85, groups)
+    partial = _partial(digests, groups)
+    if partial:
+        lone = {tuple(_one_odd(g)) for g in groups.values()}
+        return Divergence(
+            "setup_divergence_partial_tensor",
+            list(next(iter(lone))) if len(ranks) >= 3 and len(lone) == 1 and next(iter(lone)) else _disagreeing(groups),
+            f"only part of each tensor differs ({partial}): rows or a slice written on some ranks after init, not the "
+            "whole tensor (a checkpoint load or a rank-seeded init changes every element); candidates: an embedding "
+            "built with padding_idx on some ranks only (its pad row zeroed), a special token's row initialised per "
+            "rank, a partial load (strict=False) on some ranks; what would decide: the indices where the ranks' copies "
+            "differ, (t_rank0 != t_rank1).nonzero() on the model as built", 0.75, groups)
     odd = {tuple(_one_odd(g)) for g in groups.values()}
     if len(ranks) >= 3 and len(odd) == 1 and next(iter(odd)):
         (rank,) = next(iter(odd))
@@ -159,6 +170,26 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
             "values written after init on one of the two ranks (with 2 ranks which one cannot be told; at 3 or more "
             "ranks the odd one is named)", 0.7, groups)
     return Divergence("setup_divergence", _disagreeing(groups), "ranks fall into several groups of equal values", 0.6, groups)
+
+
+PARTIAL_SHARE = 0.25
+"""At most this share of a tensor's sampled elements differing is 'part of the tensor' (a row, a slice)."""
+
+
+def _partial(digests: dict[int, dict[str, dict[str, Any]]], groups: dict[str, dict[Any, list[int]]]) -> str:
+    """'x of y sampled elements' per tensor when every differing tensor differs in at most PARTIAL_SHARE of its
+    sampled elements (with at least 16 sampled), else ''."""
+    shown = []
+    for key, g in groups.items():
+        members = list(g.values())
+        if len(members) < 2:
+            return ""
+        a, b = digests[members[0][0]][key], digests[members[1][0]][key]
+        _, ndiff, nsampled = sample_diff(a, b)
+        if nsampled < 16 or ndiff > PARTIAL_SHARE * nsampled:
+            return ""
+        shown.append(f"{key}: {ndiff} of {nsampled} sampled elements")
+    return "; ".join(shown[:4]) + (f"; +{len(shown) - 4} more" if len(shown) > 4 else "")
 
 
 def _permuted(digests: dict[int, dict[str, dict[str, Any]]], ranks: list[int], differing: list[str]) -> bool:

@@ -11,7 +11,7 @@ from distdiag.probes.numerics.setup_digest import classify, outermost_modules, s
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
-__all__ = ["layout_findings", "divergence_findings", "FIXES"]
+__all__ = ["layout_findings", "divergence_findings", "mode_findings", "eval_modules", "FIXES"]
 
 FIXES = {
     "setup_divergence_loaded_on_one_rank": (
@@ -38,6 +38,11 @@ FIXES = {
         "under distdiag check's default fork launch the ranks share one hash seed and such a bug hides, so confirm "
         "with `distdiag check --launch torchrun`"
     ),
+    "setup_divergence_partial_tensor": (
+        "build the same tensors on every rank: give every rank the same construction arguments (padding_idx, special "
+        "tokens, one config and one tokenizer for all ranks) and the same partial loads, or broadcast the state from "
+        "rank 0 before parallelize; fully_shard keeps each rank's slice of its own copy"
+    ),
     "setup_divergence": (
         "make build_model give the same state on every rank (same seed, same checkpoint on every rank), or broadcast "
         "the state from rank 0 before parallelize"
@@ -56,7 +61,7 @@ def layout_findings(digests: dict[int, dict[str, dict[str, Any]]]) -> tuple[list
     classes = alike(ranks, [digests[r] for r in ranks])
     keys = sorted({k for d, _ in classes for k in d})
     skipped: set[str] = set()
-    by_what: dict[str, list[tuple[str, dict[Any, list[int]]]]] = {"dtype": [], "shape": []}
+    by_what: dict[str, list[tuple[str, dict[Any, list[int]]]]] = {"dtype": [], "shape": [], "trainable": []}
     compared = 0
     for key in keys:
         holding = [(d[key], rs) for d, rs in classes if key in d]
@@ -71,6 +76,10 @@ def layout_findings(digests: dict[int, dict[str, dict[str, Any]]]) -> tuple[list
                 by_what[what].append((key, groups))
                 skipped.add(key)
                 break
+        # requires_grad: the values still compare, but FSDP2 groups and reduces only the trainable ones
+        groups = group_alike([(str(e.get("trainable")), rs) for e, rs in holding])
+        if first["kind"] == "param" and len(groups) > 1:
+            by_what["trainable"].append((key, groups))
     findings = [_layout_finding(what, items) for what, items in by_what.items() if items]
     return findings, compared, skipped
 
@@ -79,6 +88,17 @@ def _layout_finding(what: str, items: list[tuple[str, dict[Any, list[int]]]]) ->
     names = [k for k, _ in items]
     lines = [f"{k}: " + "; ".join(f"{format_ranks(m)}: {v}" for v, m in g.items()) for k, g in items[:8]]
     odd = sorted({r for _, g in items for r in _minority(g)})
+    if what == "trainable":
+        lines = [f"{k}: " + "; ".join(f"{format_ranks(m)}: requires_grad {v}" for v, m in g.items()) for k, g in items[:8]]
+        return Finding(
+            severity="error",
+            issue=f"{len(names)} parameter(s) are trainable on some ranks and frozen on others: {_shown(names)}",
+            evidence="\n".join(lines) + "\nrequires_grad is set per rank (a freeze flag, a config or a branch that reads "
+                     "the rank): FSDP2 shards and reduces only trainable parameters, so the ranks' collectives differ "
+                     "in size (a mismatch that aborts or hangs), and a frozen copy never learns",
+            ranks=odd, fix="freeze the same parameters on every rank, before parallelize (one config for all ranks)",
+            confidence=0.95, cause="requires_grad_differs_across_ranks",
+        )
     if what == "dtype":
         fix = ("the model is cast on some ranks only (a .half()/.to(dtype) or a checkpoint loaded with assign=True "
                "inside a rank-dependent branch): cast on every rank, before parallelize; FSDP2 would all-gather and "
@@ -174,3 +194,38 @@ def _minority(groups: dict[Any, list[int]]) -> list[int]:
 
 def _shown(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+_MODE_SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm", "AlphaDropout")
+
+
+def eval_modules(model: Any) -> list[str]:
+    """The modules of the model as built that are in eval mode (canonical names, '(root)' for the model)."""
+    from distdiag.probes.training import canonical_name
+
+    return [canonical_name(n) or "(root)" for n, m in model.named_modules() if not m.training]
+
+
+def mode_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
+    """Modules in training mode on some ranks and eval mode on others (a validation pass on one rank
+    that never calls model.train() again): dropout and batch norm then compute differently per rank."""
+    modes: dict[int, Any] = {r: p.get("eval_modules") for r, p in payloads.items()}  # JSON lists, or None
+    if any(m is None for m in modes.values()):
+        return []
+    groups = group_alike([(tuple(m), [r]) for r, m in sorted(modes.items())])
+    if len(groups) < 2:
+        return []
+    everywhere = set.intersection(*(set(m) for m in modes.values()))
+    differing = sorted(set.union(*(set(m) for m in modes.values())) - everywhere)
+    lines = [f"{format_ranks(rs)}: {len(m)} module(s) in eval mode" + (f" ({_shown([x for x in m if x not in everywhere])})"
+             if m else "") for m, rs in groups.items()]
+    odd = sorted(r for r, m in modes.items() if set(m) - everywhere) or sorted(modes)
+    return [Finding(
+        severity="error",
+        issue=f"{len(differing)} module(s) are in eval mode on some ranks and in training mode on others: {_shown(differing)}",
+        evidence="\n".join(lines) + "\nmodel.eval() was called on some ranks only (a validation pass on rank 0, a "
+                 "rank-dependent branch) and model.train() not called again: dropout is off and batch norm uses "
+                 f"running statistics on those ranks only (mode-sensitive layers: {', '.join(_MODE_SENSITIVE)})",
+        ranks=odd, fix="call model.train() on every rank before training (after any evaluation pass), or run the "
+                       "evaluation on every rank", confidence=0.9, cause="training_mode_differs_across_ranks",
+    )]

@@ -24,7 +24,7 @@ from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.probes.numerics.setup_after import after_parallel, differing_names
 from distdiag.probes.numerics.setup_digest import SAMPLE, digest_model
-from distdiag.probes.numerics.setup_findings import divergence_findings, layout_findings
+from distdiag.probes.numerics.setup_findings import divergence_findings, eval_modules, layout_findings, mode_findings
 from distdiag.probes.numerics.setup_placement import (
     loss_findings,
     placement_findings,
@@ -82,6 +82,7 @@ class SetupSyncProbe(tr.NumericsProbe):
         try:
             model = hooks.model(ctx.seed)
             payload["digests"] = digest_model(model)
+            payload["eval_modules"] = eval_modules(model)
             payload["built"] = placement_rows(model)
         except tr.HookError as exc:
             payload["setup_error"] = str(exc)
@@ -116,6 +117,7 @@ class SetupSyncProbe(tr.NumericsProbe):
         findings, compared, skipped = layout_findings(digests)
         after = {r: payloads[r]["after"] for r in ranks} if all("after" in payloads[r] for r in ranks) else None
         findings += divergence_findings(digests, skipped, payloads[ranks[0]]["experts_by_design"], after)
+        findings += mode_findings(payloads)
         findings += placement_findings(payloads, view)
         findings += loss_findings(payloads)
         findings += precision_findings(payloads)

@@ -168,17 +168,43 @@ def parallel_run(ctx: RankContext, workload: str) -> ParallelRun:
 
     run = ParallelRun(hooks=hooks)
     mesh = tr.make_mesh(ctx)
+    model = None
     try:
         model = hooks.model(ctx.seed)
         run.ties = ties(model)
-        run.model = hooks.wrap(model, mesh)
     except tr.HookError as exc:
         run.error = str(exc)
+    # requires_grad set per rank makes FSDP2/DDP's collectives differ in size: a gloo abort or an NCCL hang
+    # in the first forward. One all_reduce before parallelize turns it into a finding instead.
+    if trainable_differs(ctx, model) and model is not None:
+        frozen = [tr.canonical_name(n) for n, p in model.named_parameters() if not p.requires_grad]
+        run.error = (f"requires_grad differs across ranks: this rank has {sum(1 for p in model.parameters() if p.requires_grad)} "
+                     f"trainable parameter(s), frozen: {', '.join(frozen[:6]) or 'none'}"
+                     f"{' (+more)' if len(frozen) > 6 else ''}; parallelize not run (FSDP2/DDP would reduce different "
+                     "sets of gradients on different ranks: a collective mismatch). Freeze the same parameters on every rank")
+    if run.error is None and model is not None:
+        try:
+            run.model = hooks.wrap(model, mesh)
+        except tr.HookError as exc:
+            run.error = str(exc)
     run.failed = tr.agree(ctx, run.error is not None)
     if not run.failed:
         run.snaps.append(snapshot(run.model, ctx.world_size))  # "after setup", before anything draws
     runs[hooks.source] = run
     return run
+
+
+def trainable_differs(ctx: RankContext, model: nn.Module | None) -> bool:
+    """Whether the names of the trainable parameters differ across ranks (one all_reduce of a hash and its
+    negation, MAX: equal on every rank exactly when max(h) == min(h))."""
+    import hashlib
+
+    names = ",".join(tr.canonical_name(n) for n, p in model.named_parameters() if p.requires_grad) if model is not None else ""
+    h = int(hashlib.blake2b(names.encode(), digest_size=7).hexdigest(), 16) if model is not None else -1
+    both = torch.tensor([h, -h], dtype=torch.int64, device=ctx.device)
+    ctx.comm.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+    hi, lo = int(both[0]), -int(both[1])
+    return hi != lo and lo >= 0  # a rank without a model (-1) is the build error's finding, not this one
 
 
 def release(ctx: RankContext, run: ParallelRun) -> None:

@@ -1,5 +1,5 @@
 """Test helper, put on PYTHONPATH: the rank named by DISTDIAG_TEST_DIE_AT_START SIGKILLs itself
-when its interpreter starts importing torch.distributed (while it imports torch and the check),
+(or sends itself DISTDIAG_TEST_DIE_AT_START_SIGNAL: SIGTERM, SIGINT, SIGSEGV, ...) when its interpreter starts importing torch.distributed (while it imports torch and the check),
 before any rank could report: distdiag check must still name it (--launch torchrun: a fresh
 interpreter per rank). Tied to the import, not to a clock: a timer of 1 s fired after the whole
 check had passed on a quiet machine (imports from a warm cache), and during a probe on another."""
@@ -17,7 +17,8 @@ if os.environ.get("DISTDIAG_TEST_DIE_AT_START") not in (None, "") and (
 
         def find_spec(self, name, path=None, target=None):
             if name == "torch.distributed":
-                os.kill(os.getpid(), signal.SIGKILL)
+                sig = os.environ.get("DISTDIAG_TEST_DIE_AT_START_SIGNAL") or "SIGKILL"
+                os.kill(os.getpid(), getattr(signal, sig))
             return None
 
     sys.meta_path.insert(0, _DieOnImport())

@@ -58,6 +58,8 @@ CASES = [
     ("async all_reduce: rank 1 of 3 issues one fewer async op", 3, ["async_ops.py", "--mode", "fault"], [1], ODD),
     ("isend/irecv ring: last rank 2 of 3 skips its isend", 3, ["async_ops.py", "--mode", "fault_ring"], [2], ODD + ("deadlock",)),
     ("async ops healthy", 3, ["async_ops.py", "--mode", "healthy"], None, None),
+    ("val loss by dist.reduce: only rank 0 of 4 takes `if val < best: save()` (save gathers)", 4, ["val_branch.py", "--mode", "fault"], [0], ("desync", "skipped_collective")),
+    ("val loss all_reduced: every rank saves (healthy)", 4, ["val_branch.py", "--mode", "healthy"], None, None),
     ("DCP: only rank 0 of 2 calls dcp.save", 2, ["dcp_save.py", "--mode", "fault"], [0], ODD),
     ("DCP: rank 2 of 3 stalls in its storage writer", 3, ["dcp_save.py", "--mode", "fault_io"], [2], STALL),
     ("DCP save healthy", 3, ["dcp_save.py", "--mode", "healthy"], None, None),

@@ -1,0 +1,130 @@
+"""The generalisation cases: bugs the diagnosis rules were not written for, each with its fixed twin.
+
+Each case is a target in tests/corpus/gen_targets/ (DISTDIAG_TWIN=healthy runs the twin) and what a
+right answer holds: the causes that name its mechanism, and the words that locate it (the module,
+tensor, rank or hook) in a finding's text. tests/corpus/run_generalisation.py runs them black-box and
+classifies each answer; tests/corpus/test_generalisation.py runs a few as a regression guard.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GenCase", "CASES", "HELD_OUT", "HIGH", "band", "classify_bug", "twin_loud", "findings_of"]
+
+TARGETS = Path(__file__).resolve().parent / "gen_targets"
+HIGH = 0.8
+"""Confidence at or above which a finding's cause is a confident claim."""
+NEUTRAL = {"mechanism_not_identified"}
+"""Causes that claim no mechanism: never a wrong cause."""
+
+
+@dataclass(frozen=True)
+class GenCase:
+    target: str
+    probes: str
+    mechanism: str
+    named: tuple[str, ...]
+    """Causes that name this mechanism."""
+    locate: tuple[str, ...]
+    """Words a finding (issue + evidence + fix) must hold to locate the bug: module, tensor, rank or hook."""
+    world: int = 2
+    also_true: tuple[str, ...] = ()
+    """Causes that are true of this bug but do not name its mechanism (a category): neither named nor wrong."""
+
+
+CASES = [
+    GenCase("clip_threshold_per_rank", "loss_parity", "clipping threshold differs per rank (global norm, per-rank max_norm)",
+            ("hook_depends_on_rank",), ("train_step",)),
+    GenCase("wd_on_norms_one_rank", "loss_parity", "weight decay on norms and biases on rank 1 only",
+            ("hook_depends_on_rank",), ("build_optimizer",)),
+    GenCase("accum_divides_twice", "loss_parity", "accumulation divides an already globally normalised loss by the micro-step count",
+            ("grad_accumulation_scaled",), ("train_step",)),
+    GenCase("label_smoothing_one_rank", "loss_parity", "label smoothing on rank 1 only",
+            ("hook_depends_on_rank",), ("loss_fn",)),
+    GenCase("padding_idx_one_rank", "setup_sync,loss_parity", "embedding pad row zeroed on rank 0 only",
+            ("setup_divergence_partial_tensor",), ("embed.weight",), also_true=("setup_divergence",)),
+    GenCase("frozen_one_rank", "setup_sync,loss_parity", "requires_grad False on rank 1's pos only",
+            ("requires_grad_differs_across_ranks",), ("pos", "requires_grad")),
+    GenCase("shard_rows_off_by_one", "loss_parity", "shard_batch off by one: a row on two ranks",
+            ("shards_do_not_partition_batch",), ("shard_batch",)),
+    GenCase("shard_drops_remainder", "loss_parity", "shard_batch floor split drops the last row",
+            ("shards_do_not_partition_batch",), ("shard_batch",)),
+    GenCase("tied_grad_allreduced", "loss_parity", "a manual all_reduce of head.weight's gradient on top of FSDP",
+            ("extra_reduction",), ("head.weight",)),
+    GenCase("sampler_seed_per_rank", "data_shards", "DistributedSampler seeded with seed + rank",
+            ("overlapping_data", "sampler_seed_differs"), ("seed",)),
+    GenCase("uneven_batch_count", "data_shards", "ranks get different numbers of batches per epoch",
+            ("batch_count_differs",), ("batches",)),
+    GenCase("eval_mode_one_rank", "setup_sync", "rank 0 left in eval mode (dropout off)",
+            ("training_mode_differs_across_ranks",), ("eval",)),
+    GenCase("buffer_stats_local_batch", "loss_parity,param_sync", "a running-statistics buffer updated from each rank's rows",
+            ("buffer_not_synchronised",), ("normaliser",)),
+    GenCase("no_ddp_wrap", "loss_parity", "parallelize returns the bare model: gradients never reduced",
+            ("grads_not_reduced",), ("parallelize",)),
+    GenCase("nonpersistent_buffer_ckpt", "checkpoint", "a buffer registered persistent=False is not saved",
+            ("buffer_not_saved",), ("step_count",)),
+]
+
+
+HELD_OUT = [
+    # Written after the rules above were changed, and run once without changing a rule: a measure of how the
+    # rules carry to bugs they were not tuned on. Causes listed under `named` need not exist: nothing is named then.
+    GenCase("loss_scale_not_unscaled", "loss_parity", "a static x1024 loss scale never undone before the step",
+            ("loss_scale_not_undone",), ("train_step",), also_true=("grad_accumulation_scaled",)),
+    GenCase("frozen_in_parallelize", "loss_parity", "parallelize freezes the embedding on the parallel path only",
+            ("parallelize_changes_trainable",), ("embed",)),
+    GenCase("mask_sliced_differently", "loss_parity", "shard_batch slices tokens strided and the mask contiguously",
+            ("mask_misaligned",), ("mask",)),
+    GenCase("clip_per_microbatch", "loss_parity", "clip_grad_norm_ inside the accumulation loop",
+            ("clip_inside_accumulation",), ("train_step",)),
+    GenCase("reduce_in_bf16", "loss_parity,fsdp_plan", "FSDP2 reduce_dtype bfloat16 with float32 parameters",
+            ("reduce_precision_lower",), ("lower precision",)),
+    GenCase("drop_last_one_rank", "data_shards", "DistributedSampler drop_last from a per-node flag",
+            ("batch_count_differs",), ("batches",)),
+]
+
+
+def findings_of(report: dict[str, Any], probes: str) -> list[dict[str, Any]]:
+    """Every finding of the probes run, from the JSON report."""
+    want = set(probes.split(","))
+    return [f for p in report.get("probes", []) if p.get("name") in want for f in p.get("findings", [])]
+
+
+def _loud(f: dict[str, Any]) -> bool:
+    return f.get("severity") in ("warning", "error", "critical")
+
+
+def _text(f: dict[str, Any]) -> str:
+    return " ".join(str(f.get(k) or "") for k in ("issue", "evidence", "fix"))
+
+
+def band(confidence: float | None) -> str:
+    if confidence is None:
+        return "none"
+    return "high (>= 0.8)" if confidence >= HIGH else "medium (0.6-0.8)" if confidence >= 0.6 else "low (< 0.6)"
+
+
+def classify_bug(case: GenCase, findings: list[dict[str, Any]]) -> dict[str, Any]:
+    """named / located / missed, and any wrong cause at high confidence."""
+    loud = [f for f in findings if _loud(f)]
+    named = any(f.get("cause") in case.named for f in loud)
+    located = any(all(w.lower() in _text(f).lower() for w in case.locate) for f in loud)
+    wrong = [f for f in loud if f.get("cause") and f["cause"] not in case.named + case.also_true and f["cause"] not in NEUTRAL
+             and (f.get("confidence") or 0) >= HIGH]
+    outcome = "named" if named else "located" if located else "missed"
+    return {"outcome": outcome, "named": named, "located": located,
+            "wrong_high": [f"{f['cause']} ({f.get('confidence')})" for f in wrong],
+            "causes": [(f.get("severity"), f.get("cause"), f.get("confidence")) for f in loud]}
+
+
+def twin_loud(findings: list[dict[str, Any]]) -> list[str]:
+    """What the twin reports above info (nothing, for a quiet twin)."""
+    return [f"{f.get('severity')}: {f.get('cause') or f.get('issue', '')[:80]}" for f in findings if _loud(f)]
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
