@@ -95,11 +95,11 @@ def _arm_after(init: Any) -> Any:
         if _STATE["wd"] is None and threading.current_thread() is threading.main_thread():
             from distdiag.watchdog import HangWatchdog
 
-            _STATE["wd"] = HangWatchdog(config=_STATE["config"]).start()
+            wd = _STATE["wd"] = HangWatchdog(config=_STATE["config"]).start()
             _say_armed(_STATE["config"])
             # A worker that dies makes torchrun SIGTERM the others at once: take the signal
             # so that they report it first (distdiag/watchdog/sigterm.py).
-            _STATE["wd"].take_sigterm()
+            wd.take_sigterm()
         return result
 
     init_process_group.__distdiag_wrapped__ = init  # type: ignore[attr-defined]

@@ -183,9 +183,10 @@ def _write_names(fig: Any, ax: Any, tops: list[tuple[float, str, str]]) -> None:
     order = sorted(range(len(items)), key=lambda i: items[i][0])
     rows = dict(zip(order, label_rows([items[i] for i in order]), strict=True))
     for i, (step, name, colour) in enumerate(tops):
-        if rows[i] is None:
+        row = rows[i]
+        if row is None:
             continue
         leftwards = items[i][0] < (step - lo) / (hi - lo)
-        ax.annotate(name, (step, 1.0), xycoords=("data", "axes fraction"), xytext=(-2 if leftwards else 2, 3 + 10 * rows[i]),
+        ax.annotate(name, (step, 1.0), xycoords=("data", "axes fraction"), xytext=(-2 if leftwards else 2, 3 + 10 * row),
                     textcoords="offset points", fontsize=7, color=colour, va="bottom",
                     ha="right" if leftwards else "left", annotation_clip=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import traceback
+from collections.abc import Mapping
 from typing import Any
 
 from distdiag.hang import analyze_hang, build_views, ensure_critical, snapshot_details, state_rows
@@ -169,7 +170,7 @@ def build_report(
 def hang_result(
     name: str,
     snaps: dict[int, dict[str, Any]],
-    lost: dict[int, str],
+    lost: Mapping[int, str],
     errors: dict[int, dict[str, Any]],
     world: int,
     *,
@@ -215,7 +216,7 @@ def cancel_result(
     return ProbeResult(name, status="error", findings=[finding], duration_s=duration_s, details=details, reason=reason)
 
 
-def after_verdict_result(lost: dict[int, str]) -> ProbeResult:
+def after_verdict_result(lost: Mapping[int, str]) -> ProbeResult:
     """Ranks that were stopped or died after the verdict was written, before they left."""
     ranks = sorted(lost)
     finding = Finding(

@@ -15,6 +15,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from distdiag.check.config import CheckConfig
@@ -298,7 +299,7 @@ class RunEnd:
             return code
         return self._rewrite_lost_after_verdict(report, definite, ex)
 
-    def _rewrite_lost_after_verdict(self, report: Report, definite: dict[int, str], ex: Exchange) -> int:
+    def _rewrite_lost_after_verdict(self, report: Report, definite: Mapping[int, str], ex: Exchange) -> int:
         """Ranks gone or stopped after the verdict: the written report now says so (exit 3)."""
         from distdiag.check.consolidate import after_verdict_result
 

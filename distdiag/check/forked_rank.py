@@ -22,7 +22,7 @@ def as_a_fresh_rank() -> None:
     # is killed. A forked rank has the parent's buffered streams; flush them at each line.
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True)
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a TextIOWrapper's; others: AttributeError
         except (AttributeError, ValueError):
             pass
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from distdiag.check.jobwatch import JobWatch, die_with_parent, kill_tree
 from distdiag.check.launch_end import Launch, exit_code_after_run
@@ -113,11 +113,19 @@ class JobEnd:
     """What the launcher did to single ranks (a rank stopped after the verdict, ended)."""
 
 
+class Launched(Protocol):
+    """What run_forwarding_signals reads of a launch: a Launch, or `distdiag watch`'s job."""
+
+    watch: JobWatch
+
+    def mark_cancelled(self, signal_name: str) -> None: ...
+
+
 def run_forwarding_signals(
     cmd: list[str],
     env: dict[str, str],
     on_start: Callable[[subprocess.Popen[str]], None] | None = None,
-    launch: Launch | None = None,
+    launch: Launched | None = None,
     **popen: Any,
 ) -> JobEnd:
     """Run torchrun, passing our SIGTERM/SIGINT on to it, until it ends.
@@ -147,7 +155,7 @@ def run_forwarding_signals(
         except ProcessLookupError:
             pass
 
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, forward)

@@ -97,7 +97,7 @@ def make_plan(config: CheckConfig, world_size: int) -> Plan:
     explicit = requested is not None
     # Probes with default_enabled = False (slow ones, e.g. bandwidth) run only when a profile
     # or --probes names them.
-    names = list(dict.fromkeys(requested if explicit else [n for n, p in PROBES.items() if p.default_enabled or every]))
+    names = list(dict.fromkeys(requested if requested is not None else [n for n, p in PROBES.items() if p.default_enabled or every]))
     plan = Plan(config)
     for name in names:
         if name in config.skip:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distdiag.check.config import CheckConfig
 from distdiag.check.finish import RunEnd
@@ -31,6 +31,9 @@ from distdiag.report.render import ProgressLine
 from distdiag.runtime.exchange import Exchange, bounded, poll_interval
 from distdiag.runtime.faults import FaultPlan
 from distdiag.runtime.keys import IncidentKeys, Keys
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["main", "run_check"]
 
@@ -266,15 +269,15 @@ class CheckRun:
         if errors:
             first = min(errors)
             where = "" if len(errors) == self.info.world_size else f" (on rank {first})"
-            exc = ConfigError(f"{errors[first]}{where}")
+            bad = ConfigError(f"{errors[first]}{where}")
             self.sentinel.finishing_code = EXIT_BAD_INPUT
-            code = _bad_input(exc, [], report_path=self.config.report)
+            code = _bad_input(bad, [], report_path=self.config.report)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
         return target
 
-    def _run_probe(self, ctx: Any, index: int, planned: Any) -> None:
+    def _run_probe(self, ctx: RankContext, index: int, planned: Any) -> None:
         probe = planned.probe
         note_phase(f"in probe '{probe.name}'")
         self.progress.show(index, len(self.plan.probes), probe.name)
@@ -289,7 +292,7 @@ class CheckRun:
         if self.end.ahead is not None:
             self.end.ahead.ready(index)
 
-    def _probe_entry(self, ctx: Any, planned: Any) -> dict[str, Any]:
+    def _probe_entry(self, ctx: RankContext, planned: Any) -> dict[str, Any]:
         """What this rank posts for one probe: skipped and why, its payload, or its error."""
         probe = planned.probe
         if planned.skip_reason:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -20,6 +20,10 @@ from distdiag.cli.options import (
     fail,
     write_junit_for,
 )
+
+if TYPE_CHECKING:
+    from distdiag.analyze.core import AnalyzeConfig
+    from distdiag.report.model import Report
 
 __all__ = ["register"]
 
@@ -86,7 +90,7 @@ def analyze(
     raise typer.Exit(0 if exit_zero else report.exit_code)
 
 
-def _write_plot(runs: list, report: object, plot: Path, config: object) -> None:
+def _write_plot(runs: list, report: Report, plot: Path, config: AnalyzeConfig | None) -> None:
     """--plot: the curves with the findings marked, as an image (bad input: one line, exit 2)."""
     from distdiag.analyze.plot import PlotUnavailable, plot_report
 

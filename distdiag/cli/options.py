@@ -5,11 +5,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from distdiag.errors import did_you_mean
+
+if TYPE_CHECKING:
+    from distdiag.report.model import Report
 
 __all__ = [
     "FormatOpt",
@@ -64,7 +67,7 @@ def check_junit_path(path: Path | None) -> None:
         raise fail(f"--junit: cannot write {path}: {exc.strerror}") from None
 
 
-def write_junit_for(report: Any, path: Path | str | None, command: str) -> None:
+def write_junit_for(report: Report, path: Path | str | None, command: str) -> None:
     """Write `report` as JUnit XML (suite `distdiag.<command>`) when --junit was given; a
     write that fails is said on stderr in one line and leaves the verdict's exit code alone,
     as `distdiag check --junit` does."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 
@@ -19,7 +20,7 @@ def probes(format: FormatOpt = "text") -> None:
     check_format(format)
     # the shipped profiles that run each probe (an empty list runs the default probes)
     profiles = {name: load_profile(name).get("check", {}).get("probes") or [] for name in profile_names()}
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": name,
             "default": cls.default_enabled,

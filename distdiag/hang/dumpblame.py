@@ -229,7 +229,7 @@ def _stranded(a: Attribution) -> Finding | None:
     if len(ranks) <= CHAIN_LINES:
         lines = [chain_text(a.chains[r]) for r in ranks]
     else:
-        shapes: dict[tuple[object, ...], list[int]] = defaultdict(list)
+        shapes: dict[tuple[str, int, tuple[int, ...], int], list[int]] = defaultdict(list)
         for r in ranks:
             c = a.chains[r]
             shapes[(c[0].step.op.op, len(c[0].step.members), tuple(a.end_of[r].ranks), len(c))].append(r)

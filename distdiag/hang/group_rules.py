@@ -227,7 +227,8 @@ def _p2p_count(a: Analysis, rank: int, way: str, peer: int) -> int | None:
     counts = ((a.views[rank].snap.get("p2p") or {}) if rank in a.views else {}).get(way)
     if not isinstance(counts, dict):
         return None
-    return int(counts.get(str(peer), counts.get(peer, 0)))  # type: ignore[call-overload]
+    count: Any = counts.get(str(peer), counts.get(peer, 0))  # a wrapper's JSON: keys str, or int before
+    return int(count)
 
 
 def _p2p_departure(snap: dict[str, Any]) -> str | None:

@@ -21,6 +21,7 @@ picture. Pure and torch-free.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from distdiag.report.render import format_ranks
@@ -224,7 +225,7 @@ def graph_text(picture: dict[str, Any], path: str) -> str:
                      "or .png, .svg, .pdf (an image; needs matplotlib)")
 
 
-def hang_extras(findings: list[Any], views: dict[int, Any], lost: dict[int, str], errors: dict[int, dict[str, Any]],
+def hang_extras(findings: list[Any], views: dict[int, Any], lost: Mapping[int, str], errors: dict[int, dict[str, Any]],
                 world: int) -> dict[str, Any]:
     """What a live hang report's details carry for programs: `wait_for_graph` (the graph the
     rules read, built again from the same views: rules.Analysis keeps it to itself) and

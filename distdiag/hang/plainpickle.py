@@ -51,7 +51,7 @@ def _bounded(op: Callable[[Any], None], memo: bool) -> Callable[[Any], None]:
     def run(self: _PlainUnpickler) -> None:
         op(self)
         self.ops += 1
-        if memo and len(self.memo) > MAX_MEMO:
+        if memo and len(self.memo) > MAX_MEMO:  # type: ignore[attr-defined]  # the pure-Python Unpickler's, not in typeshed
             raise PlainPickleError(f"it memoizes over {MAX_MEMO:,} objects; a flight-recorder dump holds far fewer")
         if not self.ops & 0xFFFF and time.monotonic() > self.deadline:
             raise PlainPickleError(f"it takes over {MAX_READ_S:g} s to unpickle; no flight-recorder dump does")

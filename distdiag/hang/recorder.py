@@ -458,7 +458,7 @@ class EngineReader:
         entries: list[dict[str, Any]] = []
         if (pending and details) or tail:
             entries = self._entries(only_active=not tail)
-            site_of = self._sites_or_none(wait_s) if sites and entries else None
+            site_of = (self._sites_or_none(wait_s) if sites and entries else None) or {}
             for e in entries if site_of else []:
                 e["call_site"] = site_of.get((e["backend_tag"], e["pg"], e["seq"]))
         if pending:
@@ -541,7 +541,7 @@ def group_label(name: str) -> str:
         import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d
 
-        pg = c10d._resolve_process_group(name)
+        pg = c10d._resolve_process_group(name)  # type: ignore[arg-type]  # torch's GroupName: a NewType of str
         if pg is c10d._get_default_group():
             return GroupId(world=True).label
         return GroupId(tuple(dist.get_process_group_ranks(pg))).label
@@ -582,7 +582,7 @@ def positions_from_dump(dump: dict[str, Any]) -> dict[str, Any]:
     entries = dump.get("entries")
     if entries is not None and not isinstance(entries, list | tuple):
         raise ValueError("not a flight-recorder dump ('entries' is not a list)")
-    rank = dump.get("rank") if isinstance(dump.get("rank"), int) else 0
+    rank: int = dump["rank"] if isinstance(dump.get("rank"), int) else 0
     rd = normalise(rank, {**dump, "entries": [e for e in entries or [] if isinstance(e, dict)]})
     world = world_of({rank: rd})
     infer_members({rank: rd}, world)

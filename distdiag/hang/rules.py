@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,7 +80,7 @@ class Analysis:
     """What every rule reads, and what the rules found so far."""
 
     views: dict[int, RankView]
-    lost: dict[int, str]
+    lost: Mapping[int, str]
     errors: dict[int, dict[str, Any]]
     """rank -> exception summary (type, message, traceback, raised_at, through; `caught`: the
     rank caught it and went on; `comm`: a broken connection, a consequence of a lost peer)."""
@@ -320,7 +320,7 @@ def _step_lag(a: Analysis, rank: int, waiters: list[int]) -> str | None:
     """
     v = a.views[rank]
     mine = v.steps
-    theirs = [a.views[r].steps for r in waiters if a.views[r].steps is not None]
+    theirs = [s for r in waiters if (s := a.views[r].steps) is not None]
     if mine is None or not theirs:
         return None
     if mine < min(theirs):
@@ -443,7 +443,7 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
 
 def _fewer_steps(a: Analysis, rank: int, waiters: list[int]) -> bool:
     mine = a.views[rank].steps
-    theirs = [a.views[r].steps for r in waiters if a.views[r].steps is not None]
+    theirs = [s for r in waiters if (s := a.views[r].steps) is not None]
     return mine is not None and bool(theirs) and mine < min(theirs)
 
 
@@ -520,7 +520,7 @@ RULES: tuple[Callable[[Analysis], None], ...] = (
 
 def analyze_hang(
     snaps: dict[int, dict[str, Any]],
-    lost_ranks: dict[int, str],
+    lost_ranks: Mapping[int, str],
     errors: dict[int, dict[str, Any]],
     world: int,
     *,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -266,7 +266,7 @@ def _wrapper_wait(snap: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def build_views(
-    snaps: dict[int, dict[str, Any]], lost: dict[int, str], records: dict[int, RankSnapshot] | None = None,
+    snaps: dict[int, dict[str, Any]], lost: Mapping[int, str], records: dict[int, RankSnapshot] | None = None,
 ) -> dict[int, RankView]:
     """A RankView for every live rank (not in `lost`). `records`: the same snapshots typed
     (RankSnapshot.from_dict of each), when the caller typed them already (the watchdog's
@@ -300,7 +300,7 @@ def build_views(
 
 
 def state_rows(
-    snaps: dict[int, dict[str, Any]], lost: dict[int, str], world: int, infos: dict[int, Any] | None = None,
+    snaps: dict[int, dict[str, Any]], lost: Mapping[int, str], world: int, infos: dict[int, Any] | None = None,
     views: dict[int, RankView] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per rank for the report's table: state and where. `infos` (rank -> an object
@@ -498,13 +498,13 @@ def recent_table(snaps: dict[int, dict[str, Any]], name: Callable[[str], str]) -
     short: dict[str, str] = {}  # name() of each group met so far (a dict read, not a call, a record)
     for rank, snap in sorted(snaps.items()):
         rows = by_rank[str(rank)] = []
-        records = snap.get("recent") or []
+        records: Any = snap.get("recent") or []  # a list, or a node leader's SplitRecords
         split = records.at if type(records) is SplitRecords and len(records.at) == len(records) else None
         for i, c in enumerate(records):
             if type(c) is not dict:
                 continue
             if split is None:
-                at = fields.at(_rest(c))
+                at: int | None = fields.at(_rest(c))
             else:
                 key = (id(records.shared), split[i])
                 at = by_node.get(key)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -419,7 +420,7 @@ def _view_wait(rank: int, w: dict[str, Any], world: int) -> Wait:
     return Wait(_members(str(w["group"]), world), int(w["seq"]), coll_label(w), key)
 
 
-def nodes_from_views(views: dict[int, RankView], lost: dict[int, str], errors: dict[int, dict[str, Any]], world: int) -> dict[int, Node]:
+def nodes_from_views(views: dict[int, RankView], lost: Mapping[int, str], errors: dict[int, dict[str, Any]], world: int) -> dict[int, Node]:
     """The graph's input from the rules' views: lost ranks, ranks that raised (and wait in
     nothing), waiting ranks with their collectives by members, the rest computing/finished."""
     nodes: dict[int, Node] = {}
@@ -460,7 +461,7 @@ def _position_wait(rank: int, members: Group, g: dict[str, Any]) -> Wait:
 
 
 def nodes_from_positions(per_rank: dict[int, dict[Group, dict[str, Any]]], world: int,
-                         lost: dict[int, str] | None = None) -> dict[int, Node]:
+                         lost: Mapping[int, str] | None = None) -> dict[int, Node]:
     """The graph's input from per-rank, per-group positions (a dump reader's output).
 
     `per_rank[rank][members]` = {"op", "seq" (last enqueued), "completed" (last completed; absent:

@@ -31,7 +31,7 @@ try:
     import lightning.pytorch as pl
 except ImportError:
     try:
-        import pytorch_lightning as pl  # the package's name before Lightning 2.0
+        import pytorch_lightning as pl  # type: ignore[no-redef]  # the package's name before Lightning 2.0
     except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
         raise ImportError(
             f"distdiag.integrations.lightning needs Lightning ({exc}); install it with: pip install lightning"

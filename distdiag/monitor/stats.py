@@ -53,7 +53,7 @@ class ParamGroups:
         """Some parameters are plain (replicated) tensors, not DTensors: their norms must agree across ranks."""
         self.device = self.params[0].device if self.params else torch.device("cpu")
         if self.params and callable(getattr(self.params[0], "to_local", None)):
-            self.device = self.params[0].to_local().device
+            self.device = self.params[0].to_local().device  # type: ignore[attr-defined]  # a DTensor parameter's
 
     def _grouped(self, tensors: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(per-group weighted sum of squares, plain-tensor sum of squares, non-finite flag)."""
@@ -76,12 +76,12 @@ class ParamGroups:
         # one fused kernel for all the norms instead of one per tensor
         norms = torch.stack(torch._foreach_norm(locs)).to(torch.float64)
         sq = norms * norms
-        w = torch.tensor(weights, dtype=torch.float64, device=self.device)
-        out.index_add_(0, torch.tensor(idx, device=self.device), sq * w)
+        ws = torch.tensor(weights, dtype=torch.float64, device=self.device)
+        out.index_add_(0, torch.tensor(idx, device=self.device), sq * ws)
         if any(u >= 0 for u in unit):
             keep = torch.tensor([u >= 0 for u in unit], device=self.device)
             slots = torch.tensor([max(u, 0) for u in unit], device=self.device)
-            out.index_add_(0, slots[keep], (sq * w)[keep])
+            out.index_add_(0, slots[keep], (sq * ws)[keep])
         mask = torch.tensor(is_plain, device=self.device)
         plain = (sq * mask).sum()
         bad = (~torch.isfinite(norms)).any().to(torch.float64)
@@ -109,8 +109,8 @@ class ParamGroups:
         out = torch.zeros(self.width, dtype=torch.float64, device=self.device)
         if diffs:
             norms = torch.stack(torch._foreach_norm(diffs)).to(torch.float64)
-            w = torch.tensor(weights, dtype=torch.float64, device=self.device)
-            out.index_add_(0, torch.tensor(idx, device=self.device), norms * norms * w)
+            ws = torch.tensor(weights, dtype=torch.float64, device=self.device)
+            out.index_add_(0, torch.tensor(idx, device=self.device), norms * norms * ws)
         return out
 
 

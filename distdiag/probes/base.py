@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from distdiag.report.model import Finding, ProbeResult, RankInfo
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = [
     "Probe", "ConsolidationView", "SHARDING_IMPORTS", "DCP_IMPORTS",
@@ -61,10 +64,10 @@ class Probe(abc.ABC):
     gets the payloads unchanged, the ranks that posted a value alike holding one object: it reads
     these fields and never changes them (`alike` judges each distinct one once)."""
 
-    def options(self, holder: Any) -> Any:
+    def options(self, holder: RankContext | ConsolidationView) -> Any:
         """This probe's options from a RankContext or ConsolidationView: the check always
         fills them in; called directly (tests, the watchdog), the Config's defaults."""
-        return holder.options if holder.options is not None else self.Config()
+        return holder.options if holder.options is not None else self.Config()  # type: ignore[misc]  # asked only of probes with a Config
 
     def world_problem(self, world_size: int) -> str | None:
         """Why this world cannot run the probe (bad input if the probe was asked for by name)."""
@@ -94,7 +97,7 @@ class Probe(abc.ABC):
     this torch (they move between releases), the probe skips with the reason instead of
     raising."""
 
-    def skip_reason(self, ctx: Any) -> str | None:
+    def skip_reason(self, ctx: RankContext) -> str | None:
         """Why the probe skips on this machine (missing hardware, missing torch API), or None."""
         return None
 
@@ -118,7 +121,7 @@ class Probe(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         """Do this rank's part; return a JSON-able payload."""
 
     def consolidate(self, payloads: dict[int, dict[str, Any]], view: ConsolidationView) -> ProbeResult:

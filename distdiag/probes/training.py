@@ -15,7 +15,7 @@ import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from distdiag.errors import DistDiagError, exc_line, publish_caught
 from distdiag.probes.base import SHARDING_IMPORTS, Probe
 from distdiag.workloads import WORKLOADS, get_workload
 from distdiag.workloads.base import batch_on, batch_size, split_batch
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = [
     "NumericsProbe",
@@ -149,7 +152,7 @@ def default_parallelize(
     return model
 
 
-def make_mesh(ctx: Any, dim: str = "dp") -> Any:
+def make_mesh(ctx: RankContext, dim: str = "dp") -> Any:
     """The 1-D mesh over the world, its one dim named ``dim`` (data-parallel by default).
 
     FSDP2 and DTensor (and torch._dynamo, which DTensor.from_local imports on first use)
@@ -212,7 +215,7 @@ class Hooks:
         return out
 
 
-def missing_hooks_reason(ctx: Any, probe: str) -> str | None:
+def missing_hooks_reason(ctx: RankContext, probe: str) -> str | None:
     target = getattr(ctx, "target", None)
     if target is None:
         return None
@@ -222,7 +225,7 @@ def missing_hooks_reason(ctx: Any, probe: str) -> str | None:
     return None
 
 
-def layout_reason(ctx: Any, probe: str) -> str | None:
+def layout_reason(ctx: RankContext, probe: str) -> str | None:
     """Why the target's own parallel layout is not the data-parallel one this probe compares, or None.
 
     The numerics probes build one model per rank with build_model, split each global batch
@@ -263,7 +266,7 @@ class NumericsProbe(Probe):
 
     preload = SHARDING_IMPORTS
 
-    def skip_reason(self, ctx: Any) -> str | None:
+    def skip_reason(self, ctx: RankContext) -> str | None:
         return missing_hooks_reason(ctx, self.name) or layout_reason(ctx, self.name)
 
 
@@ -275,7 +278,7 @@ def check_workload(key: str, value: Any) -> None:
         raise ConfigError(f"{key} must be one of {', '.join(WORKLOADS)}, got {value!r}")
 
 
-def resolve_hooks(ctx: Any, workload: str) -> Hooks:
+def resolve_hooks(ctx: RankContext, workload: str) -> Hooks:
     """The target's hooks with distdiag's defaults for the missing ones (or a built-in workload)."""
     target = getattr(ctx, "target", None)
 
@@ -313,7 +316,7 @@ def local_tensor(t: Any) -> Any:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def agree(ctx: Any, failed: bool) -> bool:
+def agree(ctx: RankContext, failed: bool) -> bool:
     """One all_reduce(MAX): True when any rank failed its local setup."""
     flag = torch.tensor([1 if failed else 0], dtype=torch.int32, device=ctx.device)
     ctx.comm.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distdiag.report.figure import SEVERITY_COLOURS, pyplot, save_figure
+
+if TYPE_CHECKING:
+    from distdiag.report.model import ProbeResult, Report
 
 __all__ = ["bandwidth_of", "draw_bandwidth_chart", "judged"]
 
@@ -25,7 +28,7 @@ _NAMED = 12
 """Flagged ranks or links named beside their mark; the rest are counted in the title."""
 
 
-def bandwidth_of(report: Any) -> Any | None:
+def bandwidth_of(report: Report) -> ProbeResult | None:
     """The report's bandwidth probe result, or None when it did not run."""
     return next((p for p in report.probes if p.name == "bandwidth" and p.details.get("table:straggler scores")
                  is not None), None)
@@ -102,7 +105,7 @@ def _log_axis(ax: Any) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def draw_bandwidth_chart(report: Any, path: str | Path) -> Path:
+def draw_bandwidth_chart(report: Report, path: str | Path) -> Path:
     """Draw the report's bandwidth results to `path` (.png, .svg, .pdf); ValueError when the
     report holds none (the profile left the probe out, or it was skipped)."""
     probe = bandwidth_of(report)

@@ -21,7 +21,7 @@ from typing import Any
 try:
     import orjson
 except ImportError:  # pragma: no cover - a platform without its wheel: the standard parser
-    orjson = None
+    orjson = None  # type: ignore[assignment]  # FAST below says which parser runs
 
 __all__ = ["loads", "FAST"]
 

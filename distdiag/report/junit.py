@@ -13,7 +13,7 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from distdiag.report.model import Finding, Report, group_by_node, write_json_atomic
+from distdiag.report.model import Finding, Report, Severity, Status, group_by_node, write_json_atomic
 from distdiag.report.render import format_ranks
 
 __all__ = ["junit_xml", "write_junit"]
@@ -48,13 +48,13 @@ def junit_xml(report: Report, suite_name: str = "distdiag.check") -> str:
     for probe in report.probes:
         case = ET.SubElement(suite, "testcase", classname="distdiag.probes", name=probe.name, time=f"{probe.duration_s:.3f}")
         counts["tests"] += 1
-        bad = [f for f in probe.findings if f.severity in ("error", "critical")]
+        bad = [f for f in probe.findings if f.severity in (Severity.ERROR, Severity.CRITICAL)]
         text = "\n".join(_finding_text(f, world) for f in probe.findings)
-        if probe.status == "skip":
+        if probe.status == Status.SKIP:
             ET.SubElement(case, "skipped", message=probe.reason or "skipped")
             counts["skipped"] += 1
-        elif probe.status in ("fail", "error"):
-            tag = "error" if probe.status == "error" or any(f.severity == "critical" for f in bad) else "failure"
+        elif probe.status in (Status.FAIL, Status.ERROR):
+            tag = "error" if probe.status == Status.ERROR or any(f.severity == Severity.CRITICAL for f in bad) else "failure"
             head = bad[0].issue if bad else (probe.reason or probe.status)
             node = ET.SubElement(case, tag, message=head[:500], type=probe.status)
             node.text = text

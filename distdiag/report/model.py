@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,9 @@ from distdiag.report.schema import MAX_DEPTH, json_depth, report_type_problem
 __all__ = [
     "now_iso",
     "SCHEMA",
+    "Words",
+    "Severity",
+    "Status",
     "SEVERITIES",
     "STATUSES",
     "EXIT_PASS",
@@ -46,11 +50,42 @@ __all__ = [
 
 SCHEMA = "distdiag.report/1"
 
-SEVERITIES = ("info", "warning", "error", "critical")
-"""Ordered from least to most severe. `error` fails a probe; `critical` means the run itself
-broke (a rank hung, died or never reported)."""
+class Words(str, Enum):
+    """A closed set of words the report writes. A member is its value wherever it is compared,
+    hashed, printed or written as JSON: `Severity.ERROR == "error"`, and f"{Severity.ERROR}" is
+    "error" (str's own str and format: an Enum's print its name from Python 3.11)."""
 
-STATUSES = ("pass", "warn", "fail", "skip", "error")
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
+
+class Severity(Words):
+    """A finding's severity, from least to most severe. `error` fails a probe; `critical` means
+    the run itself broke (a rank hung, died or never reported)."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+class Status(Words):
+    """A probe's status in the report."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+    ERROR = "error"
+
+
+SEVERITIES: tuple[str, ...] = tuple(s.value for s in Severity)
+"""The severities' values, least severe first ("info", "warning", "error", "critical")."""
+
+STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
 
 EXIT_PASS = 0
 """Every probe passed (warnings allowed)."""
@@ -101,7 +136,7 @@ class Finding:
     """One thing a probe found, with what a user needs to act on it."""
 
     severity: str
-    """info | warning | error | critical."""
+    """info | warning | error | critical (a Severity, or its value)."""
     issue: str
     """What is wrong, in one sentence that names ranks, sizes and values."""
     evidence: str = ""
@@ -232,7 +267,7 @@ def group_by_node(report: Report) -> dict[str, Any]:
     """
     node_of: dict[int, tuple[int, str]] = {}
     nodes: dict[tuple[int, str], list[int]] = {}
-    by_host: dict[str, list[tuple[int, str]]] = {}
+    by_host: dict[str | None, list[tuple[int, str]]] = {}  # read with a drain's host, which may be None
     for info in report.ranks:
         key = (info.node, info.host)
         node_of[info.rank] = key
@@ -252,7 +287,7 @@ def group_by_node(report: Report) -> dict[str, Any]:
         if not f.ranks and not f.drain:
             job.append({"probe": probe, "severity": f.severity, "issue": f.issue})
         for key, ranks in touched.items():
-            item = {"probe": probe, "severity": f.severity, "issue": f.issue, "ranks": ranks}
+            item: dict[str, Any] = {"probe": probe, "severity": f.severity, "issue": f.issue, "ranks": ranks}
             if f.drain and f.drain.get("host") == key[1]:
                 item["drain"] = f.drain
             items[key].append(item)
@@ -285,11 +320,11 @@ def exit_code_for(probes: list[ProbeResult], *, hung: bool = False, bad_input: b
     if hung:
         return EXIT_HANG
     findings = [f for p in probes for f in p.findings]
-    if any(f.severity == "critical" for f in findings):
+    if any(f.severity == Severity.CRITICAL for f in findings):
         return EXIT_HANG
     if any(f.drain for f in findings):
         return EXIT_DRAIN
-    if any(p.status in ("fail", "error") for p in probes):
+    if any(p.status in (Status.FAIL, Status.ERROR) for p in probes):
         return EXIT_FAIL
     return EXIT_PASS
 
@@ -300,7 +335,7 @@ def verdict_for(exit_code: int, probes: list[ProbeResult]) -> str:
         return "error"
     if exit_code != EXIT_PASS:
         return "fail"
-    if any(p.status == "warn" for p in probes):
+    if any(p.status == Status.WARN for p in probes):
         return "warn"
     return "pass"
 

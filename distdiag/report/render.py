@@ -7,6 +7,7 @@ import re
 import shutil
 import sys
 import textwrap
+from collections.abc import Iterable
 from typing import Any, TextIO
 
 from distdiag.report.hostlist import slurm_hostlist
@@ -71,7 +72,7 @@ def _repeat_at(spans: list[tuple[int, int]], i: int, max_block: int = 16) -> tup
     return best
 
 
-def compress_numbers(nums: list[int], width: int = 0, *, cut: bool = True) -> str:
+def compress_numbers(nums: Iterable[int], width: int = 0, *, cut: bool = True) -> str:
     """Numbers (ranks, host indices) as short text: runs '0-2', strides '7-16383 step 8',
     repeated blocks '[32-34,36-39] every 32 to 16359' (one TP group's ranks in every DP
     replica), and past MAX_PARTS parts '...,LAST (N in all)' (`cut` False: every part, the

@@ -7,6 +7,7 @@ one rank skip, corrupt or add a collective (distdiag.runtime.faults).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ def _op_name(op: Any) -> str:
     return name
 
 
-def group_name(group: Any | None) -> str:
+def group_name(group: dist.ProcessGroup | None) -> str:
     if group is None:
         return GroupId(world=True).label
     try:
@@ -50,7 +51,7 @@ class Comm:
         self.tracker = tracker
         self.faults = faults or FaultPlan()
 
-    def _run(self, op: str, tensor: Any, group: Any | None, call: Any, out: Any = None, detail: str = "") -> Any:
+    def _run(self, op: str, tensor: Any, group: dist.ProcessGroup | None, call: Callable[[], Any], out: Any = None, detail: str = "") -> Any:
         point = self.tracker.probe_name
         index = self.tracker.collectives_in_probe + 1
         if self.faults:
@@ -75,30 +76,30 @@ class Comm:
             target.add_(1)
         return result
 
-    def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: Any = None) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: dist.ProcessGroup | None = None) -> None:
         op = dist.ReduceOp.SUM if op is None else op
         self._run(
             "all_reduce", tensor, group, lambda: dist.all_reduce(tensor, op=op, group=group),
             detail=_op_name(op),
         )
 
-    def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None) -> None:
+    def broadcast(self, tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None) -> None:
         self._run(
             "broadcast", tensor, group, lambda: dist.broadcast(tensor, src=src, group=group), detail=f"src={src}"
         )
 
-    def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor, group: Any = None) -> None:
+    def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
         self._run(
             "all_gather", tensor, group, lambda: dist.all_gather(outputs, tensor, group=group), outputs
         )
 
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, group: Any = None) -> None:
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
         self._run(
             "all_gather_into_tensor", tensor, group,
             lambda: ALL_GATHER_SINGLE(output, tensor, group=group), output,
         )
 
-    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, group: Any = None) -> None:
+    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
         self._run(
             "reduce_scatter_tensor", tensor, group,
             lambda: REDUCE_SCATTER_SINGLE(output, tensor, group=group), output,
@@ -110,7 +111,7 @@ class Comm:
         tensor: torch.Tensor,
         output_split_sizes: list[int] | None = None,
         input_split_sizes: list[int] | None = None,
-        group: Any = None,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         self._run(
             "all_to_all_single", tensor, group,
@@ -120,7 +121,7 @@ class Comm:
             output,
         )
 
-    def send_recv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group: Any = None) -> None:
+    def send_recv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, group: dist.ProcessGroup | None = None) -> None:
         """One send and one receive posted together (a ring step cannot deadlock)."""
 
         def call() -> None:
@@ -130,5 +131,5 @@ class Comm:
 
         self._run("send_recv", send, group, call, recv, detail=f"to={dst},from={src}")
 
-    def barrier(self, group: Any = None) -> None:
+    def barrier(self, group: dist.ProcessGroup | None = None) -> None:
         self._run("barrier", None, group, lambda: dist.barrier(group=group))

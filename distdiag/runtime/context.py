@@ -98,6 +98,7 @@ def connect_store(info: LaunchInfo, timeout: timedelta, *, prefix: str = "") -> 
         base = _LOCAL_STORE
     else:
         is_master = (not info.agent_store) and info.rank == 0 and not _server_started.get("up")
+        assert info.master_addr is not None and info.master_port is not None  # info.distributed says so
         base = dist.TCPStore(
             info.master_addr,
             info.master_port,
@@ -209,8 +210,8 @@ class RankContext:
     backend: str
     tracker: Tracker
     comm: Comm
-    store: Any
-    side_group: Any = None
+    store: dist.Store
+    side_group: dist.ProcessGroup | None = None
     options: Any = None
     """This probe's validated config dataclass (None when it has none)."""
     target: Any = None

@@ -24,8 +24,9 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import psutil
@@ -99,7 +100,7 @@ def compact_snapshot(snap: RankSnapshot, limit: int = MAX_STORE_VALUE) -> tuple[
     HISTORY_MAX_BYTES."""
     core, hist = _packed(snap)
     trimmed: list[str] = []
-    steps: list[tuple[str, Callable[[], Any]]] = [(k, lambda k=k: snap.extra.pop(k, None)) for k in _SHEDDABLE]
+    steps: list[tuple[str, Callable[[], Any]]] = [(k, partial(snap.extra.pop, k, None)) for k in _SHEDDABLE]
     engine = snap.engine
     if engine is not None:
         engine.extra = dict(engine.extra)  # read from a dict the caller keeps: drop from a copy
@@ -477,7 +478,7 @@ def kill_pid(pid: int) -> None:
         pass
 
 
-def kill_stopped_local(lost: dict[int, Any], infos: dict[int, Any], host: str) -> None:
+def kill_stopped_local(lost: Mapping[int, Any], infos: dict[int, Any], host: str) -> None:
     """A stopped process ignores SIGTERM: end the same-host ranks `lost` calls stopped, by pid."""
     for r, why in lost.items():
         info = infos.get(r)

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from distdiag.errors import print_line
 from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Verdict
@@ -184,7 +184,7 @@ def _run_at_abort() -> None:
             print_line(f"distdiag: cleanup at exit failed: {type(exc).__name__}: {exc}")
 
 
-def flush_and_exit(code: int) -> None:
+def flush_and_exit(code: int) -> NoReturn:
     """Run the `at_abort` cleanups, flush what was printed and logged, then end the process at
     once (any thread may call it). A failing verdict this rank published or received goes to
     torchrun's error file first (runtime/lastword.py): its root cause then says it."""
@@ -257,7 +257,7 @@ class Sentinel(threading.Thread):
     # -- the thread ----------------------------------------------------------------------
     def run(self) -> None:
         try:
-            self.exchange = Exchange(self.store_factory(), self.rank, self.world_size)
+            self.exchange = exchange = Exchange(self.store_factory(), self.rank, self.world_size)
         except Exception as exc:  # noqa: BLE001 - without a store nothing can be reported
             print_line(f"distdiag[rank {self.rank}]: cannot reach the job's store: {exc}")
             flush_and_exit(EXIT_HANG)
@@ -280,7 +280,7 @@ class Sentinel(threading.Thread):
                     self.trigger(EventKind.TERMINATED, f"rank {self.rank} received {what} from the launcher (another worker failed or the job was cancelled)")
                 now = time.monotonic()
                 if now - last_beat >= beat_every:
-                    self.exchange.bump(Keys.heartbeat(self.rank))
+                    exchange.bump(Keys.heartbeat(self.rank))
                     last_beat = now
                 if self.finishing_code is not None:
                     continue

@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 __all__ = ["Tracker", "main_thread_stack", "thread_stack", "CollectiveRecord"]
@@ -84,10 +85,10 @@ class Tracker:
         self.phase_since = time.monotonic()
         self.probe_index = -1
         self.probe_name = ""
-        self.in_collective: dict[str, Any] | None = None
+        self.in_collective: CollectiveRecord | None = None
         self.collectives_in_probe = 0
         self.seq: dict[str, int] = collections.defaultdict(int)
-        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=8)
+        self.recent: collections.deque[CollectiveRecord] = collections.deque(maxlen=8)
         self._engine: Any = None
         """distdiag.hang.recorder.EngineReader, made on first use by the thread that snapshots (the sentinel)."""
         self.timing = False
@@ -112,7 +113,7 @@ class Tracker:
         """
         seq = self.seq[group_name] = self.seq[group_name] + 1
         self.collectives_in_probe += 1
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename.endswith(_SKIP_FILES):
             frame = frame.f_back
         record = CollectiveRecord(

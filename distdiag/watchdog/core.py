@@ -162,7 +162,7 @@ class HangWatchdog:
         if error is not None and not isinstance(error, KeyboardInterrupt | SystemExit | HangDetected):
             summary = error_summary(error)
         if summary is not None and watcher.is_alive() and watcher.world > 1:
-            if _is_comm_error(error):
+            if error is not None and _is_comm_error(error):  # summary is not None: neither is error
                 # A peer died or broke its connection: the others learn it as an exception in
                 # their collective. Report it (naming the lost rank) before the script goes on.
                 summary["comm"] = True

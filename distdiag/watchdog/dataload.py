@@ -141,7 +141,7 @@ class LoaderTap:
 
         setattr(__next__, _MARK, True)
         self._saved = [(_BaseDataLoaderIter, "__next__", nxt)]
-        _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
+        _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign,assignment]  # torch's method, patched
         return True
 
     def remove(self) -> None:

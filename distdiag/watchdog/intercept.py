@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from distdiag.hang.groupid import GroupId
@@ -114,7 +115,7 @@ def _p2p_label(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         except Exception:  # noqa: BLE001 - the label goes without its peer
             peer = None
     if op == "batch_isend_irecv" and args and isinstance(args[0], list | tuple):
-        peers = sorted({getattr(p, "peer", None) for p in args[0]} - {None})
+        peers = sorted({q for p in args[0] if (q := getattr(p, "peer", None)) is not None})
         return f"{op}(peers={','.join(map(str, peers))})" if peers else op
     return f"{op}({name}={peer})" if isinstance(peer, int) else op
 
@@ -139,7 +140,7 @@ class Interceptor:
 
     # -- naming --------------------------------------------------------------------------
     def call_site(self) -> str:
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         skip, site_pkgs, torch_own = self._skip, self._site_pkgs, self._skip_torch_own
         while frame is not None:
             name = frame.f_code.co_filename

@@ -70,7 +70,7 @@ class PhaseBoard:
         epoch for validation while its peers still train must not excuse their wait on it for
         the phase's whole budget. Its phase then excuses nobody (its own budget still holds)."""
         phases = list(self.progress.phases)
-        current = tuple(phases[-1]) if phases else ()
+        current: tuple[Any, ...] = tuple(phases[-1]) if phases else ()
         if not current and import_budget_s > 0 and importing(self.progress.thread_ident):
             since = self.import_since or time.monotonic()
             self.import_since = since

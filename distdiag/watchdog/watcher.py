@@ -35,8 +35,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 from distdiag.errors import HangDetected, print_line
 from distdiag.hang.incident import EngineView, EventKind, IncidentEvent, RankSnapshot, Verdict
@@ -292,7 +292,7 @@ class Watcher(threading.Thread):
         if event.kind in (EventKind.TIMEOUT, EventKind.RAISED):
             _post_own_error(self)  # another kind's analysis would not read it: declared after
         incident.post_snapshot(self._snapshot(event))
-        lost: dict[int, str] = {}
+        lost: Mapping[int, str] = {}
         writer = incident.claim_writer()
         if writer:
             excuse, lost = self._write(incident, event)
@@ -311,9 +311,9 @@ class Watcher(threading.Thread):
             return
         self._act(event, writer, lost)
 
-    def _write(self, incident: Incident, event: IncidentEvent) -> tuple[str | None, dict[int, str]]:
+    def _write(self, incident: Incident, event: IncidentEvent) -> tuple[str | None, Mapping[int, str]]:
         """This rank writes the report and publishes the verdict (first) and the report."""
-        report, lost, excuse = None, {}, None
+        report, lost, excuse = None, cast("Mapping[int, str]", {}), None
         try:
             report, lost, excuse = gather_and_write(
                 incident, event=event, host=self.info.host, timeout_s=self.config.timeout_s,
@@ -365,7 +365,7 @@ class Watcher(threading.Thread):
         flush_and_exit(EXIT_SIGTERM)
 
     # -- acting ----------------------------------------------------------------------------
-    def _act(self, event: IncidentEvent, writer: bool, lost: dict[int, str]) -> None:
+    def _act(self, event: IncidentEvent, writer: bool, lost: Mapping[int, str]) -> None:
         action = self.config.action
         path = os.path.join(self.config.dump_dir, REPORT_NAME)
         if event.kind is EventKind.RAISED and event.rank == self.rank:
@@ -395,7 +395,7 @@ class Watcher(threading.Thread):
         flush_and_exit(EXIT_WATCHDOG)
 
 
-def end_local_peers(ex: Exchange, lost: dict[int, str], host: str, *, abort: bool) -> None:
+def end_local_peers(ex: Exchange, lost: Mapping[int, str], host: str, *, abort: bool) -> None:
     """Same-host ranks that cannot leave by themselves (stopped, silent) are killed by pid; with
     `abort`, every same-host peer still there after PEERS_EXIT_WAIT_S too."""
     try:

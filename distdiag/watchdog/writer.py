@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from distdiag.errors import print_line
@@ -80,7 +81,7 @@ def _phase_findings(snaps: dict[int, dict[str, Any]]) -> list[Finding]:
 def analyse(
     event: IncidentEvent | dict[str, Any],
     merged: dict[int, dict[str, Any]],
-    lost: dict[int, str],
+    lost: Mapping[int, str],
     errors: dict[int, dict[str, Any]],
     world: int,
     timeout_s: float,
@@ -351,7 +352,7 @@ def _reread(
 def _details(
     event: IncidentEvent | dict[str, Any],
     merged: dict[int, dict[str, Any]],
-    lost: dict[int, str],
+    lost: Mapping[int, str],
     errors: dict[int, dict[str, Any]],
     world: int,
     infos: dict[int, RankInfo] | None = None,
@@ -379,7 +380,7 @@ def _details(
 def analyse_and_detail(
     event: IncidentEvent | dict[str, Any],
     merged: dict[int, dict[str, Any]],
-    lost: dict[int, str],
+    lost: Mapping[int, str],
     errors: dict[int, dict[str, Any]],
     world: int,
     timeout_s: float,
@@ -397,7 +398,7 @@ def analyse_and_detail(
     return findings, details
 
 
-def _outcome(event: IncidentEvent | dict[str, Any], lost: dict[int, str], findings: list[Finding] | None = None) -> str:
+def _outcome(event: IncidentEvent | dict[str, Any], lost: Mapping[int, str], findings: list[Finding] | None = None) -> str:
     """The report's outcome: a desync also when a declared hang's lead finding is one (the
     ranks' histories located it: a watchdog thread starved by a loaded CPU can declare the
     hang that follows a desync before it compares the step marks)."""

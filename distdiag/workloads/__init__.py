@@ -41,6 +41,8 @@ Imports torch and nothing else of distdiag.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from distdiag.workloads.base import Workload, fit_world, split_batch
 from distdiag.workloads.mlp import TinyMLP, mlp_workload
 from distdiag.workloads.transformer import TinyTransformer, transformer_workload
@@ -55,7 +57,7 @@ __all__ = [
     "split_batch",
 ]
 
-WORKLOADS = {
+WORKLOADS: dict[str, Callable[..., Workload]] = {
     "mlp": mlp_workload,
     "transformer": transformer_workload,
 }

@@ -80,7 +80,7 @@ def model_device(model: nn.Module) -> torch.device | None:
         mesh = getattr(t, "device_mesh", None)
         kind = getattr(mesh, "device_type", None)
         if isinstance(kind, str) and kind != t.device.type:
-            module = getattr(torch, kind, None)
+            module: Any = getattr(torch, kind, None)  # torch.cuda, torch.xpu, ...
             index = module.current_device() if hasattr(module, "current_device") else None
             return torch.device(kind, index) if index is not None else torch.device(kind)
         return t.device
@@ -101,7 +101,7 @@ def to_device(batch: Any, device: torch.device | str | None) -> Any:
     if isinstance(batch, Mapping):
         moved = {k: to_device(v, device) for k, v in batch.items()}
         try:
-            return type(batch)(moved)
+            return type(batch)(moved)  # type: ignore[call-arg]  # a Mapping subclass's own constructor, tried
         except Exception:  # noqa: BLE001 - a mapping type that cannot be rebuilt from a dict
             return moved
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -66,4 +66,4 @@ def mlp_workload(
         return total * shard.get("world_size", 1) / shard.get("global_count", shard["y"].shape[0])
 
     sizes = {"dim": dim, "hidden": hidden, "depth": depth, "classes": classes, "batch": batch}
-    return Workload("mlp", build_model, make_batch, loss_fn, shard_batch, lambda m: list(m.blocks), sizes)
+    return Workload("mlp", build_model, make_batch, loss_fn, shard_batch, lambda m: list(cast(nn.ModuleList, m.blocks)), sizes)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -92,4 +92,4 @@ def transformer_workload(
         return total * shard.get("world_size", 1) / count
 
     sizes = {"vocab": vocab, "dim": dim, "heads": heads, "layers": layers, "seq": seq, "batch": batch}
-    return Workload("transformer", build_model, make_batch, loss_fn, shard_batch, lambda m: list(m.layers), sizes)
+    return Workload("transformer", build_model, make_batch, loss_fn, shard_batch, lambda m: list(cast(nn.ModuleList, m.layers)), sizes)

@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +34,9 @@ from distdiag.probes.training import (
     run_step,
 )
 from distdiag.report.model import ProbeResult
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["CheckpointProbe", "CheckpointConfig"]
 
@@ -105,7 +108,7 @@ def _shaped_like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         return local
     from torch.distributed.tensor import DTensor
 
-    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,  # type: ignore[attr-defined]  # a DTensor
                               shape=param.shape, stride=param.stride())
 
 
@@ -124,7 +127,7 @@ class CheckpointProbe(Probe):
     private_apis = ("torch.distributed.checkpoint._nested_dict:flatten_state_dict",)
     preload = SHARDING_IMPORTS + DCP_IMPORTS
 
-    def skip_reason(self, ctx: Any) -> str | None:
+    def skip_reason(self, ctx: RankContext) -> str | None:
         opts = self.options(ctx)
         if ctx.target is not None and not ctx.target.has("build_model"):
             return f"probe 'checkpoint' needs hook build_model() in target {ctx.target.spec}"
@@ -132,10 +135,11 @@ class CheckpointProbe(Probe):
             return "a multi-node round trip needs a directory every node shares: set probes.checkpoint.dir"
         return None
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: CheckpointConfig = self.options(ctx)
         findings: list[dict[str, Any]] = []
-        model = opt = None
+        model: Any = None
+        opt: Any = None
         try:
             model, opt, source = self._setup(ctx)
         except HookError as exc:
@@ -149,7 +153,7 @@ class CheckpointProbe(Probe):
             return self._load_existing(ctx, opts, model, opt, msd, osd, findings, source)
         return {**self._round_trip(ctx, opts, model, opt, msd, osd, findings, source), "unsaved": self.unsaved}
 
-    def _setup(self, ctx: Any) -> tuple[Any, Any, str]:
+    def _setup(self, ctx: RankContext) -> tuple[Any, Any, str]:
         target = ctx.target
         self.unsaved: list[str] = []
         if target is None or target.has("make_batch"):
@@ -169,7 +173,7 @@ class CheckpointProbe(Probe):
         model = call_hook("parallelize", wrap, model, make_mesh(ctx)) or model
         return model, _adamw(model), f"target {target.spec}"
 
-    def _shared_dir(self, ctx: Any, base: str, cleanups: list[int]) -> str:
+    def _shared_dir(self, ctx: RankContext, base: str, cleanups: list[int]) -> str:
         """Rank 0 creates the directory; every rank learns its path (one broadcast).
 
         Each local rank 0 (the ranks that remove it) registers its removal with the sentinel
@@ -194,7 +198,7 @@ class CheckpointProbe(Probe):
             cleanups.append(at_abort(lambda: shutil.rmtree(path, ignore_errors=True)))
         return path
 
-    def _round_trip(self, ctx: Any, opts: CheckpointConfig, model: Any, opt: Any, msd: Any, osd: Any,
+    def _round_trip(self, ctx: RankContext, opts: CheckpointConfig, model: Any, opt: Any, msd: Any, osd: Any,
                     findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict
@@ -246,7 +250,7 @@ class CheckpointProbe(Probe):
         result["dir"] = path
         return result
 
-    def _load_existing(self, ctx: Any, opts: CheckpointConfig, model: Any, opt: Any, msd: Any, osd: Any,
+    def _load_existing(self, ctx: RankContext, opts: CheckpointConfig, model: Any, opt: Any, msd: Any, osd: Any,
                        findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict
         from torch.distributed.checkpoint.api import CheckpointException
@@ -269,6 +273,7 @@ class CheckpointProbe(Probe):
                                           fix="pass the directory that holds the checkpoint's .metadata file"))
         if agree(ctx, ckpt is None):
             return {"findings": findings}
+        assert ckpt is not None  # agree() is True when any rank's is None
         nested = any(k.startswith("model.") for k in ckpt)
         state: dict[str, Any] = {"model": msd, "optim": osd} if nested else dict(msd)
         flat, _ = flatten_state_dict(state)

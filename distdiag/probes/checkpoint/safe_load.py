@@ -117,7 +117,7 @@ class SafeFileSystemReader(FileSystemReader):
 
         path = metadata_path(self, kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as stream:
-            metadata = load_metadata(stream, str(path))
+            metadata = load_metadata(stream, str(path))  # type: ignore[arg-type]  # torch says IOBase; "rb": binary
         # What FileSystemReader.read_metadata does after unpickling.
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()

@@ -25,7 +25,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,9 @@ from distdiag.probes.cluster.bandwidth_stats import (
 )
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.runtime.comm import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = [
     "BandwidthConfig",
@@ -209,7 +212,7 @@ class _Timer:
         return self.incall
 
 
-def _op_call(ctx: Any, op: str, size: int, device: torch.device) -> tuple[Any, Any, torch.Tensor, int]:
+def _op_call(ctx: RankContext, op: str, size: int, device: torch.device) -> tuple[Any, Any, torch.Tensor, int]:
     """Two closures issuing one `op` of nccl-tests size ~`size` (bare, tracked), its input,
     and the exact size it moves.
 
@@ -277,7 +280,7 @@ class BandwidthProbe(Probe):
     """Costs seconds to minutes: runs only when a profile or --probes asks for it."""
     Config = BandwidthConfig
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: BandwidthConfig = self.options(ctx)
         device = ctx.device
         plan = opts.resolved(device.type == "cuda")
@@ -306,7 +309,7 @@ class BandwidthProbe(Probe):
         links = self._ring(ctx, plan, delay) if opts.p2p else []
         return {"samples": samples, "links": links, "gpu": device.type == "cuda"}
 
-    def _ring(self, ctx: Any, plan: dict[str, Any], delay: float) -> list[dict[str, Any]]:
+    def _ring(self, ctx: RankContext, plan: dict[str, Any], delay: float) -> list[dict[str, Any]]:
         """Exchange with each neighbour in turn; one pair at a time (a chain, no deadlock)."""
         rank, n, device = ctx.rank, ctx.world_size, ctx.device
         steps = [0] if n == 2 else list(range(n))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,9 @@ from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.runtime.comm import group_name
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["CollectivesProbe", "CollectivesConfig", "OPS", "synchronize", "device_clock"]
 
@@ -241,7 +244,7 @@ class CollectivesProbe(Probe):
     min_world_size = 2
     Config = CollectivesConfig
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: CollectivesConfig = self.options(ctx)
         rank, world = ctx.rank, ctx.world_size
         device = ctx.device
@@ -257,14 +260,14 @@ class CollectivesProbe(Probe):
             "timings_s": {k: round(v, 6) for k, v in checker.timings.items()},
         }
 
-    def _world_ops(self, ctx: Any, checker: _Checker, opts: CollectivesConfig, dname: str, dtype: torch.dtype, device: torch.device) -> None:
+    def _world_ops(self, ctx: RankContext, checker: _Checker, opts: CollectivesConfig, dname: str, dtype: torch.dtype, device: torch.device) -> None:
         # Every rank runs the same collectives in the same order (gloo pairs them by order).
         world_ops = _WorldOps(ctx.comm, ctx.rank, ctx.world_size, opts.numel, checker, set(opts.ops), dname, dtype, device)
         world_ops.reductions()
         world_ops.gathers()
         world_ops.exchanges(barrier=dname == opts.dtypes[0])
 
-    def _subgroups(self, ctx: Any, checker: _Checker, opts: CollectivesConfig, device: torch.device) -> None:
+    def _subgroups(self, ctx: RankContext, checker: _Checker, opts: CollectivesConfig, device: torch.device) -> None:
         rank, world = ctx.rank, ctx.world_size
         layouts: list[list[list[int]]] = []
         if world >= 4 and world % 2 == 0:

@@ -9,13 +9,16 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.report.model import Finding, ProbeResult
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["EnvProbe", "EnvConfig"]
 
@@ -81,7 +84,7 @@ class EnvProbe(Probe):
     summary = "version mismatches between ranks, two ranks on one GPU, CPU oversubscription, tiny /dev/shm, clock skew"
     Config = EnvConfig
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         info = ctx.info
         mem = psutil.virtual_memory()
         payload: dict[str, Any] = {

@@ -15,11 +15,14 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.report.model import Finding, ProbeResult
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = [
     "GpuConfig", "GpuProbe", "read_device", "assess_device", "assess_job", "memory_held_by_others", "THROTTLE_BITS",
@@ -361,7 +364,7 @@ def assess_job(payloads: dict[int, dict[str, Any]], view: ConsolidationView, opt
                 fix="check the NVIDIA driver on that host (nvidia-smi); drain it until it shows its GPUs",
                 drain={"host": host, "device": None},
             ))
-        counts = [payloads[r].get("gpu_count") for r in ranks if payloads[r].get("gpu_count") is not None]
+        counts = [c for r in ranks if (c := payloads[r].get("gpu_count")) is not None]
         count = max(counts) if counts else 0
         if opts.gpus_per_node and counts and count < opts.gpus_per_node:
             out.append(Finding(
@@ -375,7 +378,7 @@ def assess_job(payloads: dict[int, dict[str, Any]], view: ConsolidationView, opt
     return out
 
 
-def _device_handle(nvml: Any, ctx: Any) -> tuple[Any, str]:
+def _device_handle(nvml: Any, ctx: RankContext) -> tuple[Any, str]:
     """The NVML handle of this rank's GPU (torch's device, by UUID; else LOCAL_RANK's)."""
     try:
         import torch
@@ -396,7 +399,7 @@ def _device_handle(nvml: Any, ctx: Any) -> tuple[Any, str]:
     return nvml.nvmlDeviceGetHandleByIndex(index), f"GPU {index}"
 
 
-def _own_usage(ctx: Any) -> dict[str, Any]:
+def _own_usage(ctx: RankContext) -> dict[str, Any]:
     """What this process holds on its GPU as torch knows it (for memory_held_by_others)."""
     own: dict[str, Any] = {"pid": os.getpid(), "reserved": 0, "cuda_context": False}
     try:
@@ -434,7 +437,7 @@ class GpuProbe(Probe):
     summary = "GPU health through NVML: ECC errors, pending retirements, throttling, degraded PCIe, shared or mixed GPUs, missing GPUs"
     Config = GpuConfig
 
-    def skip_reason(self, ctx: Any) -> str | None:
+    def skip_reason(self, ctx: RankContext) -> str | None:
         opts: GpuConfig = self.options(ctx)
         if opts.required:
             return None  # run, and report a missing NVML or GPU as a failure
@@ -443,7 +446,7 @@ class GpuProbe(Probe):
             nvml.nvmlShutdown()
         return why
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         info = ctx.info
         payload: dict[str, Any] = {"host": info.host, "node": info.node, "local_rank": info.local_rank}
         nvml, why = _nvml()

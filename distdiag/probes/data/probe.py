@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
@@ -19,6 +19,9 @@ from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.probes.data.fingerprint import OVERLAP_ERROR, OVERLAP_SHARE, identical_groups, overlap_summary, row_hashes
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["DataShardsProbe", "DataShardsConfig"]
 
@@ -44,7 +47,7 @@ class DataShardsProbe(Probe):
     summary = "ranks that see identical or overlapping samples (no DistributedSampler, one seed for all), an order repeated each epoch"
     Config = DataShardsConfig
 
-    def skip_reason(self, ctx: Any) -> str | None:
+    def skip_reason(self, ctx: RankContext) -> str | None:
         target = getattr(ctx, "target", None)
         if target is None or target.has("batches"):
             return None
@@ -55,7 +58,7 @@ class DataShardsProbe(Probe):
                     "parallel, so shard_batch(make_batch()) is not what its ranks train on")
         return None
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: DataShardsConfig = self.options(ctx)
         target = getattr(ctx, "target", None)
         info = getattr(ctx, "info", None)

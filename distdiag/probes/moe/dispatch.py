@@ -47,7 +47,7 @@ class SplitRecorder:
         self._original = dist.all_to_all_single
         for module in (dist, c10d):
             self._saved.append((module, "all_to_all_single", module.all_to_all_single))
-            module.all_to_all_single = self._wrapped
+            module.all_to_all_single = self._wrapped  # type: ignore[attr-defined]  # dist's and c10d's
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from distdiag.report.model import ProbeResult
 from distdiag.report.render import format_ranks
 from distdiag.workloads.base import batch_on
 from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["MoeRoutingProbe", "MoeRoutingConfig"]
 
@@ -85,7 +88,8 @@ class MoeRoutingConfig:
 
 def _parse_route(out: Any, num_tokens: int) -> tuple[torch.Tensor | None, torch.Tensor | None, str | None]:
     """(indices [N, k], scores [N, E] or None, problem)."""
-    idx, scores = (out, None) if isinstance(out, torch.Tensor) else (None, None)
+    idx: torch.Tensor | None = out if isinstance(out, torch.Tensor) else None
+    scores: torch.Tensor | None = None
     if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
         idx = out[0]
         for extra in out[1:]:
@@ -102,7 +106,7 @@ def _parse_route(out: Any, num_tokens: int) -> tuple[torch.Tensor | None, torch.
     return idx.detach().cpu().long(), (scores.detach().cpu().float() if scores is not None else None), None
 
 
-def _router_checks(ctx: Any, opts: MoeRoutingConfig, route: Any, who: str) -> dict[str, Any]:
+def _router_checks(ctx: RankContext, opts: MoeRoutingConfig, route: Any, who: str) -> dict[str, Any]:
     tokens = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(11)).to(ctx.device)
     ctx.seed()
     try:
@@ -116,6 +120,7 @@ def _router_checks(ctx: Any, opts: MoeRoutingConfig, route: Any, who: str) -> di
     if first[2] or second[2]:
         return {"who": who, "problem": first[2] or second[2]}
     idx, scores = first[0], first[1]
+    assert idx is not None and second[0] is not None  # neither parse found a problem
     differ = (idx != second[0]).any(dim=1).nonzero().flatten().tolist() if idx.shape == second[0].shape else list(range(opts.num_tokens))
     res: dict[str, Any] = {"who": who, "indices": idx.tolist(), "twice_differ": differ[:16], "twice_differ_count": len(differ),
                            "second_first": second[0][differ[0]].tolist() if differ and idx.shape == second[0].shape else None}
@@ -183,7 +188,7 @@ class MoeRoutingProbe(Probe):
             return str(exc)
         return None
 
-    def skip_reason(self, ctx: Any) -> str | None:
+    def skip_reason(self, ctx: RankContext) -> str | None:
         """A target without a router hook has nothing of the user's to check: only the built-in
         router and layer would run, and a PASS would say nothing of the target."""
         target = getattr(ctx, "target", None)
@@ -192,7 +197,7 @@ class MoeRoutingProbe(Probe):
                     "(without --target the probe checks its built-in router and layer)")
         return None
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: MoeRoutingConfig = self.options(ctx)
         findings: list[dict[str, Any]] = []
         ep, experts = _layer_shape(opts, ctx.world_size)
@@ -213,7 +218,7 @@ class MoeRoutingProbe(Probe):
                 payload["router_after"] = _route_indices(ctx, opts, target.route)
         return payload
 
-    def _builtin(self, ctx: Any, opts: MoeRoutingConfig, dense: DenseMoE, size: int) -> dict[str, Any]:
+    def _builtin(self, ctx: RankContext, opts: MoeRoutingConfig, dense: DenseMoE, size: int) -> dict[str, Any]:
         rank, world = ctx.rank, ctx.world_size
         x = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(100 + rank)).to(ctx.device)
         start = rank - rank % size
@@ -252,7 +257,7 @@ class MoeRoutingProbe(Probe):
         res["router_sums"] = {n: _sums(p) for n, p in ep.router.named_parameters()}
         return res
 
-    def _user_model(self, ctx: Any, opts: MoeRoutingConfig, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def _user_model(self, ctx: RankContext, opts: MoeRoutingConfig, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
         target = ctx.target
         needed = [h for h in ("build_model", "make_batch", "loss_fn") if not target.has(h)]
         if needed:
@@ -320,7 +325,7 @@ def _router_state(name: str, t: torch.Tensor) -> bool:
     return any(w in name for w in ROUTER_WORDS) and not hasattr(t, "full_tensor")
 
 
-def _route_indices(ctx: Any, opts: MoeRoutingConfig, route: Any) -> dict[str, Any]:
+def _route_indices(ctx: RankContext, opts: MoeRoutingConfig, route: Any) -> dict[str, Any]:
     """route() on the router check's tokens once more: its expert indices, or what went wrong."""
     tokens = torch.randn(opts.num_tokens, opts.hidden_dim, generator=torch.Generator().manual_seed(11)).to(ctx.device)
     ctx.seed()

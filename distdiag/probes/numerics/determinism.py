@@ -15,7 +15,7 @@ Two checks on each rank, one comparison across ranks:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -28,6 +28,9 @@ from distdiag.probes.numerics.replicas import bit_checksum
 from distdiag.probes.numerics.shared import fingerprint, parallel_run, release
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["DeterminismProbe", "DeterminismConfig"]
 
@@ -59,7 +62,7 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out + [n for n in a["grads"] if a["grads"][n] != b["grads"].get(n)]
 
 
-def _ref_pass(ctx: Any, hooks: tr.Hooks, model: nn.Module, shard: Any) -> dict[str, Any]:
+def _ref_pass(ctx: RankContext, hooks: tr.Hooks, model: nn.Module, shard: Any) -> dict[str, Any]:
     model.zero_grad(set_to_none=True)
     ctx.seed(_SEED)
     loss = tr.call_loss(hooks, model, shard)
@@ -88,7 +91,7 @@ class DeterminismProbe(tr.NumericsProbe):
     """The reference step's fingerprint: the same on every rank unless one computes other bits
     (the bug it reports), 1.5 KB a rank for the built-in workload."""
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: DeterminismConfig = self.options(ctx)
         # The parallel model the other numerics probes built and trained: its step 1 (if one
         # of them ran it) is the first run of the step, so the repeat costs one step.

@@ -13,7 +13,7 @@ No collectives are issued besides the setup agreement.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -24,6 +24,9 @@ from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.probes.numerics.shared import parallel_run
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["FsdpPlanProbe", "FsdpPlanConfig", "describe_plan"]
 
@@ -124,7 +127,7 @@ class FsdpPlanProbe(tr.NumericsProbe):
     shared_fields = ("rows",)
     """Stored once for all ranks (issue 21): the sharding plan's rows: the same on every rank but the last of an uneven split."""
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: FsdpPlanConfig = self.options(ctx)
         run = parallel_run(ctx, opts.workload)  # the model the other numerics probes train (built once)
         if run.failed:

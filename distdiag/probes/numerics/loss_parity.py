@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics.batch_counts import cross_sample_modules, shard_counts
 from distdiag.probes.numerics.shared import STEP_SEED, ParallelRun, parallel_run
 from distdiag.report.model import ProbeResult
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["LossParityProbe", "LossParityConfig", "compare_tensors", "partials_reduced", "reference_rms", "scale_fit"]
 
@@ -263,7 +266,7 @@ class LossParityProbe(tr.NumericsProbe):
     shared_fields = ("setup",)
     """Stored once for all ranks (issue 21): how the workload was set up: the same on every rank."""
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: LossParityConfig = self.options(ctx)
         run = parallel_run(ctx, opts.workload)  # the parallel model, built once for the numerics probes
         hooks = run.hooks
@@ -300,7 +303,7 @@ class LossParityProbe(tr.NumericsProbe):
         }
 
     @staticmethod
-    def _build_reference(ctx: Any, opts: LossParityConfig, run: ParallelRun) -> tuple[str | None, _Reference | None]:
+    def _build_reference(ctx: RankContext, opts: LossParityConfig, run: ParallelRun) -> tuple[str | None, _Reference | None]:
         """The reference model, its optimizer and both runs' batches; or why they could not be built."""
         hooks = run.hooks
         try:
@@ -325,7 +328,7 @@ class LossParityProbe(tr.NumericsProbe):
             return f"building the model ran out of memory on rank {ctx.rank}: {exc}", None
         return None, _Reference(model, opt, ref_shards, par_shards)
 
-    def _compare_step(self, ctx: Any, opts: LossParityConfig, run: ParallelRun, ref: _Reference, step: int,
+    def _compare_step(self, ctx: RankContext, opts: LossParityConfig, run: ParallelRun, ref: _Reference, step: int,
                       floor: float) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Step both runs once and compare them: the step's record, and the accumulation check on step 1."""
         ref_res, accum = self._reference_step(ctx, opts, run.hooks, ref, step)
@@ -367,7 +370,7 @@ class LossParityProbe(tr.NumericsProbe):
             "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
         }, accum
 
-    def _reference_step(self, ctx: Any, opts: LossParityConfig, hooks: tr.Hooks, ref: _Reference,
+    def _reference_step(self, ctx: RankContext, opts: LossParityConfig, hooks: tr.Hooks, ref: _Reference,
                         step: int) -> tuple[Any, dict[str, Any] | None]:
         """The reference's step (and, on step 1 with a train_step, its accumulation check)."""
         plain = None
@@ -384,7 +387,7 @@ class LossParityProbe(tr.NumericsProbe):
         return ref_res, accum  # plain's gradients go with this frame, before the parallel step
 
     @staticmethod
-    def _plain_grads(ctx: Any, hooks: tr.Hooks, ref: torch.nn.Module, opt: torch.optim.Optimizer, shard: Any) -> dict[str, torch.Tensor]:
+    def _plain_grads(ctx: RankContext, hooks: tr.Hooks, ref: torch.nn.Module, opt: torch.optim.Optimizer, shard: Any) -> dict[str, torch.Tensor]:
         """One loss_fn backward on the global batch; the grads are moved out, not copied."""
         opt.zero_grad(set_to_none=True)
         ctx.seed(STEP_SEED + 1)
@@ -484,7 +487,7 @@ def _trim(cmp: dict[str, Any]) -> dict[str, Any]:
     return {**cmp, "bad": worst, "bad_names": [b["name"] for b in cmp["bad"]]}
 
 
-def _limit_bytes(opts: LossParityConfig, ctx: Any) -> float:
+def _limit_bytes(opts: LossParityConfig, ctx: RankContext) -> float:
     if opts.reference_limit_mib > 0:
         return opts.reference_limit_mib * 2**20
     import psutil

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
@@ -23,6 +23,9 @@ from distdiag.probes.numerics.setup_findings import FIXES
 from distdiag.probes.numerics.shared import parallel_run
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["ParamSyncProbe", "ParamSyncConfig"]
 
@@ -60,7 +63,7 @@ class ParamSyncProbe(tr.NumericsProbe):
     summary = "buffers, unmanaged or replicated parameters and RNG states that differ across ranks (replicas drifting)"
     Config = ParamSyncConfig
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: ParamSyncConfig = self.options(ctx)
         run = parallel_run(ctx, opts.workload)  # built, checksummed after setup, and trained once for all probes
         source = run.hooks.source

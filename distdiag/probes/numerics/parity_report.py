@@ -93,7 +93,7 @@ def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: Con
     ranks = sorted(payloads)
     first = payloads[ranks[0]]
     world = view.world_size
-    order = next((s["order"] for s in first["steps"] if s.get("order")), []) or []
+    order: list[str] = next((s["order"] for s in first["steps"] if s.get("order")), []) or []
     findings: list[Finding] = []
     table = _StepTable(payloads, ranks, world)
     divergent = table.divergent

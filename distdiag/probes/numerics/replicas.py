@@ -53,7 +53,7 @@ def replica_tensors(model: nn.Module, world: int) -> dict[str, tuple[str, torch.
             continue
         mesh = p.device_mesh
         replicated = [d for d, pl in enumerate(p.placements) if isinstance(pl, Replicate)]
-        coords = mesh.get_coordinate() or []
+        coords: list[int] | tuple[int, ...] = mesh.get_coordinate() or []
         names = mesh.mesh_dim_names or tuple(str(d) for d in range(mesh.ndim))
         where = ",".join(f"{names[d]}={c}" for d, c in enumerate(coords) if d not in replicated)
         if len(replicated) == len(p.placements):

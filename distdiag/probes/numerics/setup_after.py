@@ -12,13 +12,16 @@ decides per tensor in consolidation.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from distdiag.probes import training as tr
 from distdiag.probes.numerics.setup_digest import byte_hash
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["differing_names", "after_parallel", "reach"]
 
@@ -27,7 +30,7 @@ def _int63(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
 
 
-def _spread(ctx: Any, values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _spread(ctx: RankContext, values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(max, min) over ranks of each value, in one all_reduce(MAX) of [v, -v]."""
     t = torch.tensor(values + [-v for v in values], dtype=torch.int64, device=ctx.device)
     ctx.comm.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
@@ -35,7 +38,7 @@ def _spread(ctx: Any, values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return t[:n].cpu(), -t[n:].cpu()
 
 
-def differing_names(ctx: Any, digests: dict[str, dict[str, Any]] | None) -> list[str] | None:
+def differing_names(ctx: RankContext, digests: dict[str, dict[str, Any]] | None) -> list[str] | None:
     """The tensors whose bits differ across ranks (the same list on every rank), or None when the
     ranks do not hold the same names (or one failed to build): then nothing more is compared.
     Every rank issues the same two all_reduces whatever it holds."""
@@ -43,7 +46,7 @@ def differing_names(ctx: Any, digests: dict[str, dict[str, Any]] | None) -> list
     head = [len(names), _int63("\n".join(names))] if digests is not None else [-1, -1]
     hi, lo = _spread(ctx, head)
     same = bool((hi == lo).all()) and head[0] >= 0
-    values = [_int63(digests[n].get("bits", "")) for n in names] if same else []
+    values = [_int63(digests[n].get("bits", "")) for n in names] if same and digests is not None else []
     hi, lo = _spread(ctx, values if same else [0])
     if not same:
         return None
@@ -67,7 +70,7 @@ def _slice(full: torch.Tensor, placements: Any, coord: list[int], shape: list[in
     return part
 
 
-def after_parallel(ctx: Any, built: nn.Module, model: nn.Module, names: list[str]) -> dict[str, dict[str, Any]]:
+def after_parallel(ctx: RankContext, built: nn.Module, model: nn.Module, names: list[str]) -> dict[str, dict[str, Any]]:
     """For each tensor in ``names``: what this rank holds after parallelize, and its own slice."""
     wanted = set(names)
     before = {tr.canonical_name(n): t for n, t in list(built.named_parameters()) + list(built.named_buffers())}
@@ -80,7 +83,7 @@ def after_parallel(ctx: Any, built: nn.Module, model: nn.Module, names: list[str
         if not hasattr(t, "placements") or all(p.is_replicate() for p in t.placements):
             out[key] = {"full": byte_hash(local)}
             continue
-        mesh = t.device_mesh
+        mesh = t.device_mesh  # type: ignore[attr-defined]  # a DTensor (it has placements)
         coord = mesh.get_coordinate() or []
         own = _slice(before[key].detach(), t.placements, coord, list(mesh.shape))
         entry: dict[str, Any] = {"local": byte_hash(local), "own": byte_hash(own) if own is not None else None}
@@ -98,8 +101,8 @@ def reach(key: str, after: dict[int, dict[str, dict[str, Any]]]) -> str | None:
     """"carried" (a rank trains on its own differing values), "healed" (every rank now holds the
     same values, or its slice of rank 0's copy), "rewritten" (parallelize replaced them all: a
     load or init after sharding), or None (not known)."""
-    entries = {r: a.get(key) for r, a in after.items()}
-    if any(e is None for e in entries.values()):
+    entries = {r: e for r, a in after.items() if (e := a.get(key)) is not None}
+    if len(entries) < len(after):
         return None
     if all("full" in e for e in entries.values()):
         return "healed" if len({e["full"] for e in entries.values()}) == 1 else "carried"

@@ -209,7 +209,7 @@ def eval_modules(model: Any) -> list[str]:
 def mode_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
     """Modules in training mode on some ranks and eval mode on others (a validation pass on one rank
     that never calls model.train() again): dropout and batch norm then compute differently per rank."""
-    modes = {r: p.get("eval_modules") for r, p in payloads.items()}
+    modes: dict[int, Any] = {r: p.get("eval_modules") for r, p in payloads.items()}  # JSON lists, or None
     if any(m is None for m in modes.values()):
         return []
     groups = group_alike([(tuple(m), [r]) for r, m in sorted(modes.items())])

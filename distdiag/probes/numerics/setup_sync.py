@@ -14,7 +14,7 @@ dtype the optimizer steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from distdiag.probes.numerics.setup_placement import (
     precision_rows,
 )
 from distdiag.report.model import Finding, ProbeResult
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["SetupSyncProbe", "SetupSyncConfig"]
 
@@ -60,13 +63,13 @@ class SetupSyncProbe(tr.NumericsProbe):
     shared_fields = ("digests", "built", "parallel", "precision")
     """Stored once for all ranks (issue 21): the model as built and parallelized: the same on every rank of a healthy job."""
 
-    def skip_reason(self, ctx: Any) -> str | None:
+    def skip_reason(self, ctx: RankContext) -> str | None:
         target = getattr(ctx, "target", None)
         if target is not None and not target.has("build_model"):
             return f"probe '{self.name}' needs hook build_model() in target {target.spec}"
         return None
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: SetupSyncConfig = self.options(ctx)
         target = getattr(ctx, "target", None)
         data_parallel = tr.layout_reason(ctx, self.name) is None
@@ -134,17 +137,17 @@ def target_ok_for_parallel(target: Any) -> bool:
     return target is None or target.has("make_batch")
 
 
-def _hooks(ctx: Any, workload: str) -> tr.Hooks:
+def _hooks(ctx: RankContext, workload: str) -> tr.Hooks:
     target = getattr(ctx, "target", None)
     if target is not None and not target.has("make_batch"):
         # resolve_hooks wants make_batch; the build-time check needs only build_model.
         return tr.Hooks(source=f"target {target.spec}", build_model=target.build_model, make_batch=lambda s: None,
                         loss_fn=tr.default_loss, parallelize=tr.default_parallelize, shard_batch=lambda b, r, w: b,
-                        build_optimizer=lambda p: None)
+                        build_optimizer=lambda p: None)  # type: ignore[arg-type,return-value]  # never called here
     return tr.resolve_hooks(ctx, workload)
 
 
-def _loss_dtype(ctx: Any, hooks: tr.Hooks, model: torch.nn.Module) -> dict[str, Any]:
+def _loss_dtype(ctx: RankContext, hooks: tr.Hooks, model: torch.nn.Module) -> dict[str, Any]:
     """The dtype of this rank's loss on its part of step 1, from the model as built (no backward)."""
     devices = {t.device.type for t in list(model.parameters()) + list(model.buffers())}
     if devices - {ctx.device.type}:

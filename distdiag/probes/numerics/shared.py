@@ -18,12 +18,15 @@ from __future__ import annotations
 import copy
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from distdiag.probes import training as tr
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["ParallelRun", "parallel_run", "release", "STEP_SEED", "State"]
 
@@ -63,7 +66,7 @@ class ParallelRun:
     """The parallel model of one set of hooks on this rank, and its trajectory from setup."""
 
     hooks: tr.Hooks
-    model: nn.Module | None = None
+    model: nn.Module = None  # type: ignore[assignment]  # None only where `failed`, which readers check first
     ties: list[list[str]] = field(default_factory=list)
     error: str | None = None
     """This rank's setup error (a hook failed), or None."""
@@ -84,10 +87,10 @@ class ParallelRun:
             self.optimizer = self.hooks.optimizer(self.model)
         return self.optimizer
 
-    def shard(self, ctx: Any, step: int) -> Any:
+    def shard(self, ctx: RankContext, step: int) -> Any:
         return self.hooks.shard(self.hooks.batch(step), ctx.rank, ctx.world_size)
 
-    def step(self, ctx: Any, step: int, shard: Any | None = None) -> tr.StepResult:
+    def step(self, ctx: RankContext, step: int, shard: Any | None = None) -> tr.StepResult:
         """Train step `step` (the next one of the trajectory) and record it.
 
         The result's gradients are the live ones (the caller compares them before the next
@@ -110,7 +113,7 @@ class ParallelRun:
         self.snaps.append(snapshot(self.model, ctx.world_size))
         return result
 
-    def advance(self, ctx: Any, steps: int, shards: dict[int, Any]) -> None:
+    def advance(self, ctx: RankContext, steps: int, shards: dict[int, Any]) -> None:
         """Make sure the trajectory has `steps` steps, the missing ones on `shards` (made by the
         caller before its setup agreement). Raises HookError as `step` does."""
         if self.step_error is not None and self.step_error[0] <= steps:
@@ -139,7 +142,7 @@ def fingerprint(loss: float, grads: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {"loss": float(loss).hex(), "grads": {n: bit_checksum(tr.local_tensor(g)) for n, g in grads.items()}}
 
 
-def _registry(ctx: Any) -> dict[str, ParallelRun]:
+def _registry(ctx: RankContext) -> dict[str, ParallelRun]:
     entry = _RUNS.get(id(ctx))
     if entry is None or entry[0]() is not ctx:
         for key in [k for k, (ref, _) in _RUNS.items() if ref() is None]:
@@ -149,7 +152,7 @@ def _registry(ctx: Any) -> dict[str, ParallelRun]:
     return entry[1]
 
 
-def parallel_run(ctx: Any, workload: str) -> ParallelRun:
+def parallel_run(ctx: RankContext, workload: str) -> ParallelRun:
     """This rank's shared run for the hooks the probe resolves (built and agreed on first use).
 
     Setup is the same on every rank and ends with one all_reduce (`agree`), so a hook that
@@ -191,7 +194,7 @@ def parallel_run(ctx: Any, workload: str) -> ParallelRun:
     return run
 
 
-def trainable_differs(ctx: Any, model: nn.Module | None) -> bool:
+def trainable_differs(ctx: RankContext, model: nn.Module | None) -> bool:
     """Whether the names of the trainable parameters differ across ranks (one all_reduce of a hash and its
     negation, MAX: equal on every rank exactly when max(h) == min(h))."""
     import hashlib
@@ -204,7 +207,7 @@ def trainable_differs(ctx: Any, model: nn.Module | None) -> bool:
     return hi != lo and lo >= 0  # a rank without a model (-1) is the build error's finding, not this one
 
 
-def release(ctx: Any, run: ParallelRun) -> None:
+def release(ctx: RankContext, run: ParallelRun) -> None:
     """Forget the run (its model, optimizer and saved state go with it)."""
     runs = _registry(ctx)
     if runs.get(run.hooks.source) is run:

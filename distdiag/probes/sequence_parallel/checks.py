@@ -126,7 +126,7 @@ class _SplitWalk:
                 pos_rows = [pos[b] for pos in poss]
                 if any(list(map(len, held)) != widths for held in [*rows, pos_rows]):
                     return False  # ragged rows (or positions beyond the shard): judged rank by rank
-                js = list(map(self.where_pos[b].get, chain.from_iterable(pos_rows)))
+                js: list[Any] = list(map(self.where_pos[b].get, chain.from_iterable(pos_rows)))  # None: not in the row
                 if None in js or len(js) < 2:
                     return False
                 at = itemgetter(*js)  # the full row's values at the shards' positions, in C
@@ -145,7 +145,7 @@ class _SplitWalk:
             return False
         try:
             where = self.where_pos[b]
-            js = [where.get(p) for p in pos[b][:width]]
+            js: list[Any] = [where.get(p) for p in pos[b][:width]]  # None: not in the row
             if len(js) != width or None in js:
                 return False
             ids, lmask = loc["input_ids"][b], loc.get("attention_mask")

@@ -10,7 +10,7 @@ distdiag.workloads, what FSDP/DDP averaging expects).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,9 @@ from distdiag.probes.checkpoint.keys import normalize_key
 from distdiag.probes.sequence_parallel.checks import IGNORE, output_shape_problem, positions_text
 from distdiag.workloads import sequence as seqw
 from distdiag.workloads.base import to_device
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["run_end_to_end", "variants", "VARIANT_TEXT"]
 
@@ -82,7 +85,7 @@ def _grads(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def run_end_to_end(ctx: Any, target: Any, batch: dict[str, Any], splitters: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_end_to_end(ctx: RankContext, target: Any, batch: dict[str, Any], splitters: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every batch variant's comparison; `target` None means the built-in tiny LM."""
     if target is None:
         length = max(256, int(batch["input_ids"].shape[1]))
@@ -103,7 +106,7 @@ def run_end_to_end(ctx: Any, target: Any, batch: dict[str, Any], splitters: dict
     return [_one(ctx, hooks, split, mesh, name, b) for name, b in variants(batch, ctx.world_size)]
 
 
-def _one(ctx: Any, hooks: dict[str, Any], split: Any, mesh: Any, variant: str, batch: dict[str, Any]) -> dict[str, Any]:
+def _one(ctx: RankContext, hooks: dict[str, Any], split: Any, mesh: Any, variant: str, batch: dict[str, Any]) -> dict[str, Any]:
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     res: dict[str, Any] = {"variant": variant}
     ctx.seed()
@@ -111,7 +114,8 @@ def _one(ctx: Any, hooks: dict[str, Any], split: Any, mesh: Any, variant: str, b
     ref_loss, ref_out = _forward_backward(hooks["loss_fn"], ref, to_device(batch, device), [])
     res["ref_loss"] = ref_loss
     ref_grads = _grads(ref)
-    error, local, captured = None, None, []
+    error, local = None, None
+    captured: list[Any] = []
     try:
         ctx.seed()
         sp = hooks["parallelize_sp"](hooks["build_model"]().to(device), mesh)
@@ -204,7 +208,7 @@ def _compare_output(res: dict[str, Any], out: torch.Tensor, ref: torch.Tensor, r
         res["output_mismatch"] = f"max abs error {float(err[torch.isfinite(err)].max()) if torch.isfinite(err).any() else float('nan'):.3g} at positions {positions_text(positions)}"
 
 
-def _compare_grads(ctx: Any, ref: dict[str, torch.Tensor], sp: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _compare_grads(ctx: RankContext, ref: dict[str, torch.Tensor], sp: dict[str, torch.Tensor]) -> dict[str, Any]:
     names = [n for n in ref if n in sp and sp[n].shape == ref[n].shape]
     if not names:
         return {"rel_err": 0.0, "worst": "(no parameter names in common)", "finite": True}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,9 @@ from distdiag.probes.sequence_parallel.end_to_end import VARIANT_TEXT, run_end_t
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
 from distdiag.workloads import sequence as seqw
+
+if TYPE_CHECKING:
+    from distdiag.runtime.context import RankContext
 
 __all__ = ["SequenceParallelProbe", "SequenceParallelConfig", "attention_tolerance", "ulysses_attention"]
 
@@ -125,7 +128,7 @@ class SequenceParallelProbe(Probe):
     min_world_size = 2
     Config = SequenceParallelConfig
 
-    def skip_reason(self, ctx: Any) -> str | None:
+    def skip_reason(self, ctx: RankContext) -> str | None:
         """A target without sequence-parallel hooks has nothing of the user's to check: the probe
         would test only its built-in splits, and a PASS would say nothing of the target."""
         target = getattr(ctx, "target", None)
@@ -134,7 +137,7 @@ class SequenceParallelProbe(Probe):
                     "hook (without --target the probe checks its built-in splits)")
         return None
 
-    def run(self, ctx: Any) -> dict[str, Any]:
+    def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: SequenceParallelConfig = self.options(ctx)
         rank, world = ctx.rank, ctx.world_size
         target = ctx.target
@@ -461,12 +464,12 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: to
     back = seqw.heads_to_seq(q_heads, world, a2a)
     kh, vh = (seqw.seq_to_heads(t[:, sl].contiguous().to(device), world, a2a).transpose(1, 2) for t in (k, v))
     out = seqw.heads_to_seq(seqw.attention(q_heads.transpose(1, 2), kh, vh, pos, pos).transpose(1, 2).contiguous(), world, a2a)
-    full = [t.to(device).transpose(1, 2) for t in (q, k, v)]
-    ref = seqw.attention(*full, pos, pos).transpose(1, 2)
+    fq, fk, fv = (t.to(device).transpose(1, 2) for t in (q, k, v))
+    ref = seqw.attention(fq, fk, fv, pos, pos).transpose(1, 2)
     return back, out, ref
 
 
-def _ulysses(ctx: Any, opts: SequenceParallelConfig) -> dict[str, Any]:
+def _ulysses(ctx: RankContext, opts: SequenceParallelConfig) -> dict[str, Any]:
     """Sequence -> head sharding and back over all_to_all; attention against the unsharded one."""
     world, rank = ctx.world_size, ctx.rank
     heads = opts.num_heads or 2 * world
