@@ -23,6 +23,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from distdiag.hang.members import encode_members
@@ -115,7 +116,7 @@ def _caller(skip: tuple[str, ...], site_pkgs: str) -> str:
     """The user's line that made the group (the first frame outside torch, distdiag and the
     standard library; a library in site-packages counts as the user's): the evidence a person
     reads when two sides' groups cannot be told apart. Group creation is rare: cheap enough."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     torch_own = skip[:3]
     while frame is not None:
         name = frame.f_code.co_filename
