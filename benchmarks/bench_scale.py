@@ -516,7 +516,7 @@ def _post_results(ex: dict[int, Any], world: int, ranks: range) -> None:
 
 
 # -- the writers (rank 0) ----------------------------------------------------------------------
-def _hang_write(ex: Any, world: int, dump_dir: str) -> Any:
+def _hang_write(ex: Any, world: int, dump_dir: str, grace_s: float = 2.0) -> Any:
     """What rank 0's watcher does once it claimed the writer of epoch 1 (watcher.py `_write`):
     the public gather_and_write, then publish_outcome (the verdict first, then the report's
     chunks). The only call into the writer's API."""
@@ -530,13 +530,16 @@ def _hang_write(ex: Any, world: int, dump_dir: str) -> Any:
     event = IncidentEvent.from_dict(json.loads(ex.store.get(Keys.event(1))))
     host = _info(0)["host"]
     report, _lost, excuse = gather_and_write(
-        incident, event=event, host=host, timeout_s=60.0, grace_s=2.0, dump_dir=dump_dir, config={},
+        incident, event=event, host=host, timeout_s=60.0, grace_s=grace_s, dump_dir=dump_dir, config={},
         started=time.monotonic(), own_snapshot=lambda: RankSnapshot.from_dict(_snapshot(0, world)),
     )
     publish_outcome(incident, report, excuse=excuse, host=host, dump_dir=dump_dir)
     return report
 
 
+GRACE_ENV = "DISTDIAG_BENCH_GRACE_S"
+"""`--grace`: the writer's snapshot grace in `--from-declaration` (the watchdog's default, 2 s,
+unless given: a longer one keeps a client's lag from being judged as lost ranks)."""
 PIN_ENV = "DISTDIAG_BENCH_WRITER_CORE"
 """Set by main (`--shared-cores` leaves it unset): the writer gets core 0 to itself, the store
 server, the simulated ranks and this process share the others."""
@@ -647,7 +650,7 @@ def _declared_writer(port: int, prefix: str, world: int, out: Any) -> None:
             time.sleep(_read_cost(real, random.Random(0)))  # its snapshot, as every rank's
             Incident(ex, IncidentKeys(1), world).post_snapshot(own)
             marks["own_posted"] = time.time()
-            report = _hang_write(ex, world, dump_dir)
+            report = _hang_write(ex, world, dump_dir, float(os.environ.get(GRACE_ENV, "2")))
         except Exception as exc:  # noqa: BLE001 - say how
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     t1 = time.time()
@@ -940,10 +943,15 @@ def main() -> int:
                         help="the hang's clock starts at the declaration: each rank notices at its own tick, takes a "
                              "real-shaped snapshot (benchmarks/results/real_snapshot.json) in its measured time, node "
                              "leaders wait for their ranks; the writer shares every core (implies --shared-cores)")
+    parser.add_argument("--grace", type=float, default=2.0,
+                        help="--from-declaration: the writer's snapshot grace (default 2 s, the watchdog's); two client "
+                             "processes playing 16k ranks on a loaded machine post late, and past the grace their ranks "
+                             "are reported lost: a longer grace measures the report once every snapshot is in")
     parser.add_argument("--shared-cores", action="store_true",
                         help="let the writer share every core with the store server and the client processes (by "
                              "default it has core 0 to itself and they have the others, as on a real job)")
     args = parser.parse_args()
+    os.environ[GRACE_ENV] = str(args.grace)
     if not args.shared_cores and not args.from_declaration and (os.cpu_count() or 1) >= 2:
         os.environ[PIN_ENV] = "0"
         _pin("main")  # the client processes start from here: off the writer's core
