@@ -65,6 +65,18 @@ real job the 2048 leaders do that at once, each on its own host, while the write
 the snapshots; here two clients would do them one after another, so they run before the
 declaration and each leader's time is given apart: `leader_aggregate_ms` (median and max of
 one leader: its read of the node's rows, the wait for its 8 snapshots, the read and the post).
+
+`--from-declaration` (with `--grace S`): the hang's clock starts at the declaration instead,
+with what a real job adds before the report: each rank notices the event at its own watchdog
+tick (`poll_interval(WatchdogConfig().poll_s, N)`), takes a snapshot shaped like a real one
+(benchmarks/results/real_snapshot.json, from benchmarks/capture_snapshot.py: a real gloo run's
+24-frame stack and recorder tail with call sites) in that run's measured CPU time, posts it,
+node leaders wait for their ranks (nodes.py's poll and bound) and post, and the writer (every
+core shared: no pinning) runs gather_and_write. `hang_from_declaration`: each stage's seconds
+from the declaration (the last rank to notice, to post, the last node value; the writer's
+stages, with its CPU at each), the lead finding, how the snapshots came, and how far the
+client processes fell behind their ranks' schedules (`client_lag_max_s`). The check's phase
+is unchanged but for the shared cores. docs/benchmarks.md "The hang report from the declaration".
 """
 
 from __future__ import annotations
