@@ -65,6 +65,18 @@ real job the 2048 leaders do that at once, each on its own host, while the write
 the snapshots; here two clients would do them one after another, so they run before the
 declaration and each leader's time is given apart: `leader_aggregate_ms` (median and max of
 one leader: its read of the node's rows, the wait for its 8 snapshots, the read and the post).
+
+`--from-declaration` (with `--grace S`): the hang's clock starts at the declaration instead,
+with what a real job adds before the report: each rank notices the event at its own watchdog
+tick (`poll_interval(WatchdogConfig().poll_s, N)`), takes a snapshot shaped like a real one
+(benchmarks/results/real_snapshot.json, from benchmarks/capture_snapshot.py: a real gloo run's
+24-frame stack and recorder tail with call sites) in that run's measured CPU time, posts it,
+node leaders wait for their ranks (nodes.py's poll and bound) and post, and the writer (every
+core shared: no pinning) runs gather_and_write. `hang_from_declaration`: each stage's seconds
+from the declaration (the last rank to notice, to post, the last node value; the writer's
+stages, with its CPU at each), the lead finding, how the snapshots came, and how far the
+client processes fell behind their ranks' schedules (`client_lag_max_s`). The check's phase
+is unchanged but for the shared cores. docs/benchmarks.md "The hang report from the declaration".
 """
 
 from __future__ import annotations
@@ -161,6 +173,52 @@ def _snapshot(rank: int, world: int) -> dict[str, Any]:
     return snap
 
 
+REAL_SNAPSHOT = ROOT / "benchmarks" / "results" / "real_snapshot.json"
+"""One real rank's snapshot and what taking it cost (benchmarks/capture_snapshot.py: a real
+gloo run, torch's flight recorder of 2,000 entries, a 30-frame call chain)."""
+
+
+def _real() -> dict[str, Any]:
+    return json.loads(REAL_SNAPSHOT.read_text())
+
+
+def _real_snapshot(rank: int, world: int, real: dict[str, Any]) -> dict[str, Any]:
+    """The scenario's snapshot of `rank` (its groups and positions, what the analysis judges)
+    in a real rank's shape: the captured recorder tail (32 entries with their call sites) on
+    this rank's groups, numbered up to its own counts, the captured 24-frame stack above the
+    scenario's innermost frames, and the captured snapshot's other fields."""
+    from tests.unit.hang_incident import groups_of, label
+
+    snap = _snapshot(rank, world)
+    captured = real["snapshot"]
+    for key, value in captured.items():
+        snap.setdefault(key, value)
+    labels = {k: label(k, m) for k, m in groups_of(rank, world).items()}
+    done = {g["group"]: g["completed"] for g in snap["engine"]["groups"]}
+    real_groups = sorted({e["group"] for e in captured["engine"]["entries"]})
+    mine = [labels["dp"], labels["tp"], labels["pp"]]
+    to = {g: mine[i % len(mine)] for i, g in enumerate(real_groups)}
+    last = {g: max(e["seq"] for e in captured["engine"]["entries"] if e["group"] == g) for g in real_groups}
+    entries = []
+    for e in captured["engine"]["entries"]:
+        group = to[e["group"]]
+        seq = done.get(group, 0) - (last[e["group"]] - e["seq"])
+        if seq >= 1:  # the scenario's groups have done a few collectives: the tail holds those
+            entries.append({**e, "group": group, "pg": group, "seq": seq})
+    snap["engine"]["entries"] = entries
+    snap["stack"] = (captured["stack"][:-3] + snap["stack"])[-len(captured["stack"]):]
+    return snap
+
+
+def _read_cost(real: dict[str, Any], rng: random.Random) -> float:
+    """Seconds one rank takes from noticing the event to its snapshot packed, on its own core:
+    the captured run's CPU for the recorder read, torch's stack dump, its parse (the call
+    sites) and the pack, each drawn from its measured values."""
+    parts = real["parts_cpu_s"]
+    return sum(rng.choice(parts[k]) for k in ("read_without_sites", "torch_stack_dump", "parse_stack_dump")) + rng.choice(
+        real["pack_s"])
+
+
 def _leaders(incident_of: dict[int, Any], world: int) -> list[float]:
     """Each node leader of these ranks (local rank 0, not the writer's node) posts its node's
     snapshots as distdiag/watchdog/watcher.py `_aggregate_node` does; the seconds each took."""
@@ -244,6 +302,135 @@ def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) 
     done_at, late, gave_up = _poll_until(list(inc), _interval(WATCHER_POLL_S, world), poll, VERDICT_WAIT_S)
     out.put({"ops": store.ops, "max_value": store.max_value, "done_at": done_at, "late_rounds": late, "gave_up": gave_up,
              "leaders_s": leaders, "cpu_s": _cpu() - cpu0})
+
+
+def _declared_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) -> None:
+    """`--from-declaration`: these ranks as a real job's watchdogs run an incident, each on its
+    own schedule from the declaration (the go's time): it notices the event at its own tick
+    (a random phase of the watchdog's real tick at this world: `poll_interval(poll_s, N)`),
+    takes its snapshot (the captured run's measured time: its recorder read, call sites and
+    pack, on its own core), posts it, tries the writer's claim, then (a node leader) waits for
+    its node's snapshots and posts them as one value, and waits for the verdict as
+    Incident.wait_verdict does; a leader of another host then reads the shared report. The
+    store requests are the real ones, issued when each rank's schedule says (one client plays
+    its ranks in turn: `lag` says how late it got to them); what a rank computes on its own
+    core (the snapshot, packing a node's value) is given its measured time, not run here."""
+    import heapq
+
+    from distdiag.hang.incident import RankSnapshot
+    from distdiag.runtime import snapwire
+    from distdiag.runtime.exchange import Exchange
+    from distdiag.runtime.incident import NEWS_STEP, compact_snapshot
+    from distdiag.runtime.keys import IncidentKeys, Keys
+    from distdiag.runtime.nodes import AGGREGATE_WAIT_S
+    from distdiag.runtime.nodes import POLL_S as NODE_POLL_S
+    from distdiag.watchdog.config import WatchdogConfig
+
+    real = _real()
+    rng = random.Random(lo)
+    store = _client(port, prefix)
+    keys = IncidentKeys(1)
+    ex = {r: Exchange(store, r, world) for r in range(lo, hi)}
+    for r in ex:
+        ex[r].post(Keys.INFO, _info(r))
+    ranks = [r for r in range(lo, hi) if r != 0]
+    packed: dict[int, tuple[bytes, bytes | None]] = {}
+    dicts: dict[int, dict[str, Any]] = {}
+    for r in ranks:
+        packed[r] = compact_snapshot(RankSnapshot.from_dict(_real_snapshot(r, world, real)))
+        dicts[r] = snapwire.unpack(snapwire.decode(packed[r][0]), {})
+    leaders = [r for r in ranks if r % 8 == 0]
+    node_value: dict[int, bytes] = {}
+    pack_s: dict[int, float] = {}
+    for r in leaders:
+        start = time.perf_counter()
+        node_value[r] = snapwire.pack_many({m: dicts[m] for m in range(r, min(r + 8, world)) if m in dicts})
+        pack_s[r] = time.perf_counter() - start  # plus the unpack of 8 values, done once above
+    del dicts
+    tick = poll_interval_of(WatchdogConfig().poll_s, world)
+    wait_every = poll_interval_of(0.05, world)  # Incident.wait_verdict's poll_s
+    node_every = poll_interval_of(NODE_POLL_S, world // 8)  # aggregate_node's, one leader a node of 8
+    store.add("ready", 1)
+    store.wait(["go"])
+    t0 = float(store.get("go"))
+    cpu0 = _cpu()
+    queue: list[tuple[float, int, str]] = [(t0 + rng.uniform(0, tick), r, "tick") for r in ranks]
+    heapq.heapify(queue)
+    times: dict[str, dict[int, float]] = {"noticed": {}, "posted": {}, "node_posted": {}, "verdict": {}, "mirrored": {}}
+    agg_end: dict[int, float] = {}
+    seen_news: dict[int, int] = {}
+    lag, late = 0.0, 0
+    while queue:
+        due, r, what = heapq.heappop(queue)
+        now = time.time()
+        if now < due:
+            time.sleep(due - now)
+            now = due
+        else:
+            lag = max(lag, now - due)
+            late += now - due > 0.05
+        e = ex[r]
+        if what == "tick":  # watcher.py _tick: the next event's key
+            if not store.check([Keys.event(1)]):
+                heapq.heappush(queue, (now + tick, r, "tick"))
+                continue
+            store.get(Keys.event(1))  # _handle_event reads it
+            times["noticed"][r] = now
+            heapq.heappush(queue, (now + _read_cost(real, rng), r, "post"))
+        elif what == "post":  # Incident.post_snapshot (runtime/incident.py post_snapshot), then the claim
+            core, hist = packed.pop(r)
+            if hist is not None:
+                e.put(f"{snapwire.history_key(keys.snap)}/{r}", hist)
+            store.set(f"{keys.snap}/{r}", core)
+            store.add(f"{keys.snap}/n", 1)
+            store.compare_set(keys.writer, "", f"{r}")  # claim_writer: rank 0 holds it
+            times["posted"][r] = time.time()
+            if r in node_value:  # watcher.py _aggregate_node: its node's rows, then aggregate_node
+                e.collect(Keys.INFO, list(range(r, min(r + 8, world))))
+                agg_end[r] = time.monotonic() + AGGREGATE_WAIT_S
+                heapq.heappush(queue, (time.time(), r, "aggregate"))
+            else:
+                heapq.heappush(queue, (time.time() + wait_every * rng.uniform(0.5, 1.0), r, "poll"))
+        elif what == "aggregate":
+            members = list(range(r, min(r + 8, world)))
+            have = e.present(keys.snap, members)
+            if len(have) < len(members) and time.monotonic() < agg_end[r]:
+                heapq.heappush(queue, (now + node_every, r, "aggregate"))
+                continue
+            e.collect(keys.snap, have)  # the leader reads its node's values (unpacked and packed: pack_s)
+            heapq.heappush(queue, (time.time() + pack_s[r], r, "node"))
+        elif what == "node":
+            e.put(f"{keys.node}/{r}", node_value.pop(r))
+            store.add(f"{keys.node}/n", 1)
+            times["node_posted"][r] = time.time()
+            heapq.heappush(queue, (time.time() + wait_every * rng.uniform(0.5, 1.0), r, "poll"))
+        elif what == "poll":  # Incident.wait_verdict: the progress each poll, the verdict on news
+            news = e.bump(keys.progress, 0) // NEWS_STEP
+            if seen_news.get(r) == news:
+                heapq.heappush(queue, (now + wait_every, r, "poll"))
+                continue
+            seen_news[r] = news
+            verdict = e.read(keys.verdict)
+            if verdict is None:
+                store.check([keys.again(r)])  # watcher.py _await's stop(): asked to re-read?
+                heapq.heappush(queue, (now + wait_every, r, "poll"))
+                continue
+            times["verdict"][r] = time.time()
+            if r % 8 == 0 and verdict.get("host") != _info(r)["host"] and verdict.get("chunks", 0) > 0:
+                from distdiag.runtime.incident import Incident
+
+                Incident(e, keys, world).wait_report()  # watcher.py _mirror
+                times["mirrored"][r] = time.time()
+    out.put({"ops": store.ops, "max_value": store.max_value, "done_at": max(times["verdict"].values(), default=t0),
+             "late_rounds": late, "gave_up": len(ranks) - len(times["verdict"]), "leaders_s": list(pack_s.values()),
+             "cpu_s": _cpu() - cpu0, "t0": t0, "lag_s": lag, "tick_s": tick,
+             "last": {k: max(v.values(), default=None) for k, v in times.items()}})
+
+
+def poll_interval_of(poll_s: float, world: int) -> float:
+    from distdiag.runtime.exchange import poll_interval
+
+    return poll_interval(poll_s, world)
 
 
 def _check_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) -> None:
@@ -341,7 +528,7 @@ def _post_results(ex: dict[int, Any], world: int, ranks: range) -> None:
 
 
 # -- the writers (rank 0) ----------------------------------------------------------------------
-def _hang_write(ex: Any, world: int, dump_dir: str) -> Any:
+def _hang_write(ex: Any, world: int, dump_dir: str, grace_s: float = 2.0) -> Any:
     """What rank 0's watcher does once it claimed the writer of epoch 1 (watcher.py `_write`):
     the public gather_and_write, then publish_outcome (the verdict first, then the report's
     chunks). The only call into the writer's API."""
@@ -355,13 +542,16 @@ def _hang_write(ex: Any, world: int, dump_dir: str) -> Any:
     event = IncidentEvent.from_dict(json.loads(ex.store.get(Keys.event(1))))
     host = _info(0)["host"]
     report, _lost, excuse = gather_and_write(
-        incident, event=event, host=host, timeout_s=60.0, grace_s=2.0, dump_dir=dump_dir, config={},
+        incident, event=event, host=host, timeout_s=60.0, grace_s=grace_s, dump_dir=dump_dir, config={},
         started=time.monotonic(), own_snapshot=lambda: RankSnapshot.from_dict(_snapshot(0, world)),
     )
     publish_outcome(incident, report, excuse=excuse, host=host, dump_dir=dump_dir)
     return report
 
 
+GRACE_ENV = "DISTDIAG_BENCH_GRACE_S"
+"""`--grace`: the writer's snapshot grace in `--from-declaration` (the watchdog's default, 2 s,
+unless given: a longer one keeps a client's lag from being judged as lost ranks)."""
 PIN_ENV = "DISTDIAG_BENCH_WRITER_CORE"
 """Set by main (`--shared-cores` leaves it unset): the writer gets core 0 to itself, the store
 server, the simulated ranks and this process share the others."""
@@ -422,6 +612,74 @@ def _hang_writer(port: int, prefix: str, world: int, out: Any) -> None:
     out.put({"writer": "hang", "t0": t0, "t1": t1, "cpu_s": cpu, "ops": store.ops, "max_value": store.max_value,
              "marks": {"verdict": store.verdict_at}, "peak_mb": peak.growth_mb, "lost_findings": lost, "error": error,
              "report_kb": len(report.to_json()) // 1024 if report else 0})
+
+
+def _declared_writer(port: int, prefix: str, world: int, out: Any) -> None:
+    """`--from-declaration`: rank 0 declares the event at the go's time (it is the rank that
+    timed out: it claims the writer's role first), takes its own snapshot (its measured time),
+    posts it and writes the report as watcher.py `_write` does; each stage of the writer
+    (distdiag/watchdog/writer.py) timestamped from the declaration."""
+    import psutil
+
+    _quiet()
+    import distdiag.watchdog.writer as writer_module
+    from distdiag.hang.incident import RankSnapshot
+    from distdiag.runtime.exchange import Exchange
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys, Keys
+
+    real = _real()
+    store = _client(port, prefix)
+    ex = Exchange(store, 0, world)
+    ex.post(Keys.INFO, _info(0))
+    own = RankSnapshot.from_dict(_real_snapshot(0, world, real))
+    marks: dict[str, float] = {}
+    cpu_at: dict[str, float] = {}
+
+    def timed(name: str, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            result = fn(*args, **kwargs)
+            marks[name] = time.time()
+            cpu_at[name] = _cpu()
+            return result
+        return run
+
+    writer_module._wait_for_snapshots = timed("snapshots_in", writer_module._wait_for_snapshots)
+    writer_module._gather = timed("gathered", writer_module._gather)
+    writer_module.analyse_and_detail = timed("analysed", writer_module.analyse_and_detail)
+    writer_module._write_and_print = timed("on_disk", writer_module._write_and_print)
+    store.add("ready", 1)
+    store.wait(["go"])
+    t0 = float(store.get("go"))
+    time.sleep(max(0.0, t0 - time.time()))
+    peak = _PeakRss(psutil.Process())
+    cpu0 = _cpu()
+    error = None
+    report = None
+    with tempfile.TemporaryDirectory() as dump_dir:
+        try:
+            store.compare_set(Keys.event(1), "", json.dumps({"kind": "timeout", "rank": 3, "detail": "no progress for 60s"}))
+            time.sleep(_read_cost(real, random.Random(0)))  # its snapshot, as every rank's
+            Incident(ex, IncidentKeys(1), world).post_snapshot(own)
+            marks["own_posted"] = time.time()
+            report = _hang_write(ex, world, dump_dir, float(os.environ.get(GRACE_ENV, "2")))
+        except Exception as exc:  # noqa: BLE001 - say how
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    t1 = time.time()
+    cpu = _cpu() - cpu0
+    peak.stop()
+    marks["verdict"] = store.verdict_at or t1
+    lead = next((f for f in report.probes[0].findings if f.severity == "critical"), None) if report else None
+    from distdiag.hang.incident import SilentReason
+
+    silent = {reason.cause for reason in SilentReason} | {"lost"}
+    lost = len([f for f in report.probes[0].findings if f.cause in silent]) if report is not None else -1
+    out.put({"writer": "hang", "t0": t0, "t1": t1, "cpu_s": cpu, "ops": store.ops, "max_value": store.max_value,
+             "marks": marks, "peak_mb": peak.growth_mb, "error": error, "lost_findings": lost,
+             "cpu_at": {k: round(v - cpu0, 3) for k, v in cpu_at.items()},
+             "report_kb": len(report.to_json()) // 1024 if report else 0,
+             "lead": None if lead is None else {"ranks": lead.ranks[:8], "cause": lead.cause},
+             "gathered": report.probes[0].details.get("gathered") if report else None})
 
 
 def _check_writer(port: int, prefix: str, world: int, out: Any) -> None:
@@ -544,14 +802,18 @@ class _PeakRss:
 
 
 # -- one phase, one N -------------------------------------------------------------------------
-def _phase(port: int, server: Any, world: int, clients: int, kind: str) -> dict[str, Any]:
+def _phase(port: int, server: Any, world: int, clients: int, kind: str, declared: bool = False) -> dict[str, Any]:
     import torch.distributed as dist
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     prefix = f"{kind}{world}/"
     cuts = [world * i // clients for i in range(clients + 1)]
-    if kind == "hang":
+    if kind == "hang" and declared:
+        procs = [ctx.Process(target=_declared_writer, args=(port, prefix, world, out))]
+        procs += [ctx.Process(target=_declared_ranks, args=(port, prefix, world, max(cuts[i], 1), cuts[i + 1], out))
+                  for i in range(clients)]
+    elif kind == "hang":
         procs = [ctx.Process(target=_hang_writer, args=(port, prefix, world, out))]
         procs += [ctx.Process(target=_hang_ranks, args=(port, prefix, world, max(cuts[i], 1), cuts[i + 1], out))
                   for i in range(clients)]
@@ -562,11 +824,11 @@ def _phase(port: int, server: Any, world: int, clients: int, kind: str) -> dict[
     for p in procs:
         p.start()
     main = dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", port, None, False))
-    while int(main.add("ready", 0)) < clients:
+    while int(main.add("ready", 0)) < clients + (1 if declared and kind == "hang" else 0):
         time.sleep(0.2)
     time.sleep(1.0)  # the writer has imported its modules and waits for the go too
     cpu0, wall0 = sum(server.cpu_times()[:2]), time.time()
-    main.set("go", "1")
+    main.set("go", repr(wall0 + 0.3))  # the declaration's time: everyone has it by then
     results = [out.get(timeout=1800) for _ in procs]
     wall1 = max(r.get("done_at", 0.0) or r.get("t1", 0.0) for r in results)
     wall1 = max(wall1, max(r.get("t1", 0.0) for r in results))
@@ -588,6 +850,30 @@ def _phase(port: int, server: Any, world: int, clients: int, kind: str) -> dict[
         "gave_up": sum(r["gave_up"] for r in ranks),
         "leaders_ms": _spread([t for r in ranks for t in r.get("leaders_s", [])]),
         "clients_cpu": sum(r.get("cpu_s", 0.0) for r in ranks),
+        "declared": _declared_phases(writer, ranks) if declared and kind == "hang" else None,
+    }
+
+
+def _declared_phases(writer: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """`--from-declaration`: each stage's time from the declaration, the last rank's (the ranks'
+    stages) and the writer's (its stages), in seconds."""
+    t0 = writer["t0"]
+
+    def last(name: str) -> float | None:
+        got = [r["last"][name] for r in ranks if r["last"].get(name) is not None]
+        return round(max(got) - t0, 3) if got else None
+
+    marks = writer["marks"]
+    at = {k: round(v - t0, 3) for k, v in marks.items() if v is not None}
+    return {
+        "last_noticed": last("noticed"), "last_snapshot_posted": last("posted"), "last_node_value": last("node_posted"),
+        "writer_own_posted": at.get("own_posted"), "writer_saw_all_snapshots": at.get("snapshots_in"),
+        "writer_gathered": at.get("gathered"), "writer_analysed": at.get("analysed"), "report_on_disk": at.get("on_disk"),
+        "verdict_out": at.get("verdict"), "every_rank_has_verdict": last("verdict"), "last_mirror": last("mirrored"),
+        "writer_done": round(writer["t1"] - t0, 3), "tick_s": ranks[0]["tick_s"],
+        "client_lag_max_s": round(max(r["lag_s"] for r in ranks), 3), "lead": writer.get("lead"),
+        "gathered": writer.get("gathered"), "lost_findings": writer.get("lost_findings"),
+        "writer_cpu_s": round(writer["cpu_s"], 3), "writer_cpu_at_s": writer.get("cpu_at"),
     }
 
 
@@ -604,7 +890,7 @@ def _since(writer: dict[str, Any], mark: str) -> float | None:
     return None if at is None else round(at - writer["t0"], 3)
 
 
-def measure(world: int, clients: int) -> dict[str, Any]:
+def measure(world: int, clients: int, declared: bool = False) -> dict[str, Any]:
     import psutil
 
     log = tempfile.TemporaryFile(mode="w+")  # the server's complaints (a value over its 8 MiB limit)
@@ -614,7 +900,7 @@ def measure(world: int, clients: int) -> dict[str, Any]:
         port = int(server.stdout.readline())
         _pin("server", server.pid)
         proc = psutil.Process(server.pid)
-        hang = _phase(port, proc, world, clients, "hang")
+        hang = _phase(port, proc, world, clients, "hang", declared)
         check = _phase(port, proc, world, clients, "check")
     finally:
         server.stdin.close()
@@ -626,6 +912,7 @@ def measure(world: int, clients: int) -> dict[str, Any]:
     return {
         "ranks": world,
         "hang_report_s": None if hang["writer"].get("error") else _since(hang["writer"], "verdict"),
+        "hang_from_declaration": hang["declared"],
         "hang_writer_done_s": round(hang["writer_s"], 3),
         "store_rejected_values": rejected,
         "check_exchange_s": round(check["all_s"], 3),
@@ -664,11 +951,20 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--clients", type=int, default=2, help="client processes playing the ranks (default 2)")
     parser.add_argument("--json", action="store_true", help="one JSON object per N instead of the table")
+    parser.add_argument("--from-declaration", action="store_true",
+                        help="the hang's clock starts at the declaration: each rank notices at its own tick, takes a "
+                             "real-shaped snapshot (benchmarks/results/real_snapshot.json) in its measured time, node "
+                             "leaders wait for their ranks; the writer shares every core (implies --shared-cores)")
+    parser.add_argument("--grace", type=float, default=2.0,
+                        help="--from-declaration: the writer's snapshot grace (default 2 s, the watchdog's); two client "
+                             "processes playing 16k ranks on a loaded machine post late, and past the grace their ranks "
+                             "are reported lost: a longer grace measures the report once every snapshot is in")
     parser.add_argument("--shared-cores", action="store_true",
                         help="let the writer share every core with the store server and the client processes (by "
                              "default it has core 0 to itself and they have the others, as on a real job)")
     args = parser.parse_args()
-    if not args.shared_cores and (os.cpu_count() or 1) >= 2:
+    os.environ[GRACE_ENV] = str(args.grace)
+    if not args.shared_cores and not args.from_declaration and (os.cpu_count() or 1) >= 2:
         os.environ[PIN_ENV] = "0"
         _pin("main")  # the client processes start from here: off the writer's core
     if not args.json:
@@ -676,7 +972,7 @@ def main() -> int:
               "server cores | notes |")
         print("|---|---|---|---|---|---|---|---|")
     for world in args.ranks:
-        row = measure(world, args.clients)
+        row = measure(world, args.clients, args.from_declaration)
         if args.json:
             print(json.dumps(row), flush=True)
             continue

@@ -40,7 +40,7 @@ from distdiag.hang.incident import (
     snapshot_of,
 )
 from distdiag.hang.picture import hang_extras
-from distdiag.hang.views import group_members
+from distdiag.hang.views import GROUPED_DETAILS_RANKS, group_members
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
@@ -357,9 +357,13 @@ def _details(
     world: int,
     infos: dict[int, RankInfo] | None = None,
     views: dict[int, RankView] | None = None,
+    findings: list[Finding] | None = None,
 ) -> dict[str, Any]:
     """The watchdog probe's details: the ranks' table, the event, the snapshots, steps, errors.
-    `views`: build_views(merged, lost), when the analysis built them already."""
+    `views`: build_views(merged, lost), when the analysis built them already; `findings`: past
+    GROUPED_DETAILS_RANKS the recorder's entries are kept for the ranks they name
+    (`_recorder_ranks`)."""
+    keep = _recorder_ranks(merged, findings, event) if len(merged) > GROUPED_DETAILS_RANKS else None
     rows = state_rows(merged, lost, world, infos, views=views)
     for row in rows:
         s = merged.get(row["rank"])
@@ -370,11 +374,34 @@ def _details(
         "event": event_of(event).to_dict(),
         **snapshot_details(merged),
         "flight_recorder": {
-            str(r): (s.get("engine") or {}).get("entries") for r, s in sorted(merged.items()) if (s.get("engine") or {}).get("entries")
+            str(r): (s.get("engine") or {}).get("entries") for r, s in sorted(merged.items())
+            if (s.get("engine") or {}).get("entries") and (keep is None or r in keep)
         },
+        **({"flight_recorder_note": (
+            f"the recorder's last entries of the {len(keep)} rank(s) the findings name first; the other ranks' are "
+            "left out (each rank's position on each group is in the flight recorder's table)")} if keep is not None else {}),
         "steps": _step_summary(merged),
         "errors": {str(r): e for r, e in errors.items()},
     }
+
+
+RECORDER_RANKS_MAX = 64
+"""Past GROUPED_DETAILS_RANKS, the most ranks whose recorder entries (their last 32
+collectives with call sites, ~9 KB of report a rank) the report keeps: every rank's made a
+786 MB report and a 3.5 GB writer at 16k ranks (benchmarks/bench_scale.py --from-declaration)."""
+
+
+def _recorder_ranks(merged: dict[int, Any], findings: list[Finding] | None,
+                    event: IncidentEvent | dict[str, Any]) -> set[int]:
+    """The ranks whose recorder entries a large report keeps: those the findings name, the
+    most severe first, then the declaring rank, at most RECORDER_RANKS_MAX."""
+    order = {"critical": 0, "error": 1, "warning": 2}
+    named: list[int] = []
+    for f in sorted(findings or [], key=lambda f: order.get(f.severity, 3)):
+        named += [r for r in f.ranks or [] if r in merged]
+    rank = event_of(event).rank
+    named += [rank] if isinstance(rank, int) and rank in merged else []
+    return set(list(dict.fromkeys(named))[:RECORDER_RANKS_MAX])
 
 
 def analyse_and_detail(
@@ -393,7 +420,7 @@ def analyse_and_detail(
     views = build_views(merged, lost, records)
     findings = analyse(event, merged, lost, errors, world, timeout_s, views=views)
     findings = mark_blind(findings, blind_spot(snaps=merged.values()))  # NCCL blocking wait: the recorder does not move
-    details = _details(event, merged, lost, errors, world, infos, views=views)
+    details = _details(event, merged, lost, errors, world, infos, views=views, findings=findings)
     details.update(hang_extras(findings, views, lost, errors, world))  # `hang-report --graph` draws it
     return findings, details
 
