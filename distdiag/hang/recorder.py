@@ -72,9 +72,11 @@ imports interleave and the user's thread gets a partially initialised module
 ("cannot import name 'IndentedBuffer' from partially initialized module 'torch._inductor.utils'").
 So stacks are read only once it is fully imported: by `load_symbolizer` on the training thread
 before the watchdog's threads start, or by the job itself."""
-_NOT_SITES = ("/torch/", "/distdiag/watchdog/", "/distdiag/watch.py", "/runpy.py", "/threading.py")
+_NOT_SITES = ("/torch/", "/distdiag/watchdog/", "/distdiag/watch.py", "/runpy.py", "/threading.py",
+              "/typing_extensions.py", "/warnings.py", "/contextlib.py", "/functools.py")
 """Frames that are not the job's call site: torch's own (all_reduce, c10d_logger.wrapper, DDP,
-autograd), distdiag's runner and Python's."""
+autograd), distdiag's runner and Python's (the deprecation wrapper torch puts around
+all_gather_into_tensor's old names lives in typing_extensions, or warnings on Python 3.13)."""
 
 
 def recorder_enabled() -> bool:
