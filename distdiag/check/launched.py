@@ -111,23 +111,6 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _private_dir(path: str) -> bool:
-    """`path` is (made here if missing) a real directory of this user's, open to nobody else."""
-    import stat
-
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return False
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
-
-
 _JOB_FOLDER = re.compile(r"job-(\d+)-(\d+)-\d+-[0-9a-f]+")
 
 
@@ -155,7 +138,9 @@ def _job_folder() -> str | None:
     tag = hashlib.sha256(job.encode()).hexdigest()[:12]  # one agent may run several jobs (a test's forkserver)
     folder = os.path.join(base, f"job-{agent}-{started}-{int(restart) if restart.isdigit() else 0}-{tag}")
     fresh = not os.path.isdir(folder)
-    if not (_private_dir(base) and _private_dir(folder)):
+    from distdiag.runtime.deathnote import own_dir
+
+    if not (own_dir(base) and own_dir(folder)):
         _folder_cache["ok"] = False
         return None
     if fresh:

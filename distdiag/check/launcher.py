@@ -371,6 +371,12 @@ def run_gate(argv: list[str]) -> int:
         )
         return code
     sys.stderr.write(f"distdiag gate: the distdiag gate passed on {host}; starting: {shlex.join(command)}\n")
+    return exec_command(command)
+
+
+def exec_command(command: list[str]) -> int:
+    """Become the training command (output flushed first); 127 / 126 with one line when it is
+    missing or not executable, as a shell says."""
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -9,7 +9,6 @@ then this process execs the real command (its exit code is the command's, as wit
 
 from __future__ import annotations
 
-import os
 import sys
 
 __all__ = ["draw_from", "main"]
@@ -40,17 +39,9 @@ def main(argv: list[str]) -> int:
         return 2
     report, chart, command = argv[0], argv[1], argv[3:]
     draw_from(report, chart)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execvp(command[0], command)
-    except FileNotFoundError:
-        sys.stderr.write(f"distdiag: error: the training command {command[0]!r} was not found\n")
-        return 127
-    except PermissionError:
-        sys.stderr.write(f"distdiag: error: the training command {command[0]!r} is not executable\n")
-        return 126
-    return 0  # pragma: no cover - execvp does not return
+    from distdiag.check.launcher import exec_command
+
+    return exec_command(command)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def note_path(pid: int) -> str:
     return os.path.join(note_dir(), f"fatal-{int(pid)}.txt")
 
 
-def _own_dir(path: str) -> bool:
+def own_dir(path: str) -> bool:
     """The directory exists (made here if not), is a real directory, ours, and closed to others."""
     try:
         os.mkdir(path, 0o700)
@@ -112,7 +112,7 @@ def arm() -> bool:
         return False
     path = note_path(os.getpid())
     try:
-        if not _own_dir(os.path.dirname(path)):
+        if not own_dir(os.path.dirname(path)):
             return False
         _prune(os.path.dirname(path))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
