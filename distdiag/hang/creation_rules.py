@@ -7,8 +7,13 @@ member or not, in one order. Each rank's watchdog keeps the numbered names it ma
 members (distdiag.watchdog.groupnames); where ranks bind one name to different members, their
 backends met the wrong peers: the ranks then hang in the group's creation (gloo connects at
 once) or in a collective on it (NCCL connects at its first one; gloo may have paired ranks of
-two groups), and which collective they wait in says nothing of why. A conflict found while the
-job hangs leads: it is a bug whatever else the ranks do, and it explains every wait after it.
+two groups), and which collective they wait in says nothing of why. A conflict that can explain
+the hang leads and explains every wait: a rank is inside group creation, or waits in a collective
+on a group some rank bound at the conflicting number or later (or on one whose members are not
+known). One that cannot (every wait is on groups made before it, or on the default group) is
+still a bug, but not this hang's cause: it is reported as a warning beside the other rules'
+verdict (NCCL connects a group at its first collective, so a conflicting group never used yet has
+met no peer).
 
 Which ranks are at fault is told by the evidence, not by the count alone:
 - skipped: ranks S bound name p to their next group, while ranks T created at p a group S are
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from distdiag.hang.groupid import parse_label
 from distdiag.hang.incident import CAUSE_DESYNC
 from distdiag.hang.members import decode_members
 from distdiag.report.model import Finding
@@ -138,6 +144,19 @@ def _blame(a: Any, p: int, sides: list[tuple[str, list[int]]], logs: dict[int, d
     return culprits, how, 0.5, _FIX_ORDER
 
 
+def _explains_hang(a: Any, p: int, logs: dict[int, dict[int, str]]) -> bool:
+    """Whether the conflict at group number p can be why the ranks wait (see the module's text)."""
+    if any(_creating(v.snap) for v in a.views.values()):
+        return True
+    bound = {frozenset(_members(spec)) for names in logs.values() for q, spec in names.items() if q >= p}
+    waits = [w for v in a.views.values() for w in v.waits]
+    for w in waits:
+        members = parse_label(str(w.get("group", ""))).ranks(a.world)
+        if members is None or frozenset(members) in bound:
+            return True
+    return not waits
+
+
 def group_creation(a: Any) -> None:
     """Ranks that bound one group number to different members (see the module's text)."""
     logs: dict[int, dict[int, str]] = {}
@@ -154,14 +173,18 @@ def group_creation(a: Any) -> None:
     culprits, how, confidence, fix = _blame(a, p, sides, logs, full)
     if set(culprits) & a.explained:
         return
+    relevant = _explains_hang(a, p, logs)
     at = {spec: sorted({sites[r][p] for r in rs if p in sites.get(r, {})}) for spec, rs in sides}
     lines = [f"{format_ranks(rs)}: group '{p}' = [{_show(spec)}]" + (f", made at {'; '.join(at[spec][:2])}" if at[spec] else "")
              for spec, rs in sides]
     for r in sorted(logs)[:8]:
         made = ", ".join(f"'{q}' [{_show(logs[r][q])}]" for q in sorted(logs[r]) if q >= p)
         lines.append(f"rank {r} made, from '{p}' on: {made or '-'}")
+    if not relevant:
+        lines.insert(0, "no rank waits on a group made at or after this number, and none is making a group: "
+                        "this conflict is not why the ranks wait now (the other findings say why)")
     a.findings.append(Finding(
-        severity="critical",
+        severity="critical" if relevant else "warning",
         issue=(f"{format_ranks(culprits)} {how}: torch numbers groups per process, and group '{p}' is "
                f"[{_show(sides[0][0])}] on {format_ranks(sides[0][1])} but "
                + "; ".join(f"[{_show(s)}] on {format_ranks(rs)}" for s, rs in sides[1:])
@@ -171,9 +194,11 @@ def group_creation(a: Any) -> None:
         evidence="\n".join(["the numbered process groups each rank created (name: members):", *lines]),
         ranks=culprits,
         fix=fix,
-        confidence=confidence,
+        confidence=confidence if relevant else min(confidence, 0.6),
         cause=CAUSE_DESYNC,
     ))
+    if not relevant:
+        return
     a.explained.update(culprits)
     a.causes.update(culprits)
     a.explained.update(a.views)  # the others wait on the groups that met the wrong peers

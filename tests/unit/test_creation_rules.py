@@ -10,11 +10,13 @@ from types import SimpleNamespace
 from distdiag.hang.creation_rules import group_creation
 
 
-def _a(logs: dict[int, list[tuple[str, str, str]]], creating: tuple[int, ...] = ()) -> SimpleNamespace:
+def _a(logs: dict[int, list[tuple[str, str, str]]], creating: tuple[int, ...] = (),
+       waits: dict[int, str] | None = None) -> SimpleNamespace:
     views = {r: SimpleNamespace(snap={"groups_created": {"count": len(rows) + 1, "names": [list(x) for x in rows], "from": "calls"},
-                                      "stack": ["x.py:1 in <module>", "c10d.py:9 in new_group"] if r in creating else []})
+                                      "stack": ["x.py:1 in <module>", "c10d.py:9 in new_group"] if r in creating else []},
+                                waits=[{"group": (waits or {})[r]}] if r in (waits or {}) else [])
              for r, rows in logs.items()}
-    return SimpleNamespace(views=views, explained=set(), causes=set(), findings=[])
+    return SimpleNamespace(views=views, explained=set(), causes=set(), findings=[], world=len(logs))
 
 
 def test_two_against_two_with_no_later_evidence_names_both_sides_at_half_with_their_lines():
@@ -46,3 +48,25 @@ def test_another_order_is_the_minority_and_no_conflict_says_nothing():
     quiet = _a({0: order, 1: order[:1]})  # rank 1 merely behind in making groups: no conflict
     group_creation(quiet)
     assert quiet.findings == []
+
+
+def test_a_conflict_no_wait_touches_is_a_warning_beside_the_hang_not_its_cause():
+    # rank 3 made two groups in another order; every rank now waits on the default group
+    # (another rank stalls elsewhere): the conflict is reported, but it is not why they wait
+    order = [("1", "0,1,2", "t.py:7"), ("2", "1,2,3", "t.py:7")]
+    logs = {0: order, 1: order, 2: order, 3: [("1", "1,2,3", "t.py:9"), ("2", "0,1,2", "t.py:9")]}
+    a = _a(logs, waits={0: "world", 1: "world", 2: "world"})
+    group_creation(a)
+    (f,) = a.findings
+    assert f.severity == "warning" and f.ranks == [3] and f.confidence <= 0.6, f
+    assert "not why the ranks wait now" in f.evidence
+    assert a.explained == set() and a.causes == set()
+    # the same conflict with a rank waiting on one of the groups made at its number: the cause
+    b = _a(logs, waits={0: "world", 1: "ranks[1,2,3]", 2: "world"})
+    group_creation(b)
+    (g,) = b.findings
+    assert g.severity == "critical" and g.ranks == [3] and g.confidence == 0.8 and b.explained == {0, 1, 2, 3}
+    # a wait on a group whose members are not known may be on it: the cause too
+    c = _a(logs, waits={0: "group 5"})
+    group_creation(c)
+    assert c.findings[0].severity == "critical"
