@@ -15,9 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distdiag.check.launch_end import Launch, exit_code_after_run, lost_rank_words
-from distdiag.check.launched import VERDICT_NOTE_ENV, note_verdict
-from distdiag.check.launcher import JobEnd
+from distdiag.launcher.child import JobEnd
+from distdiag.launcher.exit_code import exit_code_after_run, lost_rank_words
+from distdiag.launcher.launch import Launch
+from distdiag.launcher.ranks import VERDICT_NOTE_ENV, note_verdict
 from distdiag.report.model import EXIT_CANCELLED, Report, read_report, write_report
 from distdiag.runtime.exchange import STORE_STALL_S
 from tests.cli.test_launcher_run import _alive, _connected, _workers
