@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "ARMED_PHASE", "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "LAUNCH_FOLDER_PREFIX", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
+    "ARMED_PHASE", "with_this_launch_id", "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "LAUNCH_FOLDER_PREFIX", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
     "report_path_in", "cancelled_by", "say_started", "START_PREFIX", "note_phase", "noted_rank", "forget_phase", "note_first_failure", "read_json",
 ]
 
@@ -62,6 +62,23 @@ def say_started(config: Any, nproc: int) -> None:
 def launch_id() -> str:
     """This process's launch id ('' when no distdiag launcher started it)."""
     return os.environ.get(LAUNCH_ID_ENV, "")
+
+
+def with_this_launch_id(text: str) -> str:
+    """A report's JSON, written on another node, as this node's copy: with this node's launch id
+    (each node's launcher takes only a report carrying its own; the copy came with the writer's).
+    Unchanged without a launcher, and laid out as it came (indented or one line)."""
+    mine = launch_id()
+    if not mine:
+        return text
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(data, dict) or data.get("launch_id") == mine:
+        return text
+    data["launch_id"] = mine
+    return json.dumps(data, indent=2 if text.startswith("{\n") else None)
 
 
 LAUNCH_FOLDER_PREFIX = "distdiag-launch-"

@@ -112,3 +112,24 @@ def test_every_rank_gone_ends_the_check_not_a_training_job_that_torchrun_may_res
     assert "every rank has ended but torchrun's agent" in (check.tick(agent) or "")
     now[0] = 3600.0
     assert training.tick(agent) is None
+
+
+def test_another_nodes_copy_of_a_report_carries_this_nodes_launch_id(monkeypatch):
+    """Each node's launcher takes only a report with its own launch id: the hang report's copy a
+    node keeps (written by a rank of another node) is stamped with this node's; without a
+    launcher it is kept as it came."""
+    import json
+
+    from distdiag.launcher.ranks import LAUNCH_ID_ENV, with_this_launch_id
+    from distdiag.report.model import Report
+
+    text = Report(world_size=2, exit_code=3, verdict="fail", launch_id="node-0s").to_json()
+    monkeypatch.delenv(LAUNCH_ID_ENV, raising=False)
+    assert with_this_launch_id(text) == text
+    monkeypatch.setenv(LAUNCH_ID_ENV, "node-1s")
+    copy = with_this_launch_id(text)
+    data, original = json.loads(copy), json.loads(text)
+    assert data["launch_id"] == "node-1s" and data["exit_code"] == 3
+    assert copy.startswith("{\n") and list(data) == list(original)  # every key, in its place
+    assert {k: v for k, v in data.items() if k != "launch_id"} == {k: v for k, v in original.items() if k != "launch_id"}
+    assert with_this_launch_id("not json") == "not json"
