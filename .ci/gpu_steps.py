@@ -205,7 +205,7 @@ def _reader(torch: Any, dev: Any, res: Results) -> None:
 
 def _fork_and_env(torch: Any, dev: Any, res: Results) -> None:
     """Items 11 and 2: the driver seen in use once CUDA is up; the GPU's UUID as NVML takes it."""
-    from distdiag.check.forkrun import cuda_in_parent
+    from distdiag.launcher.forkrun import cuda_in_parent
     from distdiag.probes.cluster.env import _device_uuid
 
     why = cuda_in_parent()
@@ -273,7 +273,7 @@ def cmd_fork(mode: str) -> int:
     import importlib
 
     torch = _cuda()
-    from distdiag.check.forkrun import cuda_in_parent, plan_preloads, start_method
+    from distdiag.launcher.forkrun import cuda_in_parent, plan_preloads, start_method
 
     for name in plan_preloads([], 1 << 16):
         try:

@@ -17,7 +17,7 @@ wall time is roughly total CPU / 2, so these add up to the wall-clock ratio.
 
 `--launcher` also times each suite through `distdiag check --nproc-per-node N` (its default
 `--launch fork`: torch and the planned probes' modules imported once, the ranks forked by
-torchrun's own agent; distdiag.check.forkrun), the command docs/gate.md puts in front of jobs:
+torchrun's own agent; distdiag.launcher.forkrun), the command docs/gate.md puts in front of jobs:
 
     python benchmarks/bench_time_to_verdict.py --worlds 4 8 --repeats 3 --suites quick default --launcher
 """

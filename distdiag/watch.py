@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from distdiag.errors import DistDiagError, print_line, unknown_option_hint
+from distdiag.launcher.ranks import ARMED_PHASE, note_phase
 
 __all__ = ["main", "build_parser", "armed"]
 
@@ -97,6 +98,8 @@ def _arm_after(init: Any) -> Any:
 
             wd = _STATE["wd"] = HangWatchdog(config=_STATE["config"]).start()
             _say_armed(_STATE["config"])
+            # `distdiag watch` leaves a rank that stops from now on to its peers' watchdogs
+            note_phase(ARMED_PHASE, launcher_only=True)
             # A worker that dies makes torchrun SIGTERM the others at once: take the signal
             # so that they report it first (distdiag/watchdog/sigterm.py).
             wd.take_sigterm()
@@ -266,6 +269,9 @@ def run(argv: list[str]) -> int:
     if note and os.environ.get("RANK", "0") == "0":
         print_line(f"distdiag.watch: {note}")
     _STATE["config"] = config
+    # `distdiag watch` ends the job if this rank stops before its watchdog arms (nobody else
+    # would see it): it knows the rank by this note
+    note_phase("running the training script, its watchdog not armed yet", launcher_only=True)
     saved = _install_init_hook()
     code = 0
     try:

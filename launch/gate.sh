@@ -4,7 +4,7 @@
 #
 #   launch/gate.sh [torchrun options] -- TRAINING COMMAND...
 #
-# This file is `distdiag gate` (distdiag/check/launcher.py run_gate) for launchers that call a
+# This file is `distdiag gate` (distdiag/launcher/gate.py run_gate) for launchers that call a
 # script; a pip install has the command without this file. Run it once per node (srun
 # --ntasks-per-node=1, a PyTorchJob pod, ...). The torchrun options are the job's own
 # (--nnodes, --nproc-per-node, --rdzv-backend c10d, --rdzv-endpoint, --rdzv-id); torchrun

@@ -13,27 +13,22 @@
     leftovers.py    what the user's code left running at the end (threads, children, a chdir):
                     said in the report's notes, ended, the verdict's code kept
     starting.py     ranks lost before they checked in, told by their phase notes
-    launcher.py     `distdiag check` / `distdiag gate`: torchrun run for the user, exact codes
-    launch_end.py   the launcher's side of one launch: its id, and the exit code of this run alone
-    launched.py     what the ranks share with their launcher (the launch id, the verdict note,
-                    their phase notes; under plain torchrun, with their agent's other ranks)
-    jobwatch.py     the launcher's outside view of the job: ends what nobody inside can end
-    forkrun.py      what they run by default: torch and the planned probes' modules imported
-                    once, then torchrun's agent in-process forks the ranks (--run-path)
     forked_rank.py  the file each forked rank starts in (made like a fresh rank, then run.main)
     hashseed.py     whether a rank shares its launcher's Python hash seed (forked ranks do)
 
-May import distdiag.runtime, distdiag.probes, distdiag.hang, distdiag.report and
-distdiag.errors. Importing this package imports nothing (options.py and config.py stay free
-of torch so the CLI's --help is fast); `main` and `run_check`, the entry points callers had
-as `distdiag.check.main` before the check became a package, load run.py on first use.
+Launching the ranks is distdiag.launcher's (`distdiag check`, `distdiag gate`, and forkrun.py,
+which forks them); what runs in a rank stays here. May import distdiag.runtime,
+distdiag.probes, distdiag.hang, distdiag.report, distdiag.errors and distdiag.launcher.ranks
+(the ranks' side of a launch). Importing this package imports nothing (options.py and
+config.py stay free of torch so the CLI's --help is fast); `main` and `run_check`, the entry
+points callers had as `distdiag.check.main` before the check became a package, load run.py
+on first use.
 """
 
 from typing import Any
 
 __all__ = [
-    "config", "consolidate", "finish", "forked_rank", "forkrun", "hashseed", "jobwatch", "launch_end", "launched", "launcher",
-    "leftovers", "options", "plan", "run", "starting", "target",
+    "config", "consolidate", "finish", "forked_rank", "hashseed", "leftovers", "options", "plan", "run", "starting", "target",
     "main", "run_check",
 ]
 

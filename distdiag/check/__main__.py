@@ -2,10 +2,10 @@
 
 import threading
 
-from distdiag.check.launched import note_phase
+from distdiag.launcher.ranks import note_phase
 
 if threading.current_thread() is threading.main_thread():
-    # Before torch: a rank lost while importing is named so, by the launcher (launch_end.py) or
+    # Before torch: a rank lost while importing is named so, by the launcher (launcher/exit_code.py) or
     # by the survivor that writes the report (distdiag/check/starting.py). A SIGTERM from
     # torchrun (another rank died) or a Ctrl-C is noted until the sentinel can act on it
     # (distdiag/runtime/early.py), and a fatal signal leaves its note (runtime/deathnote.py).

@@ -283,7 +283,7 @@ def layered_config(args: Any, validate: Callable[[CheckConfig], None] | None = N
     `validate` adds the checks that need the probes (their names and option tables:
     distdiag.check.plan passes them); without it nothing here imports torch, so `distdiag
     check` learns where the report goes at once and leaves those checks to the process that
-    imports torch anyway (distdiag.check.forkrun)."""
+    imports torch anyway (distdiag.launcher.forkrun)."""
     layers: list[tuple[str, dict[str, Any]]] = []
     if args.profile is not None:  # `--profile ""` is a mistake, not "no profile"
         layers.append((f"profile {args.profile!r}", load_profile(args.profile)))

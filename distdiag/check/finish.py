@@ -21,13 +21,13 @@ from typing import Any
 from distdiag.check.config import CheckConfig
 from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
 from distdiag.check.hashseed import shared_hash_seed_note
-from distdiag.check.launched import cancelled_by, launch_id, note_verdict, noted_rank
 from distdiag.check.leftovers import say_leaving, settle_leftovers
 from distdiag.check.plan import Plan
 from distdiag.check.shared_values import resolve_shared
 from distdiag.check.starting import with_last_notes
 from distdiag.errors import print_line
 from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Verdict
+from distdiag.launcher.ranks import cancelled_by, launch_id, note_verdict, noted_rank
 from distdiag.probes.base import ConsolidationView
 from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, write_report
 from distdiag.report.render import ProgressLine, render_report

@@ -1,4 +1,4 @@
-"""One rank forked by distdiag.check.forkrun: torchrun's --run-path runs this file as `__main__`
+"""One rank forked by distdiag.launcher.forkrun: torchrun's --run-path runs this file as `__main__`
 in each worker it forks, with torch and the check already imported by the parent.
 
 Before the check runs, the rank is made what torchrun's `python -u -m distdiag.check` would
@@ -36,7 +36,7 @@ def as_a_fresh_rank() -> None:
 
 
 if __name__ == "__main__":
-    from distdiag.check.launched import note_phase
+    from distdiag.launcher.ranks import note_phase
 
     note_phase("starting (forked by torchrun's agent)")
     as_a_fresh_rank()

@@ -1,6 +1,6 @@
 """Whether this rank shares the launching process's Python hash seed: forked ranks do (PYTHONHASHSEED
 is read once, at interpreter start), torchrun's spawned ranks each draw their own. Set by the fork
-launcher (distdiag.check.forkrun), read by the check's end (distdiag.check.finish) for the report's
+launcher (distdiag.launcher.forkrun), read by the check's end (distdiag.check.finish) for the report's
 note; a module of its own so that neither imports the other.
 """
 

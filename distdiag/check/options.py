@@ -98,7 +98,7 @@ def _positive_int(text: str) -> int:
 
 
 LAUNCHES: tuple[str, ...] = ("fork", "torchrun")
-"""How `distdiag check` starts the ranks (--launch, DISTDIAG_LAUNCH; distdiag.check.launcher)."""
+"""How `distdiag check` starts the ranks (--launch, DISTDIAG_LAUNCH; distdiag.launcher.argv)."""
 
 LAUNCHER_OPTIONS: tuple[CheckOption, ...] = (
     CheckOption(("--nproc-per-node", "--nproc"), "ranks to start on this machine, as torchrun's --nproc-per-node "

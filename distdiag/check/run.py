@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from distdiag.check.config import CheckConfig
 from distdiag.check.finish import RunEnd
-from distdiag.check.launched import note_phase
 from distdiag.check.plan import Plan, make_plan, parse_config, validate_injection
 from distdiag.check.shared_values import share_fields
 from distdiag.check.starting import signalled_while_importing
 from distdiag.errors import ConfigError, error_summary, mentions_broken_connection, print_line
+from distdiag.launcher.ranks import note_phase
 from distdiag.report.model import EXIT_BAD_INPUT, EXIT_HANG, ProbeResult, RankInfo
 from distdiag.report.render import ProgressLine
 from distdiag.runtime.exchange import Exchange, bounded, poll_interval
@@ -401,7 +401,7 @@ def _await_verdict(ex: Exchange, aborting: threading.Event, park: Callable[[], N
 
 def _bad_input(exc: ConfigError, argv: list[str], report_path: str | None = None) -> int:
     """Every rank prints the same line; rank 0 also leaves a report saying nothing ran."""
-    from distdiag.check.launched import note_verdict, report_path_in, write_bad_input_report
+    from distdiag.launcher.ranks import note_verdict, report_path_in, write_bad_input_report
 
     print_line(f"distdiag: error: {exc}")
     # Local rank 0 of every node leaves the report there (no shared filesystem assumed), so a
@@ -488,7 +488,7 @@ def run_check(argv: list[str]) -> int:
 def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
     """Entry point of `python -m distdiag.check`: run, flush, leave with the verdict's code.
 
-    `forked`: this rank was forked by distdiag.check.forkrun (torch's multiprocessing worker):
+    `forked`: this rank was forked by distdiag.launcher.forkrun (torch's multiprocessing worker):
     on a pass it returns, so that torch's worker wrapper hands the agent its result (a worker
     that leaves with code 0 without one leaves the agent waiting forever); any other code
     leaves at once, as in a rank of its own.
@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> None:
         print_line(f"distdiag[rank {os.environ.get('RANK', '0')}]: the check was ended by sys.exit({exc.code!r}) "
                    "from inside (the target?) before its verdict; exiting 3")
         code = EXIT_HANG
-    from distdiag.check.launched import forget_phase
+    from distdiag.launcher.ranks import forget_phase
     from distdiag.runtime import deathnote
     from distdiag.runtime.lastword import write_error_file
 

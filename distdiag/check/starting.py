@@ -2,7 +2,7 @@
 their phase notes say.
 
 Each rank notes what it is doing from its first line, before it imports torch
-(distdiag.check.launched.note_phase: in the launcher's folder under `distdiag check`, else in
+(distdiag.launcher.ranks.note_phase: in the launcher's folder under `distdiag check`, else in
 its torchrun agent's folder on this host). A rank lost there left nothing in the store, but
 its note gives its pid (gone, or still alive), the stop signal it got while importing (noted,
 not obeyed: distdiag/runtime/early.py) and, when a fatal signal killed it, the stack
@@ -15,8 +15,8 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from distdiag.check.launched import noted_rank
 from distdiag.hang.incident import Silence, SilentReason
+from distdiag.launcher.ranks import noted_rank
 from distdiag.runtime import deathnote
 from distdiag.runtime.incident import process_state
 

@@ -18,10 +18,11 @@ __all__ = ["register"]
 def check(ctx: typer.Context) -> None:
     """Run the probe suite on N local ranks through torchrun; exit with the verdict's code (see: distdiag check -h)."""
     from distdiag.check.config import layered_config
-    from distdiag.check.launched import report_path_in, say_started
-    from distdiag.check.launcher import launch_mode, run_torchrun_check
     from distdiag.check.options import build_parser, to_check_argv
     from distdiag.errors import ConfigError
+    from distdiag.launcher.argv import launch_mode
+    from distdiag.launcher.check import run_torchrun_check
+    from distdiag.launcher.ranks import report_path_in, say_started
 
     # Bad input is one line and exit 2 before any rank starts: checked in full here for
     # --launch torchrun (before paying for N torch imports), or split with forkrun (below).
@@ -31,7 +32,7 @@ def check(ctx: typer.Context) -> None:
         launch = launch_mode(args.launch)
         if launch == "fork":
             # What needs no torch is checked here; the probe names and tables (they import
-            # torch) by distdiag.check.forkrun, once, before it starts a rank.
+            # torch) by distdiag.launcher.forkrun, once, before it starts a rank.
             merged = layered_config(args)
         else:
             from distdiag.check.plan import config_from_args, make_plan, validate_injection
@@ -51,8 +52,8 @@ def check(ctx: typer.Context) -> None:
 def _leave_bad_input_report(message: str, path: str) -> None:
     """The report a script reads must say this run's bad input, not an earlier run's verdict
     (written where the check's report goes; when that path is the bad input, nothing is)."""
-    from distdiag.check.launch_end import remove_stale_report
-    from distdiag.check.launched import write_bad_input_report
+    from distdiag.launcher.launch import remove_stale_report
+    from distdiag.launcher.ranks import write_bad_input_report
 
     remove_stale_report(path)
     write_bad_input_report(message, path, 1)

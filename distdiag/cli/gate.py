@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from pathlib import Path
 
 import typer
 
@@ -35,28 +33,15 @@ whether the gate passes (just before the training command starts) or not."""
 def split_chart(argv: list[str]) -> tuple[str | None, list[str]]:
     """(--chart's FILE or None, the arguments without it): only before `--` (after it, the
     training command's arguments). ValueError for a --chart without a FILE."""
-    end = argv.index("--") if "--" in argv else len(argv)
-    chart, rest, i = None, [], 0
-    while i < end:
-        word = argv[i]
-        if word == "--chart":
-            if i + 1 >= end:
-                raise ValueError("--chart needs a FILE (.png, .svg or .pdf) before `--`")
-            chart, i = argv[i + 1], i + 2
-            continue
-        if word.startswith("--chart="):
-            chart = word.split("=", 1)[1]
-            if not chart:
-                raise ValueError("--chart needs a FILE (.png, .svg or .pdf) before `--`")
-        else:
-            rest.append(word)
-        i += 1
-    return chart, rest + argv[end:]
+    from distdiag.launcher.argv import take_option
+
+    return take_option(argv, "--chart", "--chart needs a FILE (.png, .svg or .pdf) before `--`")
 
 
 def gate(ctx: typer.Context) -> None:
     """Run the check on this node (torchrun options before --), then the training command if it passed (see: distdiag gate -h)."""
-    from distdiag.check.launcher import GATE_HELP, run_gate
+    from distdiag.launcher.argv import split_dashes
+    from distdiag.launcher.gate import GATE_HELP, run_gate
 
     args = raw_args(ctx, "gate")
     if args[:1] in (["-h"], ["--help"]):
@@ -72,18 +57,20 @@ def gate(ctx: typer.Context) -> None:
     # run_gate reads the same variable: set, it is the one report both sides name
     report = os.environ.get("DISTDIAG_REPORT") or "distdiag-gate-report.json"
     os.environ["DISTDIAG_REPORT"] = report
-    if "--" in args and args.index("--") < len(args) - 1:
-        split = args.index("--")
-        args = [*args[: split + 1], sys.executable, "-m", "distdiag.cli.gate_chart", report, chart, "--",
-                *args[split + 1:]]
-    started = time.time()
-    code = run_gate(args)  # returns only when the job is not to start
-    # a report left by an earlier run is not this run's: no chart of it
-    if Path(report).is_file() and Path(report).stat().st_mtime >= started - 1.0:
-        from distdiag.cli.gate_chart import draw_from
+    try:
+        before, command = split_dashes(args, "", command=True)
+        args = [*before, "--", sys.executable, "-m", "distdiag.cli.gate_chart", report, chart, "--", *command]
+    except ValueError:
+        pass  # no training command: run_gate says the usage
 
-        draw_from(report, chart)
-    raise typer.Exit(code)
+    def draw(ours: str | None) -> None:
+        # a report left by an earlier run is not this run's (its launch id is not ours): no chart of it
+        if ours is not None:
+            from distdiag.cli.gate_chart import draw_from
+
+            draw_from(ours, chart)
+
+    raise typer.Exit(run_gate(args, on_stop=draw))  # returns only when the job is not to start
 
 
 def register(app: typer.Typer) -> None:

@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
         return 2
     report, chart, command = argv[0], argv[1], argv[3:]
     draw_from(report, chart)
-    from distdiag.check.launcher import exec_command
+    from distdiag.launcher.child import exec_command
 
     return exec_command(command)
 

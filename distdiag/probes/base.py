@@ -90,7 +90,7 @@ class Probe(abc.ABC):
     preload: ClassVar[tuple[str, ...]] = ()
     """Modules `run` imports that cost seconds (FSDP2, DTensor, DCP): `distdiag check` imports
     those of the planned probes once per node, before it forks the ranks
-    (distdiag.check.forkrun); a rank that was not forked imports them when it runs."""
+    (distdiag.launcher.forkrun); a rank that was not forked imports them when it runs."""
 
     private_apis: ClassVar[tuple[str, ...]] = ()
     """Private torch APIs the probe relies on, as "module:attribute"; when one is missing in

@@ -495,10 +495,11 @@ def _mirror(watcher: Watcher, incident: Incident, verdict: Verdict) -> None:
         return
     text, _meta = incident.wait_report()
     if text:
+        from distdiag.launcher.ranks import with_this_launch_id
         from distdiag.report.model import write_json_atomic
 
-        try:
-            write_json_atomic(os.path.join(watcher.config.dump_dir, REPORT_NAME), text.rstrip("\n"))
+        try:  # this host's copy carries this node's launch id: `distdiag watch` here takes only that
+            write_json_atomic(os.path.join(watcher.config.dump_dir, REPORT_NAME), with_this_launch_id(text.rstrip("\n")))
         except OSError as exc:
             log.warning("could not keep a copy of the hang report here: %s", exc)
 

@@ -41,6 +41,7 @@ from distdiag.hang.incident import (
 )
 from distdiag.hang.picture import hang_extras
 from distdiag.hang.views import GROUPED_DETAILS_RANKS, group_members
+from distdiag.launcher.ranks import launch_id
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
@@ -558,7 +559,7 @@ def _report(
         world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG, verdict=verdict_for(EXIT_HANG, [result]),
         outcome=_outcome(event, lost, findings), summary=_summary(findings),
         restart_count=int(config.get("restart_count", 0)), run_id=str(config.get("run_id", "")),
-        created=now_iso(),
+        launch_id=launch_id(), created=now_iso(),
         duration_s=time.monotonic() - started, config=config, written_by=rank,
     )
 

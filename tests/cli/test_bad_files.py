@@ -414,7 +414,7 @@ def test_verdict_note_outside_a_launcher_folder_writes_nothing(tmp_path, monkeyp
     written through; in a launcher's own folder (the healthy twin) the note is written."""
     import tempfile
 
-    from distdiag.check.launched import LAUNCH_FOLDER_PREFIX, note_phase, note_verdict, read_json
+    from distdiag.launcher.ranks import LAUNCH_FOLDER_PREFIX, note_phase, note_verdict, read_json
 
     victim = tmp_path / "id_ed25519"
     victim.write_text("precious")

@@ -1,5 +1,5 @@
 """`distdiag check` forks its ranks from one process that imported torch and the planned probes'
-modules (distdiag.check.forkrun, torchrun's --run-path --start-method fork). The decisions are
+modules (distdiag.launcher.forkrun, torchrun's --run-path --start-method fork). The decisions are
 unit-tested here; the runs are real torchrun agents with forked gloo ranks."""
 
 from __future__ import annotations
@@ -11,22 +11,22 @@ import sys
 
 import pytest
 
-from distdiag.check import forkrun
-from distdiag.check.launcher import launch_mode, torchrun_command
 from distdiag.errors import ConfigError
+from distdiag.launcher import forkrun
+from distdiag.launcher.argv import launch_mode, split_dashes, torchrun_command, world_size
 
 
 def test_split_argv_needs_the_separator() -> None:
-    assert forkrun.split_argv(["--nproc-per-node=2", "--", "--probes", "env"]) == (["--nproc-per-node=2"], ["--probes", "env"])
-    assert forkrun.split_argv(["--"]) == ([], [])
+    assert split_dashes(["--nproc-per-node=2", "--", "--probes", "env"], forkrun.USAGE) == (["--nproc-per-node=2"], ["--probes", "env"])
+    assert split_dashes(["--"], forkrun.USAGE) == ([], [])
     with pytest.raises(ValueError, match="usage"):
-        forkrun.split_argv(["--nproc-per-node=2"])
+        split_dashes(["--nproc-per-node=2"], forkrun.USAGE)
 
 
 def test_world_size_is_torchruns_own_reading_of_its_options() -> None:
-    assert forkrun.world_size(["--nproc-per-node=4"]) == 4
-    assert forkrun.world_size(["--nnodes", "1:3", "--nproc-per-node", "2"]) == 6
-    assert forkrun.world_size(["--no-such-torchrun-option"]) is None  # torchrun will say so itself
+    assert world_size(["--nproc-per-node=4"]) == 4
+    assert world_size(["--nnodes", "1:3", "--nproc-per-node", "2"]) == 6
+    assert world_size(["--no-such-torchrun-option"]) is None  # torchrun will say so itself
 
 
 def test_preloads_follow_the_plan() -> None:
@@ -77,7 +77,7 @@ def test_launch_mode_flag_then_environment(monkeypatch) -> None:
 
 def test_commands() -> None:
     fork = torchrun_command(["--probes", "env"], ["--nproc-per-node=2"])
-    assert fork[1:] == ["-m", "distdiag.check.forkrun", "--nproc-per-node=2", "--", "--probes", "env"]
+    assert fork[1:] == ["-m", "distdiag.launcher.forkrun", "--nproc-per-node=2", "--", "--probes", "env"]
     plain = torchrun_command(["--probes", "env"], ["--nproc-per-node=2"], "torchrun")
     assert plain[1:] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "-m", "distdiag.check", "--probes", "env"]
 
@@ -95,7 +95,7 @@ def test_forked_ranks_start_as_fresh_ones(cli_env, tmp_path) -> None:
     env.pop("OMP_NUM_THREADS", None)
     report = tmp_path / "r.json"
     out = subprocess.run(
-        [sys.executable, "-m", "distdiag.check.forkrun", "--nproc-per-node=2", "--", "--probes", "env,collectives",
+        [sys.executable, "-m", "distdiag.launcher.forkrun", "--nproc-per-node=2", "--", "--probes", "env,collectives",
          "--report", str(report), "--verbose"],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=100, stdin=subprocess.DEVNULL,
     )
@@ -132,7 +132,7 @@ def test_spawned_ranks_when_fork_is_unsafe_still_pass(cli_env, tmp_path) -> None
     script = tmp_path / "spawned.py"
     script.write_text(
         "import sys\n"
-        "from distdiag.check import forkrun\n"
+        "from distdiag.launcher import forkrun\n"
         "if __name__ == '__main__':\n"
         "    forkrun.start_method = lambda: 'spawn'\n"
         "    sys.exit(forkrun.main(['--nproc-per-node=2', '--', '--probes', 'env,collectives', '--quiet']))\n"

@@ -15,9 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distdiag.check.launch_end import Launch, exit_code_after_run, lost_rank_words
-from distdiag.check.launched import VERDICT_NOTE_ENV, note_verdict
-from distdiag.check.launcher import JobEnd
+from distdiag.launcher.child import JobEnd
+from distdiag.launcher.exit_code import exit_code_after_run, lost_rank_words
+from distdiag.launcher.launch import Launch
+from distdiag.launcher.ranks import VERDICT_NOTE_ENV, note_verdict
 from distdiag.report.model import EXIT_CANCELLED, Report, read_report, write_report
 from distdiag.runtime.exchange import STORE_STALL_S
 from tests.cli.test_launcher_run import _alive, _connected, _workers
@@ -301,3 +302,30 @@ def test_a_rank_lost_while_starting_is_named_with_its_host_and_what_it_was_doing
     report = json.loads((tmp_path / "distdiag-report.json").read_text())
     assert report["exit_code"] == 3 and "rank 1 lost" in report["summary"], report["summary"]
     assert any("killed by SIGKILL" in note for note in report["notes"]), report["notes"]
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(180)
+def test_a_killed_agent_leaves_no_rank_of_the_check_running(cli_env, tmp_path):
+    """torchrun's agent SIGKILLed mid-probe: its ranks, each in a session of its own, would run
+    on orphaned until their deadline. The launcher ends them, as `distdiag watch` does, says so
+    in one line and exits 3 with a report saying why."""
+    env = dict(cli_env, DISTDIAG_INJECT="sleep:collectives:1:seconds=90")
+    proc, root = _start(["--probes", "env,collectives", "--timeout-s", "120"], env, tmp_path)
+    seen, agent = [], []
+    try:
+        seen = _wait_workers(proc, root, connected=True)
+        agent = root.children()
+        time.sleep(1)
+        agent[0].kill()
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 3, err[-2000:]
+        said = [line for line in _lines(err) if "agent was killed by signal 9" in line]
+        assert said and said[0].endswith("were ended"), err[-2000:]
+        gone, alive = psutil.wait_procs(seen, timeout=30)
+        assert alive == [], f"left behind: {[p.pid for p in alive]}"
+        assert json.loads((tmp_path / "distdiag-report.json").read_text())["exit_code"] == 3
+    finally:
+        _cleanup([*seen, *agent, root])
+        if proc.poll() is None:
+            proc.kill()

@@ -14,8 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distdiag.check.launch_end import Launch, exit_code_after_run
-from distdiag.check.launcher import JobEnd
+from distdiag.launcher.child import JobEnd
+from distdiag.launcher.exit_code import exit_code_after_run
+from distdiag.launcher.launch import Launch
 from distdiag.report.model import EXIT_CANCELLED, Report, read_report, write_report
 
 HERE = Path(__file__).resolve().parent
@@ -23,14 +24,14 @@ HERE = Path(__file__).resolve().parent
 
 def _workers(root: psutil.Process) -> list[psutil.Process]:
     """The ranks under `distdiag check`: `python -m distdiag.check` processes (--launch
-    torchrun), or the children forked by distdiag.check.forkrun (they share its command line)."""
+    torchrun), or the children forked by distdiag.launcher.forkrun (they share its command line)."""
     try:
         procs = {p.pid: (p, " ".join(p.cmdline())) for p in root.children(recursive=True)}
         parents = {pid: p.ppid() for pid, (p, _) in procs.items()}
     except psutil.Error:
         return []
     forked = [p for pid, (p, cmd) in procs.items()
-              if "distdiag.check.forkrun" in cmd and "distdiag.check.forkrun" in procs.get(parents[pid], (None, ""))[1]]
+              if "distdiag.launcher.forkrun" in cmd and "distdiag.launcher.forkrun" in procs.get(parents[pid], (None, ""))[1]]
     launched = [p for p, cmd in procs.values() if cmd.endswith(" -m distdiag.check") or " -m distdiag.check " in cmd]
     return forked + [p for p in launched if "torch.distributed.run" not in " ".join(p.cmdline())]
 

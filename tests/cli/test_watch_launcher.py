@@ -211,3 +211,45 @@ def test_a_killed_agent_leaves_no_rank_training_on(cli_env, tmp_path):
     assert said and "agent was killed by signal 9" in said[-1] and "were ended" in said[-1], err[-3000:]
     time.sleep(1)
     assert not [p for p in ranks if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(180)
+def test_a_stale_hang_report_newer_than_the_launch_is_not_this_runs(cli_env, tmp_path):
+    """A hang report an earlier run left (exit 3, another launch id) lands in the dump dir after
+    this run started - newer than the launch by its file time - and rank 1 then exits 5 by
+    itself: the exit is 5 and --junit says the script failed, not the stale report's hang.
+    Its twin: the same script healthy exits 0 with the stale report in place."""
+    import os
+    import time
+
+    from distdiag.report.model import Finding, ProbeResult, Report, write_report
+
+    stale = tmp_path / "stale.json"
+    probe = ProbeResult.from_findings("watchdog", [Finding("critical", "rank 0 never entered all_reduce (an earlier run)")])
+    write_report(Report(world_size=2, probes=[probe], exit_code=3, verdict="fail", outcome="hang",
+                        summary="an earlier run's hang", launch_id="an-earlier-launch"), stale)
+    script = tmp_path / "late_stale.py"
+    script.write_text(
+        "import os, shutil, sys, time\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "dist.barrier()\n"
+        "if dist.get_rank() == 1:\n"
+        "    os.makedirs('hang-report', exist_ok=True)\n"
+        "    shutil.copy(sys.argv[1], 'hang-report/hang-report.json.tmp')\n"
+        "    os.replace('hang-report/hang-report.json.tmp', 'hang-report/hang-report.json')\n"
+        "    if sys.argv[2] == 'exit':\n"
+        "        sys.exit(5)\n"
+    )
+    started = time.time()
+    exited = _watch(cli_env, tmp_path, "--junit", str(tmp_path / "watch.xml"), "--", str(script), str(stale), "exit")
+    report = tmp_path / "hang-report" / "hang-report.json"
+    assert os.stat(report).st_mtime >= started - 1, "the stale report must be newer than the launch"
+    assert read_report(report).launch_id == "an-earlier-launch", "this run wrote no report of its own"
+    assert exited.returncode == 5, exited.stderr[-3000:]
+    last = _lines(exited.stderr)[-1]
+    assert last.startswith("distdiag watch: rank 1 (pid ") and last.endswith("exited 5 by itself (no hang report); exiting 5"), last
+    junit = (tmp_path / "watch.xml").read_text()
+    assert "the script exited 5 without a hang report" in junit and "an earlier run" not in junit, junit[:2000]
+    healthy = _watch(cli_env, tmp_path, "--", str(script), str(stale), "stay")
+    assert healthy.returncode == 0, healthy.stderr[-3000:]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from distdiag.check import forkrun
+from distdiag.launcher import forkrun
 
 TARGET = Path(__file__).resolve().parent / "targets" / "hash_order_build.py"
 

@@ -306,7 +306,7 @@ def test_the_checks_report_reaches_another_node_verdict_first_in_chunks(server, 
     of node 1 reads the small verdict, then the chunks, and writes the same report there."""
     from distdiag.check.config import CheckConfig
     from distdiag.check.finish import RunEnd
-    from distdiag.check.launched import VERDICT_NOTE_ENV
+    from distdiag.launcher.ranks import VERDICT_NOTE_ENV
     from distdiag.report.model import Finding, ProbeResult, Report
     from distdiag.report.render import ProgressLine
     from distdiag.runtime.context import LaunchInfo

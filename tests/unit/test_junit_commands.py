@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from typer.testing import CliRunner
 
 from distdiag.cli import app
-from distdiag.cli.watch import _junit_report, _take_junit
+from distdiag.launcher.watch import _junit_report, _take_junit
 from distdiag.report.model import Finding, ProbeResult, Report, write_report
 from tests.unit.test_watchdog_cli import dump, entry
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distdiag.check.launcher import filter_torchrun_stderr
+from distdiag.launcher.stderr import filter_torchrun_stderr
 
 
 def test_drops_torchrun_logs_and_child_failed_traceback():

@@ -106,11 +106,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     "runtime": {"errors", "report", "hang"},
     "workloads": {"errors"},
     "probes": {"errors", "report", "runtime", "workloads"},
-    "check": {"distdiag", "errors", "report", "hang", "runtime", "probes"},
+    "check": {"distdiag", "errors", "report", "hang", "runtime", "probes", "launcher.ranks"},
     "analyze": {"errors", "report"},
     "monitor": {"errors", "report", "analyze", "check.config"},
-    "watchdog": {"errors", "report", "hang", "runtime"},
-    "watch": {"errors", "hang", "watchdog"},
+    "watchdog": {"errors", "report", "hang", "runtime", "launcher.ranks"},
+    "watch": {"errors", "hang", "watchdog", "launcher.ranks"},
+    "launcher": {"errors", "report", "runtime", "check", "watch", "watchdog"},
     "integrations": {"errors", "report", "watchdog", "watch", "monitor", "check.config"},
 }
 

@@ -28,7 +28,7 @@ def test_a_checked_in_rank_on_another_host_is_no_answer_from_that_host():
 def _launch_folder(tmp_path):
     """The launcher's own folder, as it makes it: distdiag-launch-*, mode 0700 (notes are read
     and written nowhere else)."""
-    from distdiag.check.launched import LAUNCH_FOLDER_PREFIX
+    from distdiag.launcher.ranks import LAUNCH_FOLDER_PREFIX
 
     folder = tmp_path / f"{LAUNCH_FOLDER_PREFIX}test"
     folder.mkdir(mode=0o700, exist_ok=True)
@@ -36,7 +36,7 @@ def _launch_folder(tmp_path):
 
 
 def _end(tmp_path, monkeypatch, *, local_world: int):
-    from distdiag.check.launched import VERDICT_NOTE_ENV
+    from distdiag.launcher.ranks import VERDICT_NOTE_ENV
     from distdiag.runtime.context import LaunchInfo
 
     monkeypatch.setenv(VERDICT_NOTE_ENV, str(_launch_folder(tmp_path) / "verdict.json"))

@@ -3,7 +3,7 @@ SIGKILL where it would have exited 0 after the verdict (a worker lost after the 
 DISTDIAG_TEST_AFTER_VERDICT_SIGNAL=SIGSTOP it stops there instead (a worker frozen after it).
 
 The rank is looked up when the process leaves, not when this file loads: ranks forked by
-`distdiag check` (distdiag.check.forkrun) load it once, in the parent, before any RANK is set;
+`distdiag check` (distdiag.launcher.forkrun) load it once, in the parent, before any RANK is set;
 a forked rank leaves through multiprocessing's os._exit once the agent has its result."""
 
 import os

@@ -1,17 +1,23 @@
-"""What a rank of `distdiag check` / `distdiag gate` shares with the launcher that started it.
+"""The ranks' side of a launch: what a rank of `distdiag check`, `distdiag gate` or `distdiag
+watch` shares with the launcher that started it. In-rank code (the check's ranks, the
+watchdog's writer and the `-m distdiag.watch` wrapper import it); the launcher reads what
+they leave.
 
-The launcher (launcher.py) must take its exit code from this run alone: a report left on disk
+The launcher (launch.py, exit_code.py) must take its exit code from this run alone: a report left on disk
 by an earlier run, or written by another job at the same path, must never pass for this one,
 and a verdict whose report could not be written must keep its code. So it gives its ranks,
 through the environment torchrun passes on:
 
 - LAUNCH_ID_ENV: an id of its own, which every report the ranks write carries (`launch_id`);
   the launcher reads only a report with its id.
+  The watchdog's hang report carries it too (`distdiag watch`).
 - VERDICT_NOTE_ENV: a file in a folder of the launcher's own, where the rank that writes (or,
   on another node, copies) the report notes the verdict's code and whether the report could
   be written. It is how the launcher knows the verdict was reached (a rank stopped after it
   is then ended) and the code of a verdict that has no report. A path anywhere else (the
-  variable leaked, or set by hand) is ignored: nothing is written through it.
+  variable leaked, or set by hand) is ignored: nothing is written through it. The ranks
+  note their pid and phase there too (`note_phase`): the launcher's JobWatch finds a rank by
+  it, and a training rank says there that its watchdog armed.
 
 Nothing here imports torch: the command line front end uses it before any rank starts.
 """
@@ -26,9 +32,13 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "LAUNCH_FOLDER_PREFIX", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
+    "ARMED_PHASE", "with_this_launch_id", "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "LAUNCH_FOLDER_PREFIX", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
     "report_path_in", "cancelled_by", "say_started", "START_PREFIX", "note_phase", "noted_rank", "forget_phase", "note_first_failure", "read_json",
 ]
+
+ARMED_PHASE = "watchdog armed"
+"""The phase a training rank notes once its hang watchdog runs (distdiag/watch.py): from then
+on its peers' watchdogs see it stop, and the launcher leaves it to them (jobwatch.py)."""
 
 LAUNCH_ID_ENV = "DISTDIAG_LAUNCH_ID"
 VERDICT_NOTE_ENV = "DISTDIAG_VERDICT_NOTE"
@@ -52,6 +62,23 @@ def say_started(config: Any, nproc: int) -> None:
 def launch_id() -> str:
     """This process's launch id ('' when no distdiag launcher started it)."""
     return os.environ.get(LAUNCH_ID_ENV, "")
+
+
+def with_this_launch_id(text: str) -> str:
+    """A report's JSON, written on another node, as this node's copy: with this node's launch id
+    (each node's launcher takes only a report carrying its own; the copy came with the writer's).
+    Unchanged without a launcher, and laid out as it came (indented or one line)."""
+    mine = launch_id()
+    if not mine:
+        return text
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(data, dict) or data.get("launch_id") == mine:
+        return text
+    data["launch_id"] = mine
+    return json.dumps(data, indent=2 if text.startswith("{\n") else None)
 
 
 LAUNCH_FOLDER_PREFIX = "distdiag-launch-"
@@ -177,16 +204,17 @@ def _rank_folder() -> str | None:
 _phase: dict[str, str] = {}
 
 
-def note_phase(phase: str | None = None, *, signal: str | None = None) -> None:
+def note_phase(phase: str | None = None, *, signal: str | None = None, launcher_only: bool = False) -> None:
     """Tell the launcher, or under plain torchrun this node's other ranks, what this rank is
     doing ('importing torch and the check', 'in probe 'env'', ...) and a stop signal it got
     there (`signal`: noted while importing, distdiag/runtime/early.py): a rank lost before it
-    could check in is named with it."""
+    could check in is named with it. `launcher_only`: only to a launcher of ours (a training
+    rank under plain torchrun leaves no files)."""
     if phase is not None:
         _phase["phase"] = phase
     if signal is not None:
         _phase["signal"] = signal
-    folder = _rank_folder()
+    folder = _folder() if launcher_only else _rank_folder()
     if folder and "phase" in _phase:
         rank = os.environ.get("RANK", "0")
         _write_json(os.path.join(folder, f"rank-{rank}.json"), {**_phase, "pid": os.getpid()})
@@ -215,7 +243,7 @@ def noted_rank(rank: int) -> dict[str, Any] | None:
 
 
 def note_first_failure(rank: int, pid: int, exitcode: int, host: str) -> None:
-    """distdiag.check.forkrun: the rank torchrun saw fail first, for the launcher to name."""
+    """distdiag.launcher.forkrun: the rank torchrun saw fail first, for the launcher to name."""
     folder = _folder()
     if folder:
         _write_json(os.path.join(folder, "first_failure.json"),

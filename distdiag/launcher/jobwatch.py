@@ -1,12 +1,19 @@
 """The launcher's view of the job it started: torchrun's agent and the ranks under it.
 
-The ranks watch each other (distdiag.runtime.sentinel), but some ends leave nobody inside the
-job able to act, and the job then waited forever (issue 24): the agent SIGSTOPped (its store
-stops answering every rank), a rank stopped after the verdict (the agent waits for it), a
-forked rank that left with 0 without handing torchrun its result (the agent waits for it).
-`JobWatch.tick`, called by the launcher twice a second, sees these from outside and names
-the reason to end the job; `kill_tree` ends it without leaving a process behind; and
-`die_with_parent` makes the agent end the job when the launcher itself is killed.
+The ranks watch each other (the check's sentinels, the training job's hang watchdog), but some
+ends leave nobody inside the job able to act, and the job then waited forever: the agent
+SIGSTOPped (its store stops answering every rank), a rank stopped before anything inside
+watched it (a training rank before its watchdog armed), a rank stopped after the check's
+verdict (the agent waits for it), a forked rank that left with 0 without handing torchrun its
+result (the agent waits for it), the agent killed (its ranks run on, orphaned). `JobWatch.tick`,
+called by the launcher twice a second, sees these from outside and names the reason to end
+the job; `kill_tree` ends it without leaving a process behind; `die_with_parent` makes the
+agent end the job when the launcher itself is killed.
+
+What counts as wrong depends on the job (`JobRules`): the check is over in minutes and its
+ranks are watched from their first line (`CHECK_RULES`); a training job may run for days, its
+ranks are watched only once their watchdog armed, and torchrun may restart them
+(`training_rules`): no rule there limits how long a healthy job runs.
 """
 
 from __future__ import annotations
@@ -17,15 +24,21 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
-__all__ = ["JobWatch", "kill_tree", "die_with_parent", "AGENT_STOPPED_S", "RANK_STOPPED_S", "GONE_S", "LINGER_S"]
+from distdiag.launcher.ranks import ARMED_PHASE
+
+__all__ = [
+    "JobWatch", "JobRules", "CHECK_RULES", "training_rules", "kill_tree", "die_with_parent", "AGENT_STOPPED_S",
+    "RANK_STOPPED_S", "GONE_S", "LINGER_S", "ARMED_PHASE",
+]
 
 AGENT_STOPPED_S = 5.0
-"""How long torchrun's agent may stay stopped (SIGSTOP, a debugger) before the launcher ends
-the job: its store answers nobody meanwhile, so no rank can even report."""
+"""How long torchrun's agent may stay stopped (SIGSTOP, a debugger) during the check before the
+launcher ends the job: its store answers nobody meanwhile, so no rank can even report."""
 RANK_STOPPED_S = 2.0
 """After the verdict: how long a rank may stay stopped before the launcher ends it (the ranks
 themselves report a rank stopped before the verdict; after it, only the agent waits on it)."""
@@ -36,6 +49,36 @@ its result leaves torchrun's agent waiting forever)."""
 LINGER_S = 30.0
 """After the verdict, how long the job may take to end at all (the ranks leave within
 seconds: distdiag.check.finish.LEAVE_WAIT_S)."""
+
+
+@dataclass(frozen=True)
+class JobRules:
+    """When the launcher ends a job from outside (None: never for that reason)."""
+
+    agent_stopped_s: float
+    """torchrun's agent stopped (SIGSTOP, a debugger) for longer than this."""
+    rank_stopped_s: float | None
+    """A rank nothing inside watches yet (not noted ARMED_PHASE) stopped for longer than this.
+    None where the ranks watch each other from their first line (the check's sentinels)."""
+    all_gone_s: float | None
+    """Every rank ended, the agent still running this much later. None where the agent is
+    torchrun's own, which notices its workers' exits and may restart them: between two
+    attempts no rank is alive for as long as the rendezvous takes."""
+    after_verdict: bool
+    """The check's rules after its verdict: a stopped rank is killed, a rank gone without the
+    agent ending the job, or a job lingering LINGER_S, ends it."""
+
+
+CHECK_RULES = JobRules(agent_stopped_s=AGENT_STOPPED_S, rank_stopped_s=None, all_gone_s=GONE_S, after_verdict=True)
+
+
+def training_rules(timeout_s: float) -> JobRules:
+    """`distdiag watch`'s rules for a job with hang watchdog timeout `timeout_s`: a stopped agent
+    or a stopped rank not yet armed ends the job once it has been stopped as long as the
+    watchdog would take to call a hang, and 10 s more; nothing ends a job for running long."""
+    return JobRules(agent_stopped_s=timeout_s + 10.0, rank_stopped_s=timeout_s + 10.0, all_gone_s=None,
+                    after_verdict=False)
+
 
 _PR_SET_PDEATHSIG = 1
 
@@ -100,26 +143,24 @@ def _gone(status: str) -> bool:
 class JobWatch:
     """Looks at the job from outside; `tick` returns why the whole job must end, or None.
 
-    `verdict_reached` says whether a rank has noted the verdict (distdiag.check.launched)."""
+    `verdict_reached` says whether a rank has noted the check's verdict (launcher/ranks.py);
+    `noted` gives the ranks' own notes by pid ({pid: phase}): a rank that lived less than a tick
+    is known by them, not seen among the agent's children, and a training rank says there
+    that its watchdog armed."""
 
     def __init__(
         self,
-        verdict_reached: Callable[[], bool],
-        noted_pids: Callable[[], list[int]] = list,
+        verdict_reached: Callable[[], bool] = lambda: False,
+        noted: Callable[[], dict[int, str]] = dict,
         clock: Callable[[], float] = time.monotonic,
-        rank_stopped_s: float | None = None,
+        rules: JobRules = CHECK_RULES,
     ) -> None:
         self.verdict_reached = verdict_reached
-        self.rank_stopped_s = rank_stopped_s
-        """Before the verdict, how long a rank may stay stopped before the job is ended; None
-        where the ranks watch each other from the start (the check's sentinels). `distdiag
-        watch` sets it: a rank stopped before its watchdog armed (in init_process_group) is
-        seen by no peer."""
-        self.noted_pids = noted_pids
-        """The pids the ranks noted themselves (distdiag.check.launched.note_phase): a rank
-        that lived less than a tick is known by them, not seen among the agent's children."""
+        self.noted = noted
         self.clock = clock
+        self.rules = rules
         self.ranks: dict[int, psutil.Process | None] = {}
+        self.phases: dict[int, str] = {}
         self.gone_at: dict[int, float] = {}
         self.stopped_at: dict[int, float] = {}
         self.verdict_at: float | None = None
@@ -140,7 +181,8 @@ class JobWatch:
             except psutil.Error:
                 continue
             self.ranks[child.pid] = child
-        for pid in self.noted_pids():
+        self.phases = self.noted()
+        for pid in self.phases:
             if pid not in self.ranks:
                 try:
                     self.ranks[pid] = psutil.Process(pid)
@@ -163,25 +205,29 @@ class JobWatch:
         agent_status = _status(agent)
         if _gone(agent_status):
             return None
-        if self._since(self.stopped_at, agent_pid, now, _stopped(agent_status)) > AGENT_STOPPED_S:
+        limit = self.rules.agent_stopped_s
+        if self._since(self.stopped_at, agent_pid, now, _stopped(agent_status)) > limit:
             return (f"torchrun's agent (pid {agent_pid}) has been stopped (SIGSTOP or a debugger) for over "
-                    f"{AGENT_STOPPED_S:g}s: the job's store answers no rank")
+                    f"{limit:g}s: the job's store answers no rank")
         self._look_for_ranks(agent)
-        if self.verdict_at is None and self.verdict_reached():
+        if self.verdict_at is None and self.rules.after_verdict and self.verdict_reached():
             self.verdict_at = now
         states = {pid: _status(proc) for pid, proc in self.ranks.items()}
         gone_for = {pid: self._since(self.gone_at, pid, now, _gone(s)) for pid, s in states.items()}
-        if self.verdict_at is None:
-            if self.rank_stopped_s is not None:
-                for pid, status in states.items():
-                    if self._since(self.stopped_at, pid, now, _stopped(status)) > self.rank_stopped_s:
-                        return (f"a rank (pid {pid}) has been stopped (SIGSTOP or a debugger) for over "
-                                f"{self.rank_stopped_s:g}s and no watchdog reported it (it stopped before arming)")
-            if states and all(_gone(s) for s in states.values()) and min(gone_for.values()) > GONE_S:
-                return (f"every rank has ended but torchrun's agent (pid {agent_pid}) has still not, {GONE_S:g}s "
-                        "later (a rank left with exit 0 without handing torchrun its result?)")
-            return None
-        return self._after_verdict(now, states, gone_for)
+        if self.verdict_at is not None:
+            return self._after_verdict(now, states, gone_for)
+        unwatched = self.rules.rank_stopped_s
+        if unwatched is not None:
+            for pid, status in states.items():
+                watched = self.phases.get(pid) == ARMED_PHASE
+                if self._since(self.stopped_at, pid, now, _stopped(status) and not watched) > unwatched:
+                    return (f"a rank (pid {pid}) has been stopped (SIGSTOP or a debugger) for over "
+                            f"{unwatched:g}s and no watchdog reported it (it stopped before arming)")
+        gone_s = self.rules.all_gone_s
+        if gone_s is not None and states and all(_gone(s) for s in states.values()) and min(gone_for.values()) > gone_s:
+            return (f"every rank has ended but torchrun's agent (pid {agent_pid}) has still not, {gone_s:g}s "
+                    "later (a rank left with exit 0 without handing torchrun its result?)")
+        return None
 
     def orphans(self) -> list[int]:
         """The ranks still alive: after torchrun's agent was killed they run on without it."""

@@ -1,4 +1,4 @@
-"""`python -m distdiag.check.forkrun [torchrun options] -- [check options]`: torchrun, with the
+"""`python -m distdiag.launcher.forkrun [torchrun options] -- [check options]`: torchrun, with the
 imports paid once per node instead of once per rank.
 
 Every rank of `torchrun -m distdiag.check` is a fresh interpreter: it imports torch (2 CPU s
@@ -35,41 +35,21 @@ from pathlib import Path
 from typing import Any
 
 from distdiag.check.hashseed import HASH_PROBE, PARENT_HASH_ENV, shared_hash_seed_note
+from distdiag.launcher.argv import split_dashes, world_size
 
 __all__ = [
-    "main", "split_argv", "world_size", "plan_preloads", "start_method", "cuda_in_parent", "shared_hash_seed_note",
+    "main", "plan_preloads", "start_method", "cuda_in_parent", "shared_hash_seed_note",
     "RANK_ENTRY", "PARENT_HASH_ENV",
 ]
 
 log = logging.getLogger(__name__)
 
-RANK_ENTRY = Path(__file__).resolve().with_name("forked_rank.py")
-"""The file torchrun's --run-path runs as `__main__` in each forked rank."""
+RANK_ENTRY = Path(__file__).resolve().parent.parent / "check" / "forked_rank.py"
+"""The file torchrun's --run-path runs as `__main__` in each forked rank (the check's own: it
+runs in the rank)."""
 
 
-USAGE = "usage: python -m distdiag.check.forkrun [torchrun options] -- [check options]"
-
-
-def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(torchrun's options, the check's) around the first `--`; ValueError without one."""
-    if "--" not in argv:
-        raise ValueError(USAGE)
-    split = argv.index("--")
-    return argv[:split], argv[split + 1 :]
-
-
-def world_size(torchrun_args: list[str]) -> int | None:
-    """The job's largest world as torchrun would start it (its own parser, PET_* variables
-    included): max nodes x ranks per node; None when torchrun cannot parse them (it will say so
-    itself when it runs)."""
-    from torch.distributed import run as torchrun
-
-    try:
-        args = torchrun.get_args_parser().parse_args([*torchrun_args, "_"])
-        _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
-        return max_nodes * torchrun.determine_local_world_size(args.nproc_per_node)
-    except (Exception, SystemExit):  # noqa: BLE001 - torchrun reports its own usage errors
-        return None
+USAGE = "usage: python -m distdiag.launcher.forkrun [torchrun options] -- [check options]"
 
 
 def plan_preloads(check_args: list[str], world: int | None) -> list[str]:
@@ -92,9 +72,9 @@ def plan_preloads(check_args: list[str], world: int | None) -> list[str]:
 def _leave_bad_input_report(message: str, check_args: list[str], world: int) -> None:
     """Where the check's report goes (the config's or profile's path when they parse, else
     --report or the default), leave one saying nothing ran: an earlier run's must not stay."""
-    from distdiag.check.launched import report_path_in, write_bad_input_report
     from distdiag.check.plan import parse_config
     from distdiag.errors import ConfigError
+    from distdiag.launcher.ranks import report_path_in, write_bad_input_report
 
     try:
         path = parse_config(check_args).report
@@ -106,7 +86,7 @@ def _leave_bad_input_report(message: str, check_args: list[str], world: int) -> 
 def _note_first_failure(exc: Any) -> None:
     import socket
 
-    from distdiag.check.launched import note_first_failure
+    from distdiag.launcher.ranks import note_first_failure
 
     try:
         rank, failure = exc.get_first_failure()
@@ -172,10 +152,10 @@ def start_method() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Import once, then run torchrun's launcher forking the ranks. Returns 2 for bad input
     (one line, no rank started), else torchrun's status: 1 when a rank failed (the check's
-    exact code is in its report, see launcher.py)."""
+    exact code is in its report, see exit_code.py)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        torchrun_args, check_args = split_argv(argv)
+        torchrun_args, check_args = split_dashes(argv, USAGE)
     except ValueError as exc:
         sys.stderr.write(f"distdiag: error: {exc}\n")
         return 2
@@ -191,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"distdiag: error: {exc}\n")
         _leave_bad_input_report(str(exc), check_args, world or 1)
         return 2
-    from distdiag.check.launched import say_started
     from distdiag.check.plan import parse_config
+    from distdiag.launcher.ranks import say_started
 
     say_started(parse_config(check_args), world or 1)
     for name in preloads:

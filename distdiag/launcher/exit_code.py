@@ -1,127 +1,41 @@
-"""The launcher's side of one launch: its id, its folder, and the exit code of this run alone.
+"""The exit code of this run alone, from this run's report.
 
 `distdiag check` and `distdiag gate` used to take any report written in the last second as
 this run's, and torchrun's exit 0 without a report as a pass: a PASS left by the previous run
-passed for a run that had bad input, and a job killed by a second Ctrl-C exited 0 (issue 24).
-Now the launcher removes the report an earlier run left, gives its ranks an id to write into
-theirs (distdiag.check.launched), and `exit_code_after_run` decides from this run's report,
-the verdict note, torchrun's code and the signals the launcher got: exit 0 only with this
-run's passing report in hand; any other end is non-zero and says why in one line, and leaves
-a report saying so when no rank could write one (naming the rank lost first and what it was
-doing, when torchrun and the ranks' phase notes tell).
+passed for a run that had bad input, and a job killed by a second Ctrl-C exited 0. Now the
+launcher removes the report an earlier run left, gives its ranks an id to write into theirs
+(launch.py, ranks.py), and `exit_code_after_run` decides from this run's report, the verdict
+note, torchrun's code and the signals the launcher got: exit 0 only with this run's passing
+report in hand; any other end is non-zero and says why in one line, and leaves a report
+saying so when no rank could write one (naming the rank lost first and what it was doing,
+when torchrun and the ranks' phase notes tell). `distdiag watch` reads this run's hang report
+the same way (launcher/watch.py).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
-import tempfile
-import uuid
-from pathlib import Path
 from typing import Any
 
-from distdiag.check.jobwatch import JobWatch
-from distdiag.check.launched import LAUNCH_FOLDER_PREFIX, LAUNCH_ID_ENV, VERDICT_NOTE_ENV, read_verdict_note
-from distdiag.errors import ReportError, print_line
-from distdiag.report.model import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_HANG, Report, read_report, write_report
+from distdiag.errors import print_line
+from distdiag.launcher.launch import Launch
+from distdiag.launcher.ranks import read_json
+from distdiag.report.model import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_HANG, Report
 
-__all__ = ["Launch", "exit_code_after_run", "remove_stale_report", "lost_rank_words", "first_failure_in", "signal_words"]
-
-
-def remove_stale_report(path: str) -> None:
-    """Remove the report an earlier run left at `path` (a regular file only: what stands
-    behind a link is the link owner's; the launch id still keeps it from passing for ours)."""
-    if os.path.isfile(path) and not os.path.islink(path):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
-class Launch:
-    """One launch: an id for the ranks' reports, a private folder for the verdict note and the
-    cancel marker, the JobWatch of the job. A context manager (the folder goes at exit)."""
-
-    def __init__(self, report_path: str, world_size: int) -> None:
-        self.report_path = report_path
-        self.world_size = world_size
-        self.id = uuid.uuid4().hex
-        self.folder = tempfile.mkdtemp(prefix=LAUNCH_FOLDER_PREFIX)
-        self.note_path = os.path.join(self.folder, "verdict.json")
-        self.watch = JobWatch(lambda: os.path.exists(self.note_path), self.noted_pids)
-        remove_stale_report(report_path)
-
-    def __enter__(self) -> Launch:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def env(self) -> dict[str, str]:
-        """What the ranks must know, through torchrun's environment."""
-        return {LAUNCH_ID_ENV: self.id, VERDICT_NOTE_ENV: self.note_path}
-
-    def mark_cancelled(self, signal_name: str) -> None:
-        """The user (or the scheduler) stopped us: the ranks then leave the report unprinted
-        (distdiag.check.launched.cancelled_by), as the launcher says it in one line."""
-        try:
-            Path(f"{self.note_path}.cancel").write_text(signal_name, encoding="utf-8")
-        except OSError:
-            pass
-
-    def report(self) -> Report | None:
-        """This run's report, or None (none, or one another run wrote: its id is not ours)."""
-        if not os.path.exists(self.report_path):
-            return None
-        try:
-            report = read_report(self.report_path)
-        except ReportError as exc:
-            print_line(f"distdiag: error: {exc}")
-            return None
-        return report if report.launch_id == self.id else None
-
-    def noted_pids(self) -> list[int]:
-        """The pids of the ranks that noted a phase (launched.note_phase)."""
-        from distdiag.check.launched import read_json
-
-        pids = []
-        for name in os.listdir(self.folder):
-            if name.startswith("rank-") and name.endswith(".json"):
-                pid = (read_json(os.path.join(self.folder, name)) or {}).get("pid")
-                if isinstance(pid, int) and pid > 0:
-                    pids.append(pid)
-        return pids
-
-    def note(self) -> dict[str, Any] | None:
-        return read_verdict_note(self.note_path, self.id)
-
-    def amend_report(self, report: Report, code: int, outcome: str, note: str) -> None:
-        """This run's report, its probes kept, with the code the launcher exits with (what
-        happened after the verdict changed it): the file always says what the exit code says."""
-        report.exit_code, report.outcome = code, outcome
-        report.verdict = "error" if code == EXIT_BAD_INPUT else "fail"
-        report.notes.append(note)
-        try:
-            write_report(report, self.report_path)
-        except (OSError, ValueError):
-            pass
-
-    def leave_report(self, code: int, outcome: str, summary: str) -> None:
-        """No rank wrote this run's report: leave one saying why, so that a script reading the
-        file never takes an earlier run's for this one."""
-        verdict = "error" if code == EXIT_BAD_INPUT else "fail"
-        report = Report(world_size=self.world_size, exit_code=code, verdict=verdict, outcome=outcome, summary=summary,
-                        launch_id=self.id)
-        try:
-            write_report(report, self.report_path)
-        except (OSError, ValueError):
-            pass
+__all__ = ["exit_code_after_run", "lost_rank_words", "first_failure_in", "signal_words", "orphans_words"]
 
 
 def signal_words(name: str) -> str:
     return "SIGINT (Ctrl-C)" if name == "SIGINT" else name
+
+
+def orphans_words(end: Any) -> str:
+    """What the launcher did when torchrun's agent was killed under a running job (`end`:
+    child.JobEnd with orphans)."""
+    return (f"torchrun's agent was killed by signal {-end.rc}; its {len(end.orphans)} rank(s) left running "
+            f"(pids {', '.join(map(str, end.orphans))}) were ended")
 
 
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank")
@@ -149,8 +63,6 @@ def first_failure_in(lines: list[str]) -> dict[str, Any] | None:
 
 
 def _first_failure(launch: Launch, lines: list[str]) -> dict[str, Any] | None:
-    from distdiag.check.launched import read_json
-
     return read_json(os.path.join(launch.folder, "first_failure.json")) or first_failure_in(lines)
 
 
@@ -171,8 +83,6 @@ def _add_the_signal(report: Report, launch: Launch, lines: list[str], where: str
 def lost_rank_words(launch: Launch, lines: list[str]) -> str | None:
     """'rank 1 (pid 42 on host h) ended first (killed by SIGKILL) while importing torch and the
     check': the rank torchrun saw fail first and what it noted it was doing; None if unknown."""
-    from distdiag.check.launched import read_json
-
     failure = _first_failure(launch, lines)
     if not failure:
         return None
@@ -190,8 +100,8 @@ def exit_code_after_run(launch: Launch, end: Any, lines: list[str] | None = None
     """The launcher's exit code: this run's report's, kept only when torchrun agrees (a pass
     with torchrun failing is 3: a rank failed after the verdict); the verdict note's when its
     report could not be written; 2 for bad input said before any rank started; else 3. Says
-    in one line why, when the report alone does not (`end`: launcher.JobEnd)."""
-    for line in end.notes:
+    in one line why, when the report alone does not (`end`: child.JobEnd)."""
+    for line in [*end.notes, *([orphans_words(end)] if getattr(end, "orphans", None) else [])]:
         print_line(f"distdiag: {line}")
     report = launch.report()
     where = os.path.abspath(launch.report_path)
@@ -214,7 +124,7 @@ def exit_code_after_run(launch: Launch, end: Any, lines: list[str] | None = None
         launch.leave_report(EXIT_CANCELLED, "cancelled", f"the run was {why}")
         return EXIT_CANCELLED
     if end.rc == EXIT_BAD_INPUT and not end.killed_why:
-        # Bad input caught before any rank started (distdiag.check.forkrun, or torchrun's own
+        # Bad input caught before any rank started (distdiag.launcher.forkrun, or torchrun's own
         # options): the one line saying what is wrong is on stderr already.
         launch.leave_report(EXIT_BAD_INPUT, "bad_input", "bad input: nothing ran (see the error line on stderr)")
         return EXIT_BAD_INPUT
