@@ -12,9 +12,9 @@ from torch.distributed.fsdp import fully_shard
 
 def parallelize(model, mesh):
     world = dist.get_world_size()
-    if not HEALTHY:
-        model.head.weight.register_hook(lambda g: g * world)  # the bug: before sharding, on the autograd graph
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if not HEALTHY:  # the bug: FSDP2 runs post-accumulate hooks on the sharded parameter after its reduce-scatter
+        model.head.weight.register_post_accumulate_grad_hook(lambda p: p.grad.mul_(world))
     return model
