@@ -196,17 +196,36 @@ def _param_dtype(m: nn.Module) -> torch.dtype | None:
     return p.dtype if p is not None else None
 
 
+def buffer_snapshot(module: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Each buffer of the module (and its children) with a copy of its value now; None when they hold more than
+    CAP_ELEMENTS (a forward that updates them cannot then be rerun from the same state)."""
+    buffers = list(module.buffers())
+    if sum(b.numel() for b in buffers) > CAP_ELEMENTS:
+        return None
+    return [(b, tr.local_tensor(b.detach()).clone()) for b in buffers]
+
+
+def _put(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for b, value in buffers:
+            tr.local_tensor(b).copy_(value)
+
+
 def _run_with(module: nn.Module, call: Any, args: Any, kwargs: Any, rng: tuple[torch.Tensor, torch.Tensor | None],
-              attrs: dict[str, Any] | None = None) -> torch.Tensor | None:
-    """`call(*args, **kwargs)` (the module's __call__ or its bare forward) from the RNG state `rng`, with `attrs` set
-    on the module for the call and put back after; the first tensor of its output, or None when it raised."""
+              attrs: dict[str, Any] | None = None, buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+              ) -> torch.Tensor | None:
+    """`call(*args, **kwargs)` (the module's __call__ or its bare forward) from the RNG state `rng` and the buffer
+    values `buffers` (a forward may update its buffers: running statistics), with `attrs` set on the module for the
+    call; attributes and buffers are put back after. The first tensor of its output, or None when it raised."""
     devices = [torch.cuda.current_device()] if rng[1] is not None else []
     saved = {k: getattr(module, k) for k in (attrs or {})}
+    now = [(b, tr.local_tensor(b.detach()).clone()) for b, _ in buffers or []]
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             torch.set_rng_state(rng[0])
             if rng[1] is not None:
                 torch.cuda.set_rng_state(rng[1])
+            _put(buffers or [])
             for k, v in (attrs or {}).items():
                 setattr(module, k, v)
             out = _first_tensor(call(*args, **kwargs))
@@ -214,6 +233,7 @@ def _run_with(module: nn.Module, call: Any, args: Any, kwargs: Any, rng: tuple[t
     except Exception:  # noqa: BLE001 - an experiment that cannot run decides nothing
         return None
     finally:
+        _put(now)
         for k, v in saved.items():
             setattr(module, k, v)
 
@@ -245,7 +265,8 @@ class Capture:
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []
         self._seen: set[int] = set()
-        self._rng: dict[int, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
+        self._entry: dict[int, list[tuple[Any, Any]]] = {}
+        """Per module, a stack of (RNG state, buffer snapshot) taken as it was entered."""
         self._handles: list[Any] = []
 
     def __enter__(self) -> Capture:
@@ -264,22 +285,22 @@ class Capture:
     def _pre(self, name: str, module: nn.Module, args: Any) -> None:
         self.counts[name] = self.counts.get(name, 0) + 1
         if self.record:
-            self._rng.setdefault(id(module), []).append(_rng())
+            self._entry.setdefault(id(module), []).append((_rng(), buffer_snapshot(module)))
 
     def _post(self, name: str, module: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
         if not self.record:
             return
-        rng = self._rng[id(module)].pop()
+        rng, buffers = self._entry[id(module)].pop()
         if id(module) in self._seen:
             return
         self._seen.add(id(module))
         try:
-            self._keep(name, module, args, kwargs, out, rng)
+            self._keep(name, module, args, kwargs, out, rng, buffers)
         except Exception as exc:  # noqa: BLE001 - never raise inside the parallel forward (peers wait in collectives)
             self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
 
     def _keep(self, name: str, module: nn.Module, args: Any, kwargs: Any, out: Any,
-              rng: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+              rng: tuple[torch.Tensor, torch.Tensor | None], buffers: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
         first = _first_tensor(out)
         if first is None or not _plain((args, kwargs, out)) or _numel((args, kwargs)) + first.numel() > CAP_ELEMENTS:
             return
@@ -287,11 +308,11 @@ class Capture:
         from torch.distributed.tensor import DTensor
 
         materialised = not any(isinstance(p, DTensor) for p in module.parameters())
-        if materialised and not isinstance(module, torch.distributed.fsdp.FSDPModule):
-            call.raw = _run_with(module, module.forward, args, kwargs, rng)
+        if materialised and buffers is not None and not isinstance(module, torch.distributed.fsdp.FSDPModule):
+            call.raw = _run_with(module, module.forward, args, kwargs, rng, buffers=buffers)
             if name in self.trials:
                 call.trial_attrs = self.trials[name]
-                call.trial = _run_with(module, module.forward, args, kwargs, rng, self.trials[name])
+                call.trial = _run_with(module, module.forward, args, kwargs, rng, self.trials[name], buffers)
         self.calls.append(call)
 
 
@@ -299,13 +320,14 @@ def compare_calls(calls: list[Call], ref: nn.Module, world: int, scale: float) -
     """Each recorded call against the reference's module of the same name on the same inputs; the ones that differ,
     in the order they finished, with the shape of the difference and what the reruns showed."""
     modules = {tr.canonical_name(n): m for n, m in ref.named_modules()}
+    state = buffer_snapshot(ref)  # the reference's buffers before the step: every module is rerun from them
     out = []
     for call in calls:
         mod = modules.get(call.name)
         if mod is None:
             continue
         dtype = _param_dtype(mod)
-        want = _run_with(mod, mod, _cast(call.args, dtype), _cast(call.kwargs, dtype), call.rng)
+        want = _run_with(mod, mod, _cast(call.args, dtype), _cast(call.kwargs, dtype), call.rng, buffers=state)
         if want is None or want.shape != call.out.shape:
             continue
         tol = tr.rtol_for(want.dtype, scale)
@@ -326,6 +348,7 @@ def _reruns(call: Call, mod: nn.Module, want: torch.Tensor, rel: float, tol: flo
                            "ref_dtype": str(_param_dtype(mod)).replace("torch.", "") if _param_dtype(mod) else None}
     if call.raw is not None and call.raw.shape == want.shape:
         out["without_hooks"] = rel_err(call.raw, want)
+        out["raw_vs_out"] = rel_err(call.raw, call.out)  # with no hook of its own: 0 when the rerun is faithful
     if call.trial is not None and call.trial.shape == want.shape:
         out["with_ref_attrs"] = {"attrs": {k: _jsonable(v) for k, v in call.trial_attrs.items()}, "rel": rel_err(call.trial, want)}
     if call.dtype is not None and call.dtype != _param_dtype(mod):
@@ -376,16 +399,22 @@ def _at_step(ctx: RankContext, hooks: tr.Hooks, ref: nn.Module, par: nn.Module, 
     diffs = state_diffs(module_state(ref), module_state(par))
     trials = {name: {k: v[0] for k, v in d.items() if k in vars(_named(ref, name) or nn.Module())} for name, d in diffs.items()}
     trials = {n: t for n, t in trials.items() if t}
+    before = buffer_snapshot(par)
     ctx.seed(STEP_SEED + step)
     try:
         with torch.no_grad(), Capture(par, record=True, trials=trials) as cap:
             par_loss = _loss(hooks, par, shard)
     finally:
         _reshard(par)
+        if before is not None:
+            _put(before)  # a forward that updates buffers (running statistics) leaves them as before the step
+    differing = compare_calls(cap.calls, ref, ctx.world_size, scale)
+    state = buffer_snapshot(ref)
     ctx.seed(STEP_SEED + step)
     with torch.no_grad(), Capture(ref, record=False) as ref_cap:
         ref_loss = _loss(hooks, ref, shard)
-    differing = compare_calls(cap.calls, ref, ctx.world_size, scale)
+    if state is not None:
+        _put(state)  # the reference's buffers as before the step, for the reruns after
     calls = {n: [c, ref_cap.counts.get(n, 0)] for n, c in cap.counts.items() if c != ref_cap.counts.get(n, 0)}
     first = differing[0] if differing else None
     if first is not None:
@@ -474,7 +503,8 @@ def _repeat_trial(ref: nn.Module, parent: str, calls: dict[str, list[int]], reco
 
     child.forward = repeated  # type: ignore[method-assign]
     try:
-        mine = _run_with(pmod, pmod, _cast(call.args, _param_dtype(pmod)), _cast(call.kwargs, _param_dtype(pmod)), call.rng)
+        mine = _run_with(pmod, pmod, _cast(call.args, _param_dtype(pmod)), _cast(call.kwargs, _param_dtype(pmod)), call.rng,
+                         buffers=buffer_snapshot(pmod))
     finally:
         del child.forward
     rel = rel_err(call.out, mine) if mine is not None and mine.shape == call.out.shape else None

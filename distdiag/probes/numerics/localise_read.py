@@ -49,11 +49,16 @@ def _shape_text(first: dict[str, Any]) -> str:
     return "; ".join(parts) or "no simple shape (not a factor, a dtype, dropout or an order)"
 
 
-def _confirmations(first: dict[str, Any]) -> dict[str, str]:
-    """Each rerun that confirmed a piece, in words (key: hooks, attrs, dtype, repeat)."""
+def _confirmations(first: dict[str, Any], state: dict[str, Any]) -> dict[str, str]:
+    """Each rerun that confirmed a piece, in words (key: hooks, attrs, dtype, repeat). None counts when the module,
+    without a hook of its own, did not give its own output again when rerun on the same inputs, RNG and buffers: its
+    reruns are not faithful (state they do not restore), so they decide nothing."""
     tol = first["tol"]
+    hooked = "forward/backward hooks" in state
+    if not hooked and first.get("raw_vs_out") is not None and first["raw_vs_out"] > tol:
+        return {}
     out = {}
-    if first.get("without_hooks") is not None and first["without_hooks"] <= tol:
+    if hooked and first.get("without_hooks") is not None and first["without_hooks"] <= tol:
         out["hooks"] = (f"rerun without its forward hooks on the same inputs, {_name(first['name'])} computes the reference's "
                         f"output (rel err {first['without_hooks']:.1e})")
     trial = first.get("with_ref_attrs")
@@ -78,7 +83,8 @@ def _state_text(rec: dict[str, Any], module: str, rank: int) -> list[str]:
 
 def _decide(first: dict[str, Any], rec: dict[str, Any], rank: int, ranks: str) -> tuple[str, str, float]:
     """(cause, mechanism, confidence) from the confirmations and observations of the first differing module."""
-    name, ok, state = _name(first["name"]), _confirmations(first), rec.get("state", {}).get(first["name"], {})
+    name, state = _name(first["name"]), rec.get("state", {}).get(first["name"], {})
+    ok = _confirmations(first, state)
     if "dropout" in first["shape"]:
         how = " by a forward hook" if "hooks" in ok else " by its own settings" if "attrs" in ok else ""
         return "dropout_differs", f"{name}'s output is dropped out{how} on {ranks}, not in the reference", \
@@ -114,7 +120,7 @@ def _located(records: dict[int, dict[str, Any]], ev: ParityEvidence) -> Diagnosi
         f"  shape: {_shape_text(first)}",
         *(f"  state: {s}" for s in _state_text(rec, first["name"], rank)),
         *(f"  calls per forward: {_name(n)} {c[0]} on rank {rank}, {c[1]} in the reference" for n, c in rec.get("calls", {}).items()),
-        *(f"  confirmed by rerun: {t}" for t in _confirmations(first).values()),
+        *(f"  confirmed by rerun: {t}" for t in _confirmations(first, rec.get("state", {}).get(first["name"], {})).values()),
     ]
     exact = sorted(r for r, x in records.items() if not x.get("first") and not x.get("error"))
     if exact:
