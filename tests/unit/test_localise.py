@@ -194,3 +194,26 @@ def test_nothing_located_adds_lines_but_names_nothing():
 
 def test_rel_err_is_infinite_on_non_finite():
     assert rel_err(torch.tensor([float("nan")]), torch.tensor([1.0])) == float("inf")
+
+
+def test_train_step_is_named_only_when_the_plain_step_matches_and_the_reference_agrees():
+    gbad = {"head.weight": {"name": "head.weight", "rel": 0.7, "ranks": [0, 1]}}
+    order = ["embed.weight", "head.weight", "norm.weight"]
+    clean = _record(None, without_train_step={"still_bad": [], "bad_count": 0, "max_rel": 1e-7})
+
+    def ev(accum_equal, records, bad=gbad):
+        e = _ev(records, bad)
+        e.order, e.train_step, e.accum_equal = order, True, accum_equal
+        return e
+
+    diag, lines = read_localised(ev(True, {0: clean, 1: clean}))
+    assert diag is not None and diag.cause == "extra_reduction" and diag.confidence < 0.8
+    assert "confirmed by rerun" in "\n".join(lines) and "head.weight" in diag.mechanism
+    # the reference's own train_step differs from a loss_fn backward (accumulation, clipping): train_step located, not named
+    diag, lines = read_localised(ev(False, {0: clean, 1: clean}))
+    assert diag is None and any("train_step is what differs" in line for line in lines)
+    # every tensor off: not a reduction of some tensors
+    diag, _ = read_localised(ev(True, {0: clean}, {n: {**gbad["head.weight"], "name": n} for n in order}))
+    assert diag is None
+    still = _record(None, without_train_step={"still_bad": ["head.weight"], "bad_count": 1, "max_rel": 0.7})
+    assert read_localised(ev(True, {0: clean, 1: still}))[0] is None

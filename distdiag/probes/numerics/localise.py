@@ -23,6 +23,7 @@ so a failure on one rank never leaves the others waiting.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -381,9 +382,11 @@ def localise(ctx: RankContext, run: ParallelRun, ref_shards: list[Any], par_shar
             tr.run_step(run.hooks, ref, ref_opt, ref_shards[s - 1])
         opt.zero_grad(set_to_none=True)
         record = _at_step(ctx, run.hooks, ref, par, par_shards[step - 1], step, scale)
+        shards = (ref_shards[step - 1], par_shards[step - 1])
         if tr.agree(ctx, bool(record["grad_hooks"])):  # every rank steps again, hooks or not (collectives)
-            record["without_grad_hooks"] = _without_grad_hooks(ctx, run, ref, ref_opt, (ref_shards[step - 1],
-                                                                par_shards[step - 1]), step, compare)
+            record["without_grad_hooks"] = _rerun_step(_without_grad_hooks, ctx, run, ref, ref_opt, shards, step, compare)
+        if run.hooks.train_step is not None:  # the same hooks on every rank: every rank reruns
+            record["without_train_step"] = _rerun_step(_without_train_step, ctx, run, ref, ref_opt, shards, step, compare)
         return record
     except tr.HookError as exc:  # the same on every rank: the hooks already ran these steps
         return {"step": step, "error": str(exc)}
@@ -428,8 +431,7 @@ def _at_step(ctx: RankContext, hooks: tr.Hooks, ref: nn.Module, par: nn.Module, 
 
 
 def _without_grad_hooks(ctx: RankContext, run: ParallelRun, ref: nn.Module, ref_opt: torch.optim.Optimizer,
-                        shards: tuple[Any, Any], step: int,
-                        compare: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], dict[str, Any]]) -> dict[str, Any]:
+                        shards: tuple[Any, Any], step: int, compare: Compare) -> dict[str, Any]:
     """The rerun that decides a gradient hook: step `step` again with the user's gradient hooks taken off the
     parallel model's parameters; which hooked gradients still differ from the reference's."""
     par, opt = run.model, run.optimizer
@@ -451,6 +453,36 @@ def _without_grad_hooks(ctx: RankContext, run: ParallelRun, ref: nn.Module, ref_
     finally:
         for hooks, key, fn, _ in removed:
             hooks[key] = fn
+
+
+Compare = Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], dict[str, Any]]
+
+
+def _rerun_step(rerun: Callable[..., dict[str, Any]], ctx: RankContext, run: ParallelRun, ref: nn.Module,
+                ref_opt: torch.optim.Optimizer, shards: tuple[Any, Any], step: int, compare: Compare) -> dict[str, Any]:
+    """One rerun of step `step` on both models, which are put back in the state before it afterwards."""
+    assert run.optimizer is not None
+    par_state, ref_state = State(run.model, run.optimizer), State(ref, ref_opt)
+    try:
+        return rerun(ctx, run, ref, ref_opt, shards, step, compare)
+    finally:
+        par_state.restore(run.optimizer)
+        ref_state.restore(ref_opt)
+        run.optimizer.zero_grad(set_to_none=True)
+        ref_opt.zero_grad(set_to_none=True)
+
+
+def _without_train_step(ctx: RankContext, run: ParallelRun, ref: nn.Module, ref_opt: torch.optim.Optimizer,
+                        shards: tuple[Any, Any], step: int, compare: Compare) -> dict[str, Any]:
+    """The rerun that decides train_step: the step again on both models as one loss_fn backward and
+    optimizer.step; which gradients still differ from the reference's."""
+    plain = dataclasses.replace(run.hooks, train_step=None)
+    ctx.seed(STEP_SEED + step)
+    want = tr.run_step(plain, ref, ref_opt, shards[0]).grads
+    ctx.seed(STEP_SEED + step)
+    got = tr.run_step(plain, run.model, run.optimizer, shards[1]).grads  # type: ignore[arg-type]
+    cmp = compare(want, got)
+    return {"still_bad": [b["name"] for b in cmp["bad"]][:_SHOWN], "bad_count": len(cmp["bad"]), "max_rel": cmp["max_rel"]}
 
 
 def _reshard(model: nn.Module) -> None:

@@ -175,7 +175,7 @@ def _no_module(records: dict[int, dict[str, Any]], ev: ParityEvidence) -> tuple[
     extra = {r: x["calls"] for r, x in done.items() if x.get("calls")}
     lines += [f"  calls per forward: {_name(n)} {c[0]} on rank {r}, {c[1]} in the reference"
               for r, calls in sorted(extra.items()) for n, c in calls.items()]
-    found = _grad_hooks(done, ev, lines) or _extra_calls(extra, ev, lines)
+    found = _grad_hooks(done, ev, lines) or _extra_calls(extra, ev, lines) or _train_step(done, ev, lines)
     return found, found.evidence if found else lines
 
 
@@ -217,6 +217,29 @@ def _extra_calls(extra: dict[int, dict[str, list[int]]], ev: ParityEvidence, lin
         "from its inputs, so the extra call, not the module, is what differs",
         "  what would decide for certain: rerun the forward on that rank with the module called once"],
         f"call {shown} once per forward on every rank (a rank-guarded or patched forward calls it again)", OBSERVED)
+
+
+def _train_step(done: dict[int, dict[str, Any]], ev: ParityEvidence, lines: list[str]) -> Diagnosis | None:
+    """The step rerun as one loss_fn backward and optimizer.step on both models matches: train_step is the piece.
+    Named (below 0.8) only where it acts on the parallel path alone (in the reference process it gives one loss_fn
+    backward's gradients) and on some tensors only: a reduction or rescaling of those tensors outside parallelize."""
+    reruns = [x.get("without_train_step") for x in done.values()]
+    if not ev.gbad or not reruns or not all(r is not None and r["bad_count"] == 0 for r in reruns):
+        return None
+    worst = max(r["max_rel"] for r in reruns if r)
+    lines.append(f"  confirmed by rerun: step {ev.step} again as one loss_fn backward and optimizer.step on both models, "
+                 f"every gradient matches the reference's (rel err {worst:.1e}): train_step is what differs")
+    names = sorted(ev.gbad)
+    if not ev.accum_equal or len(names) >= len(set(ev.order)):
+        return None
+    shown = ", ".join(names[:6]) + (f" (+{len(names) - 6})" if len(names) > 6 else "")
+    return Diagnosis("extra_reduction", f"train_step changes the gradients of {shown} on the parallel model only", [
+        *lines, f"  in the reference process train_step gives one loss_fn backward's gradients, and only {len(names)} of "
+        f"{len(set(ev.order))} tensors differ: train_step does something to them in the parallel run alone",
+        "  candidates: a reduction of those gradients on top of the one parallelize sets up (an all_reduce of a DTensor's "
+        "local shard, a tied weight synced by hand), or a rescaling that reads the world size",
+        f"  what would decide: print {names[0]}'s gradient in train_step before and after its handling, on each rank"],
+        f"remove train_step's own handling of {shown}: FSDP2 (or DDP) already reduces these gradients", OBSERVED)
 
 
 def read_localised(ev: ParityEvidence) -> tuple[Diagnosis | None, list[str]]:

@@ -207,6 +207,7 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
         ref_split=ref_split(payloads, d.index),
         reducer=next((s.get("reducer") for s in first["steps"] if s.get("order")), None),
         trainable_diff=next((s.get("trainable_diff") or {} for s in first["steps"] if s.get("order")), {}),
+        accum_equal=first["accumulation"]["equal"] if first.get("accumulation") else None,
         localised={r: p["localised"] for r, p in payloads.items() if p.get("localised")},
     )
 
