@@ -217,3 +217,14 @@ def test_train_step_is_named_only_when_the_plain_step_matches_and_the_reference_
     assert diag is None
     still = _record(None, without_train_step={"still_bad": ["head.weight"], "bad_count": 1, "max_rel": 0.7})
     assert read_localised(ev(True, {0: clean, 1: still}))[0] is None
+
+
+def test_reruns_inside_a_parent_do_not_count_as_calls():
+    """The root is rerun inside its own hook (no hooks, then the reference's attributes): its children's calls in
+    those reruns are not calls of the forward."""
+    ref, par = _pair()
+    par.eps_like = 1.0  # an attribute that differs, so the root is rerun twice
+    with torch.no_grad(), Capture(par, record=True, trials={"": {"eps_like": 2.0}}) as cap:
+        par(_x(5, 6))
+    assert cap.counts == {"": 1, "up": 1, "norm": 1, "down": 1}
+    assert [c.name for c in cap.calls] == ["up", "norm", "down", ""] and cap.calls[-1].trial is not None

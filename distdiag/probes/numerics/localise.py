@@ -266,6 +266,8 @@ class Capture:
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []
         self._seen: set[int] = set()
+        self._rerunning = False
+        """Set while a module is rerun inside its hook: its children's calls then are not the forward's."""
         self._entry: dict[int, list[tuple[Any, Any]]] = {}
         """Per module, a stack of (RNG state, buffer snapshot) taken as it was entered."""
         self._handles: list[Any] = []
@@ -284,21 +286,26 @@ class Capture:
             h.remove()
 
     def _pre(self, name: str, module: nn.Module, args: Any) -> None:
+        if self._rerunning:
+            return
         self.counts[name] = self.counts.get(name, 0) + 1
         if self.record:
             self._entry.setdefault(id(module), []).append((_rng(), buffer_snapshot(module)))
 
     def _post(self, name: str, module: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
-        if not self.record:
+        if not self.record or self._rerunning:
             return
         rng, buffers = self._entry[id(module)].pop()
         if id(module) in self._seen:
             return
         self._seen.add(id(module))
+        self._rerunning = True
         try:
             self._keep(name, module, args, kwargs, out, rng, buffers)
         except Exception as exc:  # noqa: BLE001 - never raise inside the parallel forward (peers wait in collectives)
             self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+        finally:
+            self._rerunning = False
 
     def _keep(self, name: str, module: nn.Module, args: Any, kwargs: Any, out: Any,
               rng: tuple[torch.Tensor, torch.Tensor | None], buffers: list[tuple[torch.Tensor, torch.Tensor]] | None) -> None:
