@@ -228,3 +228,32 @@ def test_reruns_inside_a_parent_do_not_count_as_calls():
         par(_x(5, 6))
     assert cap.counts == {"": 1, "up": 1, "norm": 1, "down": 1}
     assert [c.name for c in cap.calls] == ["up", "norm", "down", ""] and cap.calls[-1].trial is not None
+
+
+def test_a_child_called_twice_is_confirmed_by_the_parent_rerun_with_it_applied_twice():
+    from distdiag.probes.numerics.localise import _repeat_trial
+
+    class Mid(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mid = nn.Linear(6, 6)
+            self.out = nn.Linear(6, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.mid(x))
+
+    torch.manual_seed(0)
+    ref = Mid()
+    par = copy.deepcopy(ref)
+    par.forward = (lambda x: par.out(par.mid(par.mid(x))))  # type: ignore[method-assign]
+    with torch.no_grad(), Capture(par, record=True) as cap:
+        par(_x(5, 6))
+    with torch.no_grad(), Capture(ref, record=False) as ref_cap:
+        ref(_x(5, 6))
+    differing = compare_calls(cap.calls, ref, world=2, scale=1.0)
+    assert [d["name"] for d in differing] == [""]  # mid and out each compute the reference's output from their inputs
+    calls = {n: [c, ref_cap.counts[n]] for n, c in cap.counts.items() if c != ref_cap.counts[n]}
+    assert calls == {"mid": [2, 1]}
+    trial = _repeat_trial(ref, "", calls, cap.calls, 2, 1.0)
+    assert trial is not None and trial["module"] == "mid" and trial["rel"] <= 1e-6
+    assert "forward" not in vars(ref.mid)  # the reference's module put back

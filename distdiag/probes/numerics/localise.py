@@ -332,21 +332,31 @@ def compare_calls(calls: list[Call], ref: nn.Module, world: int, scale: float) -
     out = []
     for call in calls:
         mod = modules.get(call.name)
-        if mod is None:
-            continue
-        dtype = _param_dtype(mod)
-        want = _run_with(mod, mod, _cast(call.args, dtype), _cast(call.kwargs, dtype), call.rng, buffers=state)
-        if want is None or want.shape != call.out.shape:
-            continue
-        tol = tr.rtol_for(want.dtype, scale)
-        rel = rel_err(call.out, want)
-        if rel <= tol:
-            continue
-        out.append({"name": call.name, "rel": rel, "tol": tol, "shape": difference_shape(call.out, want, world, tol),
-                    **_reruns(call, mod, want, rel, tol)})
+        found = _compare_one(call, mod, state, world, scale) if mod is not None else None
+        if found is not None:
+            out.append(found)
         if len(out) >= _SHOWN:
             break
     return out
+
+
+def _compare_one(call: Call, mod: nn.Module, state: list[tuple[torch.Tensor, torch.Tensor]] | None, world: int,
+                 scale: float) -> dict[str, Any] | None:
+    """One call against the reference's module: its record when it differs, else None (also when the comparison
+    itself fails on an unusual output: the localiser never stops the probe, whose peers go on to a collective)."""
+    try:
+        dtype = _param_dtype(mod)
+        want = _run_with(mod, mod, _cast(call.args, dtype), _cast(call.kwargs, dtype), call.rng, buffers=state)
+        if want is None or want.shape != call.out.shape:
+            return None
+        tol = tr.rtol_for(want.dtype, scale)
+        rel = rel_err(call.out, want)
+        if rel <= tol:
+            return None
+        return {"name": call.name, "rel": rel, "tol": tol, "shape": difference_shape(call.out, want, world, tol),
+                **_reruns(call, mod, want, rel, tol)}
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _reruns(call: Call, mod: nn.Module, want: torch.Tensor, rel: float, tol: float) -> dict[str, Any]:
@@ -430,7 +440,10 @@ def _at_step(ctx: RankContext, hooks: tr.Hooks, ref: nn.Module, par: nn.Module, 
     if first is not None:
         # It finished first of those that differ: every recorded module inside it computed the reference's output.
         first["children_exact"] = sum(1 for c in cap.calls if _inside(c.name, first["name"]))
-        first["extra_calls"] = _repeat_trial(ref, first["name"], calls, cap.calls, ctx.world_size, scale)
+        try:
+            first["extra_calls"] = _repeat_trial(ref, first["name"], calls, cap.calls, ctx.world_size, scale)
+        except Exception:  # noqa: BLE001 - an experiment that cannot run decides nothing
+            first["extra_calls"] = None
     return {"step": step, "loss": [par_loss, ref_loss], "compared": len(cap.calls), "differing": differing[:_SHOWN],
             "first": first, "calls": dict(list(calls.items())[:_SHOWN]), "state": _shown(diffs),
             "grad_hooks": sorted({g for s in module_state(par).values() for g in s["grad_hooks"]})[:_SHOWN],
@@ -540,11 +553,15 @@ def _repeat_trial(ref: nn.Module, parent: str, calls: dict[str, list[int]], reco
             out = original(out)
         return out
 
+    own = vars(child).get("forward")  # a forward the user's code set on the instance, put back after
     child.forward = repeated  # type: ignore[method-assign]
     try:
         mine = _run_with(pmod, pmod, _cast(call.args, _param_dtype(pmod)), _cast(call.kwargs, _param_dtype(pmod)), call.rng,
                          buffers=buffer_snapshot(pmod))
     finally:
-        del child.forward
+        if own is None:
+            del child.forward
+        else:
+            child.forward = own  # type: ignore[method-assign]
     rel = rel_err(call.out, mine) if mine is not None and mine.shape == call.out.shape else None
     return {"module": name, "calls": calls[name], "rel": rel}
