@@ -85,6 +85,18 @@ HELD_OUT = [
             ("reduce_precision_lower",), ("lower precision",)),
     GenCase("drop_last_one_rank", "data_shards", "DistributedSampler drop_last from a per-node flag",
             ("batch_count_differs",), ("batches",)),
+    # Five more, written before the module-by-module localiser (loss_parity's localise.py) was built and run once
+    # untouched: bugs inside one module of the parallel model, where the difference is its own computation.
+    GenCase("norm_eps_one_rank", "loss_parity", "parallelize sets norm.eps to 0.1 on rank 1 only",
+            ("module_attribute_differs",), ("norm", "eps")),
+    GenCase("dropout_hook_one_rank", "loss_parity", "a forward hook applies dropout to layers.0.up's output on rank 1 only",
+            ("dropout_differs",), ("layers.0.up",)),
+    GenCase("grad_hook_scales_param", "loss_parity", "a gradient hook multiplies head.weight's gradient by the world size",
+            ("grad_hook_alters_gradient",), ("head.weight",)),
+    GenCase("module_twice_one_rank", "loss_parity", "rank 1's layers.1 applies mlp_norm twice",
+            ("module_called_extra",), ("layers.1.mlp_norm",)),
+    GenCase("layer_computes_bf16", "loss_parity", "layers.1 sharded with a bfloat16 param_dtype while everything else is float32",
+            ("compute_precision_lower",), ("layers.1",)),
 ]
 
 

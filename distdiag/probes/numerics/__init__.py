@@ -6,6 +6,9 @@
     determinism.py    the same step run twice gives the same numbers
     shared.py         ParallelRun: one sharded model and its trajectory, shared by the four
     parity_report.py  loss_parity's findings and table from the ranks' payloads
+    localise.py       after a parity failure: the first module whose own computation differs, and reruns
+    localise_shape.py the shape of a module's difference (a factor, dropout, a dtype, an order, rows)
+    localise_read.py  those records across ranks: a mechanism only where a rerun confirmed it
     replicas.py       checksums of what must be equal across ranks (param_sync, determinism)
     setup_sync.py     the model as built, before parallelize: equal on every rank, dtypes, devices
     setup_digest.py   setup_sync's per-tensor digests and the mechanism their differences name
@@ -18,6 +21,6 @@ the model, shared with the sequence_parallel and moe probes), distdiag.workloads
 """
 
 __all__ = [
-    "determinism", "fsdp_plan", "loss_parity", "param_sync", "parity_report", "replicas", "setup_after",
+    "determinism", "fsdp_plan", "localise", "localise_read", "localise_shape", "loss_parity", "param_sync", "parity_report", "replicas", "setup_after",
     "setup_digest", "setup_findings", "setup_placement", "setup_sync", "shared",
 ]

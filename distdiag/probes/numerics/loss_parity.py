@@ -22,6 +22,7 @@ from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics.batch_counts import cross_sample_modules, shard_counts
+from distdiag.probes.numerics.localise import first_divergent_step, localise
 from distdiag.probes.numerics.shared import STEP_SEED, ParallelRun, parallel_run
 from distdiag.report.model import ProbeResult
 
@@ -293,8 +294,13 @@ class LossParityProbe(tr.NumericsProbe):
         except tr.HookError as exc:
             # Raised the same way on every rank (the hooks are deterministic), so no rank waits.
             return {**base, "setup_error": f"step {step}: {exc}"}
+        localised = None
+        if (divergent := first_divergent_step(ctx, steps)) is not None:  # only when parity failed: no cost otherwise
+            localised = localise(ctx, run, ref.shards, ref.par_shards, divergent, opts.tolerance_scale,
+                                 lambda want, got: compare_tensors(want, got, opts.tolerance_scale))
         return {
             **base,
+            "localised": localised,
             "steps": steps,
             "setup": setup,
             "accumulation": accum,

@@ -73,6 +73,10 @@ class ParityEvidence:
     """Parameters whose requires_grad parallelize changed: {"frozen": [...], "thawed": [...]} (loss_parity)."""
     reducer: str | None = None
     """What reduces the parallel model's gradients (loss_parity._reducer): fsdp, ddp, dtensor, hooks, none."""
+    accum_equal: bool | None = None
+    """Whether train_step's gradients equal one loss_fn backward's in the reference process (None: no train_step)."""
+    localised: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Each rank's module-by-module record at the first divergent step (loss_parity's localise.py), when it ran."""
 
 
 def ratio_to_integer(ratio: float) -> tuple[int, float, bool] | None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from distdiag.probes.base import ConsolidationView
 from distdiag.probes.numerics import diagnose_rules as rules
-from distdiag.probes.numerics.diagnose import ParityEvidence, diagnose_parity, ratio_to_integer
+from distdiag.probes.numerics.diagnose import Diagnosis, ParityEvidence, diagnose_parity, ratio_to_integer
+from distdiag.probes.numerics.localise_read import read_localised
 from distdiag.probes.numerics.parity_evidence import RATIO_HIGH
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
@@ -206,6 +207,8 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
         ref_split=ref_split(payloads, d.index),
         reducer=next((s.get("reducer") for s in first["steps"] if s.get("order")), None),
         trainable_diff=next((s.get("trainable_diff") or {} for s in first["steps"] if s.get("order")), {}),
+        accum_equal=first["accumulation"]["equal"] if first.get("accumulation") else None,
+        localised={r: p["localised"] for r, p in payloads.items() if p.get("localised")},
     )
 
 
@@ -250,7 +253,7 @@ def _divergence_finding(d: _Divergence, ev: ParityEvidence, ranks: list[int]) ->
     bad = d.gbad or d.pbad
     top = sorted(bad.values(), key=lambda b: -b["rel"])[:5]
     what = "gradients" if d.gbad else "parameters" if d.pbad else "loss"
-    diag = diagnose_parity(ev)
+    diag = _with_localised(diagnose_parity(ev), ev)
     lines = [
         f"step {d.step}: loss {d.mean_loss:.6g} (mean of ranks' losses {', '.join(f'{x:.6g}' for x in d.losses)}) "
         f"vs reference {d.ref_loss:.6g}: rel err {d.loss_rel:.2e} (tolerance {d.loss_tol:.0e})",
@@ -275,6 +278,17 @@ def _divergence_finding(d: _Divergence, ev: ParityEvidence, ranks: list[int]) ->
         confidence=diag.confidence,
         cause=diag.cause,
     )
+
+
+def _with_localised(diag: Diagnosis, ev: ParityEvidence) -> Diagnosis:
+    """The rules' diagnosis, or the module-by-module one where the rules are not confident and it names something
+    (a module whose own computation differs rules out a mechanism outside it); its lines are added either way."""
+    found, lines = read_localised(ev)
+    if found is not None and diag.confidence < 0.8:
+        return found
+    if lines:
+        return replace(diag, evidence=[*diag.evidence, *lines])
+    return diag
 
 
 def _worst_lines(top: list[dict[str, Any]], kind: str) -> list[str]:
