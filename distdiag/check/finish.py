@@ -26,7 +26,7 @@ from distdiag.check.plan import Plan
 from distdiag.check.shared_values import resolve_shared
 from distdiag.check.starting import with_last_notes
 from distdiag.errors import print_line
-from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Verdict
+from distdiag.hang.records import EventKind, IncidentEvent, RankSnapshot, Verdict
 from distdiag.launcher.ranks import cancelled_by, launch_id, note_verdict, noted_rank
 from distdiag.probes.base import ConsolidationView
 from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, write_report

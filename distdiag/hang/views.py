@@ -24,8 +24,8 @@ from functools import lru_cache
 from typing import Any
 
 from distdiag.hang.groupid import group_members, parse_label
-from distdiag.hang.incident import RankSnapshot, snapshot_of
 from distdiag.hang.recorder import pending_groups
+from distdiag.hang.records import RankSnapshot, snapshot_of
 from distdiag.report.render import compress_numbers, format_ranks
 
 __all__ = [

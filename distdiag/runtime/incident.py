@@ -1,7 +1,7 @@
 """Ending a broken run together, once: the incident protocol the check and the watchdog share.
 
     1. declare      a rank says why (the check: `abort_reason`; the watchdog: `event/N`)
-    2. snapshot     every rank posts a RankSnapshot (distdiag/hang/incident.py), capped
+    2. snapshot     every rank posts a RankSnapshot (distdiag/hang/records.py), capped
     3. claim        one rank claims the writer role (compare_set)
     4. gather       the writer waits (bounded) for the snapshots, bumping its progress
     5. verdict      the writer publishes the small Verdict FIRST (exit code, outcome, summary,
@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 
 from distdiag.errors import print_line
-from distdiag.hang.incident import RankSnapshot, Silence, SilentReason, Verdict
+from distdiag.hang.records import RankSnapshot, Silence, SilentReason, Verdict
 from distdiag.runtime import deathnote, snapwire
 from distdiag.runtime.exchange import Exchange, bounded, poll_interval
 from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys, StoreValueTooLarge, checked_value

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from distdiag.errors import print_line
-from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Verdict
+from distdiag.hang.records import EventKind, IncidentEvent, RankSnapshot, Verdict
 from distdiag.report.model import EXIT_HANG
 from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.incident import (

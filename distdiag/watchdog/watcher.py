@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from distdiag.errors import HangDetected, print_line
-from distdiag.hang.incident import EngineView, EventKind, IncidentEvent, RankSnapshot, Verdict
+from distdiag.hang.records import EngineView, EventKind, IncidentEvent, RankSnapshot, Verdict
 from distdiag.report.model import RankInfo
 from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.incident import (

@@ -27,7 +27,8 @@ from distdiag.hang import (
     stack_text,
     state_rows,
 )
-from distdiag.hang.incident import (
+from distdiag.hang.picture import hang_extras
+from distdiag.hang.records import (
     CAUSE_DESYNC,
     EngineView,
     EventKind,
@@ -39,7 +40,6 @@ from distdiag.hang.incident import (
     event_of,
     snapshot_of,
 )
-from distdiag.hang.picture import hang_extras
 from distdiag.hang.views import GROUPED_DETAILS_RANKS, group_members
 from distdiag.launcher.ranks import launch_id
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report

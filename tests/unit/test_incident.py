@@ -1,4 +1,4 @@
-"""The typed incident (distdiag/hang/incident.py), its store keys (distdiag/runtime/keys.py) and
+"""The typed incident (distdiag/hang/records.py), its store keys (distdiag/runtime/keys.py) and
 the protocol both the check and the watchdog run (distdiag/runtime/incident.py), on a real
 TCPStore served in this process (issue 22 item 7, issue 21 item 1)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from distdiag.hang.incident import (
+from distdiag.hang.records import (
     EventKind,
     IncidentEvent,
     RankSnapshot,
@@ -354,7 +354,7 @@ def test_a_snapshot_too_big_even_without_its_history_keeps_who_and_where():
     keeps rank, phase, event and the innermost frames, and says the recorder's view was left out."""
     import random
 
-    from distdiag.hang.incident import EngineView, GroupPosition
+    from distdiag.hang.records import EngineView, GroupPosition
 
     rng = random.Random(2)
     groups = [GroupPosition(f"ranks[{','.join(map(str, sorted(rng.sample(range(16384), 256))))}]", 3, 2) for _ in range(256)]

@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from distdiag.hang import analyze_hang, state_rows
-from distdiag.hang import incident as incident_types
+from distdiag.hang import records as incident_types
 from distdiag.report import render
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, verdict_for
 from distdiag.runtime.exchange import Exchange
