@@ -532,20 +532,21 @@ def _hang_write(ex: Any, world: int, dump_dir: str, grace_s: float = 2.0) -> Any
     """What rank 0's watcher does once it claimed the writer of epoch 1 (watcher.py `_write`):
     the public gather_and_write, then publish_outcome (the verdict first, then the report's
     chunks). The only call into the writer's API."""
-    from distdiag.hang.records import IncidentEvent, RankSnapshot
-    from distdiag.runtime.incident import Incident
-    from distdiag.runtime.keys import IncidentKeys, Keys
+    from distdiag.hang.records import RankSnapshot
+    from distdiag.runtime.incident import Incident, Seat
+    from distdiag.runtime.keys import IncidentKeys
     from distdiag.watchdog.writer import gather_and_write, publish_outcome
+    from tests.unit.hang_incident import TP
 
-    incident = Incident(ex, IncidentKeys(1), world)
-    incident.claim_writer()
-    event = IncidentEvent.from_dict(json.loads(ex.store.get(Keys.event(1))))
     host = _info(0)["host"]
+    incident = Incident(ex, IncidentKeys(1), world, seat=Seat(host, 0, 0, TP))
+    incident.claim_writer()
+    event = incident.declared()
     report, _lost, excuse = gather_and_write(
         incident, event=event, host=host, timeout_s=60.0, grace_s=grace_s, dump_dir=dump_dir, config={},
         started=time.monotonic(), own_snapshot=lambda: RankSnapshot.from_dict(_snapshot(0, world)),
     )
-    publish_outcome(incident, report, excuse=excuse, host=host, dump_dir=dump_dir)
+    publish_outcome(incident, report, excuse=excuse, dump_dir=dump_dir)
     return report
 
 

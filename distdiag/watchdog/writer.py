@@ -41,15 +41,13 @@ from distdiag.hang.records import (
     snapshot_of,
 )
 from distdiag.hang.views import GROUPED_DETAILS_RANKS, group_members
-from distdiag.launcher.ranks import launch_id
-from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
+from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
 from distdiag.runtime.blind import blind_spot, mark_blind
 from distdiag.runtime.gcpause import collector_paused
-from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons
+from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons, write_stamped
 from distdiag.runtime.keys import Keys
-from distdiag.runtime.lastword import blamed_ranks
 from distdiag.runtime.nodes import gather_snapshots, node_leaders
 
 __all__ = [
@@ -465,39 +463,27 @@ a 16k-rank report takes ~0.5 s to serialise, and the shared copy is the file's t
 
 
 def _write_and_print(report: Report, *, dump_dir: str) -> str:
-    """Write the report (atomically) and print it; where it is, or why it is not."""
-    path = os.path.join(dump_dir, REPORT_NAME)
-    text = report.to_json()
+    """Write the report (atomically, stamped with the launch id) and print it; where it is, or why it is not."""
+    text, written, why = write_stamped(report, os.path.join(dump_dir, REPORT_NAME))
     setattr(report, _WRITTEN_JSON, text)
-    try:
-        write_report(report, path, text=text)
-        where = os.path.abspath(path)
-    except OSError as exc:
-        where = f"(not written: {exc.strerror})"
+    where = written if written is not None else f"(not written: {why})"
     shown = render_hang_report(report)
     print_line(f"{shown}\nhang report: {where}")
     return where
 
 
-def publish_outcome(incident: Incident, report: Report | None, *, excuse: str | None, host: str, dump_dir: str) -> None:
-    """The verdict first (small: every waiting rank acts on it), then the report's JSON in
-    chunks for the other hosts' copies: the text gather_and_write wrote to the file, not
-    serialised again. Without a report (the writer failed) the verdict still comes, so nobody
-    waits for a writer that has given up."""
-    rank = incident.rank
+def publish_outcome(incident: Incident, report: Report | None, *, excuse: str | None, dump_dir: str) -> None:
+    """The verdict first, then the report's JSON for the other nodes' copies (Incident.publish):
+    the text gather_and_write wrote to the file, not serialised again. Without a report (the
+    writer failed) the verdict still comes, so nobody waits for a writer that has given up."""
     if report is None:
-        verdict = Verdict(EXIT_HANG, rank, host, outcome="hang", excused=excuse,
+        verdict = Verdict(EXIT_HANG, incident.rank, incident.seat.host, incident.seat.node, outcome="hang", excused=excuse,
                           summary="" if excuse else "the writer could not build the report (see its stderr)")
         incident.publish_verdict(verdict)
         return
     with collector_paused():  # the report's objects are still young: a collection now walks them all
         text = report.__dict__.pop(_WRITTEN_JSON, None) or report.to_json()
-        where = os.path.abspath(os.path.join(dump_dir, REPORT_NAME))
-        hosts = {r.host for r in report.ranks if r.host and r.host != "?"}
-        shared = incident.shared_copy(text, where, host, readers=max(len(hosts) - 1, 1), report=report)
-        incident.publish_verdict(Verdict(report.exit_code, rank, host, outcome=report.outcome, summary=report.summary,
-                                         report=where, chunks=incident.chunk_count(shared), blamed=blamed_ranks(report)))
-        incident.publish_report(shared, {"host": host})
+        incident.publish(report, text, os.path.abspath(os.path.join(dump_dir, REPORT_NAME)))
         report.__dict__.pop(_WORKING, None)  # freed here, after the verdict
 
 
@@ -559,7 +545,7 @@ def _report(
         world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG, verdict=verdict_for(EXIT_HANG, [result]),
         outcome=_outcome(event, lost, findings), summary=_summary(findings),
         restart_count=int(config.get("restart_count", 0)), run_id=str(config.get("run_id", "")),
-        launch_id=launch_id(), created=now_iso(),
+        created=now_iso(),
         duration_s=time.monotonic() - started, config=config, written_by=rank,
     )
 

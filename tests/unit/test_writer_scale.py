@@ -19,7 +19,7 @@ from distdiag.hang import records as incident_types
 from distdiag.report import render
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, verdict_for
 from distdiag.runtime.exchange import Exchange
-from distdiag.runtime.incident import Incident
+from distdiag.runtime.incident import Incident, Seat
 from distdiag.runtime.keys import IncidentKeys
 from distdiag.watchdog import writer
 from tests.unit.hang_incident import incident
@@ -163,7 +163,7 @@ def test_the_shared_copy_is_the_written_file_serialised_once(tmp_path, monkeypat
     store = dist.HashStore()
     keys = IncidentKeys(1)
     writer._write_and_print(report, dump_dir=str(tmp_path))
-    writer.publish_outcome(Incident(Exchange(store, 0, 64), keys, 64), report, excuse=None, host="node0",
+    writer.publish_outcome(Incident(Exchange(store, 0, 64), keys, 64, seat=Seat("node0", 0, 0, 8)), report, excuse=None,
                            dump_dir=str(tmp_path))
     text, meta = Incident(Exchange(store, 9, 64), keys, 64).wait_report(5.0)
     assert calls == [1] and meta["host"] == "node0"
