@@ -38,7 +38,6 @@ from distdiag.hang.records import (
     SilentReason,
     Verdict,
     event_of,
-    snapshot_of,
 )
 from distdiag.hang.views import GROUPED_DETAILS_RANKS, group_members
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for
@@ -247,7 +246,7 @@ def _history_ranks(event: IncidentEvent | None, merged: dict[int, dict[str, Any]
     return set(sorted(wanted)[:HISTORY_MAX_RANKS])
 
 
-def excused(event: IncidentEvent | dict[str, Any], merged: dict[int, Any]) -> str | None:
+def excused(event: IncidentEvent | dict[str, Any], merged: Mapping[int, RankSnapshot]) -> str | None:
     """Why a declared timeout is no hang once every rank's snapshot is in, else None: a live
     rank inside a declared phase with budget left (a checkpoint excuses its own slowness) or
     still importing (a job still starting). A rank in a phase that is itself blocked inside a
@@ -256,8 +255,7 @@ def excused(event: IncidentEvent | dict[str, Any], merged: dict[int, Any]) -> st
     A phase over its budget anywhere keeps the hang."""
     if event_of(event).kind is not EventKind.TIMEOUT:
         return None
-    typed = {r: snapshot_of(s) for r, s in sorted(merged.items())}
-    live = {r: snap for r, snap in typed.items() if not snap.finished}
+    live = {r: snap for r, snap in sorted(merged.items()) if not snap.finished}
     if any(s.over_budget() for s in live.values()):
         return None
     for rank, snap in live.items():
@@ -274,11 +272,11 @@ REREAD_WAIT_S = 3.0
 """How long the writer waits for the new snapshot of a rank it asked to re-read."""
 
 
-def inconsistent_ranks(merged: dict[int, Any]) -> list[int]:
+def inconsistent_ranks(merged: Mapping[int, RankSnapshot]) -> list[int]:
     """Ranks whose recorder shows them inside collective #k of a group on which every other
     member has completed #k or later: nobody is left for it to wait for, so the snapshot
     contradicts itself (a read while the recorder was being updated, gloo marking completions
-    late): it must be re-read, not judged. `merged`: snapshots, typed or as posted.
+    late): it must be re-read, not judged. `merged`: the typed snapshots (typed_snapshots).
 
     Only *every* other member counts: a broadcast's receivers complete once the root's data
     reached them, so on gloo the root of a broadcast one receiver never entered sits inside #k
@@ -287,7 +285,7 @@ def inconsistent_ranks(merged: dict[int, Any]) -> list[int]:
     Linear in ranks x their groups: what a rank is compared with is the least any *other*
     member completed, the group's lowest count, or its second lowest where the rank itself
     holds the lowest (comparing every pair was ranks x group size: 8.4M steps at 16k ranks)."""
-    engines = {r: snapshot_of(s).engine for r, s in sorted(merged.items())}
+    engines = {r: s.engine for r, s in sorted(merged.items())}
     done: dict[str, dict[int, int]] = {}
     for rank, engine in engines.items():
         for g in engine.groups if engine is not None and engine.ok else []:

@@ -70,18 +70,18 @@ def test_the_contradiction_check_finds_the_ranks_the_pairwise_one_did():
     for world in (1, 2, 3, 8, 40, 200):
         for _ in range(30):
             merged = _random_merged(rng, world)
-            assert writer.inconsistent_ranks(merged) == _pairwise(merged), merged
+            assert writer.inconsistent_ranks(writer.typed_snapshots(merged)) == _pairwise(merged), merged
     # the 16k-rank job's shape at 1024: nobody contradicts; then rank 8 completed dp #11 that the
     # rest of its dp group is inside: no contradiction (a broadcast's root may complete first,
     # and they may wait for one another); then every member but rank 40 completed it: rank 40
     # contradicts them (nobody left to wait for), and not when it is inside #12
     snaps, _lost = incident(WORLD, "stall", 0)
-    assert writer.inconsistent_ranks(snaps) == _pairwise(snaps) == []
+    assert writer.inconsistent_ranks(writer.typed_snapshots(snaps)) == _pairwise(snaps) == []
     dp = snaps[40]["engine"]["groups"][3]["group"]
     for g in snaps[8]["engine"]["groups"]:
         if g["group"] == dp:
             g["completed"], g["enqueued"] = 11, 11
-    assert writer.inconsistent_ranks(snaps) == _pairwise(snaps) == []
+    assert writer.inconsistent_ranks(writer.typed_snapshots(snaps)) == _pairwise(snaps) == []
     members = [r for r, s in snaps.items() if any(g["group"] == dp for g in (s.get("engine") or {}).get("groups", []))]
     for r in members:
         for g in snaps[r]["engine"]["groups"]:
@@ -91,7 +91,7 @@ def test_the_contradiction_check_finds_the_ranks_the_pairwise_one_did():
         for g in snaps[40]["engine"]["groups"]:
             if g["group"] == dp:
                 g["enqueued"] = enqueued
-        found = writer.inconsistent_ranks(snaps)
+        found = writer.inconsistent_ranks(writer.typed_snapshots(snaps))
         assert found == _pairwise(snaps) and found == ([40] if enqueued == 11 else [])
     typed = writer.typed_snapshots(snaps)
     assert writer.inconsistent_ranks(typed) == found  # the typed snapshots read the same
