@@ -265,7 +265,7 @@ def _poll_until(ranks: list[int], period: float, poll: Any, limit_s: float) -> t
 
 def _hang_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: Any) -> None:
     import distdiag.runtime.incident as incident_module
-    from distdiag.hang.incident import RankSnapshot
+    from distdiag.hang.records import RankSnapshot
     from distdiag.runtime.exchange import Exchange
     from distdiag.runtime.incident import Incident
     from distdiag.runtime.keys import IncidentKeys, Keys
@@ -317,7 +317,7 @@ def _declared_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: A
     core (the snapshot, packing a node's value) is given its measured time, not run here."""
     import heapq
 
-    from distdiag.hang.incident import RankSnapshot
+    from distdiag.hang.records import RankSnapshot
     from distdiag.runtime import snapwire
     from distdiag.runtime.exchange import Exchange
     from distdiag.runtime.incident import NEWS_STEP, compact_snapshot
@@ -532,20 +532,21 @@ def _hang_write(ex: Any, world: int, dump_dir: str, grace_s: float = 2.0) -> Any
     """What rank 0's watcher does once it claimed the writer of epoch 1 (watcher.py `_write`):
     the public gather_and_write, then publish_outcome (the verdict first, then the report's
     chunks). The only call into the writer's API."""
-    from distdiag.hang.incident import IncidentEvent, RankSnapshot
-    from distdiag.runtime.incident import Incident
-    from distdiag.runtime.keys import IncidentKeys, Keys
+    from distdiag.hang.records import RankSnapshot
+    from distdiag.runtime.incident import Incident, Seat
+    from distdiag.runtime.keys import IncidentKeys
     from distdiag.watchdog.writer import gather_and_write, publish_outcome
+    from tests.unit.hang_incident import TP
 
-    incident = Incident(ex, IncidentKeys(1), world)
-    incident.claim_writer()
-    event = IncidentEvent.from_dict(json.loads(ex.store.get(Keys.event(1))))
     host = _info(0)["host"]
+    incident = Incident(ex, IncidentKeys(1), world, seat=Seat(host, 0, 0, TP))
+    incident.claim_writer()
+    event = incident.declared()
     report, _lost, excuse = gather_and_write(
         incident, event=event, host=host, timeout_s=60.0, grace_s=grace_s, dump_dir=dump_dir, config={},
         started=time.monotonic(), own_snapshot=lambda: RankSnapshot.from_dict(_snapshot(0, world)),
     )
-    publish_outcome(incident, report, excuse=excuse, host=host, dump_dir=dump_dir)
+    publish_outcome(incident, report, excuse=excuse, dump_dir=dump_dir)
     return report
 
 
@@ -581,7 +582,7 @@ def _hang_writer(port: int, prefix: str, world: int, out: Any) -> None:
 
     _pin("writer")
     _quiet()
-    from distdiag.hang.incident import RankSnapshot
+    from distdiag.hang.records import RankSnapshot
     from distdiag.runtime.exchange import Exchange
     from distdiag.runtime.incident import Incident
     from distdiag.runtime.keys import IncidentKeys, Keys
@@ -605,7 +606,7 @@ def _hang_writer(port: int, prefix: str, world: int, out: Any) -> None:
     t1 = time.time()
     cpu = _cpu() - cpu0
     peak.stop()
-    from distdiag.hang.incident import SilentReason
+    from distdiag.hang.records import SilentReason
 
     silent = {reason.cause for reason in SilentReason} | {"lost"}
     lost = len([f for f in report.probes[0].findings if f.cause in silent]) if report is not None else -1
@@ -623,7 +624,7 @@ def _declared_writer(port: int, prefix: str, world: int, out: Any) -> None:
 
     _quiet()
     import distdiag.watchdog.writer as writer_module
-    from distdiag.hang.incident import RankSnapshot
+    from distdiag.hang.records import RankSnapshot
     from distdiag.runtime.exchange import Exchange
     from distdiag.runtime.incident import Incident
     from distdiag.runtime.keys import IncidentKeys, Keys
@@ -670,7 +671,7 @@ def _declared_writer(port: int, prefix: str, world: int, out: Any) -> None:
     peak.stop()
     marks["verdict"] = store.verdict_at or t1
     lead = next((f for f in report.probes[0].findings if f.severity == "critical"), None) if report else None
-    from distdiag.hang.incident import SilentReason
+    from distdiag.hang.records import SilentReason
 
     silent = {reason.cause for reason in SilentReason} | {"lost"}
     lost = len([f for f in report.probes[0].findings if f.cause in silent]) if report is not None else -1

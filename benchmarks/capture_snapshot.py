@@ -39,7 +39,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from distdiag.hang.incident import IncidentEvent
+    from distdiag.hang.records import IncidentEvent
     from distdiag.runtime.incident import compact_snapshot
     from distdiag.watchdog.core import HangWatchdog
 

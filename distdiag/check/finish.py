@@ -26,16 +26,15 @@ from distdiag.check.plan import Plan
 from distdiag.check.shared_values import resolve_shared
 from distdiag.check.starting import with_last_notes
 from distdiag.errors import print_line
-from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Verdict
-from distdiag.launcher.ranks import cancelled_by, launch_id, note_verdict, noted_rank
+from distdiag.hang.records import EventKind, IncidentEvent, RankSnapshot, Verdict
+from distdiag.launcher.ranks import cancelled_by, note_verdict, noted_rank
 from distdiag.probes.base import ConsolidationView
-from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report, write_report
+from distdiag.report.model import EXIT_HANG, ProbeResult, RankInfo, Report
 from distdiag.report.render import ProgressLine, render_report
 from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.gcpause import collector_paused
-from distdiag.runtime.incident import Incident
+from distdiag.runtime.incident import Incident, Seat
 from distdiag.runtime.keys import IncidentKeys, Keys
-from distdiag.runtime.lastword import blamed_ranks
 
 __all__ = ["RunEnd", "LEAVE_WAIT_S"]
 
@@ -189,7 +188,6 @@ class RunEnd:
             config=cfg,
             written_by=writer,
         )
-        report.launch_id = launch_id()
         report.notes.extend(n for n in (shared_hash_seed_note(),) if n)
         return report
 
@@ -197,7 +195,7 @@ class RunEnd:
     def incident(self, ex: Exchange) -> Incident:
         """The check's incident on `ex` (one per run: the bare keys), able to reconnect."""
         factory = getattr(self.sentinel, "store_factory", None)
-        return Incident(ex, IncidentKeys(), self.info.world_size, factory)
+        return Incident(ex, IncidentKeys(), self.info.world_size, factory, Seat.of(self.info))
 
     def emit(self, report: Report, ex: Exchange | Incident, *, show: bool = True) -> None:
         """Write the report atomically, print it (unless `show` is False), publish the small
@@ -206,15 +204,10 @@ class RunEnd:
             self._emit(report, ex if isinstance(ex, Incident) else self.incident(ex), show)
 
     def _emit(self, report: Report, inc: Incident, show: bool) -> None:
-        # Serialised once: the file, stdout and the other hosts' copy (1 s a time at 16k ranks).
-        text = report.to_json()
         inc.advance("writing the report")
-        try:
-            write_report(report, self.config.report, text=text)
-            where = self.config.report
-        except OSError as exc:
-            where = None
-            print_line(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
+        text, where, why = inc.write(report, self.config.report)
+        if where is None:
+            print_line(f"distdiag: cannot write the report to {self.config.report}: {why}")
         note_verdict(report.exit_code, where is not None)
         self._write_junit(report)
         self.progress.clear()
@@ -223,36 +216,17 @@ class RunEnd:
         if show:
             _print(self.config, report, text, where)
         sys.stdout.flush()
-        info = self.info
-        path = os.path.abspath(where) if where else "(not written)"
-        nodes = max(info.world_size // max(info.local_world_size, 1), 1)
-        shared = inc.shared_copy(text, path, info.host, readers=nodes - 1, report=report)
-        inc.publish_verdict(Verdict(report.exit_code, info.rank, info.host, info.node, report.outcome, report.summary,
-                                    path, chunks=inc.chunk_count(shared), blamed=blamed_ranks(report)))
-        inc.publish_report(shared, {"host": info.host, "node": info.node})
+        inc.publish(report, text, where or "(not written)")
 
-    def mirror(self, ex: Exchange, verdict: Verdict | dict[str, Any]) -> None:
-        """Local rank 0 of every other node writes the same report there."""
-        v = verdict if isinstance(verdict, Verdict) else Verdict.from_dict(verdict)
-        # By node, not host: two torchrun agents on one machine are two nodes sharing a hostname.
-        here = (self.info.host, self.info.node)
-        if self.info.local_rank != 0 or (v.host, v.node) == here or v.chunks <= 0:
+    def mirror(self, ex: Exchange, verdict: Verdict) -> None:
+        """Local rank 0 of every other node writes the same report there (Incident.mirror)."""
+        try:
+            data = self.incident(ex).mirror(verdict, self.config.report)
+        except OSError as exc:  # e.g. a link planted at the path since the check began
+            note_verdict(verdict.exit_code, False)
+            print_line(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
             return
-        text, shared = self.incident(ex).wait_report()
-        if text is not None and (shared.get("host"), shared.get("node")) != here:
-            import json
-
-            from distdiag.report.model import write_json_atomic
-
-            # This node's copy carries this node's launch id: its launcher takes only that.
-            data = json.loads(text)
-            data["launch_id"] = launch_id()
-            try:
-                write_json_atomic(self.config.report, json.dumps(data, indent=2))
-            except OSError as exc:  # e.g. a link planted at the path since the check began
-                note_verdict(int(data.get("exit_code", EXIT_HANG)), False)
-                print_line(f"distdiag: cannot write the report to {self.config.report}: {exc.strerror}")
-                return
+        if data is not None:
             note_verdict(int(data.get("exit_code", EXIT_HANG)), True)
             self._write_junit(Report.from_dict(data))
 

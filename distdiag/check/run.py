@@ -15,9 +15,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from distdiag.check.config import CheckConfig
 from distdiag.check.finish import RunEnd
@@ -30,7 +29,7 @@ from distdiag.report.model import EXIT_BAD_INPUT, EXIT_HANG, ProbeResult, RankIn
 from distdiag.report.render import ProgressLine
 from distdiag.runtime.exchange import Exchange, bounded, poll_interval
 from distdiag.runtime.faults import FaultPlan
-from distdiag.runtime.keys import IncidentKeys, Keys
+from distdiag.runtime.keys import Keys
 
 if TYPE_CHECKING:
     from distdiag.runtime.context import RankContext
@@ -100,7 +99,6 @@ class CheckRun:
     # -- store and sentinel ---------------------------------------------------------------
     def _store(self) -> Any:
         from distdiag.runtime.context import connect_store
-        from distdiag.runtime.exchange import bounded
 
         with bounded("connect"):  # the sentinel's own client, made while the host may be frozen
             return connect_store(self.info, timedelta(seconds=max(30.0, self.config.timeout_s)))
@@ -176,6 +174,7 @@ class CheckRun:
     def _start_sentinel(self) -> None:
         """Start this rank's sentinel (it ends the run when a rank hangs, dies or raises)."""
         from distdiag.runtime import deathnote
+        from distdiag.runtime.incident import Seat
         from distdiag.runtime.sentinel import Sentinel
 
         deathnote.arm()  # a fatal signal leaves its stack where a same-host peer's report reads it
@@ -184,7 +183,7 @@ class CheckRun:
             store_factory=self._store,
             rank=info.rank,
             world_size=info.world_size,
-            host=info.host,
+            seat=Seat.of(info),
             tracker=self.tracker,
             timeout_s=cfg.timeout_s,
             setup_timeout_s=checkin_limit(cfg.timeout_s),
@@ -342,7 +341,7 @@ class CheckRun:
             self.sentinel.trigger("lost", f"a connection between ranks broke during probe '{name}'")
             self._park()
 
-    def _park(self) -> None:
+    def _park(self) -> NoReturn:
         """The sentinel is ending the run: wait for it to exit the process."""
         self.sentinel.aborting.wait(self.config.deadline_s)
         time.sleep(self.config.timeout_s + 60)
@@ -358,7 +357,7 @@ class CheckRun:
         self.tracker.enter_phase("final")
         self.faults.at("final", 0)
         if info.rank == 0:
-            if self.ex.count(Keys.ABORT_REASON) > 0 or not self.ex.claim(IncidentKeys().writer, "main"):  # a rank ends it
+            if self.ex.count(Keys.ABORT_REASON) > 0 or not self.end.incident(self.ex).claim_writer("main"):  # a rank ends it
                 self._park()
             report = self.end.consolidate(self.ex)
             self.end.emit(report, self.ex)
@@ -367,8 +366,10 @@ class CheckRun:
             self.sentinel.on_late_sigterm = lambda: self.end.after_verdict(self.sentinel.exchange or self.ex, wait_s=0.5)
             self.ex.wait_count(Keys.ACK, info.world_size - 1, time.monotonic() + ACK_WAIT_S)
             return self.end.after_verdict(self.ex)
-        verdict = _await_verdict(self.ex, self.sentinel.aborting, self._park)
-        code = int(verdict["exit_code"])
+        verdict = self.end.incident(self.ex).wait_published(VERDICT_WAIT_SLICE_S, self.sentinel.aborting.is_set)
+        if verdict is None:  # a rank aborted meanwhile: the sentinel ends the run
+            self._park()
+        code = verdict.exit_code
         # This node's copy first: once finishing_code is set, a SIGTERM from torchrun (another
         # local rank already left non-zero) ends this process at once.
         self.end.mirror(self.ex, verdict)
@@ -376,27 +377,6 @@ class CheckRun:
         self.ex.post(Keys.ACK, 1)
         self.end.after_verdict(self.ex)
         return code
-
-
-def _await_verdict(ex: Exchange, aborting: threading.Event, park: Callable[[], None]) -> dict[str, Any]:
-    """The verdict rank 0 publishes. A blocking wait on the store, not polls: the store
-    answers every waiting rank the moment the verdict is set, and costs nothing meanwhile
-    (16k ranks polling took a quarter of its core and saw the verdict up to a poll
-    interval, 0.66 s, late: issue 21). In slices: after each one, an abort parks this
-    thread (the sentinel ends the run); a slice that ends without the verdict (rank 0
-    consolidating for longer) makes torch log one line about its socket timing out."""
-    key = IncidentKeys().verdict
-    while True:
-        try:
-            with bounded(f"wait {key}"):
-                ex.store.wait([key], timedelta(seconds=VERDICT_WAIT_SLICE_S))
-        except Exception as exc:  # noqa: BLE001 - the slice's timeout; a broken store raises in read below
-            log.debug("waiting for the verdict: %s", exc)
-        if aborting.is_set():
-            park()
-        verdict = ex.read(key)
-        if verdict is not None:
-            return verdict
 
 
 def _bad_input(exc: ConfigError, argv: list[str], report_path: str | None = None) -> int:

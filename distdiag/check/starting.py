@@ -15,7 +15,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from distdiag.hang.incident import Silence, SilentReason
+from distdiag.hang.records import Silence, SilentReason
 from distdiag.launcher.ranks import noted_rank
 from distdiag.runtime import deathnote
 from distdiag.runtime.incident import process_state

@@ -1,6 +1,6 @@
 """Why a run stopped making progress: hang analysis shared by the check and the watchdog.
 
-    incident.py  the incident, typed: a rank's snapshot, the event, why a rank is silent, the
+    records.py   the incident, typed: a rank's snapshot, the event, why a rank is silent, the
                  verdict, and the findings' causes the rules decide on
     groupid.py   a process group as reports name it (members, desc, name): its label
                  ('world', 'ranks[0,2] (DP)') and the one parser of labels

@@ -29,8 +29,8 @@ from __future__ import annotations
 from typing import Any
 
 from distdiag.hang.groupid import parse_label
-from distdiag.hang.incident import CAUSE_DESYNC
 from distdiag.hang.members import decode_members
+from distdiag.hang.records import CAUSE_DESYNC
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 

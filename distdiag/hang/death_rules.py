@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from distdiag.hang.desync import departure
-from distdiag.hang.incident import CAUSE_DESYNC, Silence
+from distdiag.hang.records import CAUSE_DESYNC, Silence
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 

@@ -18,8 +18,8 @@ import functools
 from collections import Counter, defaultdict
 from typing import Any
 
-from distdiag.hang.incident import CAUSE_DESYNC
 from distdiag.hang.recorder import dtype_name
+from distdiag.hang.records import CAUSE_DESYNC
 from distdiag.hang.views import coll_label
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks

@@ -22,7 +22,7 @@ from distdiag.hang.desync import (
     record_desync_finding,
     record_divergence,
 )
-from distdiag.hang.incident import CAUSE_DESYNC
+from distdiag.hang.records import CAUSE_DESYNC
 from distdiag.hang.views import wait_text
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from distdiag.hang.dumpgroups import RankDump, group_label, op_text
 from distdiag.hang.frontier import Attribution, Edge, End, Step, kernel_started
-from distdiag.hang.incident import SilentReason
+from distdiag.hang.records import SilentReason
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 

@@ -17,7 +17,7 @@ from distdiag.hang.dumpblame import findings_from, where_in_dump
 from distdiag.hang.dumpgroups import RankDump, engine_view, group_label, infer_members, normalise, op_text, world_of
 from distdiag.hang.dumps import MAX_RANK, DumpError, load_dump, rank_of
 from distdiag.hang.frontier import attribute
-from distdiag.hang.incident import SilentReason
+from distdiag.hang.records import SilentReason
 from distdiag.report.model import EXIT_HANG, EXIT_PASS, Finding, ProbeResult, Report, verdict_for
 from distdiag.report.render import format_ranks
 

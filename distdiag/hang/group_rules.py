@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distdiag.hang.incident import CAUSE_DEADLOCK, CAUSE_DESYNC, CAUSE_UNEVEN
+from distdiag.hang.records import CAUSE_DEADLOCK, CAUSE_DESYNC, CAUSE_UNEVEN
 from distdiag.hang.shapes import counted_shape_lines, shape_lines
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks

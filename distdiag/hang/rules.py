@@ -63,7 +63,7 @@ from distdiag.hang.group_rules import (
     stranded,
     uneven_data,
 )
-from distdiag.hang.incident import CAUSE_CAUGHT, CAUSE_RAISED, CAUSE_STALLED, CAUSE_UNEVEN, Silence, SilentReason
+from distdiag.hang.records import CAUSE_CAUGHT, CAUSE_RAISED, CAUSE_STALLED, CAUSE_UNEVEN, Silence, SilentReason
 from distdiag.hang.shapes import SHAPE_LINES, shape_lines
 from distdiag.hang.views import RankView, build_views, group_members, stack_text, wait_text, where
 from distdiag.hang.waitfor import WaitGraph, build_graph, nodes_from_views

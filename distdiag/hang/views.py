@@ -24,8 +24,8 @@ from functools import lru_cache
 from typing import Any
 
 from distdiag.hang.groupid import group_members, parse_label
-from distdiag.hang.incident import RankSnapshot, snapshot_of
 from distdiag.hang.recorder import pending_groups
+from distdiag.hang.records import RankSnapshot
 from distdiag.report.render import compress_numbers, format_ranks
 
 __all__ = [
@@ -156,9 +156,8 @@ def stack_text(snap: dict[str, Any], limit: int = 8) -> str:
     return "\n".join((snap.get("stack") or [])[-limit:])
 
 
-def rank_state(snap: RankSnapshot | dict[str, Any]) -> str:
+def rank_state(rec: RankSnapshot) -> str:
     """collective | finished | final | setup | computing: what the rank was doing."""
-    rec = snapshot_of(snap)
     if rec.waiting:
         return "collective"
     return {"barrier": "finished", "final": "final", "setup": "setup", "checkin": "setup"}.get(rec.phase, "computing")
@@ -275,7 +274,7 @@ def build_views(
     for rank, snap in snaps.items():
         if rank in lost:
             continue
-        rec = records[rank] if records is not None and rank in records else snapshot_of(snap)
+        rec = records[rank] if records is not None and rank in records else RankSnapshot.from_dict(snap)
         stack = rec.stack
         view = RankView(rank=rank, snap=snap, record=rec, state=rank_state(rec),
                         engine_ok=rec.engine is not None and rec.engine.ok)

@@ -31,6 +31,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from distdiag.runtime.launchid import LAUNCH_ID_ENV, launch_id, with_this_launch_id
+
 __all__ = [
     "ARMED_PHASE", "with_this_launch_id", "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "LAUNCH_FOLDER_PREFIX", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
     "report_path_in", "cancelled_by", "say_started", "START_PREFIX", "note_phase", "noted_rank", "forget_phase", "note_first_failure", "read_json",
@@ -40,7 +42,6 @@ ARMED_PHASE = "watchdog armed"
 """The phase a training rank notes once its hang watchdog runs (distdiag/watch.py): from then
 on its peers' watchdogs see it stop, and the launcher leaves it to them (jobwatch.py)."""
 
-LAUNCH_ID_ENV = "DISTDIAG_LAUNCH_ID"
 VERDICT_NOTE_ENV = "DISTDIAG_VERDICT_NOTE"
 
 
@@ -57,28 +58,6 @@ def say_started(config: Any, nproc: int) -> None:
 
     print_line(f"{START_PREFIX}{nproc} rank(s) on this machine; each probe has {config.timeout_s:g} s, "
                f"the check {config.deadline_s:g} s")
-
-
-def launch_id() -> str:
-    """This process's launch id ('' when no distdiag launcher started it)."""
-    return os.environ.get(LAUNCH_ID_ENV, "")
-
-
-def with_this_launch_id(text: str) -> str:
-    """A report's JSON, written on another node, as this node's copy: with this node's launch id
-    (each node's launcher takes only a report carrying its own; the copy came with the writer's).
-    Unchanged without a launcher, and laid out as it came (indented or one line)."""
-    mine = launch_id()
-    if not mine:
-        return text
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text
-    if not isinstance(data, dict) or data.get("launch_id") == mine:
-        return text
-    data["launch_id"] = mine
-    return json.dumps(data, indent=2 if text.startswith("{\n") else None)
 
 
 LAUNCH_FOLDER_PREFIX = "distdiag-launch-"

@@ -1,18 +1,25 @@
 """Ending a broken run together, once: the incident protocol the check and the watchdog share.
 
-    1. declare      a rank says why (the check: `abort_reason`; the watchdog: `event/N`)
-    2. snapshot     every rank posts a RankSnapshot (distdiag/hang/incident.py), capped
+    1. declare      a rank says why (`Incident.declare`: the check's `abort_reason`, the
+                    watchdog's `event/N`)
+    2. snapshot     every rank posts a RankSnapshot (distdiag/hang/records.py), capped
     3. claim        one rank claims the writer role (compare_set)
     4. gather       the writer waits (bounded) for the snapshots, bumping its progress
-    5. verdict      the writer publishes the small Verdict FIRST (exit code, outcome, summary,
-                    where the report is), then the report's JSON for other hosts in chunks
-    6. wait         every other rank waits for the verdict while the writer's progress moves;
-                    a writer stalled WRITER_STALL_S ends the wait (exit 3, one line)
-    7. leave        each rank acts on the verdict (the caller)
+    5. write        the writer writes the report stamped with its launch id (`write`)
+    6. publish      the small Verdict FIRST (exit code, outcome, summary, where the report is),
+                    then the report's JSON for the other nodes in chunks, sized for them
+                    (`publish`)
+    7. wait         every other rank waits for the verdict while the writer's progress moves
+                    (`wait_verdict`; the check's normal end: `wait_published`); a writer
+                    stalled WRITER_STALL_S ends the wait (exit 3, one line)
+    8. mirror       local rank 0 of every other node writes its copy there, stamped with its
+                    own launch id (`mirror`)
+    9. leave        each rank acts on the verdict (the caller)
 
-The check's sentinel (distdiag/runtime/sentinel.py) and the watchdog (distdiag/watchdog/watcher.py,
-writer.py) drive it; what the writer analyses and writes stays theirs. Nothing written here is
-larger than MAX_STORE_VALUE, and a store error at the writer is survived by a new client.
+The check's sentinel (distdiag/runtime/sentinel.py, distdiag/check/finish.py) and the watchdog
+(distdiag/watchdog/watcher.py, writer.py) drive it; what the writer analyses stays theirs.
+Nothing written here is larger than MAX_STORE_VALUE, and a store error at the writer is
+survived by a new client.
 """
 
 from __future__ import annotations
@@ -26,20 +33,24 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
 import psutil
 
 from distdiag.errors import print_line
-from distdiag.hang.incident import RankSnapshot, Silence, SilentReason, Verdict
+from distdiag.hang.records import EventKind, IncidentEvent, RankSnapshot, Silence, SilentReason, Verdict
+from distdiag.report.model import Report, write_json_atomic, write_report
 from distdiag.runtime import deathnote, snapwire
 from distdiag.runtime.exchange import Exchange, bounded, poll_interval
-from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys, StoreValueTooLarge, checked_value
-from distdiag.runtime.lastword import remember
+from distdiag.runtime.keys import MAX_STORE_VALUE, IncidentKeys, Keys, StoreValueTooLarge, checked_value
+from distdiag.runtime.lastword import blamed_ranks, remember
+from distdiag.runtime.launchid import launch_id, with_this_launch_id
 
 __all__ = [
-    "Incident", "StoreValueTooLarge", "post_snapshot", "collect_snapshots", "collect_histories", "WRITER_STALL_S", "checked_value", "compact_snapshot", "silent_rank_reasons",
+    "Incident", "Seat", "write_stamped", "StoreValueTooLarge", "post_snapshot", "collect_snapshots", "collect_histories", "WRITER_STALL_S", "checked_value", "compact_snapshot", "silent_rank_reasons",
     "process_state", "kill_pid", "kill_stopped_local",
 ]
 
@@ -80,6 +91,46 @@ _SHEDDABLE = ("recent", "step_walls")
 HISTORY_MAX_BYTES = 1024 * 1024
 """The most one rank's packed history may take in the store (in parts under 64 KB): 512
 records pack to ~10 KB; a history past this keeps its newest records."""
+
+
+@dataclass(frozen=True)
+class Seat:
+    """Where a rank runs, as its launcher says. A node is one launcher's share of the job
+    (torchrun's agent: GROUP_RANK, LOCAL_WORLD_SIZE ranks), not a hostname: two agents on one
+    machine are two nodes sharing a hostname, each with its own launcher waiting for its copy
+    of the report."""
+
+    host: str
+    node: int = 0
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @classmethod
+    def of(cls, info: Any) -> Seat:
+        """The seat of a LaunchInfo (or anything with its fields; missing ones take defaults)."""
+        return cls(str(info.host), int(getattr(info, "node", 0)), int(getattr(info, "local_rank", 0)),
+                   int(getattr(info, "local_world_size", 1) or 1))
+
+    def nodes(self, world: int) -> int:
+        """How many nodes a job of `world` ranks has, this node's size taken for every node's."""
+        return max(world // max(self.local_world_size, 1), 1)
+
+    def other_node(self, host: Any, node: Any) -> bool:
+        """Whether (`host`, `node`) is another node than this one."""
+        return (host, node) != (self.host, self.node)
+
+
+def write_stamped(report: Report, path: str) -> tuple[str, str | None, str]:
+    """Write the report at `path` atomically, stamped with this node's launch id, serialised
+    once (the file, stdout and the other nodes' copy share the text: a second a time at 16k
+    ranks). (the JSON, the absolute path written or None, why not)."""
+    report.launch_id = launch_id()
+    text = report.to_json()
+    try:
+        write_report(report, path, text=text)
+    except OSError as exc:
+        return text, None, str(exc.strerror or exc)
+    return text, os.path.abspath(path), ""
 
 
 def _remembered(verdict: Verdict) -> Verdict:
@@ -174,20 +225,42 @@ def collect_histories(ex: Exchange, key: str, ranks: list[int] | None = None,
     return out
 
 
+# long: the one protocol object: every step both the check and the watchdog take (declare,
+# snapshot, claim, gather's progress, write, publish, wait, mirror) in one place
 class Incident:
     """One incident seen by one rank: its keys, its store client, and the writer's progress."""
 
-    def __init__(self, ex: Exchange, keys: IncidentKeys, world: int, store_factory: Callable[[], Any] | None = None) -> None:
+    def __init__(self, ex: Exchange, keys: IncidentKeys, world: int, store_factory: Callable[[], Any] | None = None,
+                 seat: Seat | None = None) -> None:
         self.ex = ex
         self.keys = keys
         self.world = world
         self.rank = ex.rank
         self.store_factory = store_factory
+        self.seat = seat if seat is not None else Seat("")
+        """Where this rank runs: what `publish` says of the writer and `mirror` compares with it."""
         self.stage_text = ""
         self.gathered: dict[str, int] = {}
         """The writer's: how the snapshots came (distdiag/runtime/nodes.py gather_snapshots)."""
 
     # -- every rank ------------------------------------------------------------------------
+    def declare(self, event: IncidentEvent) -> None:
+        """Say why the run stops. The check's incident (no epoch): each rank's reason under
+        `abort_reason` (a PEER event only follows a reason already there, and adds none); the
+        watchdog's event #N: the first rank's event, the others' are ignored (`declared`)."""
+        if self.keys.epoch is None:
+            if event.kind is not EventKind.PEER:
+                self.ex.post(Keys.ABORT_REASON, event.to_dict())
+            return
+        key = Keys.event(self.keys.epoch)
+        self.ex.store.compare_set(key, "", checked_value(key, event.to_dict()))
+
+    def declared(self) -> IncidentEvent:
+        """The watchdog's event #N, as the first rank declared it."""
+        assert self.keys.epoch is not None, "the check's incident has one reason per rank (abort_reason)"
+        with bounded(f"get {Keys.event(self.keys.epoch)}"):
+            return IncidentEvent.from_dict(json.loads(self.ex.store.get(Keys.event(self.keys.epoch))))
+
     def post_snapshot(self, snap: RankSnapshot) -> None:
         """Post this rank's snapshot (capped) and count it."""
         post_snapshot(self.ex, self.keys.snap, snap)
@@ -363,6 +436,61 @@ class Incident:
         with bounded(f"multi_get {self.keys.report}"):
             parts = self.ex.store.multi_get([self.keys.report_chunk(i) for i in range(n)])
         return b"".join(bytes(p) for p in parts).decode(), meta
+
+    def write(self, report: Report, path: str) -> tuple[str, str | None, str]:
+        """The writer's report on its disk (`write_stamped`)."""
+        return write_stamped(report, path)
+
+    def publish(self, report: Report, text: str, where: str) -> Verdict:
+        """The verdict first (small: every waiting rank acts on it), then the report's JSON for
+        the other nodes in chunks. Each node but the writer's fetches one copy (`mirror`), so
+        the copy is sized for nodes - 1 readers (`shared_copy`). `where`: the writer's copy."""
+        seat = self.seat
+        shared = self.shared_copy(text, where, seat.host, readers=seat.nodes(self.world) - 1, report=report)
+        verdict = Verdict(report.exit_code, self.rank, seat.host, seat.node, report.outcome, report.summary, where,
+                          chunks=self.chunk_count(shared), blamed=blamed_ranks(report))
+        self.publish_verdict(verdict)
+        self.publish_report(shared, {"host": seat.host, "node": seat.node})
+        return verdict
+
+    def mirror(self, verdict: Verdict, path: str) -> dict[str, Any] | None:
+        """On local rank 0 of every node but the writer's: this node's copy of the report at
+        `path` (no shared filesystem assumed), stamped with this node's launch id (its launcher
+        takes only that). Another node is another (host, node) pair (`Seat`); a copy is never
+        written over the writer's own file (one host, one path). The copy written, else None;
+        OSError when it cannot be written."""
+        seat = self.seat
+        if seat.local_rank != 0 or not seat.other_node(verdict.host, verdict.node) or verdict.chunks <= 0:
+            return None
+        if verdict.host == seat.host and verdict.report == os.path.abspath(path):
+            return None
+        text, meta = self.wait_report()
+        if text is None or not seat.other_node(meta.get("host"), meta.get("node")):
+            return None
+        text = with_this_launch_id(text.rstrip("\n"))
+        write_json_atomic(path, text)
+        data: dict[str, Any] = json.loads(text)
+        return data
+
+    def wait_published(self, slice_s: float, aborted: Callable[[], bool]) -> Verdict | None:
+        """The verdict of a run whose every probe finished (the check's normal end: one rank
+        consolidates for as long as it takes, nobody follows a progress counter). A blocking
+        wait on the store, not polls: the store answers every waiting rank the moment the
+        verdict is set, and costs nothing meanwhile (16k ranks polling took a quarter of its
+        core). In slices of `slice_s`; None once `aborted()` says so after one (the sentinel
+        ends the run then)."""
+        key = self.keys.verdict
+        while True:
+            try:
+                with bounded(f"wait {key}"):
+                    self.ex.store.wait([key], timedelta(seconds=slice_s))
+            except Exception as exc:  # noqa: BLE001 - the slice's timeout; a broken store raises in read below
+                log.debug("waiting for the verdict: %s", exc)
+            if aborted():
+                return None
+            got = self.ex.read(key)
+            if got is not None:
+                return Verdict.from_dict(got)
 
     # -- the others ------------------------------------------------------------------------
     def wait_verdict(self, stall_s: float = WRITER_STALL_S, *, poll_s: float = 0.05,

@@ -51,7 +51,7 @@ def blamed_ranks(report: Any) -> list[int]:
 
 
 def remember(verdict: Any) -> None:
-    """The verdict this rank published or received (distdiag.hang.incident.Verdict): the one
+    """The verdict this rank published or received (distdiag.hang.records.Verdict): the one
     `write_error_file` writes when the process leaves, dated when it came."""
     _STATE["verdict"], _STATE["at"] = verdict, time.time()
 

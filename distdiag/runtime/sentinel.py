@@ -24,12 +24,13 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from distdiag.errors import print_line
-from distdiag.hang.incident import EventKind, IncidentEvent, RankSnapshot, Verdict
+from distdiag.hang.records import EventKind, IncidentEvent, RankSnapshot, Verdict
 from distdiag.report.model import EXIT_HANG
 from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.incident import (
     WRITER_STALL_S,
     Incident,
+    Seat,
     kill_pid,
     kill_stopped_local,
     process_state,
@@ -210,20 +211,21 @@ class Sentinel(threading.Thread):
         store_factory: Callable[[], Any],
         rank: int,
         world_size: int,
-        host: str,
+        seat: Seat,
         tracker: Any,
         timeout_s: float,
         setup_timeout_s: float,
         deadline_at: float,
         write_abort_report: Callable[[Incident, IncidentEvent], int],
-        mirror: Callable[[Exchange, Any], None] | None = None,
+        mirror: Callable[[Exchange, Verdict], None] | None = None,
         on_abort: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="distdiag-sentinel", daemon=True)
         self.store_factory = store_factory
         self.rank = rank
         self.world_size = world_size
-        self.host = host
+        self.seat = seat
+        self.host = seat.host
         self.tracker = tracker
         self.timeout_s = timeout_s
         self.setup_timeout_s = setup_timeout_s
@@ -315,15 +317,14 @@ class Sentinel(threading.Thread):
 
     def _emergency(self, reason: IncidentEvent) -> None:
         assert self.exchange is not None
-        incident = Incident(self.exchange, IncidentKeys(), self.world_size, self.store_factory)
+        incident = Incident(self.exchange, IncidentKeys(), self.world_size, self.store_factory, self.seat)
         self.aborting.set()
         if self.on_abort is not None:
             try:
                 self.on_abort()
             except Exception as exc:  # noqa: BLE001 - cosmetic: never in the way of the report
                 log.debug("on_abort failed: %s", exc)
-        if reason.kind is not EventKind.PEER:
-            self.exchange.post(Keys.ABORT_REASON, reason.to_dict())
+        incident.declare(reason)
         snap = RankSnapshot.from_dict(self.tracker.snapshot())
         snap.rank, snap.host, snap.pid, snap.event, snap.event_key = self.rank, self.host, os.getpid(), reason, "reason"
         incident.post_snapshot(snap)
@@ -345,7 +346,7 @@ class Sentinel(threading.Thread):
 
             print_line(f"distdiag[rank {self.rank}]: failed to write the report: {exc}")
             traceback.print_exc()
-            incident.publish_verdict(Verdict(3, self.rank, self.host, outcome="error",
+            incident.publish_verdict(Verdict(3, self.rank, self.host, self.seat.node, outcome="error",
                                              summary=f"the writer failed to write the report: {type(exc).__name__}"))
             return EXIT_HANG
 

@@ -24,39 +24,74 @@ _SKIP_FILES = ("tracker.py", "comm.py", "contextlib.py")
 
 
 class CollectiveRecord:
-    """One collective the main thread issued: kept raw, turned into a dict only when read."""
+    """One collective a rank issued: the watchdog's wrappers' (`site`, `step`, async) or the check's
+    tracker's (`in_probe`: its number within the probe, the call site as a code object and line).
+    Kept raw on the hot path (the bandwidth probe times collectives through it, the training
+    thread issues them), turned into a snapshot's dict only when read; each side's dict keeps
+    the keys its snapshots have always had."""
 
-    __slots__ = ("op", "detail", "group", "seq", "index", "shape", "dtype", "code", "line", "since", "duration")
+    __slots__ = ("op", "group", "seq", "shape", "dtype", "detail", "index", "code", "line", "site", "step", "is_async",
+                 "t0", "t1")
 
-    def __init__(self, op: str, detail: str, group: str, seq: int, index: int, tensor: Any, code: Any, line: int) -> None:
+    def __init__(self, op: str, group: str, seq: int, shape: Any = None, dtype: Any = None, site: str = "",
+                 step: Any = None, is_async: bool = False) -> None:
+        # The watchdog's fields only: the training thread makes one a collective. The check's
+        # tracker sets its own after (`in_probe`); they are read only when a snapshot is taken.
         self.op = op
-        self.detail = detail
         self.group = group
         self.seq = seq
-        self.index = index
-        self.shape = getattr(tensor, "shape", None)
-        self.dtype = getattr(tensor, "dtype", None) if tensor is not None else None
-        self.code = code
-        self.line = line
-        self.since = time.monotonic()
-        self.duration: float | None = None
+        self.shape = shape
+        self.dtype = dtype
+        self.site = site
+        self.step = step
+        self.is_async = is_async
+        self.t0 = time.monotonic()
+        self.t1 = 0.0
+        """When it completed (0.0: not yet)."""
+
+    def in_probe(self, index: int, detail: str, code: Any, line: int) -> CollectiveRecord:
+        """The check's: its number within the probe, the op's detail, the call site as a code
+        object and line (formatted only when read)."""
+        self.index, self.detail, self.code, self.line = index, detail, code, line
+        return self
+
+    def fingerprint(self) -> str:
+        """What the watchdog's digests and desync checks compare (op, shape, dtype, call site)."""
+        return f"{self.op}|{self.shape}|{self.dtype}|{self.site}"
 
     def to_dict(self, now: float | None = None) -> dict[str, Any]:
+        data = self._check_dict() if getattr(self, "index", None) is not None else self._watchdog_dict()
+        if self.t1:
+            data["duration_s"] = round(self.t1 - self.t0, 6)
+        elif now is not None:
+            data["for_s"] = round(now - self.t0, 3)
+        return data
+
+    def _check_dict(self) -> dict[str, Any]:
         code = self.code
-        site = f"{code.co_filename}:{self.line} in {code.co_name}" if code is not None else "?"
-        data: dict[str, Any] = {
+        return {
             "op": f"{self.op}({self.detail})" if self.detail else self.op,
             "group": self.group,
             "seq": self.seq,
             "index_in_probe": self.index,
             "shape": list(self.shape) if self.shape is not None else None,
             "dtype": str(self.dtype).replace("torch.", "") if self.dtype is not None else "none",
-            "call_site": site,
+            "call_site": f"{code.co_filename}:{self.line} in {code.co_name}" if code is not None else "?",
         }
-        if self.duration is not None:
-            data["duration_s"] = round(self.duration, 6)
-        elif now is not None:
-            data["for_s"] = round(now - self.since, 3)
+
+    def _watchdog_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "op": self.op,
+            "group": self.group,
+            "seq": self.seq,
+            "shape": list(self.shape) if isinstance(self.shape, tuple) else self.shape,
+            "dtype": self.dtype,
+            "call_site": self.site,
+            "step": self.step,
+            "fp": self.fingerprint(),
+        }
+        if self.is_async:
+            data["async"] = True
         return data
 
 
@@ -117,15 +152,15 @@ class Tracker:
         while frame is not None and frame.f_code.co_filename.endswith(_SKIP_FILES):
             frame = frame.f_back
         record = CollectiveRecord(
-            op, detail, group_name, seq, self.collectives_in_probe, tensor,
-            frame.f_code if frame is not None else None, frame.f_lineno if frame is not None else 0,
-        )
+            op, group_name, seq, getattr(tensor, "shape", None), getattr(tensor, "dtype", None) if tensor is not None else None,
+        ).in_probe(self.collectives_in_probe, detail, frame.f_code if frame is not None else None,
+                   frame.f_lineno if frame is not None else 0)
         self.in_collective = record
         return record
 
     def end(self, record: CollectiveRecord) -> None:
         self.in_collective = None
-        record.duration = time.monotonic() - record.since
+        record.t1 = time.monotonic()
         self.recent.append(record)
 
     @contextmanager

@@ -25,9 +25,9 @@ import zlib
 from typing import Any
 
 from distdiag.hang import SHAPE_FREE_OPS
-from distdiag.runtime.tracker import thread_stack
+from distdiag.runtime.tracker import CollectiveRecord, thread_stack
 
-__all__ = ["Progress", "Record", "P2P_GROUP"]
+__all__ = ["Progress", "P2P_GROUP"]
 
 P2P_GROUP = "p2p"
 _P2P_PEER = re.compile(r"^i?(?:send|recv)\((src|dst)=(\d+)\)$")
@@ -72,46 +72,6 @@ def _loop_tag(frame: Any, event: str, arg: Any) -> None:
     return None
 
 
-class Record:
-    """One collective as this rank issued it."""
-
-    __slots__ = ("op", "group", "seq", "shape", "dtype", "site", "step", "t0", "t1", "is_async")
-
-    def __init__(self, op: str, group: str, seq: int, shape: Any, dtype: str, site: str, step: Any, is_async: bool) -> None:
-        self.op = op
-        self.group = group
-        self.seq = seq
-        self.shape = shape
-        self.dtype = dtype
-        self.site = site
-        self.step = step
-        self.is_async = is_async
-        self.t0 = time.monotonic()
-        self.t1 = 0.0
-
-    def fingerprint(self) -> str:
-        return f"{self.op}|{self.shape}|{self.dtype}|{self.site}"
-
-    def to_dict(self, now: float | None = None) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "op": self.op,
-            "group": self.group,
-            "seq": self.seq,
-            "shape": list(self.shape) if isinstance(self.shape, tuple) else self.shape,
-            "dtype": self.dtype,
-            "call_site": self.site,
-            "step": self.step,
-            "fp": self.fingerprint(),
-        }
-        if self.is_async:
-            data["async"] = True
-        if self.t1:
-            data["duration_s"] = round(self.t1 - self.t0, 6)
-        elif now is not None:
-            data["for_s"] = round(now - self.t0, 3)
-        return data
-
-
 class Progress:
     """The training thread's side of the watchdog."""
 
@@ -120,11 +80,11 @@ class Progress:
         self.step: Any = None
         self.last_progress = time.monotonic()
         self.step_since = self.last_progress
-        self.current: Record | None = None
-        self.pending_async: dict[int, Record] = {}
-        self.poll_works: dict[int, tuple[Record, list[Any]]] = {}
+        self.current: CollectiveRecord | None = None
+        self.pending_async: dict[int, CollectiveRecord] = {}
+        self.poll_works: dict[int, tuple[CollectiveRecord, list[Any]]] = {}
         """Async records whose Work has no future (gloo send/recv): the watchdog's tick polls them."""
-        self.records: collections.deque[Record] = collections.deque(maxlen=history)
+        self.records: collections.deque[CollectiveRecord] = collections.deque(maxlen=history)
         self.seq: dict[str, int] = {}
         self.crc: dict[str, int] = {}
         self.marks: collections.deque[tuple[int, Any, dict[str, list[int]]]] = collections.deque(maxlen=256)
@@ -162,9 +122,9 @@ class Progress:
         """op -> whether only the op enters the digest (SHAPE_FREE_OPS), so the hot path tests it once per op."""
 
     # -- written by the training thread ------------------------------------------------------
-    def begin(self, op: str, group: str, shape: Any, dtype: str, site: str, is_async: bool) -> Record:
+    def begin(self, op: str, group: str, shape: Any, dtype: str, site: str, is_async: bool) -> CollectiveRecord:
         if group == P2P_GROUP:
-            rec = Record(op, group, 0, shape, dtype, site, self.step, is_async)
+            rec = CollectiveRecord(op, group, 0, shape, dtype, site, self.step, is_async)
             counted = _p2p_way(op)  # cached: this runs on the training thread at every send/recv
             if counted is not None:
                 way = self.p2p[counted[0]]
@@ -172,7 +132,7 @@ class Progress:
         else:
             seq = self.seq.get(group, 0) + 1
             self.seq[group] = seq
-            rec = Record(op, group, seq, shape, dtype, site, self.step, is_async)
+            rec = CollectiveRecord(op, group, seq, shape, dtype, site, self.step, is_async)
             shape_free = self._shape_free.get(op)
             if shape_free is None:
                 shape_free = self._shape_free[op] = op.rsplit(":", 1)[-1] in SHAPE_FREE_OPS
@@ -188,7 +148,7 @@ class Progress:
             self.current = rec
         return rec
 
-    def end(self, rec: Record) -> None:
+    def end(self, rec: CollectiveRecord) -> None:
         rec.t1 = self.last_progress = time.monotonic()
         if self.current is rec:
             self.current = None
@@ -212,7 +172,7 @@ class Progress:
                 self.poll_works.pop(key, None)
                 self.async_done(rec)
 
-    def async_done(self, rec: Record) -> None:
+    def async_done(self, rec: CollectiveRecord) -> None:
         """Called on the backend's thread when an async collective completes."""
         rec.t1 = self.last_progress = time.monotonic()
         self.pending_async.pop(id(rec), None)
@@ -310,7 +270,7 @@ class Progress:
         self.last_progress = time.monotonic()
 
     # -- read by the watchdog thread -----------------------------------------------------
-    def in_flight(self) -> Record | None:
+    def in_flight(self) -> CollectiveRecord | None:
         """The sync collective the thread is inside, else the oldest unfinished async one."""
         cur = self.current
         if cur is not None:
@@ -318,7 +278,7 @@ class Progress:
         pending = list(self.pending_async.values())
         return min(pending, key=lambda r: r.t0) if pending else None
 
-    def history(self) -> list[Record]:
+    def history(self) -> list[CollectiveRecord]:
         for _ in range(5):
             try:
                 recs = list(self.records)

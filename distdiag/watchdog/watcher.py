@@ -28,7 +28,6 @@ The thread never takes a signal handler and never blocks the training thread.
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import sys
@@ -39,13 +38,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from distdiag.errors import HangDetected, print_line
-from distdiag.hang.incident import EngineView, EventKind, IncidentEvent, RankSnapshot, Verdict
+from distdiag.hang.records import EngineView, EventKind, IncidentEvent, RankSnapshot, Verdict
 from distdiag.report.model import RankInfo
 from distdiag.runtime.exchange import Exchange, poll_interval
 from distdiag.runtime.incident import (
     WRITER_STALL_S,
     Incident,
-    checked_value,
+    Seat,
     kill_pid,
     kill_stopped_local,
     post_snapshot,
@@ -260,7 +259,7 @@ class Watcher(threading.Thread):
             self.ex.post(Keys.ERROR, detail)
             event.detail = f"rank {self.rank} raised {detail.get('type')}: {detail.get('message')}"
         epoch = self.handled + 1
-        self.ex.store.compare_set(Keys.event(epoch), "", checked_value(Keys.event(epoch), event.to_dict()))
+        _incident(self, epoch).declare(event)
         self._handle(epoch)
 
     def _snapshot(self, event: IncidentEvent) -> RankSnapshot:
@@ -285,8 +284,8 @@ class Watcher(threading.Thread):
 
     def _handle_event(self, epoch: int) -> None:
         assert self.ex is not None
-        incident = Incident(self.ex, IncidentKeys(epoch), self.world, self.store_factory)
-        event = IncidentEvent.from_dict(json.loads(self.ex.store.get(Keys.event(epoch))))
+        incident = _incident(self, epoch)
+        event = incident.declared()
         if event.kind is EventKind.DESYNC:
             self.desync_reported = True
         if event.kind in (EventKind.TIMEOUT, EventKind.RAISED):
@@ -323,7 +322,7 @@ class Watcher(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - still act on the hang
             print_line(f"distdiag[rank {self.rank}]: failed to write the hang report: {exc}")
             traceback.print_exc()
-        publish_outcome(incident, report, excuse=excuse, host=self.info.host, dump_dir=self.config.dump_dir)
+        publish_outcome(incident, report, excuse=excuse, dump_dir=self.config.dump_dir)
         if excuse and event.kind is not EventKind.TERMINATED:
             print_line(f"distdiag[rank {self.rank}]: watchdog: no hang after all: {excuse}; watching on")
         return excuse, lost
@@ -346,7 +345,7 @@ class Watcher(threading.Thread):
             print_line(f"distdiag[rank {self.rank}]: watchdog: no verdict came: {why}; acting on the event alone")
             return None
         if not verdict.excused:
-            _mirror(self, incident, verdict)
+            _keep_copy(self, incident, verdict)
         return verdict.excused
 
     def _on_sigterm(self) -> None:
@@ -489,19 +488,18 @@ def _post_own_error(watcher: Watcher) -> None:
         watcher._request = None
 
 
-def _mirror(watcher: Watcher, incident: Incident, verdict: Verdict) -> None:
-    """Local rank 0 of every other host keeps a copy of the report (no shared FS assumed)."""
-    if watcher.info.local_rank != 0 or verdict.host == watcher.info.host or verdict.chunks <= 0:
-        return
-    text, _meta = incident.wait_report()
-    if text:
-        from distdiag.launcher.ranks import with_this_launch_id
-        from distdiag.report.model import write_json_atomic
+def _incident(watcher: Watcher, epoch: int) -> Incident:
+    """The watchdog's event #epoch as this rank takes part in it."""
+    assert watcher.ex is not None
+    return Incident(watcher.ex, IncidentKeys(epoch), watcher.world, watcher.store_factory, Seat.of(watcher.info))
 
-        try:  # this host's copy carries this node's launch id: `distdiag watch` here takes only that
-            write_json_atomic(os.path.join(watcher.config.dump_dir, REPORT_NAME), with_this_launch_id(text.rstrip("\n")))
-        except OSError as exc:
-            log.warning("could not keep a copy of the hang report here: %s", exc)
+
+def _keep_copy(watcher: Watcher, incident: Incident, verdict: Verdict) -> None:
+    """Local rank 0 of every other node keeps a copy of the report (Incident.mirror)."""
+    try:
+        incident.mirror(verdict, os.path.join(watcher.config.dump_dir, REPORT_NAME))
+    except OSError as exc:
+        log.warning("could not keep a copy of the hang report here: %s", exc)
 
 
 def _awaiting_launcher(watcher: Watcher, kind: Any) -> bool:

@@ -27,7 +27,8 @@ from distdiag.hang import (
     stack_text,
     state_rows,
 )
-from distdiag.hang.incident import (
+from distdiag.hang.picture import hang_extras
+from distdiag.hang.records import (
     CAUSE_DESYNC,
     EngineView,
     EventKind,
@@ -37,19 +38,15 @@ from distdiag.hang.incident import (
     SilentReason,
     Verdict,
     event_of,
-    snapshot_of,
 )
-from distdiag.hang.picture import hang_extras
 from distdiag.hang.views import GROUPED_DETAILS_RANKS, group_members
-from distdiag.launcher.ranks import launch_id
-from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for, write_report
+from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, now_iso, verdict_for
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
 from distdiag.runtime.blind import blind_spot, mark_blind
 from distdiag.runtime.gcpause import collector_paused
-from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons
+from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons, write_stamped
 from distdiag.runtime.keys import Keys
-from distdiag.runtime.lastword import blamed_ranks
 from distdiag.runtime.nodes import gather_snapshots, node_leaders
 
 __all__ = [
@@ -249,7 +246,7 @@ def _history_ranks(event: IncidentEvent | None, merged: dict[int, dict[str, Any]
     return set(sorted(wanted)[:HISTORY_MAX_RANKS])
 
 
-def excused(event: IncidentEvent | dict[str, Any], merged: dict[int, Any]) -> str | None:
+def excused(event: IncidentEvent | dict[str, Any], merged: Mapping[int, RankSnapshot]) -> str | None:
     """Why a declared timeout is no hang once every rank's snapshot is in, else None: a live
     rank inside a declared phase with budget left (a checkpoint excuses its own slowness) or
     still importing (a job still starting). A rank in a phase that is itself blocked inside a
@@ -258,8 +255,7 @@ def excused(event: IncidentEvent | dict[str, Any], merged: dict[int, Any]) -> st
     A phase over its budget anywhere keeps the hang."""
     if event_of(event).kind is not EventKind.TIMEOUT:
         return None
-    typed = {r: snapshot_of(s) for r, s in sorted(merged.items())}
-    live = {r: snap for r, snap in typed.items() if not snap.finished}
+    live = {r: snap for r, snap in sorted(merged.items()) if not snap.finished}
     if any(s.over_budget() for s in live.values()):
         return None
     for rank, snap in live.items():
@@ -276,11 +272,11 @@ REREAD_WAIT_S = 3.0
 """How long the writer waits for the new snapshot of a rank it asked to re-read."""
 
 
-def inconsistent_ranks(merged: dict[int, Any]) -> list[int]:
+def inconsistent_ranks(merged: Mapping[int, RankSnapshot]) -> list[int]:
     """Ranks whose recorder shows them inside collective #k of a group on which every other
     member has completed #k or later: nobody is left for it to wait for, so the snapshot
     contradicts itself (a read while the recorder was being updated, gloo marking completions
-    late): it must be re-read, not judged. `merged`: snapshots, typed or as posted.
+    late): it must be re-read, not judged. `merged`: the typed snapshots (typed_snapshots).
 
     Only *every* other member counts: a broadcast's receivers complete once the root's data
     reached them, so on gloo the root of a broadcast one receiver never entered sits inside #k
@@ -289,7 +285,7 @@ def inconsistent_ranks(merged: dict[int, Any]) -> list[int]:
     Linear in ranks x their groups: what a rank is compared with is the least any *other*
     member completed, the group's lowest count, or its second lowest where the rank itself
     holds the lowest (comparing every pair was ranks x group size: 8.4M steps at 16k ranks)."""
-    engines = {r: snapshot_of(s).engine for r, s in sorted(merged.items())}
+    engines = {r: s.engine for r, s in sorted(merged.items())}
     done: dict[str, dict[int, int]] = {}
     for rank, engine in engines.items():
         for g in engine.groups if engine is not None and engine.ok else []:
@@ -465,39 +461,27 @@ a 16k-rank report takes ~0.5 s to serialise, and the shared copy is the file's t
 
 
 def _write_and_print(report: Report, *, dump_dir: str) -> str:
-    """Write the report (atomically) and print it; where it is, or why it is not."""
-    path = os.path.join(dump_dir, REPORT_NAME)
-    text = report.to_json()
+    """Write the report (atomically, stamped with the launch id) and print it; where it is, or why it is not."""
+    text, written, why = write_stamped(report, os.path.join(dump_dir, REPORT_NAME))
     setattr(report, _WRITTEN_JSON, text)
-    try:
-        write_report(report, path, text=text)
-        where = os.path.abspath(path)
-    except OSError as exc:
-        where = f"(not written: {exc.strerror})"
+    where = written if written is not None else f"(not written: {why})"
     shown = render_hang_report(report)
     print_line(f"{shown}\nhang report: {where}")
     return where
 
 
-def publish_outcome(incident: Incident, report: Report | None, *, excuse: str | None, host: str, dump_dir: str) -> None:
-    """The verdict first (small: every waiting rank acts on it), then the report's JSON in
-    chunks for the other hosts' copies: the text gather_and_write wrote to the file, not
-    serialised again. Without a report (the writer failed) the verdict still comes, so nobody
-    waits for a writer that has given up."""
-    rank = incident.rank
+def publish_outcome(incident: Incident, report: Report | None, *, excuse: str | None, dump_dir: str) -> None:
+    """The verdict first, then the report's JSON for the other nodes' copies (Incident.publish):
+    the text gather_and_write wrote to the file, not serialised again. Without a report (the
+    writer failed) the verdict still comes, so nobody waits for a writer that has given up."""
     if report is None:
-        verdict = Verdict(EXIT_HANG, rank, host, outcome="hang", excused=excuse,
+        verdict = Verdict(EXIT_HANG, incident.rank, incident.seat.host, incident.seat.node, outcome="hang", excused=excuse,
                           summary="" if excuse else "the writer could not build the report (see its stderr)")
         incident.publish_verdict(verdict)
         return
     with collector_paused():  # the report's objects are still young: a collection now walks them all
         text = report.__dict__.pop(_WRITTEN_JSON, None) or report.to_json()
-        where = os.path.abspath(os.path.join(dump_dir, REPORT_NAME))
-        hosts = {r.host for r in report.ranks if r.host and r.host != "?"}
-        shared = incident.shared_copy(text, where, host, readers=max(len(hosts) - 1, 1), report=report)
-        incident.publish_verdict(Verdict(report.exit_code, rank, host, outcome=report.outcome, summary=report.summary,
-                                         report=where, chunks=incident.chunk_count(shared), blamed=blamed_ranks(report)))
-        incident.publish_report(shared, {"host": host})
+        incident.publish(report, text, os.path.abspath(os.path.join(dump_dir, REPORT_NAME)))
         report.__dict__.pop(_WORKING, None)  # freed here, after the verdict
 
 
@@ -559,7 +543,7 @@ def _report(
         world_size=world, probes=[result], ranks=ranks, exit_code=EXIT_HANG, verdict=verdict_for(EXIT_HANG, [result]),
         outcome=_outcome(event, lost, findings), summary=_summary(findings),
         restart_count=int(config.get("restart_count", 0)), run_id=str(config.get("run_id", "")),
-        launch_id=launch_id(), created=now_iso(),
+        created=now_iso(),
         duration_s=time.monotonic() - started, config=config, written_by=rank,
     )
 

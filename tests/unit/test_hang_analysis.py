@@ -161,7 +161,7 @@ def test_a_caught_exception_leads_and_the_desync_it_causes_is_a_consequence():
 
 
 def test_never_checked_in_gives_way_to_the_rank_that_died():
-    from distdiag.hang.incident import Silence, SilentReason
+    from distdiag.hang.records import Silence, SilentReason
 
     findings = run({0: snap()}, lost={
         1: Silence(SilentReason.GONE, "its process (pid 9) is gone: killed or exited"),

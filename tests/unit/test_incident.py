@@ -1,4 +1,4 @@
-"""The typed incident (distdiag/hang/incident.py), its store keys (distdiag/runtime/keys.py) and
+"""The typed incident (distdiag/hang/records.py), its store keys (distdiag/runtime/keys.py) and
 the protocol both the check and the watchdog run (distdiag/runtime/incident.py), on a real
 TCPStore served in this process (issue 22 item 7, issue 21 item 1)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from distdiag.hang.incident import (
+from distdiag.hang.records import (
     EventKind,
     IncidentEvent,
     RankSnapshot,
@@ -329,7 +329,7 @@ def test_the_checks_report_reaches_another_node_verdict_first_in_chunks(server, 
     end(0, 0).emit(report, Exchange(_client(server), 0, 2))
     verdict = json.loads(server.get("verdict"))
     assert verdict["exit_code"] == 1 and verdict["chunks"] > 1 and len(json.dumps(verdict)) < 1024
-    end(1, 1).mirror(Exchange(_client(server), 1, 2), verdict)
+    end(1, 1).mirror(Exchange(_client(server), 1, 2), Verdict.from_dict(verdict))
     mirrored = json.loads((tmp_path / "node1" / "report.json").read_text())
     assert mirrored["summary"] == "finding 0" and len(mirrored["probes"][0]["findings"]) == 100
 
@@ -354,7 +354,7 @@ def test_a_snapshot_too_big_even_without_its_history_keeps_who_and_where():
     keeps rank, phase, event and the innermost frames, and says the recorder's view was left out."""
     import random
 
-    from distdiag.hang.incident import EngineView, GroupPosition
+    from distdiag.hang.records import EngineView, GroupPosition
 
     rng = random.Random(2)
     groups = [GroupPosition(f"ranks[{','.join(map(str, sorted(rng.sample(range(16384), 256))))}]", 3, 2) for _ in range(256)]
@@ -371,3 +371,54 @@ def test_the_hang_analysis_names_none_of_the_checks_files():
              for word in ("distdiag/check", "check/run.py", "finish.py", "sentinel", "forked_rank")
              if word in p.read_text()]
     assert named == []
+
+
+def test_the_check_and_the_watchdog_mirror_to_the_same_nodes(server, tmp_path, monkeypatch):
+    """Two torchrun agents on one machine are two nodes sharing a hostname: the check and the
+    watchdog both keep a copy on the other node (they used to disagree: the watchdog went by
+    hostname and left that node without one), stamped with that node's launch id; neither
+    writes over the writer's own file, nor keeps a copy on the writer's node."""
+    from types import SimpleNamespace
+
+    from distdiag.check.config import CheckConfig
+    from distdiag.check.finish import RunEnd
+    from distdiag.launcher.ranks import VERDICT_NOTE_ENV
+    from distdiag.report.model import Report
+    from distdiag.report.render import ProgressLine
+    from distdiag.runtime.context import LaunchInfo
+    from distdiag.runtime.incident import Seat
+    from distdiag.runtime.launchid import LAUNCH_ID_ENV
+    from distdiag.watchdog import watcher as watcher_module
+
+    monkeypatch.setenv(VERDICT_NOTE_ENV, str(tmp_path / "verdict.json"))
+    monkeypatch.setenv(LAUNCH_ID_ENV, "node-1-launch")
+    for name in ("writer", "check", "watchdog", "same-node"):
+        (tmp_path / name).mkdir()
+    report = Report(world_size=4, exit_code=3, verdict="fail", outcome="hang", summary="rank 2 is stuck")
+    for keys in (IncidentKeys(), IncidentKeys(3)):  # the check's incident, the watchdog's event #3
+        writer = Incident(Exchange(_client(server), 0, 4), keys, 4, seat=Seat("vm", 0, 0, 2))
+        text, where, _why = writer.write(report, str(tmp_path / "writer" / "report.json"))
+        assert where is not None
+        verdict = writer.publish(report, text, where)
+        assert (verdict.host, verdict.node) == ("vm", 0) and verdict.chunks == 1
+
+    def info(node: int, rank: int) -> LaunchInfo:
+        return LaunchInfo(rank, 4, 0, 2, node, "vm", 4000 + rank, 0, "r", "127.0.0.1", server.port, True)
+
+    run = RunEnd.__new__(RunEnd)
+    run.config = CheckConfig(report=str(tmp_path / "check" / "report.json"), quiet=True)
+    run.info, run.progress, run.sentinel = info(1, 2), ProgressLine(None), None
+    run.mirror(Exchange(_client(server), 2, 4), verdict)  # the check reads the bare keys: same verdict there
+    watchdog = SimpleNamespace(info=info(1, 2), world=4, store_factory=None, ex=Exchange(_client(server), 2, 4),
+                               config=SimpleNamespace(dump_dir=str(tmp_path / "watchdog")))
+    watcher_module._keep_copy(watchdog, watcher_module._incident(watchdog, 3), verdict)
+    for copy_path in (tmp_path / "check" / "report.json", tmp_path / "watchdog" / watcher_module.REPORT_NAME):
+        copy_ = json.loads(copy_path.read_text())
+        assert copy_["summary"] == "rank 2 is stuck" and copy_["launch_id"] == "node-1-launch"
+
+    same_node = SimpleNamespace(**{**vars(watchdog), "info": info(0, 0),
+                                   "config": SimpleNamespace(dump_dir=str(tmp_path / "same-node"))})
+    watcher_module._keep_copy(same_node, watcher_module._incident(same_node, 3), verdict)
+    assert not (tmp_path / "same-node" / watcher_module.REPORT_NAME).exists()
+    own_file = Incident(Exchange(_client(server), 2, 4), IncidentKeys(3), 4, seat=Seat("vm", 1, 0, 2))
+    assert own_file.mirror(verdict, str(tmp_path / "writer" / "report.json")) is None

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from distdiag.hang.incident import Verdict
+from distdiag.hang.records import Verdict
 from distdiag.report.model import Finding, ProbeResult, Report
 from distdiag.runtime import lastword
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from distdiag.hang.incident import RankSnapshot
+from distdiag.hang.records import RankSnapshot
 from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.incident import Incident
 from distdiag.runtime.keys import IncidentKeys

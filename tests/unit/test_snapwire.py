@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from distdiag.hang.incident import RankSnapshot
+from distdiag.hang.records import RankSnapshot
 from distdiag.runtime import snapwire
 from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.incident import collect_histories, collect_snapshots, post_snapshot

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.incident import Incident
 from distdiag.runtime.keys import IncidentKeys
-from distdiag.watchdog.writer import _reread, inconsistent_ranks
+from distdiag.watchdog.writer import _reread, inconsistent_ranks, typed_snapshots
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +66,9 @@ def _rank1_answers(store, snapshot: dict) -> threading.Thread:
 
 def test_a_rank_inside_a_collective_its_peers_completed_is_inconsistent(engine_view):
     snaps = _snaps(engine_view)
-    assert inconsistent_ranks(snaps) == [1]
+    assert inconsistent_ranks(typed_snapshots(snaps)) == [1]
     snaps[1]["engine"] = _at(engine_view, 8, 7)
-    assert inconsistent_ranks(snaps) == []  # the healthy twin: everyone inside #8, nobody past it
+    assert inconsistent_ranks(typed_snapshots(snaps)) == []  # the healthy twin: everyone inside #8, nobody past it
 
 
 def test_an_inconsistent_snapshot_is_re_read_and_the_new_one_used(engine_view):
@@ -78,7 +78,7 @@ def test_an_inconsistent_snapshot_is_re_read_and_the_new_one_used(engine_view):
     _reread(Incident(Exchange(store, 0, 3), IncidentKeys(1), 3), merged, rank=0, own_snapshot=None, wait_s=10)
     thread.join(5)
     assert merged[1]["reread"] == 1 and merged[1]["engine"]["groups"][0]["enqueued"] == 8
-    assert inconsistent_ranks(merged) == []
+    assert inconsistent_ranks(typed_snapshots(merged)) == []
 
 
 def test_a_snapshot_still_inconsistent_is_not_judged_on_its_recorder(engine_view):
@@ -106,12 +106,12 @@ def test_a_timeout_is_excused_by_a_rank_in_a_phase_with_budget_left():
     saving.enter_phase("checkpoint", 15.0)
     snaps = {0: saving.snapshot(16), 1: waiting.snapshot(16), 2: waiting.snapshot(16)}
     timeout = {"kind": "timeout", "rank": 1}
-    assert excused(timeout, snaps).startswith("rank 0 is in phase 'checkpoint' (")
-    assert excused({"kind": "desync", "rank": 1}, snaps) is None
+    assert excused(timeout, typed_snapshots(snaps)).startswith("rank 0 is in phase 'checkpoint' (")
+    assert excused({"kind": "desync", "rank": 1}, typed_snapshots(snaps)) is None
     over = Progress(history=16)
     over.enter_phase("eval", 0.001)
     time.sleep(0.01)
-    assert excused(timeout, {**snaps, 1: over.snapshot(16)}) is None
-    assert excused(timeout, {1: waiting.snapshot(16), 2: waiting.snapshot(16)}) is None
+    assert excused(timeout, typed_snapshots({**snaps, 1: over.snapshot(16)})) is None
+    assert excused(timeout, typed_snapshots({1: waiting.snapshot(16), 2: waiting.snapshot(16)})) is None
     importing = {**waiting.snapshot(16), "importing": True}
-    assert excused(timeout, {1: waiting.snapshot(16), 2: importing}) == "rank 2 is still importing modules (the job is starting)"
+    assert excused(timeout, typed_snapshots({1: waiting.snapshot(16), 2: importing})) == "rank 2 is still importing modules (the job is starting)"

@@ -4,7 +4,7 @@ members of a group whose recent records disagree, and the ranks a desync event n
 
 from __future__ import annotations
 
-from distdiag.hang.incident import EventKind, IncidentEvent
+from distdiag.hang.records import EventKind, IncidentEvent
 from distdiag.watchdog.writer import HISTORY_ALL_RANKS, _history_ranks
 from tests.unit.hang_incident import groups_of, label, rank_snapshot
 

@@ -15,11 +15,11 @@ import pytest
 import torch.distributed as dist
 
 from distdiag.hang import analyze_hang, state_rows
-from distdiag.hang import incident as incident_types
+from distdiag.hang import records as incident_types
 from distdiag.report import render
 from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Report, verdict_for
 from distdiag.runtime.exchange import Exchange
-from distdiag.runtime.incident import Incident
+from distdiag.runtime.incident import Incident, Seat
 from distdiag.runtime.keys import IncidentKeys
 from distdiag.watchdog import writer
 from tests.unit.hang_incident import incident
@@ -70,18 +70,18 @@ def test_the_contradiction_check_finds_the_ranks_the_pairwise_one_did():
     for world in (1, 2, 3, 8, 40, 200):
         for _ in range(30):
             merged = _random_merged(rng, world)
-            assert writer.inconsistent_ranks(merged) == _pairwise(merged), merged
+            assert writer.inconsistent_ranks(writer.typed_snapshots(merged)) == _pairwise(merged), merged
     # the 16k-rank job's shape at 1024: nobody contradicts; then rank 8 completed dp #11 that the
     # rest of its dp group is inside: no contradiction (a broadcast's root may complete first,
     # and they may wait for one another); then every member but rank 40 completed it: rank 40
     # contradicts them (nobody left to wait for), and not when it is inside #12
     snaps, _lost = incident(WORLD, "stall", 0)
-    assert writer.inconsistent_ranks(snaps) == _pairwise(snaps) == []
+    assert writer.inconsistent_ranks(writer.typed_snapshots(snaps)) == _pairwise(snaps) == []
     dp = snaps[40]["engine"]["groups"][3]["group"]
     for g in snaps[8]["engine"]["groups"]:
         if g["group"] == dp:
             g["completed"], g["enqueued"] = 11, 11
-    assert writer.inconsistent_ranks(snaps) == _pairwise(snaps) == []
+    assert writer.inconsistent_ranks(writer.typed_snapshots(snaps)) == _pairwise(snaps) == []
     members = [r for r, s in snaps.items() if any(g["group"] == dp for g in (s.get("engine") or {}).get("groups", []))]
     for r in members:
         for g in snaps[r]["engine"]["groups"]:
@@ -91,7 +91,7 @@ def test_the_contradiction_check_finds_the_ranks_the_pairwise_one_did():
         for g in snaps[40]["engine"]["groups"]:
             if g["group"] == dp:
                 g["enqueued"] = enqueued
-        found = writer.inconsistent_ranks(snaps)
+        found = writer.inconsistent_ranks(writer.typed_snapshots(snaps))
         assert found == _pairwise(snaps) and found == ([40] if enqueued == 11 else [])
     typed = writer.typed_snapshots(snaps)
     assert writer.inconsistent_ranks(typed) == found  # the typed snapshots read the same
@@ -163,7 +163,7 @@ def test_the_shared_copy_is_the_written_file_serialised_once(tmp_path, monkeypat
     store = dist.HashStore()
     keys = IncidentKeys(1)
     writer._write_and_print(report, dump_dir=str(tmp_path))
-    writer.publish_outcome(Incident(Exchange(store, 0, 64), keys, 64), report, excuse=None, host="node0",
+    writer.publish_outcome(Incident(Exchange(store, 0, 64), keys, 64, seat=Seat("node0", 0, 0, 8)), report, excuse=None,
                            dump_dir=str(tmp_path))
     text, meta = Incident(Exchange(store, 9, 64), keys, 64).wait_report(5.0)
     assert calls == [1] and meta["host"] == "node0"

@@ -20,7 +20,7 @@ from distdiag.report.model import EXIT_HANG
 __all__ = [
     "CAUSE_DESYNC", "CAUSE_DEADLOCK", "CAUSE_UNEVEN", "CAUSE_RAISED", "CAUSE_CAUGHT", "CAUSE_STALLED",
     "EventKind", "IncidentEvent", "SilentReason", "Silence", "RankSnapshot", "PhaseState", "GroupPosition",
-    "EngineView", "Verdict", "snapshot_of", "event_of",
+    "EngineView", "Verdict", "event_of",
 ]
 
 
@@ -360,11 +360,6 @@ def _int(value: Any, default: int) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
-
-
-def snapshot_of(s: RankSnapshot | dict[str, Any]) -> RankSnapshot:
-    """A typed snapshot from either form (tests and older callers pass the dict)."""
-    return s if isinstance(s, RankSnapshot) else RankSnapshot.from_dict(s)
 
 
 def event_of(e: IncidentEvent | dict[str, Any]) -> IncidentEvent:
