@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GenCase", "CASES", "HELD_OUT", "HIGH", "band", "classify_bug", "twin_loud", "findings_of"]
+__all__ = ["GenCase", "CASES", "HELD_OUT", "BLIND", "HIGH", "band", "classify_bug", "twin_loud", "findings_of"]
 
 TARGETS = Path(__file__).resolve().parent / "gen_targets"
 HIGH = 0.8
@@ -97,6 +97,29 @@ HELD_OUT = [
             ("module_called_extra",), ("layers.1.mlp_norm",)),
     GenCase("layer_computes_bf16", "loss_parity", "layers.1 sharded with a bfloat16 param_dtype while everything else is float32",
             ("compute_precision_lower",), ("layers.1",)),
+]
+
+
+BLIND = [
+    # Blind, written 2026-11-28 and committed before the diagnosis ever ran on them, then run once with no rule
+    # changed (run with `--blind`). Each bug fails the plain-torch oracle (tests/corpus/blind_oracle.py: the
+    # target's 1-process run against its 2-rank run), each twin passes it. A cause under `named` that the probes
+    # do not have (module_forward_differs) cannot be named: the case can only be located.
+    GenCase("blind_loss_sum_one_rank", "loss_parity", "rank 1's loss_fn returns the raw token-loss sum (a per-node reduction setting)",
+            ("hook_depends_on_rank",), ("loss_fn",)),
+    GenCase("blind_attn_scale_local_heads", "loss_parity", "parallelize sets each block's attention scale from the local head count",
+            ("module_attribute_differs",), ("layers.0",)),
+    GenCase("blind_residual_twice_one_rank", "loss_parity", "rank 1's patched layers.0 forward adds the residual twice",
+            ("module_forward_differs",), ("layers.0",), also_true=("hook_depends_on_rank",)),
+    GenCase("blind_autocast_one_rank", "loss_parity", "loss_fn runs the forward under bfloat16 autocast on rank 1 only",
+            ("mixed_precision_differs_across_ranks", "compute_precision_lower"), ("loss_fn",),
+            also_true=("hook_depends_on_rank",)),
+    GenCase("blind_embed_scaled_one_rank", "loss_parity", "a forward hook scales the embedding by sqrt(dim) on rank 1 only",
+            ("forward_hook_alters_output",), ("embed",), also_true=("hook_depends_on_rank",)),
+    GenCase("blind_shard_perm_per_rank", "loss_parity", "shard_batch slices a row permutation seeded per rank: rows overlap and drop",
+            ("shards_do_not_partition_batch",), ("shard_batch",)),
+    GenCase("blind_lr_warmup_one_rank", "loss_parity", "train_step's warmup step count restored on rank 0 only: rank 1 steps at 1/10 the lr",
+            ("hook_depends_on_rank", "optimizer_step_differs"), ("train_step",)),
 ]
 
 
