@@ -480,19 +480,23 @@ class EngineReader:
             for e in entries if site_of else []:
                 e["call_site"] = site_of.get((e["backend_tag"], e["pg"], e["seq"]))
         if pending:
-            by_key = {(e["backend_tag"], e["pg_id"] or e["pg"], e["seq"]): e for e in entries}
-            open_seqs: dict[tuple[str, str], list[int]] = {}
-            for e in entries:
-                if e.get("state") != "completed":
-                    open_seqs.setdefault((e["backend_tag"], e["pg_id"] or e["pg"]), []).append(e["seq"])
-            now_ns = time.time_ns()
-            for g in pending:
-                key = (g["backend"], g["pg"], g["enqueued"])
-                seq = _inside_seq(g, open_seqs)
-                _attach_pending(g, by_key.get((g["backend"], g["pg"], seq)), now_ns, self._first_seen.get(key), seq)
+            self._attach_all(pending, entries)
         if tail:
             view["entries"] = [{k: v for k, v in e.items() if k != "backend_tag"} for e in entries[-tail:]]
         return view
+
+    def _attach_all(self, pending: list[dict[str, Any]], entries: list[dict[str, Any]]) -> None:
+        """Each pending group's collective (recorder._inside_seq), with its entry where read."""
+        by_key = {(e["backend_tag"], e["pg_id"] or e["pg"], e["seq"]): e for e in entries}
+        open_seqs: dict[tuple[str, str], list[int]] = {}
+        for e in entries:
+            if e.get("state") != "completed":
+                open_seqs.setdefault((e["backend_tag"], e["pg_id"] or e["pg"]), []).append(e["seq"])
+        now_ns = time.time_ns()
+        for g in pending:
+            key = (g["backend"], g["pg"], g["enqueued"])
+            seq = _inside_seq(g, open_seqs)
+            _attach_pending(g, by_key.get((g["backend"], g["pg"], seq)), now_ns, self._first_seen.get(key), seq)
 
     def _entries(self, only_active: bool) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

@@ -16,7 +16,6 @@ from distdiag.hang.frontier import attribute
 from distdiag.hang.recorder import EngineReader, positions_from_dump
 from distdiag.hang.views import build_views
 from distdiag.hang.waitfor import build_graph, nodes_from_views
-
 from tests.unit.test_engine import nccl_dump, nccl_entry
 
 
