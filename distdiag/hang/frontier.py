@@ -6,7 +6,8 @@ while their work is legitimately in flight. So blame is not "has a pending entry
 1. Groups by their members and desc (hang/dumpgroups.py), never by the per-process `pg_id`.
 2. An entry is done when its completion was discovered (`state` 'completed', or `retired`,
    gloo's only sign); the per-op entries of a coalesced batch take their closing entry's state.
-3. Per group, the frontier: the first `collective_seq_id` no member completed. A collective
+3. Per group, the frontier (hang/frontcore.py, which the live path shares): the first
+   `collective_seq_id` no member completed. A collective
    completes on one member only once every member's kernel ran it, so whatever one member
    completed every member entered, whatever its own (possibly frozen) record says. Members whose
    enqueued count is below the frontier never entered it: only they can be blamed by that group.
@@ -32,6 +33,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from distdiag.hang.dumpgroups import GroupState, OpRecord, RankDump, group_label, op_text
+from distdiag.hang.frontcore import Pos as _Pos
+from distdiag.hang.frontcore import completed_anywhere, never_entered
 from distdiag.hang.waitfor import cycle_of, distances_to, sccs  # the wait-for graph's Tarjan (iterative) and its cycle
 
 __all__ = ["FRESH_S", "STALE_OPS", "Step", "Edge", "End", "Attribution", "attribute", "kernel_started", "sizes_may_differ"]
@@ -113,15 +116,6 @@ class Attribution:
         return [e for es in self.edges.values() for e in es if e.dst == rank]
 
 
-@dataclass
-class _Pos:
-    """One member's position on one group's collective sequence."""
-
-    enqueued: int | None
-    completed: int | None
-    started: int | None = None
-
-
 # -- 1-2. each rank's ops, in order, with completion -------------------------------------------
 
 
@@ -192,18 +186,6 @@ def _positions(dumps: dict[int, RankDump]) -> dict[Key, dict[int, _Pos]]:
     return out
 
 
-def _completed_anywhere(pos: dict[Key, dict[int, _Pos]]) -> dict[Key, int]:
-    """Per group, the last collective any member completed: every member entered it."""
-    return {k: max((p.completed for p in ps.values() if p.completed is not None), default=-1) for k, ps in pos.items()}
-
-
-def _entered(pos: dict[Key, dict[int, _Pos]], key: Key, member: int, seq: int) -> bool:
-    p = pos.get(key, {}).get(member)
-    # no position: no dump, or nothing recorded on the group (an only-active dump of a rank with
-    # nothing pending there): had it entered `seq` and not completed it, the entry would show
-    return p is not None and p.enqueued is not None and p.enqueued >= seq
-
-
 # -- the rank's state: stale discovery, its oldest unfinished op ---------------------------------
 
 
@@ -270,7 +252,7 @@ def _coll_edges(a: Attribution, s: Step, pos: dict[Key, dict[int, _Pos]],
     own. Who they are is the same for every member inside it: worked out once per collective."""
     at = (s.key, s.op.seq)
     if at not in memo:
-        missing = [m for m in s.members if m in a.lost or not _entered(pos, s.key, m, s.op.seq)]
+        missing = never_entered(s.members, pos.get(s.key, {}), s.op.seq, a.lost)
         held = [] if missing else [m for m in s.members if _held(a, m, s)]
         memo[at] = (missing, held)
     missing, held = memo[at]
@@ -413,7 +395,7 @@ def attribute(dumps: dict[int, RankDump], world: int) -> Attribution:
     """The wait-for graph of a dumped job, from the engine's semantics (see the module doc)."""
     steps = {r: _rank_steps(rd, world) for r, rd in dumps.items()}
     pos = _positions(dumps)
-    top = _completed_anywhere(pos)
+    top = completed_anywhere(pos)  # dumps are NCCL's semantics: what one member completed, all entered
     a = Attribution(world, steps, {}, {}, {}, [], {}, {}, lost={r for r in range(world) if r not in dumps}, pos=pos)
     for r, ss in steps.items():
         stale = _stale(ss, top, pos)

@@ -33,6 +33,7 @@ import time
 from types import ModuleType
 from typing import Any
 
+from distdiag.hang.frontcore import Pos, open_seq
 from distdiag.hang.groupid import GroupId, parse_label
 
 __all__ = [
@@ -255,9 +256,24 @@ def _group_entry(name: str, label: str, status: dict[str, Any], backend: str) ->
     }
 
 
-def _attach_pending(group: dict[str, Any], entry: dict[str, Any] | None, now_ns: int, first_seen: float | None) -> None:
-    """Mark the group as inside its last enqueued collective, with what the entry says of it."""
-    seq = group["enqueued"]
+def _inside_seq(group: dict[str, Any], open_seqs: dict[tuple[str, str], list[int]]) -> int:
+    """The collective the rank is inside on the group. On NCCL its oldest open one (the first
+    past its completions that the recorder still holds open, hang/frontcore.py's rule, as for
+    dumps): the ones enqueued after it are queued behind it on the GPU, while the training
+    thread waits elsewhere (at a later synchronisation). On gloo, where the caller waits inside
+    the one it called, the last enqueued."""
+    if group["backend"] != "nccl":
+        return int(group["enqueued"])
+    first = open_seq(Pos(group["enqueued"], group["completed"]))
+    seqs = [s for s in open_seqs.get((group["backend"], group["pg"]), ()) if first is not None and first <= s <= group["enqueued"]]
+    return min(seqs, default=int(group["enqueued"]))
+
+
+def _attach_pending(group: dict[str, Any], entry: dict[str, Any] | None, now_ns: int, first_seen: float | None,
+                    seq: int | None = None) -> None:
+    """Mark the group as inside collective `seq` (its last enqueued by default), with what the
+    entry says of it."""
+    seq = group["enqueued"] if seq is None else seq
     pending: dict[str, Any] = {"seq": seq, "op": "?", "shape": None, "dtype": "?", "for_s": None, "state": None}
     if entry is not None:
         pending.update(op=entry["op"], shape=_shape_of(entry), dtype=_dtype_of(entry), state=entry.get("state"))
@@ -464,14 +480,23 @@ class EngineReader:
             for e in entries if site_of else []:
                 e["call_site"] = site_of.get((e["backend_tag"], e["pg"], e["seq"]))
         if pending:
-            by_key = {(e["backend_tag"], e["pg_id"] or e["pg"], e["seq"]): e for e in entries}
-            now_ns = time.time_ns()
-            for g in pending:
-                key = (g["backend"], g["pg"], g["enqueued"])
-                _attach_pending(g, by_key.get(key), now_ns, self._first_seen.get(key))
+            self._attach_all(pending, entries)
         if tail:
             view["entries"] = [{k: v for k, v in e.items() if k != "backend_tag"} for e in entries[-tail:]]
         return view
+
+    def _attach_all(self, pending: list[dict[str, Any]], entries: list[dict[str, Any]]) -> None:
+        """Each pending group's collective (recorder._inside_seq), with its entry where read."""
+        by_key = {(e["backend_tag"], e["pg_id"] or e["pg"], e["seq"]): e for e in entries}
+        open_seqs: dict[tuple[str, str], list[int]] = {}
+        for e in entries:
+            if e.get("state") != "completed":
+                open_seqs.setdefault((e["backend_tag"], e["pg_id"] or e["pg"]), []).append(e["seq"])
+        now_ns = time.time_ns()
+        for g in pending:
+            key = (g["backend"], g["pg"], g["enqueued"])
+            seq = _inside_seq(g, open_seqs)
+            _attach_pending(g, by_key.get((g["backend"], g["pg"], seq)), now_ns, self._first_seen.get(key), seq)
 
     def _entries(self, only_active: bool) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

@@ -52,6 +52,7 @@ from distdiag.hang.death_rules import ABORTED_FIX, aborted_in_collective, death_
 from distdiag.hang.desync import record_divergence
 from distdiag.hang.desync_rules import a_snaps, desync_in_flight, desync_in_histories, desync_in_records
 from distdiag.hang.fixes import GENERIC_FIX, fix_for
+from distdiag.hang.frontcore import reached
 from distdiag.hang.group_rules import (
     UNEVEN_FIX,
     chain_end,
@@ -390,7 +391,7 @@ def behind(a: Analysis) -> None:
                 continue  # it waits on another group for a rank further along: that one is named
             v = a.views[rank]
             if engine and v.engine_ok:
-                if v.positions.get(group, 0) >= seq:
+                if reached(v.positions.get(group, 0), seq):  # the frontier's rule (hang/frontcore.py)
                     continue  # it reached #seq (a different op there is a desync) or passed it
             elif v.wait_on(group) is not None or v.state not in ("computing", "setup", "finished", "final"):
                 continue

@@ -279,6 +279,11 @@ def build_views(
         view = RankView(rank=rank, snap=snap, record=rec, state=rank_state(rec),
                         engine_ok=rec.engine is not None and rec.engine.ok)
         if rec.engine is not None and view.engine_ok:
+            # Which collective the rank is inside, per group, is the recorder's (on NCCL its
+            # oldest open op, recorder._inside_seq): the training thread waits at a later
+            # synchronisation there, not inside the call its stack shows. The wait-for graph
+            # (hang/waitfor.py) decides who never entered it with the frontier's rule the dumps
+            # use (hang/frontcore.py).
             view.positions = {g.group: g.enqueued for g in rec.engine.groups}
             view.waits = _engine_waits(snap, stack)
             wrapper = _wrapper_wait(snap)
@@ -287,6 +292,8 @@ def build_views(
             if wrapper and not view.waits and wrapper.get("group") not in view.positions:
                 view.waits = [wrapper]
         else:
+            # The recorder is off or unreadable: the Python wrapper's record (the call the
+            # stack is inside) is all there is, a fallback that sees only the calls it wraps.
             wrapper = _wrapper_wait(snap)
             view.waits = [wrapper] if wrapper else []
         for w in view.waits:

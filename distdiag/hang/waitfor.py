@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from distdiag.hang.frontcore import reached
 from distdiag.hang.groupid import group_members, members_label
 from distdiag.hang.views import RankView, coll_label, where
 
@@ -64,6 +65,11 @@ class Node:
     """Group -> last collective enqueued (torch's recorder); None: not known, only `waits` say."""
     where: str = ""
     """For an end: where it is ('mesh_workers.py:58 in load_next_microbatch') or why it is gone."""
+    in_order: bool = False
+    """Its waits are ops of one in-order engine (NCCL's recorder), oldest first: only the first
+    can wait on peers, the younger ones are queued behind it on the GPU (hang/frontcore.py,
+    the rule dumps follow too). False: each wait may wait on its own (gloo runs the ops of
+    different groups on threads of their own; a wrapper's record)."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +159,7 @@ def _entered(node: Node | None, w: Wait, me: int) -> bool:
     if w.peer is not None:  # a send/recv: the peer is inside the matching recv/send with `me`
         return any(x.peer == me and _pairs(w, x) for x in node.waits)
     if node.enqueued is not None and w.group in node.enqueued:
-        return node.enqueued[w.group] >= w.seq
+        return reached(node.enqueued[w.group], w.seq)  # the frontier's rule, as for dumps
     return any(x.group == w.group and x.seq >= w.seq for x in node.waits)
 
 
@@ -191,7 +197,7 @@ def _blockers(nodes: dict[int, Node], n: Node, world: int, missing: dict[tuple[G
     per (group, seq) in `missing`, so the cost is the groups' sizes, not waiters x members;
     past HUB_MIN of them, one edge to the collective's hub."""
     out = []
-    for w in n.waits:
+    for w in n.waits[:1] if n.in_order else n.waits:
         if w.peer is not None:  # a send/recv: whether the peer pairs depends on who asks
             late = [m for m in w.group if m != n.rank and 0 <= m < world and not _entered(nodes.get(m), w, n.rank)]
         else:
@@ -420,6 +426,15 @@ def _view_wait(rank: int, w: dict[str, Any], world: int) -> Wait:
     return Wait(_members(str(w["group"]), world), int(w["seq"]), coll_label(w), key)
 
 
+def _in_order(v: RankView) -> bool:
+    """Whether the rank's waits are all NCCL recorder ops (views.build_views puts them oldest
+    first), where only the oldest can wait on peers."""
+    if not v.engine_ok or v.record.engine is None or len(v.waits) < 2:
+        return False
+    backend = {g.group: g.extra.get("backend") for g in v.record.engine.groups}
+    return all(w.get("source") == "engine" and backend.get(w["group"]) == "nccl" for w in v.waits)
+
+
 def nodes_from_views(views: dict[int, RankView], lost: Mapping[int, str], errors: dict[int, dict[str, Any]], world: int) -> dict[int, Node]:
     """The graph's input from the rules' views: lost ranks, ranks that raised (and wait in
     nothing), waiting ranks with their collectives by members, the rest computing/finished."""
@@ -438,7 +453,7 @@ def nodes_from_views(views: dict[int, RankView], lost: Mapping[int, str], errors
         if err is not None and not err.get("comm") and not v.waiting:
             nodes[rank] = Node(rank, "raised", enqueued=enq, where=f"{err.get('type')}: {err.get('message')}")
         elif v.waiting:
-            nodes[rank] = Node(rank, "waiting", [_view_wait(rank, w, world) for w in v.waits], enq)
+            nodes[rank] = Node(rank, "waiting", [_view_wait(rank, w, world) for w in v.waits], enq, in_order=_in_order(v))
         else:
             state = "finished" if v.state in ("finished", "final") else "computing"
             nodes[rank] = Node(rank, state, enqueued=enq, where=where(v.record.stack) if state == "computing" else "")
