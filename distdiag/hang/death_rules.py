@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from distdiag.hang.desync import departure
-from distdiag.hang.records import CAUSE_DESYNC, Silence
+from distdiag.hang.records import CAUSE_DESYNC, Cause, Silence
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -127,7 +127,7 @@ def aborted_in_collective(a: Any) -> None:
                 ranks=[r],
                 fix=ABORTED_FIX,
                 confidence=0.7,
-                cause="aborted_in_collective",
+                cause=Cause.ABORTED,
             )
         )
     a.explained.update(culprits)

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from distdiag.hang.dumpgroups import RankDump, group_label, op_text
 from distdiag.hang.frontier import Attribution, Edge, End, Step, kernel_started
-from distdiag.hang.records import SilentReason
+from distdiag.hang.records import Cause, SilentReason
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -88,7 +88,7 @@ def _idle(a: Attribution, end: End, dumps: dict[int, RankDump]) -> Finding:
     r = end.ranks[0]
     what, _ = _waited_text(a, end)
     return Finding(
-        severity="critical", ranks=[r], confidence=0.8, cause="rank_behind",
+        severity="critical", ranks=[r], confidence=0.8, cause=Cause.BEHIND,
         issue=f"rank {r} never entered {what}; {where_in_dump(dumps.get(r), a.world)}",
         evidence=(f"rank {r} has nothing pending in its dump and its enqueued count is below what the others wait in: "
                   "it stopped issuing collectives (a host stall), it did not fail in one" + _behind_them(a, end)),
@@ -106,7 +106,7 @@ def _stale(a: Attribution, end: End) -> Finding:
     missed, _ = _waited_text(a, end)
     also = f"; its peers also wait on it in {missed}" if missed else ""
     return Finding(
-        severity="critical", ranks=[r], confidence=0.75, cause="stale_completion",
+        severity="critical", ranks=[r], confidence=0.75, cause=Cause.STALE_COMPLETION,
         issue=(f"rank {r} stopped discovering the completion of its own work: {len(pending)} op(s) on "
                f"{len(groups)} group(s) its peers completed still show pending on it (e.g. {s.text}, completed by "
                f"rank {peer}){also}: the signature of a GPU error on rank {r}"),
@@ -137,7 +137,7 @@ def _not_started(a: Attribution, end: End) -> Finding:
     assert s is not None
     started = sorted(m for m in s.members if m != r and (o := a.oldest.get(m)) is not None and kernel_started(a, o))
     return Finding(
-        severity="critical", ranks=[r], confidence=0.7, cause="not_started",
+        severity="critical", ranks=[r], confidence=0.7, cause=Cause.NOT_STARTED,
         issue=(f"rank {r} enqueued {s.text} but never started it, while {format_ranks(started)} did: its GPU stream "
                "is still busy with earlier work of its own"),
         evidence="NCCL's timing is on ('started' recorded): every member entered the collective, only this one's "
@@ -157,7 +157,7 @@ def _stall(end: End) -> Finding:
         issue = (f"every member of {s.label} is inside {op_text(s.op)} #{s.op.seq} and none completed it: "
                  "a stall below the program (network, fabric, GPU), not a desync")
     return Finding(
-        severity="critical", ranks=[], confidence=0.5, cause="collective_stall", issue=issue,
+        severity="critical", ranks=[], confidence=0.5, cause=Cause.COLLECTIVE_STALL, issue=issue,
         evidence="the op is each member's oldest unfinished work: nothing older of their own holds it",
         fix=("check the fabric and the GPUs (NCCL_DEBUG=INFO, link errors, Xid errors in dmesg); with "
              "TORCH_NCCL_ENABLE_TIMING=1 the dump says which member's kernel started it, which decides "
@@ -175,7 +175,7 @@ def _mismatch(a: Attribution, end: End) -> Finding:
     sides = sorted(by.items(), key=lambda kv: len(kv[1]))
     odd = sides[0][1] if len(sides) == 2 and len(sides[0][1]) < len(sides[1][1]) else sorted(end.ranks)
     return Finding(
-        severity="critical", ranks=sorted(odd), confidence=0.7, cause="desync",
+        severity="critical", ranks=sorted(odd), confidence=0.7, cause=Cause.DESYNC,
         issue=f"the members of {s.label} are inside different collectives at #{s.op.seq}: "
               + "; ".join(f"{format_ranks(rs)} in {k}" for k, rs in sides),
         evidence="every member entered the same sequence number with a different op, size or dtype",
@@ -189,7 +189,7 @@ def _record_desync(s: Step, by: dict[str, list[int]], stalled: bool) -> Finding:
     odd = sides[0][1] if len(sides[0][1]) < len(sides[1][1]) else []
     return Finding(
         severity="critical" if odd or stalled else "error", ranks=odd, confidence=0.7 if odd else 0.5,
-        cause="desync",
+        cause=Cause.DESYNC,
         issue=f"desync on {s.label} at #{s.op.seq}: the members recorded different collectives there: "
               + "; ".join(f"{format_ranks(rs)} {k}" for k, rs in sides),
         evidence="each rank's recorder lists its collectives on the group by sequence number; at this number they "
@@ -201,7 +201,7 @@ def _record_desync(s: Step, by: dict[str, list[int]], stalled: bool) -> Finding:
 
 def _deadlock(a: Attribution, end: End) -> Finding:
     return Finding(
-        severity="critical", ranks=sorted(end.ranks), confidence=0.7, cause="deadlock",
+        severity="critical", ranks=sorted(end.ranks), confidence=0.7, cause=Cause.DEADLOCK,
         issue=f"{format_ranks(sorted(end.ranks))} wait on each other across groups: {chain_text(end.cycle)}",
         evidence="a cycle of waits: each rank's oldest unfinished op waits on the next rank's",
         fix="the ranks issue collectives on these groups in different orders: issue them in one order on every rank",
@@ -213,7 +213,7 @@ def _fresh(a: Attribution, end: End) -> Finding:
     s = end.step
     assert s is not None
     return Finding(
-        severity="warning", ranks=[r], confidence=0.4, cause="in_flight",
+        severity="warning", ranks=[r], confidence=0.4, cause=Cause.IN_FLIGHT,
         issue=(f"the waits end at rank {r}, which was still issuing work when it dumped (its oldest unfinished op, "
                f"{s.text}, is seconds old while the others' are older): it may have been on its way"),
         evidence="an op a few seconds old at dump time is in flight, not stuck",
@@ -237,7 +237,7 @@ def _stranded(a: Attribution) -> Finding | None:
                  + (f"through {k - 1} other rank(s), " if k > 1 else "directly ") + f"on {format_ranks(list(end))}"
                  for (op, n, end, k), rs in sorted(shapes.items(), key=lambda kv: -len(kv[1]))]
     return Finding(
-        severity="info", ranks=[], confidence=0.9, cause="stranded",
+        severity="info", ranks=[], confidence=0.9, cause=Cause.STRANDED,
         issue=f"{format_ranks(ranks)} {'is' if len(ranks) == 1 else 'are'} stranded, not at fault: "
               f"{'it waits' if len(ranks) == 1 else 'each waits'} on {format_ranks(ends)} through the chains below",
         evidence="\n".join(lines[:CHAIN_LINES * 2]),

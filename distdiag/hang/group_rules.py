@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distdiag.hang.records import CAUSE_DEADLOCK, CAUSE_DESYNC, CAUSE_UNEVEN
+from distdiag.hang.records import CAUSE_DEADLOCK, CAUSE_DESYNC, CAUSE_UNEVEN, Cause
 from distdiag.hang.shapes import counted_shape_lines, shape_lines
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -354,7 +354,7 @@ def chain_end(a: Analysis) -> None:
                 fix=(f"find why rank {rank} is stuck or slow there (a rank-dependent branch, I/O, a lock, data "
                      "loading); its peers must reach the matching send/recv or collective"),
                 confidence=0.85,
-                cause="rank_behind",
+                cause=Cause.BEHIND,
             )
         )
         a.explained.add(rank)
@@ -384,6 +384,6 @@ def stranded(a: Analysis) -> None:
             ranks=[],
             fix="nothing to fix on these ranks: they resume once the rank at the end of their chain does",
             confidence=0.9,
-            cause="stranded",
+            cause=Cause.STRANDED,
         )
     )

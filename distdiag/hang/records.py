@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from distdiag.report.model import EXIT_HANG
+from distdiag.report.model import EXIT_HANG, Words
 
 __all__ = [
-    "CAUSE_DESYNC", "CAUSE_DEADLOCK", "CAUSE_UNEVEN", "CAUSE_RAISED", "CAUSE_CAUGHT", "CAUSE_STALLED",
+    "Cause", "CAUSE_DESYNC", "CAUSE_DEADLOCK", "CAUSE_UNEVEN", "CAUSE_RAISED", "CAUSE_CAUGHT", "CAUSE_STALLED",
     "EventKind", "IncidentEvent", "SilentReason", "Silence", "RankSnapshot", "PhaseState", "GroupPosition",
     "EngineView", "Verdict", "event_of",
 ]
@@ -117,14 +117,39 @@ _SILENT_CAUSE = {
     SilentReason.NO_DUMP: "no_dump",
 }
 
-# Findings' causes the hang analysis decides on (report/model.py Finding.cause): named once.
-CAUSE_DESYNC = "desync"
-CAUSE_DEADLOCK = "deadlock"
-CAUSE_UNEVEN = "uneven_data"
-CAUSE_RAISED = "raised"
-CAUSE_CAUGHT = "caught_exception"
-CAUSE_STALLED = "stalled"
-"""No rank is inside a collective and the step did not finish within the deadline."""
+class Cause(Words):
+    """The causes the hang analysis names (report/model.py Finding.cause), named once; a member
+    is its word wherever it is compared or written (the report's JSON is unchanged). The silent
+    ranks' causes are SilentReason.cause."""
+
+    DESYNC = "desync"
+    DEADLOCK = "deadlock"
+    UNEVEN = "uneven_data"
+    RAISED = "raised"
+    CAUGHT = "caught_exception"
+    STALLED = "stalled"
+    """No rank is inside a collective and the step did not finish within the deadline."""
+    ABORTED = "aborted_in_collective"
+    BROKEN_CONNECTION = "broken_connection"
+    LEFT_EARLY = "left_early"
+    SKIPPED = "skipped_collective"
+    BEHIND = "rank_behind"
+    COLLECTIVE_STALL = "collective_stall"
+    STALE_COMPLETION = "stale_completion"
+    NOT_STARTED = "not_started"
+    IN_FLIGHT = "in_flight"
+    STRANDED = "stranded"
+    PHASE_OVER_BUDGET = "phase_over_budget"
+    RECORDER_BLIND = "recorder_blind"
+
+
+# The names the rules have always imported.
+CAUSE_DESYNC = Cause.DESYNC
+CAUSE_DEADLOCK = Cause.DEADLOCK
+CAUSE_UNEVEN = Cause.UNEVEN
+CAUSE_RAISED = Cause.RAISED
+CAUSE_CAUGHT = Cause.CAUGHT
+CAUSE_STALLED = Cause.STALLED
 
 
 class Silence(str):

@@ -64,7 +64,7 @@ from distdiag.hang.group_rules import (
     stranded,
     uneven_data,
 )
-from distdiag.hang.records import CAUSE_CAUGHT, CAUSE_RAISED, CAUSE_STALLED, CAUSE_UNEVEN, Silence, SilentReason
+from distdiag.hang.records import CAUSE_CAUGHT, CAUSE_RAISED, CAUSE_STALLED, CAUSE_UNEVEN, Cause, Silence, SilentReason
 from distdiag.hang.shapes import SHAPE_LINES, shape_lines
 from distdiag.hang.views import RankView, build_views, group_members, stack_text, wait_text, where
 from distdiag.hang.waitfor import WaitGraph, build_graph, nodes_from_views
@@ -220,7 +220,7 @@ def broken_connections(a: Analysis) -> None:
             fix="gloo names the peer by address, not by rank: find the rank on that host and port; look for a "
                 "process that ended or a network fault (dmesg, the node's health)",
             confidence=0.7,
-            cause="broken_connection",
+            cause=Cause.BROKEN_CONNECTION,
         )
     )
 
@@ -256,7 +256,7 @@ def left_early(a: Analysis) -> None:
             # its data did not end: it returned or skipped on its own
             fix = (f"rank {rank}'s data did not run out before its peers': look for a rank-dependent early return, "
                    "break or skipped collective on that rank; every rank must issue the same collectives")
-            cause, confidence = "left_early", 0.8
+            cause, confidence = Cause.LEFT_EARLY, 0.8
         else:
             fix = (f"rank {rank} ran out of data (or returned early) while the others still train: make every rank "
                    "run the same number of steps - DistributedSampler(..., drop_last=True) or an equal number of "
@@ -424,14 +424,14 @@ def _behind_finding(a: Analysis, rank: int, group: str, seq: int, at_top: list[i
             f"collectives (one was skipped, or it ran fewer steps); {place}"
         )
         fix = "look for a rank-dependent branch or an early exit around this collective; every rank must issue it"
-        cause = "skipped_collective"
+        cause = Cause.SKIPPED
     else:
         issue = f"rank {rank} never entered {first['op']} #{seq} on {group} that {_they(at_top)} in; {place}"
         fix = (
             f"find why rank {rank} is stuck or slow there (a rank-dependent branch, I/O, a lock, data loading); "
             "every rank must reach the same collectives in the same order"
         )
-        cause = "rank_behind"
+        cause = Cause.BEHIND
     behind_it = sorted(r for r, e in a.graph.end_of.items() if rank in e.ranks and r in a.graph.stranded)
     if len(behind_it) > SHAPE_LINES:  # the stranded finding has them, one line per chain shape
         evidence += f"\n{format_ranks(behind_it)} ({len(behind_it)}) wait on it through others: see the stranded ranks below"
@@ -484,7 +484,7 @@ def stall(a: Analysis) -> None:
                       if not known else ""))
             ranks = []
         a.findings.append(
-            Finding(severity="critical", issue=issue, ranks=ranks, fix=fix, confidence=0.6, cause="collective_stall",
+            Finding(severity="critical", issue=issue, ranks=ranks, fix=fix, confidence=0.6, cause=Cause.COLLECTIVE_STALL,
                     evidence=f"all {len(waits)} member rank(s) of {group} are inside the same collective (same op, sequence number and shape)")
         )
 

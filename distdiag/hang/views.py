@@ -25,7 +25,7 @@ from typing import Any
 
 from distdiag.hang.groupid import group_members, parse_label
 from distdiag.hang.recorder import pending_groups
-from distdiag.hang.records import RankSnapshot
+from distdiag.hang.records import Cause, RankSnapshot
 from distdiag.report.render import compress_numbers, format_ranks
 
 __all__ = [
@@ -566,7 +566,7 @@ def culprit_locations(findings: list[Any], views: dict[int, RankView]) -> list[d
     names. Ranks waiting on others are never located (a stranded finding names no culprit)."""
     out: list[dict[str, Any]] = []
     for i, f in enumerate(findings):
-        if not f.ranks or len(f.ranks) > LOCATED_RANKS or f.cause == "stranded":
+        if not f.ranks or len(f.ranks) > LOCATED_RANKS or f.cause == Cause.STRANDED:
             continue
         text = f"{f.issue}\n{f.evidence}"
         for r in f.ranks:

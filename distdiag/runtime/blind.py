@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from distdiag.hang.records import Cause
 from distdiag.report.model import Finding
 
 __all__ = ["BLOCKING_WAIT_ENVS", "BLIND_CONFIDENCE", "blind_spot", "mark_blind", "uses_nccl"]
@@ -51,7 +52,7 @@ def blind_spot(env: Mapping[str, str] | None = None, snaps: Iterable[Any] = ()) 
 def mark_blind(findings: list[Finding], why: str | None) -> list[Finding]:
     """The findings with their confidence capped at BLIND_CONFIDENCE and a note after the lead
     saying what the recorder does not see (`why` from blind_spot; None: unchanged)."""
-    if why is None or any(f.cause == "recorder_blind" for f in findings):
+    if why is None or any(f.cause == Cause.RECORDER_BLIND for f in findings):
         return findings
     for f in findings:
         f.confidence = min(f.confidence, BLIND_CONFIDENCE)
@@ -69,7 +70,7 @@ def mark_blind(findings: list[Finding], why: str | None) -> list[Finding]:
             "and TORCH_NCCL_ASYNC_ERROR_HANDLING end a stuck collective instead); until then read the stacks"
         ),
         confidence=1.0,
-        cause="recorder_blind",
+        cause=Cause.RECORDER_BLIND,
     )
     lead = next((i for i, f in enumerate(findings) if f.severity == "critical"), -1)
     findings.insert(lead + 1, note)

@@ -30,6 +30,7 @@ from distdiag.hang import (
 from distdiag.hang.picture import hang_extras
 from distdiag.hang.records import (
     CAUSE_DESYNC,
+    Cause,
     EngineView,
     EventKind,
     IncidentEvent,
@@ -70,7 +71,7 @@ def _phase_findings(snaps: dict[int, dict[str, Any]]) -> list[Finding]:
                         ranks=[rank],
                         fix=f"if '{ph['name']}' is just slow, give the phase a larger timeout; otherwise the stack shows where it is stuck",
                         confidence=0.85,
-                        cause="phase_over_budget",
+                        cause=Cause.PHASE_OVER_BUDGET,
                     )
                 )
     return out
