@@ -511,8 +511,8 @@ def gather_and_write(
         records = typed_snapshots(merged)
         _reread(incident, merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S, records=records)
         reason = excused(event, records)
-        if reason is None and event.kind is EventKind.TERMINATED and not lost and not errors:
-            reason = "every rank answered after the launcher's SIGTERM: the job was ended from outside, no rank failed"
+        if reason is None and event.kind is EventKind.TERMINATED and not errors:
+            reason = _ended_from_outside(lost)
         if reason is not None:
             return None, {}, reason
         with incident.moving(f"analysing {len(merged)} snapshot(s)"):
@@ -527,6 +527,42 @@ def gather_and_write(
         # typed copies and the rank rows are millions of objects, ~0.12 s to free.
         setattr(report, _WORKING, (merged, records, infos))
     return report, lost, None
+
+
+def _ended_from_outside(lost: Mapping[int, Silence]) -> str | None:
+    """Why a SIGTERM incident is no failure, or None: every rank answered; or the only silent
+    ranks never checked in and each is a live worker of this rank's own launcher (the same
+    torchrun agent), i.e. it was still starting when the job was ended, not dead at start-up."""
+    if not lost:
+        return "every rank answered after the launcher's SIGTERM: the job was ended from outside, no rank failed"
+    if any(s.reason is not SilentReason.NEVER_CHECKED_IN for s in lost.values()):
+        return None
+    starting = _live_sibling_ranks()
+    if not set(lost) <= starting:
+        return None
+    return (f"every rank that had checked in answered after the launcher's SIGTERM and rank(s) "
+            f"{', '.join(map(str, sorted(lost)))} were still starting (alive): the job was ended from outside")
+
+
+def _live_sibling_ranks() -> set[int]:
+    """The global ranks of the live workers this rank's launcher (its parent process) started."""
+    import psutil
+
+    out: set[int] = set()
+    try:
+        siblings = psutil.Process(os.getppid()).children()
+    except (psutil.Error, OSError):
+        return out
+    for p in siblings:
+        try:
+            if p.pid == os.getpid() or p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                continue
+            rank = p.environ().get("RANK", "")
+        except (psutil.Error, OSError):
+            continue
+        if rank.isdigit():
+            out.add(int(rank))
+    return out
 
 
 def _report(
