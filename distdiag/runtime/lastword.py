@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any
 
-__all__ = ["ERROR_FILE_ENV", "BLAME_LEAD_S", "MAX_BLAMED", "blamed_ranks", "remember", "remembered", "write_error_file"]
+__all__ = ["ERROR_FILE_ENV", "BLAME_LEAD_S", "MAX_BLAMED", "blamed_ranks", "remember", "remembered", "write_early", "write_error_file"]
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 MAX_BLAMED = 64
@@ -36,7 +36,7 @@ BLAME_LEAD_S = 2
 """How much earlier the blamed ranks date their failure than the moment they learnt the verdict:
 torchrun compares whole seconds, and the ranks learn the verdict up to a second apart."""
 
-_STATE: dict[str, Any] = {"verdict": None, "at": 0.0, "written": False}
+_STATE: dict[str, Any] = {"verdict": None, "at": 0.0, "written": False, "early": True}
 
 
 def blamed_ranks(report: Any) -> list[int]:
@@ -52,8 +52,22 @@ def blamed_ranks(report: Any) -> list[int]:
 
 def remember(verdict: Any) -> None:
     """The verdict this rank published or received (distdiag.hang.records.Verdict): the one
-    `write_error_file` writes when the process leaves, dated when it came."""
+    `write_error_file` writes when the process leaves, dated when it came. A rank the verdict
+    blames writes it at once (where the verdict ends the run): it is the rank stuck in the
+    user's code, and torchrun's SIGTERM after a peer's exit ends it before any exit path of
+    ours runs (the in-code watchdog takes no signal), which left its root-cause block with
+    "Signal 15" instead of the verdict."""
     _STATE["verdict"], _STATE["at"] = verdict, time.time()
+    code = int(getattr(verdict, "exit_code", 0) or 0)
+    rank = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else -1
+    if _STATE.get("early", True) and code and rank in (getattr(verdict, "blamed", None) or []):
+        write_error_file(code, rank)
+
+
+def write_early(on: bool) -> None:
+    """Whether a blamed rank writes its error file when the verdict comes (`remember`), not only
+    when it leaves: off where a verdict does not end the run (the watchdog's action 'report')."""
+    _STATE["early"] = on
 
 
 def remembered() -> Any:

@@ -127,9 +127,10 @@ class HangWatchdog:
             self._progress.loaders = self._loaders
         _warn_if_recorder_off(info.rank)
         _import_before_threads(symbolizer=not self.config.wrap)
-        from distdiag.runtime import deathnote
+        from distdiag.runtime import deathnote, lastword
 
         deathnote.arm()  # a fatal signal leaves its stacks where same-host peers read them
+        lastword.write_early(self.config.action != "report")  # a report-only verdict ends no run
         extra = {
             "timeout_s": self.config.timeout_s, "action": self.config.action, "dump_dir": self.config.dump_dir,
             "run_id": info.run_id, "restart_count": info.restart_count,

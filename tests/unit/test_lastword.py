@@ -57,3 +57,21 @@ def test_nothing_is_written_for_a_pass_an_excuse_or_outside_torchrun(tmp_path, m
     lastword.remember(Verdict(3, 0, summary="x", excused="it moved"))
     assert not lastword.write_error_file(3, 0)
     assert not path.exists()
+
+
+def test_the_blamed_rank_writes_its_file_when_the_verdict_comes(tmp_path, monkeypatch):
+    """The culprit is stuck in the user's code; torchrun SIGTERMs it once a peer leaves, before any
+    exit path of ours: its file is written as the verdict arrives. Not for a peer it only ended,
+    nor where a verdict ends no run (the watchdog's action 'report')."""
+    verdict = Verdict(3, 0, "h", summary="rank 1 never entered all_reduce #7", blamed=[1])
+    for rank, early, written in ((1, True, True), (0, True, False), (1, False, False)):
+        path = tmp_path / f"{rank}-{early}.json"
+        monkeypatch.setenv(lastword.ERROR_FILE_ENV, str(path))
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setattr(lastword, "_STATE", {"verdict": None, "at": 0.0, "written": False})
+        lastword.write_early(early)
+        lastword.remember(verdict)
+        assert path.exists() == written, (rank, early)
+        if written:
+            assert "distdiag: rank 1 never entered all_reduce #7" in path.read_text()
+            assert not lastword.write_error_file(3, rank)  # once
