@@ -76,6 +76,15 @@ def _confirmations(first: dict[str, Any], state: dict[str, Any]) -> dict[str, st
     return out
 
 
+_BITS = {"float64": 64, "float32": 32, "tfloat32": 19, "float16": 16, "bfloat16": 16, "float8_e4m3fn": 8, "float8_e5m2": 8}
+
+
+def _lower(dtype: str, than: str) -> bool:
+    """Whether floating dtype `dtype` (as torch prints it, with or without 'torch.') is less precise than `than`."""
+    a, b = _BITS.get(str(dtype).removeprefix("torch.")), _BITS.get(str(than).removeprefix("torch."))
+    return a is not None and b is not None and a < b
+
+
 def _state_text(rec: dict[str, Any], module: str, rank: int) -> list[str]:
     diff = rec.get("state", {}).get(module, {})
     return [f"{_name(module)}.{k}: {v[1]!r} on rank {rank}, {v[0]!r} in the reference" for k, v in diff.items()]
@@ -103,6 +112,13 @@ def _decide(first: dict[str, Any], rec: dict[str, Any], rank: int, ranks: str) -
                 f"({rep['calls'][1]} in the reference)", CONFIRMED)
     if first.get("dtype") and first.get("ref_dtype") and first["dtype"] != first["ref_dtype"]:
         return "compute_precision_lower", f"{name} computes in {first['dtype']} on {ranks}", OBSERVED - 0.1
+    out = first["shape"].get("dtype")
+    if out and _lower(out[1], out[0]):
+        # parameters of one dtype (above), the same inputs, a lower-precision output: a cast or an
+        # autocast region around the module on that rank only
+        return ("compute_precision_lower", f"{name} outputs {out[1]} on {ranks} where the reference's outputs {out[0]} "
+                "from the same inputs and parameters of one dtype (an autocast region or a cast covers it there)",
+                OBSERVED - 0.1)
     return "mechanism_not_identified", f"mechanism not identified: {name} computes differently on {ranks}", 0.4
 
 
@@ -153,7 +169,7 @@ def _fix(cause: str, first: dict[str, Any], where: str) -> str:
         "forward_hook_alters_output": f"remove the forward hook on {name} that parallelize (or code on the parallel path) "
                                       "registers, or register it in the reference too",
         "compute_precision_lower": f"compute {name} in the parameters' dtype (check the mixed-precision policy given to "
-                                   "fully_shard for it)",
+                                   "fully_shard for it, and any torch.autocast region that covers it on that rank)",
         "module_called_extra": f"call each submodule of {name} once per forward on every rank (a rank-guarded or patched "
                                "forward calls one twice)",
     }.get(cause, f"compare {name} between the reference and {where}: weights, buffers, attributes, hooks and the code "

@@ -286,6 +286,11 @@ def _with_localised(diag: Diagnosis, ev: ParityEvidence) -> Diagnosis:
     found, lines = read_localised(ev)
     if found is not None and diag.confidence < 0.8:
         return found
+    if found is not None and found.cause not in (diag.cause, "mechanism_not_identified"):
+        # The rules are sure of the place (e.g. a hook that computes differently per rank) and the
+        # modules say how (a lower compute dtype, a dropout, an attribute): both go to the lead and the fix.
+        diag = replace(diag, mechanism=f"{diag.mechanism}; module by module: {found.mechanism}",
+                       fix=f"{found.fix}; {diag.fix}")
     if lines:
         return replace(diag, evidence=[*diag.evidence, *lines])
     return diag
