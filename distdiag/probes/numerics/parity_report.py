@@ -267,6 +267,9 @@ def _divergence_finding(d: _Divergence, ev: ParityEvidence, ranks: list[int]) ->
         lines += _worst_lines(top, "grad" if d.gbad else "param")
     worst = max(bad.values(), key=lambda b: b["rel"])["name"] if bad else ""
     where = "" if not bad else ", every tensor by one factor per rank" if diag.uniform else f", largest error in module {_module_of(worst)}"
+    located = [rec["first"]["name"] for _, rec in sorted(ev.localised.items()) if rec and rec.get("first")]
+    if where and located and located[0] != _module_of(worst):  # where it starts, beside where it is largest
+        where += f" (the first module to compute differently from the same inputs: {located[0] or '(root)'})"
     ranks_bad = sorted({r for b in bad.values() for r in b["ranks"]}) or ranks
     when = "before step 1" if diag.cause == "setup_divergence" else f"at step {d.step}: {what} differ{where}"
     return Finding(
