@@ -296,6 +296,39 @@ def test_a_patched_forward_is_confirmed_by_the_reference_running_it():
     assert _compare(par, ref)[0] == []  # the same patched forward on both: nothing differs
 
 
+def test_a_patched_forward_that_may_communicate_is_never_rerun():
+    """The rerun runs on one rank: a forward that names a collective, or closes over a module (the parallel model,
+    whose sharded parameters gather), would wait there for peers that never come."""
+    import torch.distributed as dist
+
+    from distdiag.probes.numerics.localise import _may_communicate
+
+    def summed(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        dist.all_reduce(out)
+        return out
+
+    def nested(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        def inner(t: torch.Tensor) -> torch.Tensor:
+            return t.full_tensor()
+        return inner(x)
+
+    ref, par = _pair()
+    held = par
+
+    def closing(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return held.norm.weight * x
+
+    def plain(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps) * 2
+
+    assert _may_communicate(summed) and _may_communicate(nested) and _may_communicate(closing)
+    assert not _may_communicate(plain)
+    par.norm.forward = types.MethodType(closing, par.norm)  # type: ignore[method-assign]
+    differing, _ = _compare(par, ref)
+    assert differing and all("ref_with_rank_forward" not in d for d in differing)
+
+
 def test_an_autocast_region_is_confirmed_by_the_reference_under_autocast():
     ref, par = _pair()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), Capture(par, record=True) as cap:

@@ -273,9 +273,45 @@ def forward_fn(m: nn.Module) -> Any:
 
 def _patched_forward(m: nn.Module) -> Any:
     """The function of a forward method bound to `m` and set on the instance; None for any other forward (its
-    class's, or a plain function or closure, which may reach the parallel model itself and is never rerun)."""
+    class's, or a plain function or closure, which may reach the parallel model itself and is never rerun), and
+    None for one that may communicate (see `_may_communicate`): the rerun runs on one rank, where a collective
+    would wait for peers that never come."""
     fn = vars(m).get("forward")
-    return fn.__func__ if isinstance(fn, types.MethodType) and fn.__self__ is m and inspect.isfunction(fn.__func__) else None
+    if not (isinstance(fn, types.MethodType) and fn.__self__ is m and inspect.isfunction(fn.__func__)):
+        return None
+    return None if _may_communicate(fn.__func__) else fn.__func__
+
+
+_COMMUNICATING = frozenset({
+    "dist", "distributed", "funcol", "_functional_collectives", "all_reduce", "all_gather", "all_gather_into_tensor",
+    "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "reduce",
+    "gather", "scatter", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "send", "recv", "isend",
+    "irecv", "batch_isend_irecv", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "full_tensor", "redistribute", "wait", "wait_tensor", "unshard", "reshard",
+})
+
+
+def _may_communicate(fn: Any) -> bool:
+    """Whether a function may reach a collective: a name it (or a function nested in it) uses is one of
+    torch.distributed's, or its closure holds a module (the parallel model, whose sharded parameters gather). A
+    guess from the code, erring towards True: what it rules out is only a rerun that might confirm a mechanism."""
+    if any(isinstance(c.cell_contents, nn.Module) for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)):
+        return True
+    stack = [fn.__code__]
+    while stack:
+        code = stack.pop()
+        if _COMMUNICATING & set(code.co_names):
+            return True
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return False
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 class Capture:
