@@ -103,8 +103,8 @@ HELD_OUT = [
 BLIND = [
     # Blind, written 2026-11-28 and committed before the diagnosis ever ran on them, then run once with no rule
     # changed (run with `--blind`). Each bug fails the plain-torch oracle (tests/corpus/blind_oracle.py: the
-    # target's 1-process run against its 2-rank run), each twin passes it. A cause under `named` that the probes
-    # do not have (module_forward_differs) cannot be named: the case can only be located.
+    # target's 1-process run against its 2-rank run), each twin passes it. module_forward_differs, under `named`,
+    # did not exist at the blind run (the case could only be located); it was added after it.
     GenCase("blind_loss_sum_one_rank", "loss_parity", "rank 1's loss_fn returns the raw token-loss sum (a per-node reduction setting)",
             ("hook_depends_on_rank",), ("loss_fn",)),
     GenCase("blind_attn_scale_local_heads", "loss_parity", "parallelize sets each block's attention scale from the local head count",

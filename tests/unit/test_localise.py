@@ -8,6 +8,7 @@ reruns (localise.Capture, compare_calls), and how the records read across ranks
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -257,3 +258,85 @@ def test_a_child_called_twice_is_confirmed_by_the_parent_rerun_with_it_applied_t
     trial = _repeat_trial(ref, "", calls, cap.calls, 2, 1.0)
     assert trial is not None and trial["module"] == "mid" and trial["rel"] <= 1e-6
     assert "forward" not in vars(ref.mid)  # the reference's module put back
+
+
+def test_an_attribute_is_confirmed_in_the_reference_where_the_rank_cannot_rerun():
+    """A module the rank does not rerun (FSDP2's sharded ones): the reference's module with the rank's attribute
+    values reproduces the rank's output, and the attribute is named, with every rank where it differs."""
+    ref, par = _pair()
+    par.norm.eps = 0.5
+    with torch.no_grad(), Capture(par, record=True) as cap:
+        par(_x(5, 6, seed=3))
+    first = compare_calls(cap.calls, ref, world=2, scale=1.0, rank_attrs={"norm": {"eps": 0.5}})[0]
+    assert first["name"] == "norm" and "with_ref_attrs" not in first
+    assert first["ref_with_rank_attrs"] == {"attrs": {"eps": 0.5}, "rel": pytest.approx(0.0, abs=1e-6)}
+    first |= {"children_exact": 0, "extra_calls": None}  # what the rank's record adds after the comparison
+    state = {"norm": {"eps": [1e-5, 0.5]}}
+    diag, lines = read_localised(_ev({0: _record(first, state=state), 1: _record(first, state=state)}))
+    assert diag is not None and diag.cause == "module_attribute_differs" and diag.confidence >= 0.8
+    assert "ranks 0-1" in diag.mechanism and "norm.eps: 0.5 on ranks 0-1, 1e-05 in the reference" in "\n".join(lines)
+
+
+def test_a_patched_forward_is_confirmed_by_the_reference_running_it():
+    ref, par = _pair()
+
+    def doubled(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps) * 2
+
+    par.norm.forward = types.MethodType(doubled, par.norm)  # type: ignore[method-assign]
+    differing, _ = _compare(par, ref)
+    first = differing[0]
+    assert first["name"] == "norm" and first["ref_with_rank_forward"]["rel"] <= first["tol"]
+    assert "doubled" in first["ref_with_rank_forward"]["forward"] and "forward" not in vars(ref.norm)  # put back
+    first |= {"children_exact": 0, "extra_calls": None}
+    diag, _ = read_localised(_ev({0: _record(None), 1: _record(first)}))
+    assert diag is not None and diag.cause == "module_forward_differs" and diag.confidence >= 0.8
+    assert "rank 1" in diag.mechanism and "doubled" in diag.mechanism
+    ref.norm.forward = types.MethodType(doubled, ref.norm)  # type: ignore[method-assign]
+    assert _compare(par, ref)[0] == []  # the same patched forward on both: nothing differs
+
+
+def test_a_patched_forward_that_may_communicate_is_never_rerun():
+    """The rerun runs on one rank: a forward that names a collective, or closes over a module (the parallel model,
+    whose sharded parameters gather), would wait there for peers that never come."""
+    import torch.distributed as dist
+
+    from distdiag.probes.numerics.localise import _may_communicate
+
+    def summed(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        dist.all_reduce(out)
+        return out
+
+    def nested(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        def inner(t: torch.Tensor) -> torch.Tensor:
+            return t.full_tensor()
+        return inner(x)
+
+    ref, par = _pair()
+    held = par
+
+    def closing(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return held.norm.weight * x
+
+    def plain(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps) * 2
+
+    assert _may_communicate(summed) and _may_communicate(nested) and _may_communicate(closing)
+    assert not _may_communicate(plain)
+    par.norm.forward = types.MethodType(closing, par.norm)  # type: ignore[method-assign]
+    differing, _ = _compare(par, ref)
+    assert differing and all("ref_with_rank_forward" not in d for d in differing)
+
+
+def test_an_autocast_region_is_confirmed_by_the_reference_under_autocast():
+    ref, par = _pair()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), Capture(par, record=True) as cap:
+        par(_x(5, 6, seed=3))
+    first = compare_calls(cap.calls, ref, world=2, scale=1.0)[0]
+    assert first["name"] == "up" and first["shape"]["dtype"] == ["float32", "bfloat16"]
+    assert first["ref_under_autocast"]["dtype"] == "bfloat16" and first["ref_under_autocast"]["rel"] <= 0.1 * first["rel"]
+    first |= {"children_exact": 0, "extra_calls": None}
+    diag, _ = read_localised(_ev({0: _record(None), 1: _record(first)}))
+    assert diag is not None and diag.cause == "compute_precision_lower" and diag.confidence >= 0.8
+    assert "torch.autocast(bfloat16) on rank 1" in diag.mechanism and "autocast" in diag.fix

@@ -230,3 +230,23 @@ def test_parameters_frozen_by_parallelize_are_named():
     d = diagnose_parity(_ev(trainable_diff={"frozen": ["embed.weight"], "thawed": []}))
     assert d.cause == "parallelize_changes_trainable" and "embed.weight" in d.evidence[0] and "build_model" in d.fix
     assert diagnose_parity(_ev(trainable_diff={"frozen": [], "thawed": []})).cause != "parallelize_changes_trainable"
+
+
+def test_a_module_mechanism_confirmed_by_rerun_leads_over_a_rule_that_names_the_place():
+    """The rules name the hook that differs per rank (0.85); the module comparison confirms how (0.9): how leads,
+    where follows, and the fix speaks of both."""
+    from distdiag.probes.numerics.parity_report import _with_localised
+
+    first = {"name": "qkv", "rel": 3e-3, "tol": 1e-4, "shape": {"dtype": ["float32", "bfloat16"]}, "dtype": "float32",
+             "ref_dtype": "float32", "children_exact": 0, "extra_calls": None,
+             "ref_under_autocast": {"dtype": "bfloat16", "rel": 0.0}}
+    rec = {"step": 1, "loss": [1.0, 1.0], "compared": 4, "differing": [first], "first": first, "calls": {}, "state": {},
+           "grad_hooks": [], "errors": []}
+    split = {"step": 1, "what": "loss", "values": {0: 1.0, 1: 1.1}, "index": 0}
+    ev = _ev(loss_rel=1e-2, mean_loss=2.02, ref_split=split, localised={1: rec})
+    rules = diagnose_parity(ev)
+    assert rules.cause == "hook_depends_on_rank" and rules.confidence >= 0.8
+    d = _with_localised(rules, ev)
+    assert d.cause == "compute_precision_lower" and d.confidence > rules.confidence
+    assert d.mechanism.startswith("qkv computes under torch.autocast(bfloat16) on rank 1") and "loss_fn" in d.mechanism
+    assert "autocast" in d.fix.split(";")[0] and "label smoothing" in "\n".join(d.evidence)

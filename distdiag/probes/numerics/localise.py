@@ -11,7 +11,10 @@ difference read (localise_shape.py). While the parallel module's parameters are
 materialised (inside its forward) the rank also reruns it with the suspected piece
 replaced: without its forward hooks, with the reference's values of the attributes that
 differ (eps, p, training ...); and the reference's module in the parameter dtype the rank
-computed in. A rerun that reproduces the reference (or the rank) is what confirms a
+computed in. On every module (FSDP2's sharded ones too, which the rank does not rerun) the
+reference's module is also rerun with one piece of the rank's put in: the rank's values of the
+attributes that differ, a forward method patched on the rank's instance, an autocast region of
+the rank's output dtype. A rerun that reproduces the reference (or the rank) is what confirms a
 mechanism. Per-module state (training flag, scalar attributes, buffers, hooks, gradient
 hooks, calls per forward) is compared with the reference's as well.
 
@@ -24,7 +27,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import math
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -255,6 +260,58 @@ class Call:
     trial: torch.Tensor | None = None
     """Its bare forward with the reference's values of the attributes that differ."""
     trial_attrs: dict[str, Any] = field(default_factory=dict)
+    forward: Any = None
+    """The function of a forward method set on its instance (a patched forward), None when it runs its class's."""
+
+
+def forward_fn(m: nn.Module) -> Any:
+    """The function a module's forward runs: one set on the instance (a patched forward), else its class's (FSDP2's
+    class for a sharded module inherits the module's own)."""
+    fn = vars(m).get("forward") or type(m).forward
+    return getattr(fn, "__func__", fn)
+
+
+def _patched_forward(m: nn.Module) -> Any:
+    """The function of a forward method bound to `m` and set on the instance; None for any other forward (its
+    class's, or a plain function or closure, which may reach the parallel model itself and is never rerun), and
+    None for one that may communicate (see `_may_communicate`): the rerun runs on one rank, where a collective
+    would wait for peers that never come."""
+    fn = vars(m).get("forward")
+    if not (isinstance(fn, types.MethodType) and fn.__self__ is m and inspect.isfunction(fn.__func__)):
+        return None
+    return None if _may_communicate(fn.__func__) else fn.__func__
+
+
+_COMMUNICATING = frozenset({
+    "dist", "distributed", "funcol", "_functional_collectives", "all_reduce", "all_gather", "all_gather_into_tensor",
+    "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "reduce",
+    "gather", "scatter", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "send", "recv", "isend",
+    "irecv", "batch_isend_irecv", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "full_tensor", "redistribute", "wait", "wait_tensor", "unshard", "reshard",
+})
+
+
+def _may_communicate(fn: Any) -> bool:
+    """Whether a function may reach a collective: a name it (or a function nested in it) uses is one of
+    torch.distributed's, or its closure holds a module (the parallel model, whose sharded parameters gather). A
+    guess from the code, erring towards True: what it rules out is only a rerun that might confirm a mechanism."""
+    if any(isinstance(c.cell_contents, nn.Module) for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)):
+        return True
+    stack = [fn.__code__]
+    while stack:
+        code = stack.pop()
+        if _COMMUNICATING & set(code.co_names):
+            return True
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return False
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 class Capture:
@@ -312,7 +369,8 @@ class Capture:
         first = _first_tensor(out)
         if first is None or not _plain((args, kwargs, out)) or _numel((args, kwargs)) + first.numel() > CAP_ELEMENTS:
             return
-        call = Call(name, _detached(args), _detached(kwargs), first.detach().clone(), rng, _param_dtype(module))
+        call = Call(name, _detached(args), _detached(kwargs), first.detach().clone(), rng, _param_dtype(module),
+                    forward=_patched_forward(module))
         from torch.distributed.tensor import DTensor
 
         materialised = not any(isinstance(p, DTensor) for p in module.parameters())
@@ -324,15 +382,17 @@ class Capture:
         self.calls.append(call)
 
 
-def compare_calls(calls: list[Call], ref: nn.Module, world: int, scale: float) -> list[dict[str, Any]]:
+def compare_calls(calls: list[Call], ref: nn.Module, world: int, scale: float,
+                  rank_attrs: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Each recorded call against the reference's module of the same name on the same inputs; the ones that differ,
-    in the order they finished, with the shape of the difference and what the reruns showed."""
+    in the order they finished, with the shape of the difference and what the reruns showed. `rank_attrs`: per
+    module, the rank's values of the attributes that differ from the reference's (rerun in the reference)."""
     modules = {tr.canonical_name(n): m for n, m in ref.named_modules()}
     state = buffer_snapshot(ref)  # the reference's buffers before the step: every module is rerun from them
     out = []
     for call in calls:
         mod = modules.get(call.name)
-        found = _compare_one(call, mod, state, world, scale) if mod is not None else None
+        found = _compare_one(call, mod, state, world, scale, (rank_attrs or {}).get(call.name, {})) if mod is not None else None
         if found is not None:
             out.append(found)
         if len(out) >= _SHOWN:
@@ -341,7 +401,7 @@ def compare_calls(calls: list[Call], ref: nn.Module, world: int, scale: float) -
 
 
 def _compare_one(call: Call, mod: nn.Module, state: list[tuple[torch.Tensor, torch.Tensor]] | None, world: int,
-                 scale: float) -> dict[str, Any] | None:
+                 scale: float, attrs: dict[str, Any]) -> dict[str, Any] | None:
     """One call against the reference's module: its record when it differs, else None (also when the comparison
     itself fails on an unusual output: the localiser never stops the probe, whose peers go on to a collective)."""
     try:
@@ -354,12 +414,12 @@ def _compare_one(call: Call, mod: nn.Module, state: list[tuple[torch.Tensor, tor
         if rel <= tol:
             return None
         return {"name": call.name, "rel": rel, "tol": tol, "shape": difference_shape(call.out, want, world, tol),
-                **_reruns(call, mod, want, rel, tol)}
+                **_reruns(call, mod, want), **_reference_reruns(call, mod, want, state, attrs)}
     except Exception:  # noqa: BLE001
         return None
 
 
-def _reruns(call: Call, mod: nn.Module, want: torch.Tensor, rel: float, tol: float) -> dict[str, Any]:
+def _reruns(call: Call, mod: nn.Module, want: torch.Tensor) -> dict[str, Any]:
     """What each rerun left of the difference: without hooks, with the reference's attributes, the reference's
     module computing in the rank's parameter dtype (a rerun reproducing its target within tolerance confirms)."""
     out: dict[str, Any] = {"dtype": str(call.dtype).replace("torch.", "") if call.dtype else None,
@@ -375,6 +435,58 @@ def _reruns(call: Call, mod: nn.Module, want: torch.Tensor, rel: float, tol: flo
         if mine is not None and mine.shape == call.out.shape:
             out["ref_in_rank_dtype"] = rel_err(call.out, mine.to(call.out.dtype))
     return out
+
+
+def _reference_reruns(call: Call, mod: nn.Module, want: torch.Tensor, state: list[tuple[torch.Tensor, torch.Tensor]] | None,
+                      attrs: dict[str, Any]) -> dict[str, Any]:
+    """The reference's module rerun on the same inputs with one piece of the rank's put in (every rank, any module:
+    FSDP's sharded modules too, which are not rerun on the rank): the rank's values of the attributes that differ;
+    the rank's forward, where a method patched on its instance is another function; an autocast region of the rank's output dtype, where
+    that is lower and the parameters' dtype the same. Each: how far from the rank's output (within tolerance, or
+    far closer than the reference was, reproduces it)."""
+    out: dict[str, Any] = {}
+    dtype = _param_dtype(mod)
+    args, kwargs = _cast(call.args, dtype), _cast(call.kwargs, dtype)
+
+    def gap(mine: torch.Tensor | None) -> float | None:
+        return rel_err(call.out, mine.to(call.out.dtype)) if mine is not None and mine.shape == call.out.shape else None
+
+    if attrs and (rel := gap(_run_with(mod, mod, args, kwargs, call.rng, attrs, state))) is not None:
+        out["ref_with_rank_attrs"] = {"attrs": {k: _jsonable(v) for k, v in attrs.items()}, "rel": rel}
+    theirs = forward_fn(mod)
+    if call.forward is not None and call.forward is not theirs:
+        if (rel := gap(_with_forward(mod, call.forward, lambda: _run_with(mod, mod, args, kwargs, call.rng, buffers=state)))) is not None:
+            out["ref_with_rank_forward"] = {"forward": _qualname(call.forward), "reference": _qualname(theirs), "rel": rel}
+    low = call.out.dtype
+    if low != want.dtype and low.is_floating_point and call.dtype == dtype and low.itemsize < want.dtype.itemsize:
+        try:
+            with torch.autocast(call.out.device.type, dtype=low):
+                mine = _run_with(mod, mod, args, kwargs, call.rng, buffers=state)
+        except Exception:  # noqa: BLE001 - an autocast this device does not have decides nothing
+            mine = None
+        if (rel := gap(mine)) is not None:
+            out["ref_under_autocast"] = {"dtype": str(low).replace("torch.", ""), "rel": rel}
+    return out
+
+
+def _with_forward(mod: nn.Module, fn: Any, run: Callable[[], torch.Tensor | None]) -> torch.Tensor | None:
+    """`run()` with `fn` bound as `mod`'s forward; the module's own forward (on the instance or its class's) put back."""
+    own = vars(mod).get("forward")
+    mod.forward = types.MethodType(fn, mod)  # type: ignore[method-assign]
+    try:
+        return run()
+    finally:
+        if own is None:
+            del mod.forward
+        else:
+            mod.forward = own  # type: ignore[method-assign]
+
+
+def _qualname(fn: Any) -> str:
+    """A function as a user finds it: its qualified name and where it is defined (file name and line)."""
+    code = getattr(fn, "__code__", None)
+    where = f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})" if code is not None else ""
+    return f"{getattr(fn, '__qualname__', repr(fn))}{where}"
 
 
 def _jsonable(v: Any) -> Any:
@@ -419,6 +531,7 @@ def _at_step(ctx: RankContext, hooks: tr.Hooks, ref: nn.Module, par: nn.Module, 
     diffs = state_diffs(module_state(ref), module_state(par))
     trials = {name: {k: v[0] for k, v in d.items() if k in vars(_named(ref, name) or nn.Module())} for name, d in diffs.items()}
     trials = {n: t for n, t in trials.items() if t}
+    mine = {name: {k: v[1] for k, v in d.items() if k in vars(_named(ref, name) or nn.Module())} for name, d in diffs.items()}
     before = buffer_snapshot(par)
     ctx.seed(STEP_SEED + step)
     try:
@@ -428,7 +541,7 @@ def _at_step(ctx: RankContext, hooks: tr.Hooks, ref: nn.Module, par: nn.Module, 
         _reshard(par)
         if before is not None:
             _put(before)  # a forward that updates buffers (running statistics) leaves them as before the step
-    differing = compare_calls(cap.calls, ref, ctx.world_size, scale)
+    differing = compare_calls(cap.calls, ref, ctx.world_size, scale, {n: t for n, t in mine.items() if t})
     state = buffer_snapshot(ref)
     ctx.seed(STEP_SEED + step)
     with torch.no_grad(), Capture(ref, record=False) as ref_cap:

@@ -2,8 +2,9 @@
 
 A mechanism is named at high confidence only when a rerun confirmed it: the module computes
 the reference's output without its forward hooks, or with the reference's attribute values,
-or the reference's module computing in the rank's parameter dtype reproduces the rank's
-output, or the reference's parent module with a child applied as often as the rank calls it
+or the reference's module reproduces the rank's output with one piece of the rank's: its
+attribute values, its parameter dtype, an autocast region of its output dtype, its patched
+forward; or the reference's parent module with a child applied as often as the rank calls it
 does. What is only observed (a dropout-shaped difference, an attribute, a dtype, a call
 count) is named below 0.8; a located module with nothing that explains it is "mechanism not
 identified", with the module, rank, step and numbers, the candidates left and the rerun that
@@ -61,14 +62,26 @@ def _confirmations(first: dict[str, Any], state: dict[str, Any]) -> dict[str, st
     if hooked and first.get("without_hooks") is not None and first["without_hooks"] <= tol:
         out["hooks"] = (f"rerun without its forward hooks on the same inputs, {_name(first['name'])} computes the reference's "
                         f"output (rel err {first['without_hooks']:.1e})")
-    trial = first.get("with_ref_attrs")
+    trial, back = first.get("with_ref_attrs"), first.get("ref_with_rank_attrs")
     if trial and trial["rel"] <= tol:
         shown = ", ".join(f"{k}={v!r}" for k, v in trial["attrs"].items())
         out["attrs"] = f"rerun with the reference's {shown}, {_name(first['name'])} computes the reference's output (rel err {trial['rel']:.1e})"
+    elif back and back["rel"] <= tol:
+        shown = ", ".join(f"{k}={v!r}" for k, v in back["attrs"].items())
+        out["attrs"] = (f"the reference's {_name(first['name'])} rerun with the rank's {shown} reproduces the rank's output "
+                        f"(rel err {back['rel']:.1e})")
     low = first.get("ref_in_rank_dtype")
     if low is not None and low <= 0.1 * first["rel"]:
         out["dtype"] = (f"the reference's {_name(first['name'])} computing in {first['dtype']} reproduces the rank's output (rel err "
                         f"{low:.1e}, against {first['rel']:.2e} from the {first['ref_dtype']} reference)")
+    auto = first.get("ref_under_autocast")
+    if auto and auto["rel"] <= 0.1 * first["rel"]:
+        out["autocast"] = (f"the reference's {_name(first['name'])} run under torch.autocast({auto['dtype']}) reproduces the rank's "
+                           f"output (rel err {auto['rel']:.1e}, against {first['rel']:.2e} from the reference without it)")
+    fwd = first.get("ref_with_rank_forward")
+    if fwd and fwd["rel"] <= tol:
+        out["forward"] = (f"the reference's {_name(first['name'])} running the rank's forward ({fwd['forward']}, where the reference "
+                          f"runs {fwd['reference']}) reproduces the rank's output (rel err {fwd['rel']:.1e})")
     rep = first.get("extra_calls")
     if rep and rep.get("rel") is not None and rep["rel"] <= tol:
         out["repeat"] = (f"the reference's {_name(first['name'])} with {rep['module']} applied {rep['calls'][0]} times in a row "
@@ -85,9 +98,27 @@ def _lower(dtype: str, than: str) -> bool:
     return a is not None and b is not None and a < b
 
 
-def _state_text(rec: dict[str, Any], module: str, rank: int) -> list[str]:
-    diff = rec.get("state", {}).get(module, {})
-    return [f"{_name(module)}.{k}: {v[1]!r} on rank {rank}, {v[0]!r} in the reference" for k, v in diff.items()]
+def _by_ranks(records: dict[int, dict[str, Any]], part: Any) -> dict[tuple[str, str], list[int]]:
+    """Each (what, value) that `part(record)` ({what: value}) gives, with the ranks that give it, in first-seen order."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for r in sorted(records):
+        for k, v in (part(records[r]) or {}).items():
+            out.setdefault((k, repr(v)), []).append(r)
+    return out
+
+
+def _state_text(records: dict[int, dict[str, Any]], module: str) -> list[str]:
+    """What differs in the module's state from the reference's, with every rank where it differs so."""
+    diffs = _by_ranks(records, lambda rec: rec.get("state", {}).get(module, {}))
+    return [f"{_name(module)}.{k}: {v[1]!r} on {format_ranks(ranks)}, {v[0]!r} in the reference"
+            for (k, _), ranks in diffs.items() for v in [records[ranks[0]]["state"][module][k]]]
+
+
+def _calls_text(records: dict[int, dict[str, Any]]) -> list[str]:
+    """Modules called another number of times per forward than in the reference, with the ranks where they are."""
+    found = _by_ranks(records, lambda rec: rec.get("calls", {}))
+    return [f"calls per forward: {_name(n)} {c[0]} on {format_ranks(ranks)}, {c[1]} in the reference"
+            for (n, _), ranks in found.items() for c in [records[ranks[0]]["calls"][n]]]
 
 
 def _decide(first: dict[str, Any], rec: dict[str, Any], rank: int, ranks: str) -> tuple[str, str, float]:
@@ -99,17 +130,25 @@ def _decide(first: dict[str, Any], rec: dict[str, Any], rank: int, ranks: str) -
         return "dropout_differs", f"{name}'s output is dropped out{how} on {ranks}, not in the reference", \
             CONFIRMED if ok.keys() & {"hooks", "attrs"} else OBSERVED
     if "attrs" in ok:
-        shown = ", ".join(f"{k} {v[1]!r} (reference {v[0]!r})" for k, v in state.items() if k in first["with_ref_attrs"]["attrs"])
+        trial = first.get("with_ref_attrs") or first.get("ref_with_rank_attrs") or {"attrs": {}}
+        shown = ", ".join(f"{k} {v[1]!r} (reference {v[0]!r})" for k, v in state.items() if k in trial["attrs"])
         return "module_attribute_differs", f"{name} is configured differently on {ranks}: {shown}", CONFIRMED
     if "hooks" in ok:
         return "forward_hook_alters_output", f"a forward hook on {name} changes its output on {ranks}", CONFIRMED
     if "dtype" in ok:
         return ("compute_precision_lower", f"{name} computes in {first['dtype']} on {ranks} ({first['ref_dtype']} in the "
                 "reference)", CONFIRMED)
+    if "autocast" in ok:
+        return ("compute_precision_lower", f"{name} computes under torch.autocast({first['ref_under_autocast']['dtype']}) on "
+                f"{ranks} ({first['ref_dtype']} in the reference)", CONFIRMED)
     if "repeat" in ok:
         rep = first["extra_calls"]
         return ("module_called_extra", f"{rep['module']} runs {rep['calls'][0]} times per forward on {ranks} "
                 f"({rep['calls'][1]} in the reference)", CONFIRMED)
+    if "forward" in ok:
+        fwd = first["ref_with_rank_forward"]
+        return ("module_forward_differs", f"{name} runs another forward on {ranks}: {fwd['forward']} (the reference's runs "
+                f"{fwd['reference']})", CONFIRMED)
     if first.get("dtype") and first.get("ref_dtype") and first["dtype"] != first["ref_dtype"]:
         return "compute_precision_lower", f"{name} computes in {first['dtype']} on {ranks}", OBSERVED - 0.1
     out = first["shape"].get("dtype")
@@ -134,8 +173,8 @@ def _located(records: dict[int, dict[str, Any]], ev: ParityEvidence) -> Diagnosi
         f"same name run on the same inputs and RNG state): the first to differ is {_name(first['name'])} on {where} "
         f"(rel err {first['rel']:.3g}, tolerance {first['tol']:.0e}; {first['children_exact']} module(s) inside it exact)",
         f"  shape: {_shape_text(first)}",
-        *(f"  state: {s}" for s in _state_text(rec, first["name"], rank)),
-        *(f"  calls per forward: {_name(n)} {c[0]} on rank {rank}, {c[1]} in the reference" for n, c in rec.get("calls", {}).items()),
+        *(f"  state: {s}" for s in _state_text(records, first["name"])),
+        *(f"  {s}" for s in _calls_text(records)),
         *(f"  confirmed by rerun: {t}" for t in _confirmations(first, rec.get("state", {}).get(first["name"], {})).values()),
     ]
     exact = sorted(r for r, x in records.items() if not x.get("first") and not x.get("error"))
@@ -172,6 +211,9 @@ def _fix(cause: str, first: dict[str, Any], where: str) -> str:
                                    "fully_shard for it, and any torch.autocast region that covers it on that rank)",
         "module_called_extra": f"call each submodule of {name} once per forward on every rank (a rank-guarded or patched "
                                "forward calls one twice)",
+        "module_forward_differs": f"run {name}'s own forward on every rank: remove the forward that code on the parallel "
+                                  f"path sets on {where} (a patched or fallback forward), or fix it to compute what the "
+                                  "reference's does",
     }.get(cause, f"compare {name} between the reference and {where}: weights, buffers, attributes, hooks and the code "
                  "path it takes there")
 

@@ -268,8 +268,9 @@ def _divergence_finding(d: _Divergence, ev: ParityEvidence, ranks: list[int]) ->
     worst = max(bad.values(), key=lambda b: b["rel"])["name"] if bad else ""
     where = "" if not bad else ", every tensor by one factor per rank" if diag.uniform else f", largest error in module {_module_of(worst)}"
     located = [rec["first"]["name"] for _, rec in sorted(ev.localised.items()) if rec and rec.get("first")]
-    if where and located and located[0] != _module_of(worst):  # where it starts, beside where it is largest
-        where += f" (the first module to compute differently from the same inputs: {located[0] or '(root)'})"
+    if where and not diag.uniform and located and located[0] != _module_of(worst):
+        # where it starts leads (the first module to compute differently), where it is largest follows
+        where = f", starting in module {located[0] or '(root)'} (the first to compute differently from the same inputs){where}"
     ranks_bad = sorted({r for b in bad.values() for r in b["ranks"]}) or ranks
     when = "before step 1" if diag.cause == "setup_divergence" else f"at step {d.step}: {what} differ{where}"
     return Finding(
@@ -289,6 +290,11 @@ def _with_localised(diag: Diagnosis, ev: ParityEvidence) -> Diagnosis:
     found, lines = read_localised(ev)
     if found is not None and diag.confidence < 0.8:
         return found
+    if found is not None and found.cause != "mechanism_not_identified" and found.confidence > diag.confidence:
+        # Ordered by evidence: a rerun that reproduces the rank's output from the reference's module with one piece
+        # of the rank's (an attribute, a dtype, a forward) shows how; a rule's inference shows where. How leads.
+        return replace(diag, cause=found.cause, confidence=found.confidence, mechanism=f"{found.mechanism}; {diag.mechanism}",
+                       fix=f"{found.fix}; {diag.fix}", evidence=[*diag.evidence, *lines])
     if found is not None and found.cause not in (diag.cause, "mechanism_not_identified"):
         # The rules are sure of the place (e.g. a hook that computes differently per rank) and the
         # modules say how (a lower compute dtype, a dropout, an attribute): both go to the lead and the fix.
