@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 
-__all__ = ["GroupId", "UNKNOWN", "WORLD", "parse_label", "group_members", "members_label"]
+__all__ = ["GroupId", "UNKNOWN", "WORLD", "parse_label", "group_members", "members_label", "shown_desc"]
 
 WORLD = "world"
 _RANKS = "ranks["
@@ -39,6 +39,11 @@ _NAMED = "group "
 _UNNAMED = "group?"
 _PLACEHOLDER_DESCS = ("", "undefined", "default_pg")
 """torch's desc of a group given none, and of the default group: not names, not shown."""
+
+
+def shown_desc(desc: str) -> str:
+    """torch's desc as a label shows it: '' for the placeholders of a group given none."""
+    return "" if desc in _PLACEHOLDER_DESCS else desc
 
 
 def members_label(members: tuple[int, ...] | list[int]) -> str:
@@ -67,7 +72,7 @@ class GroupId:
         every rank in order; torch's placeholder descs ('undefined', 'default_pg') are not shown;
         `name` only for a twin."""
         world = len(members) == world_size and members == tuple(range(world_size))
-        return cls(members, "" if desc in _PLACEHOLDER_DESCS else desc, name, world)
+        return cls(members, shown_desc(desc), name, world)
 
     @cached_property
     def label(self) -> str:

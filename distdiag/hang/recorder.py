@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import Any
 
 from distdiag.hang.frontcore import Pos, open_seq
-from distdiag.hang.groupid import GroupId, parse_label
+from distdiag.hang.groupid import GroupId, parse_label, shown_desc
 
 __all__ = [
     "EngineReader",
@@ -47,6 +47,7 @@ __all__ = [
     "op_name",
     "pending_groups",
     "group_label",
+    "groups_made",
     "entry_site",
     "dtype_name",
     "SYMBOLIZER",
@@ -340,7 +341,7 @@ class EngineReader:
                 f"torch {version} has no JSON flight-recorder dump (_dump_fr_trace_json needs torch >= 2.7 for gloo; "
                 "NCCL builds have _dump_nccl_trace_json)"
             )
-        self._labels: dict[str, str] = {}
+        self._labels: dict[tuple[str, int], str] = {}
         self._id_names: dict[tuple[str, str], str | None] = {}
         """(recorder tag, pg_id) -> group name (None: not known). `pg_status` is keyed by a per-process
         counter (pg_id), entries carry both; the same id names different groups on different ranks
@@ -370,9 +371,10 @@ class EngineReader:
 
     def label(self, name: str) -> str:
         """'world' for the default group, 'ranks[0,1]' for a subgroup, else 'group NAME'."""
-        label = self._labels.get(name)
+        key = (name, groups_made())
+        label = self._labels.get(key)
         if label is None:
-            label = self._labels[name] = group_label(name)
+            label = self._labels[key] = group_label(name)
         return label
 
     def warm_sites(self) -> None:
@@ -563,17 +565,48 @@ def load_symbolizer() -> bool:
 
 def group_label(name: str) -> str:
     """A process group's label by its name: 'world', 'ranks[0,1]', else 'group NAME' (the
-    watchdog's wrappers and the recorder's positions use the same labels, so they match)."""
+    watchdog's wrappers, the check's and the recorder's positions use the same labels, so they
+    match). A group with a twin in this process (another group of the same members: Megatron's
+    data-parallel group beside its context-parallel one of size 1, two `new_group` calls of the
+    same ranks) is told apart as the dumps tell it: by torch's desc, and by its group name where
+    the twin has the same desc: 'ranks[0,1] (dp)', 'ranks[0,1] (group 5)'. Every member has both
+    twins, so every member gives the same label; a label depends on the groups made so far
+    (`groups_made`: callers that keep labels key them by it)."""
     try:
         import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d
 
         pg = c10d._resolve_process_group(name)  # type: ignore[arg-type]  # torch's GroupName: a NewType of str
-        if pg is c10d._get_default_group():
+        default = c10d._get_default_group()
+        if pg is default:
             return GroupId(world=True).label
-        return GroupId(tuple(dist.get_process_group_ranks(pg))).label
+        members = tuple(dist.get_process_group_ranks(pg))
+        twins = [q for q in list(c10d._world.pg_map) if q is not pg and q is not default
+                 and tuple(dist.get_process_group_ranks(q)) == members]
+        if not twins:
+            return GroupId(members).label
+        desc = shown_desc(str(getattr(pg, "group_desc", "") or ""))
+        named = any(shown_desc(str(getattr(q, "group_desc", "") or "")) == desc for q in twins)
+        return GroupId(members, desc, str(pg.group_name) if named else "").label
     except Exception:  # noqa: BLE001 - a label only
         return GroupId(name=name).label
+
+
+_C10D: Any = None
+
+
+def groups_made() -> int:
+    """How many process groups this process has made (0 before any): a label cache's key beside
+    the group, since a twin made later changes a group's label (`group_label`)."""
+    global _C10D
+    try:
+        if _C10D is None:
+            from torch.distributed import distributed_c10d
+
+            _C10D = distributed_c10d
+        return len(_C10D._world.pg_map)
+    except Exception:  # noqa: BLE001 - no torch.distributed: no groups
+        return 0
 
 
 _TAG_BACKENDS = {"nccl": "nccl", "fr": "gloo"}

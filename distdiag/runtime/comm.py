@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from distdiag.hang.groupid import GroupId
+from distdiag.hang.recorder import group_label
 from distdiag.runtime.faults import FaultPlan
 from distdiag.runtime.tracker import Tracker
 
@@ -36,10 +37,12 @@ def _op_name(op: Any) -> str:
 
 
 def group_name(group: dist.ProcessGroup | None) -> str:
+    """The group's label, as the watchdog's wrappers and the recorder's positions give it
+    (distdiag.hang.recorder.group_label: its members, and what tells a twin apart)."""
     if group is None:
         return GroupId(world=True).label
     try:
-        return GroupId(tuple(dist.get_process_group_ranks(group))).label
+        return group_label(str(group.group_name))
     except Exception:  # noqa: BLE001 - a name is only a label
         return str(group)
 

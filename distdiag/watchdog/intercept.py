@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from distdiag.hang.groupid import GroupId
-from distdiag.hang.recorder import group_label
+from distdiag.hang.recorder import group_label, groups_made
 from distdiag.watchdog.progress import P2P_GROUP, Progress
 
 _WORLD = GroupId(world=True).label
@@ -128,7 +128,7 @@ class Interceptor:
         self.enabled = False
         self._saved: list[tuple[Any, str, Any]] = []
         self._sites: dict[tuple[Any, int], str] = {}
-        self._labels: dict[Any, str] = {}
+        self._labels: dict[tuple[Any, int], str] = {}
         self._skip, self._site_pkgs = _skip_prefixes()
         self._skip_torch_own = self._skip[:3]
         """Torch and distdiag's own files: skipped even inside site-packages (user libraries there are not)."""
@@ -168,9 +168,10 @@ class Interceptor:
                 key = group.group_name
         except Exception:  # noqa: BLE001 - a label only
             return _UNNAMED
-        label = self._labels.get(key)
+        cached = (key, groups_made())  # a twin made later changes the label (group_label)
+        label = self._labels.get(cached)
         if label is None:
-            label = self._labels[key] = group_label(key)
+            label = self._labels[cached] = group_label(key)
         return label
 
     def describe(self, value: Any) -> tuple[Any, str]:

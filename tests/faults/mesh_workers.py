@@ -23,6 +23,9 @@ Words (key=value):
                  two overlapping groups in the other order; fault=members: a group of all
                  but the last rank made only by its members; fault=local: the same with
                  use_local_synchronization=True (no fault)
+  kind=twins     2+ ranks, two groups of the same members (every rank), made with descs
+                 desc=tp,dp (or tp,tp: the same desc): per step two all-reduces on the first,
+                 one on the second; fault=stall stops rank K before the group in=first|second
   fault=none|stall|kill|deadlock|raise|uneven
       stall:    rank K stops at step S (tpdp: in its data loader before the TP all-reduce;
                 pp: in its loss, K a last stage)
@@ -247,6 +250,27 @@ def _groups(o: dict[str, str], wd: Any, me: int) -> None:
         time.sleep(float(o["step_s"]))
 
 
+def _twins(o: dict[str, str], wd: Any, me: int) -> None:
+    """Two groups of the same members (Megatron's data-parallel group beside its context-parallel
+    twin at cp=1): their sequence numbers are their own, so the report must keep them apart."""
+    everyone = list(range(dist.get_world_size()))
+    descs = o.get("desc", "tp,dp").split(",")
+    first, second = (dist.new_group(everyone, group_desc=d) for d in descs)
+    t = torch.ones(4)
+    for i in range(int(o["steps"])):
+        dist.all_reduce(t, group=first)
+        if o["fault"] == "stall" and me == int(o["rank"]) and i == int(o["step"]) and o.get("in") == "first":
+            _hang_started()
+            threading.Event().wait()  # FAULT:stall-twin-first (before the first group's second all-reduce)
+        dist.all_reduce(t, group=first)
+        if o["fault"] == "stall" and me == int(o["rank"]) and i == int(o["step"]) and o.get("in") != "first":
+            _hang_started()
+            threading.Event().wait()  # FAULT:stall-twin-second (before the second group's all-reduce)
+        dist.all_reduce(t, group=second)
+        wd.step()
+        time.sleep(float(o["step_s"]))
+
+
 def wait_for_everyone(o: dict[str, str]) -> None:
     """What the short rank does once out of data: a barrier (accelerate's wait_for_everyone), a
     validation all-reduce of a metric, or a checkpoint save (no collective)."""
@@ -291,7 +315,7 @@ def train(argv: list[str]) -> int:
         wd = HangWatchdog(timeout=timedelta(seconds=float(o["timeout"])), dump_dir="hang-report")
     with wd:
         {"tpdp": _tpdp, "epdp": _tpdp, "pp": _pp, "cycle": _cycle, "uneven": _uneven, "3d": _three_d,
-         "groups": _groups}[o["kind"]](o, wd, me)
+         "groups": _groups, "twins": _twins}[o["kind"]](o, wd, me)
     dist.barrier()
     dist.destroy_process_group()
     return 0

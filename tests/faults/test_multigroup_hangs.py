@@ -224,3 +224,42 @@ def test_groups_made_in_one_order_or_hashed_by_members_are_quiet(tmp_path, world
     result = run_ranks(world, ["kind=groups", f"fault={fault}"], tmp_path, entry=ENTRY, timeout=HARD)
     assert not result.timed_out and result.codes == [0] * world, result.stderr[-3000:]
     assert not (tmp_path / "hang-report").exists()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("world", "words", "label"), [
+    (3, ["in=first"], "ranks[0,1,2] (tp)"),  # the first-made twin: its positions were overwritten by the second's
+    (3, ["in=second"], "ranks[0,1,2] (dp)"),
+    (2, ["in=first", "desc=tp,tp"], "ranks[0,1] (tp, group 1)"),  # the same desc: torch's group name tells them apart
+])
+def test_twin_groups_of_the_same_members_are_kept_apart(tmp_path, world, words, label):
+    """Two groups of the same members count their collectives apart: a rank stalled before one of
+    them is named as never entering that group's collective, the group named by its desc (or its
+    name, where the desc is the same too). Before, both were 'ranks[...]': the one made first lost
+    its positions to the second, and the report said no rank was inside a collective."""
+    lead, findings = _run(tmp_path, world, "kind=twins", "fault=stall", f"rank={world - 1}", "step=2", *words)
+    assert lead.ranks == [world - 1], lead.issue
+    assert "never entered all_reduce" in lead.issue and f"on {label} that" in lead.issue, lead.issue
+    assert _blamed(findings) == {world - 1}, [(f.ranks, f.issue) for f in findings]
+
+
+@pytest.mark.timeout(90)
+def test_healthy_twin_groups_write_no_report(tmp_path):
+    result = run_ranks(3, ["kind=twins"], tmp_path, entry=ENTRY, timeout=HARD)
+    assert not result.timed_out and result.codes == [0, 0, 0], result.stderr[-3000:]
+    assert not (tmp_path / "hang-report").exists()
+
+
+@pytest.mark.torchrun
+@pytest.mark.timeout(150)
+def test_zero_code_twin_groups_name_the_rank_that_never_entered(cli_env, tmp_path):
+    """The same under torchrun -m distdiag.watch (the recorder's positions alone, no wrappers):
+    with the twins under one label the report said no rank was inside a collective."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--standalone",
+           "-m", "distdiag.watch", "--timeout-s", "3", "--", str(SCRIPT), "kind=twins", "fault=stall", "rank=2",
+           "step=2", "in=first"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    lead, findings = _findings(tmp_path)
+    assert lead.ranks == [2] and "on ranks[0,1,2] (tp) that" in lead.issue, lead.issue
+    assert _blamed(findings) == {2}, [(f.ranks, f.issue) for f in findings]
