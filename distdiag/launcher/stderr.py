@@ -15,25 +15,35 @@ __all__ = ["GLOG", "filter_torchrun_stderr", "collect", "WatchOutput", "pump"]
 GLOG = re.compile(r"^([WEIF]\d{4} \d\d:\d\d:\d\d|\*+\s*$|Setting OMP_NUM_THREADS environment variable)")
 """torchrun's own log lines (glog's prefix), its banner's rules and the OMP_NUM_THREADS banner."""
 
-_TORCHRUN_FRAME = re.compile(r'^\s*File ".*torch/distributed/(run|launch|elastic/|launcher/)')
+_TORCHRUN_FRAME = re.compile(r'^\s*File ".*(torch/distributed/(run|launch|elastic/|launcher/)|/torchrun")')
+"""A frame of torchrun's own: its modules, or its console script (`/usr/bin/torchrun`)."""
 _ENDING = re.compile(r"^distdiag\[rank \d+\]: watchdog ending the process")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
 def filter_torchrun_stderr(lines: list[str]) -> list[str]:
-    """Drop torchrun's log lines and its final ChildFailedError traceback; keep the rest."""
-    out: list[str] = []
-    held: list[str] = []
+    """What `WatchOutput` lets through, for a job that has ended: one filter for both, so
+    `distdiag check` and `distdiag watch` leave out the same lines."""
+    kept: list[str] = []
+    output = WatchOutput(_Lines(kept))
     for line in lines:
-        if held or line.startswith("Traceback (most recent call last):"):
-            held.append(line)
-            continue
-        if GLOG.match(line):
-            continue
-        out.append(line)
-    if held and not any("ChildFailedError" in h or "torch/distributed/run.py" in h for h in held):
-        out.extend(held)
-    return out
+        output.line(line)
+    output.close()
+    return kept
+
+
+class _Lines:
+    """A text sink that keeps each write (one line each, as `WatchOutput` writes them)."""
+
+    def __init__(self, into: list[str]) -> None:
+        self.into = into
+
+    def write(self, text: str) -> int:
+        self.into.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 def collect(src: IO[str], sink: list[str], live: bool) -> None:
@@ -58,7 +68,7 @@ class WatchOutput:
     back (`dropped`); a worker's traceback goes through once its first frame shows it is not
     torchrun's. `debug` passes everything."""
 
-    def __init__(self, out: IO[str], debug: bool = False) -> None:
+    def __init__(self, out: IO[str] | _Lines, debug: bool = False) -> None:
         self.out = out
         self.debug = debug
         self.held: list[str] = []

@@ -23,3 +23,27 @@ def test_drops_torchrun_logs_and_child_failed_traceback():
 def test_keeps_other_tracebacks():
     lines = ["Traceback (most recent call last):\n", "ValueError: user bug\n"]
     assert filter_torchrun_stderr(lines) == lines
+
+
+def test_watch_and_check_leave_out_the_same_lines():
+    """One filter: what `distdiag watch` passes on as it comes is what `distdiag check` keeps at the end."""
+    import io
+
+    from distdiag.launcher.stderr import WatchOutput
+
+    lines = [
+        "I1121 21:20:51.800000 3073 site-packages/torch/distributed/run.py:874] starting\n",
+        "distdiag[rank 1]: watchdog ending the process\n",
+        "Traceback (most recent call last):\n",
+        '  File "/job/train.py", line 3, in <module>\n',
+        "ValueError: user bug\n",
+        "Traceback (most recent call last):\n",
+        '  File "/venv/bin/torchrun", line 8, in <module>\n',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+    ]
+    out = io.StringIO()
+    watch = WatchOutput(out)
+    for line in lines:
+        watch.line(line)
+    watch.close()
+    assert out.getvalue().splitlines(keepends=True) == filter_torchrun_stderr(lines) == lines[2:5]
