@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from distdiag.probes.base import group_ranks
+from distdiag.probes.causes import ProbeCause
 
 __all__ = ["SAMPLE", "byte_hash", "digest_model", "Divergence", "classify", "outermost_modules", "sample_diff"]
 
@@ -103,7 +104,7 @@ def outermost_modules(names: list[str], every: list[str]) -> list[str]:
 class Divergence:
     """What the tensors that differ at build time say about the mechanism."""
 
-    cause: str
+    cause: ProbeCause
     odd: list[int]
     """The ranks named: the one rank that differs, or every rank that disagrees."""
     reason: str
@@ -130,10 +131,10 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
     ranks = sorted(digests)
     groups = {k: group_ranks([r for r in ranks if k in digests[r]], lambda r, k=k: digests[r][k].get("bits")) for k in differing}
     if all(digests[ranks[0]].get(k, {}).get("kind") == "buffer" for k in differing):
-        return Divergence("setup_divergence_buffer_per_rank", _disagreeing(groups), "only buffers differ, every parameter agrees", 0.85, groups)
+        return Divergence(ProbeCause.SETUP_DIVERGENCE_BUFFER_PER_RANK, _disagreeing(groups), "only buffers differ, every parameter agrees", 0.85, groups)
     if _permuted(digests, ranks, differing):
         return Divergence(
-            "setup_divergence_init_order", _disagreeing(groups),
+            ProbeCause.SETUP_DIVERGENCE_INIT_ORDER, _disagreeing(groups),
             f"the {len(differing)} tensor(s) hold the same values on every rank, under different names: each rank drew "
             "the same initial values and gave them to its modules in another order (modules built or initialised "
             "in an order that differs across ranks)", 0.85, groups)
@@ -141,7 +142,7 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
     if partial:
         lone = {tuple(_one_odd(g)) for g in groups.values()}
         return Divergence(
-            "setup_divergence_partial_tensor",
+            ProbeCause.SETUP_DIVERGENCE_PARTIAL_TENSOR,
             list(next(iter(lone))) if len(ranks) >= 3 and len(lone) == 1 and next(iter(lone)) else _disagreeing(groups),
             f"only part of each tensor differs ({partial}): rows or a slice written on some ranks after init, not the "
             "whole tensor (a checkpoint load or a rank-seeded init changes every element); candidates: an embedding "
@@ -152,7 +153,7 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
     if len(ranks) >= 3 and len(odd) == 1 and next(iter(odd)):
         (rank,) = next(iter(odd))
         return Divergence(
-            "setup_divergence_loaded_on_one_rank", [rank],
+            ProbeCause.SETUP_DIVERGENCE_LOADED_ON_ONE_RANK, [rank],
             f"on each of the {len(differing)} tensor(s) rank {rank} alone differs and the other {len(ranks) - 1} ranks agree",
             0.9, groups)
     random_params = [k for k, d in digests[ranks[0]].items() if _random_looking(d)]
@@ -160,16 +161,16 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
     distinct = all(len(g) == sum(len(m) for m in g.values()) for g in groups.values())
     if distinct and not left_equal:
         return Divergence(
-            "setup_divergence_rank_seeded", _disagreeing(groups),
+            ProbeCause.SETUP_DIVERGENCE_RANK_SEEDED, _disagreeing(groups),
             f"every rank holds its own values and all {len(random_params)} randomly initialised parameter(s) differ",
             0.85 if len(ranks) >= 3 else 0.7, groups)
     if distinct and len(ranks) == 2:
         return Divergence(
-            "setup_divergence_loaded_on_one_rank", _disagreeing(groups),
+            ProbeCause.SETUP_DIVERGENCE_LOADED_ON_ONE_RANK, _disagreeing(groups),
             f"{len(differing)} tensor(s) differ while {len(left_equal)} other randomly initialised parameter(s) agree: "
             "values written after init on one of the two ranks (with 2 ranks which one cannot be told; at 3 or more "
             "ranks the odd one is named)", 0.7, groups)
-    return Divergence("setup_divergence", _disagreeing(groups), "ranks fall into several groups of equal values", 0.6, groups)
+    return Divergence(ProbeCause.SETUP_DIVERGENCE, _disagreeing(groups), "ranks fall into several groups of equal values", 0.6, groups)
 
 
 PARTIAL_SHARE = 0.25

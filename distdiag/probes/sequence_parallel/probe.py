@@ -24,6 +24,7 @@ import torch
 
 from distdiag.errors import ConfigError, exc_line
 from distdiag.probes.base import ConsolidationView, Probe, group_ranks, local_finding, merge_local_findings
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.sequence_parallel.checks import analyze_split
 from distdiag.probes.sequence_parallel.diagnose import SpDiagnosis, diagnose_grads, diagnose_loss, diagnose_output
 from distdiag.probes.sequence_parallel.end_to_end import VARIANT_TEXT, run_end_to_end
@@ -250,7 +251,7 @@ def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Fin
                     lines, ranks,
                     "split_sequence(batch, rank, world_size) returns a dict of [B, local_seq] tensors: input_ids, "
                     "shift_labels, position_ids and attention_mask when the batch has one", 0.95,
-                    cause="split_bad_output"))
+                    cause=ProbeCause.SPLIT_BAD_OUTPUT))
             continue
         local = {r: e["local"] for r, e in entries.items()}
         found = analyze_split(label, entry0["full"], local, world)
@@ -289,7 +290,7 @@ def _made_up_length(entry0: dict[str, Any], world: int, what: str, evidence: str
     else:
         fix = (f"the split is right on {origin}'s length but not on {n}: make sure training batches only have lengths "
                "it handles (pad in the collator) and make split_sequence raise on any other length")
-    return Finding("warning", issue, evidence, ranks, fix, 0.8, cause="split_needs_divisible_length")
+    return Finding("warning", issue, evidence, ranks, fix, 0.8, cause=ProbeCause.SPLIT_NEEDS_DIVISIBLE_LENGTH)
 
 
 def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
@@ -304,7 +305,7 @@ def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
             "error", f"the Ulysses all_to_all round trip (sequence -> heads -> sequence) is not exact on ranks {bad_trip}",
             "\n".join(f"rank {r}: max abs error {info[r]['round_trip_err']:g}" for r in bad_trip), bad_trip,
             "all_to_all_single returns wrong data: rerun the collectives probe and check the transport", 0.9,
-            cause="transport_corrupts_data"))
+            cause=ProbeCause.TRANSPORT_CORRUPTS_DATA))
     for key, what in (("attn_err", "attention through the Ulysses all_to_all"), ("gather_err", "the shards gathered along the sequence")):
         bad = sorted(r for r, v in info.items() if v and v.get(key, 0.0) > v.get("tol", 1e-4))
         if bad:
@@ -341,7 +342,7 @@ class _ByKind:
         self.kinds: dict[str, dict[str, Any]] = {}
 
     def add(self, kind: str, issue: str, variant: str, evidence: str, ranks: list[int], fix: str, conf: float = 0.9,
-            severity: str = "error", cause: str = "") -> None:
+            severity: str = "error", cause: ProbeCause | None = None) -> None:
         entry = self.kinds.setdefault(kind, {"issue": issue, "variants": [], "evidence": [], "ranks": set(), "fix": fix,
                                              "conf": conf, "severity": severity, "cause": cause})
         entry["variants"].append(variant)
@@ -351,7 +352,7 @@ class _ByKind:
     def findings(self) -> list[Finding]:
         return [
             Finding(k["severity"], f"{k['issue']} ({', '.join(k['variants'])} batch{'es' if len(k['variants']) > 1 else ''})",
-                    "\n".join(k["evidence"]), sorted(k["ranks"]), k["fix"], k["conf"], cause=k["cause"])
+                    "\n".join(k["evidence"]), sorted(k["ranks"]), k["fix"], k["conf"], cause=k["cause"] or "")
             for k in self.kinds.values()
         ]
 
@@ -375,7 +376,7 @@ def _variant_problems(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[st
         kinds.add("shape", f"the SP model's output has the wrong shape on ranks {sorted(shapes)}", variant,
                   _by_text(shapes), sorted(shapes),
                   "gather sequence shards along the sequence dim (dim 1 of [batch, seq, ...]) in rank order", 0.95,
-                  cause="sp_gather_wrong_dim")
+                  cause=ProbeCause.SP_GATHER_WRONG_DIM)
     errors = {r: v["error"] for r, v in per.items() if v.get("error")}
     if errors:
         kinds.add("error", f"the SP step failed on ranks {sorted(errors)}", variant,
@@ -410,7 +411,7 @@ def _reference_not_finite(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dic
               f"reference loss {v0['ref_loss']}; SP losses per rank {sp}; SP loss and gradients not compared on it",
               [], "if a batch or micro-batch can have no valid target in training (all padding, fully masked prompts), its "
               "step turns the weights to NaN: divide the summed token loss by max(valid targets, 1)", 0.7, "warning",
-              cause="empty_batch_zero_division")
+              cause=ProbeCause.EMPTY_BATCH_ZERO_DIVISION)
 
 
 def _loss_differs(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[str, Any]], ref_ok: bool,
