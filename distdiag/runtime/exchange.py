@@ -113,11 +113,12 @@ class Exchange:
     reads ahead on a thread of its own; the store client serialises its requests)."""
 
     def __init__(self, store: Any, rank: int, world_size: int) -> None:
+        # Any: a torch.distributed.Store, whose stubs take str values where the store takes bytes too
         self.store = store
         self.rank = rank
         self.world_size = world_size
 
-    def post(self, key: str, value: Any) -> None:
+    def post(self, key: str, value: object) -> None:
         """Publish this rank's value under key and count it (in parts if it is large)."""
         with bounded(f"set {key}"):
             self._set(f"{key}/{self.rank}", json.dumps(value, default=str))
@@ -142,7 +143,7 @@ class Exchange:
             self.store.set(f"{key}/part/{count - 1}", data[start : start + PART_BYTES])
         self.store.set(key, json.dumps({PARTS: count}))
 
-    def _loads(self, key: str, raw: Any) -> Any:
+    def _loads(self, key: str, raw: bytes | None) -> Any:
         """A value set by _set, its parts read back when it was split."""
         value = decode(raw)
         if isinstance(value, dict) and len(value) == 1 and PARTS in value:
@@ -248,7 +249,7 @@ class Exchange:
                 values[i] = self._loads(f"{key}/{part[i]}", v)
         return values
 
-    def publish(self, key: str, value: Any) -> None:
+    def publish(self, key: str, value: object) -> None:
         """Set one job-wide value (e.g. the verdict; in parts if it is large)."""
         with bounded(f"set {key}"):
             self._set(key, json.dumps(value, default=str))
