@@ -10,6 +10,7 @@ elements). `classify` turns the tensors that differ into one mechanism (a `cause
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -110,12 +111,19 @@ class Divergence:
     reason: str
     """The deciding evidence, in words with counts."""
     confidence: float
-    groups: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    groups: dict[str, dict[str | None, list[int]]] = field(default_factory=dict)
 
 
 def _random_looking(d: dict[str, Any]) -> bool:
     sample = d.get("sample") or []
     return d["kind"] != "buffer" and len(set(sample)) > 1
+
+
+
+def _bits(digests: dict[int, dict[str, dict[str, Any]]], key: str, rank: int) -> str | None:
+    """The bits digest of `key` on `rank` (None: not taken)."""
+    bits: str | None = digests[rank][key].get("bits")
+    return bits
 
 
 def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]) -> Divergence:
@@ -129,7 +137,7 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
     initialised parameter, a load on one rank only those it loads.
     """
     ranks = sorted(digests)
-    groups = {k: group_ranks([r for r in ranks if k in digests[r]], lambda r, k=k: digests[r][k].get("bits")) for k in differing}
+    groups = {k: group_ranks([r for r in ranks if k in digests[r]], functools.partial(_bits, digests, k)) for k in differing}
     if all(digests[ranks[0]].get(k, {}).get("kind") == "buffer" for k in differing):
         return Divergence(ProbeCause.SETUP_DIVERGENCE_BUFFER_PER_RANK, _disagreeing(groups), "only buffers differ, every parameter agrees", 0.85, groups)
     if _permuted(digests, ranks, differing):
