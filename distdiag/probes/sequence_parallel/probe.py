@@ -17,7 +17,8 @@ Three parts, each a finding that names ranks and token positions:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -68,11 +69,11 @@ class SequenceParallelConfig:
             raise ConfigError(f"probes.sequence_parallel.rtol must be a number in (0, 1), got {self.rtol!r}")
 
 
-def _lists(value: Any) -> Any:
+def _lists(value: object) -> list[Any] | None:
     return value.tolist() if isinstance(value, torch.Tensor) else None
 
 
-def _rows(value: Any) -> Any:
+def _rows(value: object) -> object:
     """The rows the split checks compare (they travel as JSON)."""
     return value[:_MAX_ROWS] if isinstance(value, torch.Tensor) else value
 
@@ -88,7 +89,7 @@ def nominal_length(seq_len: int, world: int) -> int:
     return -(-seq_len // step) * step
 
 
-def _check_batch(batch: Any, who: str) -> str | None:
+def _check_batch(batch: object, who: str) -> str | None:
     if not isinstance(batch, dict):
         return f"{who} must return a dict with input_ids and labels, got {type(batch).__name__}"
     for key in ("input_ids", "labels"):
@@ -105,14 +106,14 @@ def _check_batch(batch: Any, who: str) -> str | None:
     return None
 
 
-def _local_lists(out: Any, rows: int) -> tuple[dict[str, Any] | None, str | None]:
+def _local_lists(out: object, rows: int) -> tuple[dict[str, Any] | None, str | None]:
     """This rank's split as lists (its first rows), or why the hook's result is unusable."""
     if not isinstance(out, dict) or not isinstance(out.get("input_ids"), torch.Tensor):
         return None, f"must return a dict with an input_ids tensor, got {type(out).__name__}"
     ids = out["input_ids"]
     if ids.dim() != 2 or ids.shape[0] != rows or ids.dtype.is_floating_point:
         return None, f"input_ids must be an integer tensor [{rows}, local_seq], got {ids.dtype} {list(ids.shape)}"
-    res: dict[str, Any] = {"input_ids": _rows(ids).tolist()}
+    res: dict[str, Any] = {"input_ids": ids[:_MAX_ROWS].tolist()}
     for key in ("shift_labels", "labels", "position_ids", "attention_mask"):
         t = out.get(key)
         if t is not None and (not isinstance(t, torch.Tensor) or t.shape != ids.shape):
@@ -216,7 +217,7 @@ def _one_longer(batch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _mean(values: list[Any]) -> float | None:
+def _mean(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
 
@@ -339,22 +340,36 @@ class _ByKind:
     """End-to-end problems grouped by kind (in the order first seen), with the batch variants each showed on."""
 
     def __init__(self) -> None:
-        self.kinds: dict[str, dict[str, Any]] = {}
+        self.kinds: dict[str, _Kind] = {}
 
     def add(self, kind: str, issue: str, variant: str, evidence: str, ranks: list[int], fix: str, conf: float = 0.9,
             severity: str = "error", cause: ProbeCause | None = None) -> None:
-        entry = self.kinds.setdefault(kind, {"issue": issue, "variants": [], "evidence": [], "ranks": set(), "fix": fix,
-                                             "conf": conf, "severity": severity, "cause": cause})
-        entry["variants"].append(variant)
-        entry["evidence"].append(f"[{variant} batch] {evidence}")
-        entry["ranks"].update(ranks)
+        entry = self.kinds.setdefault(kind, _Kind(issue, fix, conf, severity, cause))
+        entry.variants.append(variant)
+        entry.evidence.append(f"[{variant} batch] {evidence}")
+        entry.ranks.update(ranks)
 
     def findings(self) -> list[Finding]:
         return [
-            Finding(k["severity"], f"{k['issue']} ({', '.join(k['variants'])} batch{'es' if len(k['variants']) > 1 else ''})",
-                    "\n".join(k["evidence"]), sorted(k["ranks"]), k["fix"], k["conf"], cause=k["cause"] or "")
+            Finding(k.severity, f"{k.issue} ({', '.join(k.variants)} batch{'es' if len(k.variants) > 1 else ''})",
+                    "\n".join(k.evidence), sorted(k.ranks), k.fix, k.conf, cause=k.cause or "")
             for k in self.kinds.values()
         ]
+
+
+@dataclass
+class _Kind:
+    """One kind of end-to-end problem: the first issue, fix and confidence seen, and every
+    batch variant, evidence line and rank that showed it."""
+
+    issue: str
+    fix: str
+    conf: float
+    severity: str
+    cause: ProbeCause | None
+    variants: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    ranks: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -455,7 +470,7 @@ def attention_tolerance(device: torch.device) -> float:
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, sl: slice, world: int,
-                      a2a: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      a2a: Callable[..., object], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(this rank's queries back from head sharding, its attention output through the Ulysses
     all_to_all, the unsharded attention over every position), all on `device`: the reference is
     computed where the sharded one is (a GPU's kernels against the CPU's differ by more than any
