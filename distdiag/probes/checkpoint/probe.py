@@ -350,7 +350,7 @@ def _remove(path: str, cleanups: list[int]) -> bool:
     return not os.path.exists(path)
 
 
-def _ckpt_shapes(path: str, trust_pickle: bool) -> dict[str, tuple]:
+def _ckpt_shapes(path: str, trust_pickle: bool) -> dict[str, tuple[int, ...]]:
     """{key: shape} of a checkpoint's metadata, read without running code from it (unless trusted)."""
     from distdiag.probes.checkpoint.safe_load import SafeFileSystemReader
 
@@ -390,7 +390,7 @@ def _refusal_line(text: str) -> str:
     return line.split(" (unpickling runs code")[0].splitlines()[0]
 
 
-def _diff(expected: dict[str, tuple], ckpt: dict[str, tuple]) -> dict[str, Any]:
+def _diff(expected: dict[str, tuple[int, ...]], ckpt: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     from distdiag.probes.checkpoint.keys import compare_keys
 
     d = compare_keys(expected, ckpt)

@@ -21,9 +21,11 @@ everywhere), is found two ways:
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +44,7 @@ from distdiag.probes.cluster.bandwidth_stats import (
     straggler_scores,
 )
 from distdiag.report.model import Finding, ProbeResult
-from distdiag.runtime.comm import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE
+from distdiag.runtime.comm import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE, Comm
 
 if TYPE_CHECKING:
     from distdiag.runtime.context import RankContext
@@ -240,7 +242,8 @@ def _op_call(ctx: RankContext, op: str, size: int, device: torch.device) -> tupl
     return (lambda: dist.all_to_all_single(out, big)), (lambda: comm.all_to_all_single(out, big)), big, nbytes
 
 
-def _timed_loop(comm: Any, timer: _Timer, iters: int, fn: Any, delay: float, record: tuple | None = None) -> float:
+def _timed_loop(comm: Comm, timer: _Timer, iters: int, fn: Callable[[], object], delay: float,
+                record: tuple[str, torch.Tensor, str] | None = None) -> float:
     """`iters` back-to-back calls of `fn` and a device sync; returns the loop's seconds.
 
     `record` (op, tensor, detail): the loop is one tracked collective (fn is a bare
@@ -326,7 +329,7 @@ class BandwidthProbe(Probe):
             timer = _Timer(device, plan["p2p_iters"])
             timer.sync()
             loop_s = _timed_loop(
-                ctx.comm, timer, plan["p2p_iters"], lambda p=peer: ctx.comm.send_recv(send, p, recv, p), delay
+                ctx.comm, timer, plan["p2p_iters"], functools.partial(ctx.comm.send_recv, send, peer, recv, peer), delay
             )
             # The fastest exchange: a slow link is slow every time, while scheduling noise on a
             # loaded host only ever adds time (the median still caught 20x bursts in CI here).
