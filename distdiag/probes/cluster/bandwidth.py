@@ -74,7 +74,7 @@ _TRACKED_NAME = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "redu
 _ELEM = 4  # float32: the element nccl-tests' default runs use
 
 
-def parse_size(value: Any, key: str = "probes.bandwidth.sizes") -> int:
+def parse_size(value: object, key: str = "probes.bandwidth.sizes") -> int:
     """4096, "4096", "4KiB", "1MB" -> bytes; anything else is a ConfigError naming the key."""
     if isinstance(value, int) and not isinstance(value, bool):
         nbytes = value
@@ -197,7 +197,7 @@ class _Timer:
         if self.cuda:
             torch.cuda.synchronize()
 
-    def call(self, i: int, fn: Any) -> None:
+    def call(self, i: int, fn: Callable[[], object]) -> None:
         if self.cuda:
             # Events on the stream: the kernel's time including its wait for late peers.
             self.events[i][0].record()

@@ -9,6 +9,7 @@ consolidation compares them. No collective, no tensor leaves a rank.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -135,7 +136,7 @@ def _uneven_length(lengths: dict[int, int | None]) -> list[Finding]:
     )]
 
 
-def _take(it: Any, n: int) -> list[list[str]]:
+def _take(it: Iterable[object], n: int) -> list[list[str]]:
     try:
         taken = list(islice(iter(it), n))
     except Exception as exc:  # noqa: BLE001 - the user's loader: any failure is a finding

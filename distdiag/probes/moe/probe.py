@@ -31,6 +31,8 @@ from distdiag.workloads.base import batch_on
 from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
     from distdiag.runtime.context import RankContext
 
 __all__ = ["MoeRoutingProbe", "MoeRoutingConfig"]
@@ -112,7 +114,7 @@ def _layer_shape(opts: MoeRoutingConfig, world: int) -> tuple[int, int]:
     return ep, experts
 
 
-def _ep_group(members: list[int], world: int) -> Any:
+def _ep_group(members: list[int], world: int) -> dist.ProcessGroup | None:
     """This rank's expert-parallel group: the default group when it is the whole world, else
     made by its members only (no barrier of the whole job: 2,048 groups at 16k ranks)."""
     if len(members) == world:

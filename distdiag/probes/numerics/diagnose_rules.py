@@ -8,6 +8,7 @@ itself uses) and for "the same factor on every rank".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from distdiag.probes.causes import ProbeCause
@@ -426,5 +427,5 @@ def unexplained(ev: ParityEvidence) -> Diagnosis:
         "reduction)", 0.3)
 
 
-RULES: list[Any] = [setup, rank_dependent, trainable_changed, unmanaged, not_reduced, accumulation, partition, loss_scaled, loss_off,
+RULES: list[Callable[[ParityEvidence], Diagnosis | None]] = [setup, rank_dependent, trainable_changed, unmanaged, not_reduced, accumulation, partition, loss_scaled, loss_off,
                     clip_per_rank, grad_scaled, grad_sync, optimizer]

@@ -46,7 +46,7 @@ class FsdpPlanConfig:
             raise ConfigError(f"probes.fsdp_plan.imbalance_warn must be a number >= 1.0, got {self.imbalance_warn!r}")
 
 
-def _dtype(d: Any) -> str | None:
+def _dtype(d: object) -> str | None:
     return str(d).replace("torch.", "") if d is not None else None
 
 

@@ -12,6 +12,7 @@ decides per tensor in consolidation.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +22,8 @@ from distdiag.probes import training as tr
 from distdiag.probes.numerics.setup_digest import byte_hash
 
 if TYPE_CHECKING:
+    from torch.distributed.tensor import Placement
+
     from distdiag.runtime.context import RankContext
 
 __all__ = ["differing_names", "after_parallel", "reach"]
@@ -53,7 +56,7 @@ def differing_names(ctx: RankContext, digests: dict[str, dict[str, Any]] | None)
     return [n for n, a, b in zip(names, hi.tolist(), lo.tolist(), strict=True) if a != b]
 
 
-def _slice(full: torch.Tensor, placements: Any, coord: list[int], shape: list[int]) -> torch.Tensor | None:
+def _slice(full: torch.Tensor, placements: Sequence[Placement], coord: list[int], shape: list[int]) -> torch.Tensor | None:
     """The part of `full` a rank at mesh coordinate `coord` holds (torch.chunk per Shard dim, as
     DTensor splits), or None for a placement this does not model (strided or partial)."""
     from torch.distributed.tensor import Replicate, Shard
