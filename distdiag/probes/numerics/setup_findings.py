@@ -7,8 +7,8 @@ from typing import Any
 
 from distdiag.probes.base import alike, group_alike, minority_ranks
 from distdiag.probes.causes import ProbeCause
-from distdiag.probes.numerics.setup_after import reach
-from distdiag.probes.numerics.setup_digest import classify, outermost_modules, sample_diff
+from distdiag.probes.numerics.setup_after import AfterParallel, reach
+from distdiag.probes.numerics.setup_digest import TensorDigest, classify, outermost_modules, sample_diff
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -51,7 +51,7 @@ FIXES = {
 }
 
 
-def layout_findings(digests: dict[int, dict[str, dict[str, Any]]]) -> tuple[list[Finding], int, set[str]]:
+def layout_findings(digests: dict[int, dict[str, TensorDigest]]) -> tuple[list[Finding], int, set[str]]:
     """Tensors whose dtype or shape differs across ranks (no value comparison makes sense for them).
 
     Returns the findings, how many tensors were compared, and the keys left out of the value
@@ -118,8 +118,8 @@ def _layout_finding(what: str, items: list[tuple[str, dict[Any, list[int]]]]) ->
 
 
 def divergence_findings(
-    digests: dict[int, dict[str, dict[str, Any]]], skipped: set[str], experts: bool,
-    after: dict[int, dict[str, dict[str, Any]]] | None = None,
+    digests: dict[int, dict[str, TensorDigest]], skipped: set[str], experts: bool,
+    after: dict[int, dict[str, AfterParallel]] | None = None,
 ) -> list[Finding]:
     """Tensors whose values differ across ranks before parallelize, as one finding with its cause
     (those that parallelize made equal, or replaced everywhere, as an info)."""
@@ -176,7 +176,7 @@ def divergence_findings(
     return out
 
 
-def _tensor_line(key: str, groups: dict[Any, list[int]], digests: dict[int, dict[str, dict[str, Any]]]) -> str:
+def _tensor_line(key: str, groups: dict[Any, list[int]], digests: dict[int, dict[str, TensorDigest]]) -> str:
     ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
     ref = digests[ordered[0][0]][key]
     parts = []
