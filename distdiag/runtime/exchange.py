@@ -29,10 +29,12 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from distdiag.report.fastjson import loads
 from distdiag.runtime.snapwire import MAGIC, decode
+
+T = TypeVar("T")
 
 __all__ = ["Exchange", "STORE_STALL_S", "BATCH", "POLL_BUDGET_OPS_S", "bound_store_calls", "bounded", "poll_interval"]
 
@@ -285,8 +287,8 @@ class Exchange:
 
 
 def _poll(
-    probe: Callable[[], Any], deadline: float, poll_s: float, stop: Callable[[], bool] | None, *, scaled: bool = False
-) -> Any | None:
+    probe: Callable[[], T | None], deadline: float, poll_s: float, stop: Callable[[], bool] | None, *, scaled: bool = False
+) -> T | None:
     """probe()'s first value that is not None or False, polling with a backoff up to poll_s;
     None at the deadline or once stop() says so (probe is always tried at least once).
     `scaled`: poll_s was stretched for a large world: no quick first polls (N ranks arriving

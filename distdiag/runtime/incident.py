@@ -159,7 +159,7 @@ def compact_snapshot(snap: RankSnapshot, limit: int = MAX_STORE_VALUE) -> tuple[
     HISTORY_MAX_BYTES."""
     core, hist = _packed(snap)
     trimmed: list[str] = []
-    steps: list[tuple[str, Callable[[], Any]]] = [(k, partial(snap.extra.pop, k, None)) for k in _SHEDDABLE]
+    steps: list[tuple[str, Callable[[], object]]] = [(k, partial(snap.extra.pop, k, None)) for k in _SHEDDABLE]
     engine = snap.engine
     if engine is not None:
         engine.extra = dict(engine.extra)  # read from a dict the caller keeps: drop from a copy
