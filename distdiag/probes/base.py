@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 from distdiag.report.model import Finding, ProbeResult, RankInfo
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Probe", "ConsolidationView", "SHARDING_IMPORTS", "DCP_IMPORTS",
-    "merge_local_findings", "local_finding", "group_ranks", "minority_ranks", "alike", "group_alike",
+    "merge_local_findings", "local_finding", "LocalFinding", "group_ranks", "minority_ranks", "alike", "group_alike",
 ]
 
 
@@ -134,7 +134,17 @@ class Probe(abc.ABC):
         return ProbeResult.from_findings(self.name, merge_local_findings(payloads))
 
 
-def local_finding(severity: str, issue: str, evidence: str = "", fix: str = "", confidence: float = 1.0) -> dict[str, Any]:
+class LocalFinding(TypedDict):
+    """A finding one rank made about itself, posted in its payload's `findings` (as JSON)."""
+
+    severity: str
+    issue: str
+    evidence: str
+    fix: str
+    confidence: float
+
+
+def local_finding(severity: str, issue: str, evidence: str = "", fix: str = "", confidence: float = 1.0) -> LocalFinding:
     """A finding one rank made about itself, for `merge_local_findings` to combine."""
     return {"severity": severity, "issue": issue, "evidence": evidence, "fix": fix, "confidence": confidence}
 

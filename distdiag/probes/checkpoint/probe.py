@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import torch
 
 from distdiag.errors import ConfigError, exc_line
-from distdiag.probes.base import DCP_IMPORTS, SHARDING_IMPORTS, ConsolidationView, Probe, local_finding
+from distdiag.probes.base import DCP_IMPORTS, SHARDING_IMPORTS, ConsolidationView, LocalFinding, Probe, local_finding
 from distdiag.probes.checkpoint.findings import key_findings, merge, unsaved_findings
 from distdiag.probes.training import (
     HookError,
@@ -139,7 +139,7 @@ class CheckpointProbe(Probe):
 
     def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: CheckpointConfig = self.options(ctx)
-        findings: list[dict[str, Any]] = []
+        findings: list[LocalFinding] = []
         model: torch.nn.Module | None = None
         opt: torch.optim.Optimizer | None = None
         try:
@@ -202,7 +202,7 @@ class CheckpointProbe(Probe):
         return path
 
     def _round_trip(self, ctx: RankContext, opts: CheckpointConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, msd: Any, osd: Any,
-                    findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
+                    findings: list[LocalFinding], source: str) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict
         from torch.distributed.checkpoint.api import CheckpointException
@@ -254,7 +254,7 @@ class CheckpointProbe(Probe):
         return result
 
     def _load_existing(self, ctx: RankContext, opts: CheckpointConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, msd: Any, osd: Any,
-                       findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
+                       findings: list[LocalFinding], source: str) -> dict[str, Any]:
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -368,7 +368,7 @@ def _dcp_load(state: dict[str, Any], path: str, trust_pickle: bool) -> None:
              planner=SafeLoadPlanner(trust_pickle=trust_pickle))
 
 
-def _refused(load: str, exc: BaseException) -> dict[str, Any]:
+def _refused(load: str, exc: BaseException) -> LocalFinding:
     """The finding for a checkpoint the restricted reader refused (what, where, the trust key)."""
     what = getattr(exc, "what", None)
     where = getattr(exc, "where", None)

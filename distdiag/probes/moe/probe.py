@@ -21,7 +21,7 @@ import torch
 
 from distdiag.errors import ConfigError, exc_line
 from distdiag.probes import training as tr
-from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_local_findings
+from distdiag.probes.base import ConsolidationView, LocalFinding, Probe, local_finding, merge_local_findings
 from distdiag.probes.moe.checks import BUILTIN_ROUTER, consolidate_moe
 from distdiag.probes.moe.config import MoeRoutingConfig
 from distdiag.probes.moe.dispatch import SplitMismatch, SplitRecorder
@@ -151,7 +151,7 @@ class MoeRoutingProbe(Probe):
 
     def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: MoeRoutingConfig = self.options(ctx)
-        findings: list[dict[str, Any]] = []
+        findings: list[LocalFinding] = []
         ep, experts = _layer_shape(opts, ctx.world_size)
         ctx.seed()
         dense = DenseMoE(opts.hidden_dim, 2 * opts.hidden_dim, experts, opts.top_k).to(ctx.device)
@@ -209,7 +209,7 @@ class MoeRoutingProbe(Probe):
         res["router_sums"] = {n: _sums(p) for n, p in ep.router.named_parameters()}
         return res
 
-    def _user_model(self, ctx: RankContext, opts: MoeRoutingConfig, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def _user_model(self, ctx: RankContext, opts: MoeRoutingConfig, findings: list[LocalFinding]) -> dict[str, Any] | None:
         target = ctx.target
         needed = [h for h in ("build_model", "make_batch", "loss_fn") if not target.has(h)]
         if needed:

@@ -18,7 +18,7 @@ from torch import nn
 
 from distdiag.errors import exc_line
 from distdiag.probes import training as tr
-from distdiag.probes.base import local_finding
+from distdiag.probes.base import LocalFinding, local_finding
 from distdiag.probes.checkpoint.keys import normalize_key
 from distdiag.probes.sequence_parallel.checks import IGNORE, output_shape_problem, positions_text
 from distdiag.workloads import sequence as seqw
@@ -90,7 +90,7 @@ def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def run_end_to_end(ctx: RankContext, target: Any, batch: dict[str, Any], splitters: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_end_to_end(ctx: RankContext, target: Any, batch: dict[str, Any], splitters: dict[str, Any], findings: list[LocalFinding]) -> list[dict[str, Any]]:
     """Every batch variant's comparison; `target` None means the built-in tiny LM."""
     if target is None:
         length = max(256, int(batch["input_ids"].shape[1]))

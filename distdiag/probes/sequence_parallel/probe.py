@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distdiag.errors import ConfigError, exc_line
-from distdiag.probes.base import ConsolidationView, Probe, group_ranks, local_finding, merge_local_findings
+from distdiag.probes.base import (
+    ConsolidationView,
+    LocalFinding,
+    Probe,
+    group_ranks,
+    local_finding,
+    merge_local_findings,
+)
 from distdiag.probes.causes import ProbeCause
 from distdiag.probes.sequence_parallel.checks import analyze_split
 from distdiag.probes.sequence_parallel.diagnose import SpDiagnosis, diagnose_grads, diagnose_loss, diagnose_output
@@ -143,7 +150,7 @@ class SequenceParallelProbe(Probe):
         opts: SequenceParallelConfig = self.options(ctx)
         rank, world = ctx.rank, ctx.world_size
         target = ctx.target
-        findings: list[dict[str, Any]] = []
+        findings: list[LocalFinding] = []
         ctx.seed()
         if target is not None and target.has("make_batch"):
             batch = target.make_batch(1)
