@@ -12,15 +12,28 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from operator import itemgetter, truediv
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from distdiag.probes.base import ConsolidationView
 from distdiag.report.model import Finding
 
 __all__ = [
     "bus_factor", "format_size", "group_timings", "bandwidth_rows", "straggler_scores", "slow_links", "ranks_named",
-    "median_sorted", "sig", "Floors",
+    "median_sorted", "sig", "Floors", "BandwidthPlan",
 ]
+
+
+class BandwidthPlan(TypedDict):
+    """The sweep as run on this device: the options with the device's defaults filled in."""
+
+    sizes: list[int]
+    iters: int
+    repeats: int
+    warmup: int
+    p2p_size: int
+    p2p_iters: int
+    slow_link_factor: float
+    slow_link_min_s: float
 
 
 class Floors(Protocol):
@@ -30,7 +43,7 @@ class Floors(Protocol):
     """Minimum busbw in GB/s by message size and op."""
     expected_p2p_gbps: float
 
-    def resolved(self, gpu: bool) -> dict[str, Any]: ...
+    def resolved(self, gpu: bool) -> BandwidthPlan: ...
 
 
 def sig(value: float) -> float:
