@@ -21,9 +21,9 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from distdiag.report.model import ProbeResult
+from distdiag.runtime.exchange import Exchange
 from distdiag.runtime.gcpause import collector_paused
 
 __all__ = ["Ahead"]
@@ -41,8 +41,8 @@ class Ahead:
     two threads' requests); `prepare(ex)` runs on the thread first (reading the rank table: 0.2 s
     at 16k ranks that rank 0's setup, which every rank waits for, need not spend)."""
 
-    def __init__(self, consolidate: Callable[[Any, int], ProbeResult], ex: Any,
-                 connect: Callable[[], Any] | None = None, prepare: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, consolidate: Callable[[Exchange, int], ProbeResult], ex: Exchange,
+                 connect: Callable[[], Exchange] | None = None, prepare: Callable[[Exchange], None] | None = None) -> None:
         self._consolidate = consolidate
         self._prepare = prepare
         self._ex = ex
@@ -85,7 +85,7 @@ class Ahead:
         self._stopped = True
         self._todo.put(_DONE)
 
-    def _exchange(self) -> Any:
+    def _exchange(self) -> Exchange:
         if self._connect is None:
             return self._ex
         try:

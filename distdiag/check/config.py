@@ -12,9 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from distdiag.errors import ConfigError, did_you_mean, shown
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -106,7 +109,9 @@ class CheckConfig:
         return dataclasses.asdict(self)
 
 
-def _str_list(key: str, value: Any) -> list[str]:
+T = TypeVar("T", bound="DataclassInstance")
+
+def _str_list(key: str, value: object) -> list[str]:
     if isinstance(value, str):
         if len(value) > MAX_PROBE_NAMES * 64:
             raise ConfigError(f"{key} is {len(value)} characters long; name the probes to run (distdiag probes lists them)")
@@ -118,7 +123,7 @@ def _str_list(key: str, value: Any) -> list[str]:
     return list(value)
 
 
-def _positive(key: str, value: Any) -> float:
+def _positive(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_SECONDS:
         raise ConfigError(
             f"{key} must be a number of seconds > 0 and at most {MAX_SECONDS} (one week), got {shown(value)}"
@@ -228,7 +233,7 @@ def _build(
     return config
 
 
-def dataclass_from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
+def dataclass_from_dict(cls: type[T], data: dict[str, Any], prefix: str) -> T:
     """Build a config dataclass from a TOML table; unknown keys name the dotted key."""
     known = {f.name for f in dataclasses.fields(cls)}
     for key in data:
@@ -245,7 +250,7 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
         raise ConfigError(f"{prefix}: {exc}") from None
 
 
-def _check_finite(value: Any, key: str) -> None:
+def _check_finite(value: object, key: str) -> None:
     """No setting is infinite or NaN (TOML allows `inf` and `nan`): a sleep, a deadline or a
     threshold of inf would hang or disable a check silently."""
     import math

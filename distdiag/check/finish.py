@@ -15,8 +15,8 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from distdiag.check.config import CheckConfig
 from distdiag.check.consolidate import build_report, cancel_result, consolidate_probe, hang_result
@@ -36,6 +36,13 @@ from distdiag.runtime.gcpause import collector_paused
 from distdiag.runtime.incident import Incident, Seat
 from distdiag.runtime.keys import IncidentKeys, Keys
 
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from distdiag.check.ahead import Ahead
+    from distdiag.runtime.context import LaunchInfo
+    from distdiag.runtime.sentinel import Sentinel
+
 __all__ = ["RunEnd", "LEAVE_WAIT_S"]
 
 log = logging.getLogger("distdiag.check")
@@ -47,7 +54,7 @@ LEAVE_MAX_STALLS = 10
 """...and at most this many times LEAVE_WAIT_S in all, however the count moves."""
 
 
-def _outcome(kinds: set[Any], *, cancelled: bool, lost: Any) -> str:
+def _outcome(kinds: set[EventKind], *, cancelled: bool, lost: Mapping[int, str]) -> str:
     """The report's outcome of a broken run, from the kinds of reasons the ranks gave."""
     kinds = {EventKind(k) for k in kinds}
     return (
@@ -99,21 +106,21 @@ def _print(config: CheckConfig, report: Report, text: str, where: str | None) ->
 class RunEnd:
     """One rank's end of the run: the report, the verdict, and leaving."""
 
-    def __init__(self, config: CheckConfig, plan: Plan, info: Any, started: float, progress: ProgressLine) -> None:
+    def __init__(self, config: CheckConfig, plan: Plan, info: LaunchInfo, started: float, progress: ProgressLine) -> None:
         self.config = config
         self.plan = plan
         self.info = info
         self.started = started
         self.progress = progress
-        self.sentinel: Any = None  # set once the run has started it
+        self.sentinel: Sentinel | None = None  # set once the run has started it
         self.rank_infos: list[RankInfo] = []
         self.verdict_report: Report | None = None  # the report this rank wrote on the normal end
-        self.ahead: Any = None  # rank 0: the probes consolidated while the others ran (distdiag.check.ahead)
+        self.ahead: Ahead | None = None  # rank 0: the probes consolidated while the others ran (distdiag.check.ahead)
         self._leaving = threading.Lock()
         self._left_code: int | None = None
 
     # -- consolidate ------------------------------------------------------------------------
-    def _view(self, options: Any) -> ConsolidationView:
+    def _view(self, options: object) -> ConsolidationView:
         return ConsolidationView(world_size=self.info.world_size, ranks=self.rank_infos, options=options)
 
     def _load_rank_infos(self, ex: Exchange) -> None:
@@ -155,7 +162,7 @@ class RunEnd:
         made = [self.ahead.result(i) if self.ahead is not None else None for i in range(count)]
         return [r if r is not None else self.consolidated(ex, i) for i, r in enumerate(made)]
 
-    def consolidate_ahead(self, ex: Exchange, connect: Any = None) -> None:
+    def consolidate_ahead(self, ex: Exchange, connect: Callable[[], dist.Store] | None = None) -> None:
         """Rank 0, once all checked in: each probe consolidated on a thread as it completes."""
         from distdiag.check.ahead import Ahead
 
@@ -257,7 +264,7 @@ class RunEnd:
         from distdiag.runtime.incident import kill_stopped_local, silent_rank_reasons
 
         report = self.verdict_report
-        code = report.exit_code if report is not None else int(self.sentinel.finishing_code or 0)
+        code = report.exit_code if report is not None else int(self._sentinel().finishing_code or 0)
         stock = say_leaving(ex)
         world = self.info.world_size
         if settle_leftovers(stock, report, ex, self.config.report, everyone=_all_left(ex, world, wait_s)):
@@ -284,8 +291,12 @@ class RunEnd:
         report.summary = report.probes[-1].findings[0].issue
         self.emit(report, ex, show=False)
         print_line(f"distdiag: {report.summary}; the report now says exit {EXIT_HANG}: {os.path.abspath(self.config.report)}")
-        self.sentinel.finishing_code = EXIT_HANG
+        self._sentinel().finishing_code = EXIT_HANG
         return EXIT_HANG
+
+    def _sentinel(self) -> Sentinel:
+        assert self.sentinel is not None, "the sentinel starts before the run can end"
+        return self.sentinel
 
     # -- the broken end (called on the sentinel thread of the rank that claims the writer) --
     def write_abort_report(self, incident: Incident, reason: IncidentEvent) -> int:
@@ -342,7 +353,7 @@ class RunEnd:
         kill_stopped_local(lost, dict(enumerate(self.rank_infos)), self.info.host)
         return report.exit_code
 
-    def _errors_where_stopped(self, ex: Exchange, cur: int, final: Any) -> tuple[str, dict[int, Any], dict[int, Any]]:
+    def _errors_where_stopped(self, ex: Exchange, cur: int, final: object) -> tuple[str, dict[int, Any], dict[int, Any]]:
         """(the step the run stopped in, the errors ranks posted there, the broken connections
         they posted there); `cur` is the probe's index, or -1 / past the last for setup / final."""
         if 0 <= cur < len(self.plan.probes):

@@ -18,9 +18,13 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    from distdiag.report.model import Report
+    from distdiag.runtime.exchange import Exchange
 
 __all__ = ["Leftovers", "take_stock", "end_children", "leave_without_joining", "note_start", "summary_line",
            "note_in_report", "say_leaving", "settle_leftovers", "CHILD_GRACE_S"]
@@ -116,7 +120,7 @@ def summary_line(by_rank: dict[int, list[str]], code: int) -> str:
     return f"distdiag: what the user's code left behind at the verdict (exit {code} stands): " + "; ".join(parts)
 
 
-def say_leaving(ex: Any) -> Leftovers:
+def say_leaving(ex: Exchange) -> Leftovers:
     """This rank is leaving after the verdict: what its user code left, posted before it says
     it leaves (so the writer, once everyone left, has every rank's). Returns it."""
     from distdiag.runtime.keys import Keys
@@ -128,7 +132,7 @@ def say_leaving(ex: Any) -> Leftovers:
     return stock
 
 
-def settle_leftovers(stock: Leftovers, report: Any, ex: Any, path: str, *, everyone: bool) -> bool:
+def settle_leftovers(stock: Leftovers, report: Report | None, ex: Exchange, path: str, *, everyone: bool) -> bool:
     """Once the ranks left (`everyone`: all said so): the writer (`report` not None) notes what
     they left; this rank ends its own children. Returns `everyone`."""
     if report is not None:
@@ -137,7 +141,7 @@ def settle_leftovers(stock: Leftovers, report: Any, ex: Any, path: str, *, every
     return everyone
 
 
-def note_in_report(report: Any, ex: Any, path: str) -> None:
+def note_in_report(report: Report, ex: Exchange, path: str) -> None:
     """The verdict's writer, once the ranks left: what their user code left (each rank ends its
     own) goes into the report's notes and one line on stderr; the exit code stays the verdict's."""
     from distdiag.errors import print_line

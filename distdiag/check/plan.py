@@ -57,7 +57,7 @@ def validate_injection(world_size: int | None) -> None:
     FaultPlan.from_env(0, world_size=world_size, points=[*PROBES, "setup", "final"])
 
 
-def _probe_options(cls: type[Probe], opts: dict[str, Any], name: str) -> Any:
+def _probe_options(cls: type[Probe], opts: dict[str, Any], name: str) -> object:
     if cls.Config is not None:
         return dataclass_from_dict(cls.Config, opts, f"probes.{name}")
     if opts:
@@ -68,7 +68,8 @@ def _probe_options(cls: type[Probe], opts: dict[str, Any], name: str) -> Any:
 @dataclass
 class PlannedProbe:
     probe: Probe
-    options: Any
+    options: object
+    """The probe's validated Config dataclass, or None."""
     skip_reason: str | None = None
     """Set when the probe does not apply to this world (listed as skipped, never run)."""
 

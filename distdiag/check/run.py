@@ -32,7 +32,12 @@ from distdiag.runtime.faults import FaultPlan
 from distdiag.runtime.keys import Keys
 
 if TYPE_CHECKING:
-    from distdiag.runtime.context import RankContext
+    import torch
+    import torch.distributed as dist
+
+    from distdiag.check.plan import PlannedProbe
+    from distdiag.check.target import Target
+    from distdiag.runtime.context import LaunchInfo, RankContext
 
 __all__ = ["main", "run_check"]
 
@@ -81,7 +86,7 @@ class CheckRun:
     """One rank's run of the plan: set up, run the probes under deadlines, reach the end
     (distdiag.check.finish.RunEnd writes the report and leaves)."""
 
-    def __init__(self, config: CheckConfig, plan: Plan, info: Any) -> None:
+    def __init__(self, config: CheckConfig, plan: Plan, info: LaunchInfo) -> None:
         from distdiag.runtime.tracker import Tracker
 
         self.config = config
@@ -97,7 +102,7 @@ class CheckRun:
         self.end = RunEnd(config, plan, info, self.started, self.progress)
 
     # -- store and sentinel ---------------------------------------------------------------
-    def _store(self) -> Any:
+    def _store(self) -> dist.Store:
         from distdiag.runtime.context import connect_store
 
         with bounded("connect"):  # the sentinel's own client, made while the host may be frozen
@@ -196,13 +201,13 @@ class CheckRun:
         self.sentinel.start()
         self.sentinel.started_ok.wait(30)
 
-    def _setup_failed(self, exc: BaseException, what: str) -> None:
+    def _setup_failed(self, exc: BaseException, what: str) -> NoReturn:
         """This rank could not set up (`what` it could not do): post why, end the run."""
         self.ex.post(Keys.SETUP_ERROR, error_summary(exc))
         self.sentinel.trigger("setup", f"rank {self.info.rank} {what}: {type(exc).__name__}")
         self._park()
 
-    def _init_process_groups(self, backend: str, device: Any) -> Any:
+    def _init_process_groups(self, backend: str, device: torch.device) -> dist.ProcessGroup | None:
         """Init the main process group and the side group; returns the side group."""
         from distdiag.hang.recorder import enable_recorder
         from distdiag.runtime.context import init_process_groups
@@ -241,7 +246,7 @@ class CheckRun:
         summary.update({"where": where, "probe": self.tracker.probe_name, "phase": self.tracker.phase})
         self.ex.post(Keys.caught(index), summary)
 
-    def _load_target_everywhere(self, device_error: str | None = None) -> Any:
+    def _load_target_everywhere(self, device_error: str | None = None) -> Target | None:
         """Load the user's target on every rank; if any rank fails, every rank exits 2.
 
         A target can fail on one node only (a file missing there), so ranks agree through the
@@ -276,7 +281,7 @@ class CheckRun:
             os._exit(code)
         return target
 
-    def _run_probe(self, ctx: RankContext, index: int, planned: Any) -> None:
+    def _run_probe(self, ctx: RankContext, index: int, planned: PlannedProbe) -> None:
         probe = planned.probe
         note_phase(f"in probe '{probe.name}'")
         self.progress.show(index, len(self.plan.probes), probe.name)
@@ -291,7 +296,7 @@ class CheckRun:
         if self.end.ahead is not None:
             self.end.ahead.ready(index)
 
-    def _probe_entry(self, ctx: RankContext, planned: Any) -> dict[str, Any]:
+    def _probe_entry(self, ctx: RankContext, planned: PlannedProbe) -> dict[str, Any]:
         """What this rank posts for one probe: skipped and why, its payload, or its error."""
         probe = planned.probe
         if planned.skip_reason:

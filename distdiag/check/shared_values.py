@@ -63,7 +63,7 @@ def share_fields(ex: Exchange, index: int, entry: dict[str, Any], fields: tuple[
     return {**entry, "payload": out}
 
 
-def _reference(value: Any) -> str | None:
+def _reference(value: object) -> str | None:
     return value[SHARED] if isinstance(value, dict) and len(value) == 1 and SHARED in value else None
 
 

@@ -13,12 +13,15 @@ the others while still starting is part of a cancellation, not a lost rank.
 from __future__ import annotations
 
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distdiag.hang.records import Silence, SilentReason
 from distdiag.launcher.ranks import noted_rank
 from distdiag.runtime import deathnote
 from distdiag.runtime.incident import process_state
+
+if TYPE_CHECKING:
+    from distdiag.runtime.sentinel import Sentinel
 
 __all__ = ["with_last_notes", "signalled_while_importing"]
 
@@ -46,7 +49,7 @@ def with_last_notes(lost: dict[int, Silence], checked_in: dict[int, Any]) -> tup
     return lost, signalled
 
 
-def signalled_while_importing(sentinel: Any, rank: int) -> bool:
+def signalled_while_importing(sentinel: Sentinel, rank: int) -> bool:
     """A SIGTERM or SIGINT noted while this rank imported torch (distdiag/runtime/early.py):
     True once the sentinel is asked to end the run for it (the caller then waits for it, before
     checking in). The sentinel reads the same signal from its pipe, but might act on it only

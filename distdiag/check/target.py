@@ -72,7 +72,7 @@ class Target:
         raise AttributeError(name)
 
 
-def _check_signature(spec: str, name: str, fn: Any) -> None:
+def _check_signature(spec: str, name: str, fn: object) -> None:
     if not callable(fn):
         raise ConfigError(f"target {spec}: {name} must be a function, got {type(fn).__name__}")
     expected = HOOKS[name]

@@ -23,6 +23,7 @@ from distdiag.cli.options import (
 
 if TYPE_CHECKING:
     from distdiag.analyze.core import AnalyzeConfig
+    from distdiag.analyze.readers import Run
     from distdiag.report.model import Report
 
 __all__ = ["register"]
@@ -90,7 +91,7 @@ def analyze(
     raise typer.Exit(0 if exit_zero else report.exit_code)
 
 
-def _write_plot(runs: list, report: Report, plot: Path, config: AnalyzeConfig | None) -> None:
+def _write_plot(runs: list[Run], report: Report, plot: Path, config: AnalyzeConfig | None) -> None:
     """--plot: the curves with the findings marked, as an image (bad input: one line, exit 2)."""
     from distdiag.analyze.plot import PlotUnavailable, plot_report
 

@@ -13,7 +13,7 @@ collectives at the same sequence (distdiag/hang/dumpreport.py).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -29,18 +29,21 @@ from distdiag.cli.options import (
     write_junit_for,
 )
 
+if TYPE_CHECKING:
+    from distdiag.report.model import Report
+
 __all__ = ["register", "report_from_dumps", "dump_problem"]
 
 
 def report_from_dumps(dumps: dict[int, dict[str, Any]], world_size: int | None = None,
-                      others: dict[str, dict[int, dict[str, Any]]] | None = None) -> Any:
+                      others: dict[str, dict[int, dict[str, Any]]] | None = None) -> Report:
     """A Report from rank -> raw dump (distdiag.hang.dumpreport); raises ValueError."""
     from distdiag.hang.dumpreport import report_from_dumps as build
 
     return build(dumps, world_size, others)
 
 
-def dump_problem(dump: Any) -> str | None:
+def dump_problem(dump: object) -> str | None:
     """The first field of a dump whose type the analysis cannot use, or None."""
     from distdiag.hang.dumps import dump_problem as check
 
@@ -89,7 +92,7 @@ def hang_report(
     _show(report, format, exit_zero, junit, graph)
 
 
-def _from_one(path: Path, world_size: int | None) -> Any:
+def _from_one(path: Path, world_size: int | None) -> Report:
     """The report the watchdog wrote (the file, or the folder holding it), else one built from
     the flight-recorder dumps the path holds."""
     from distdiag.errors import ReportError
@@ -125,7 +128,7 @@ def _from_one(path: Path, world_size: int | None) -> Any:
         raise fail(f"cannot read a dump in {path}: {exc.strerror}") from None
 
 
-def _from_several(paths: list[Path], world_size: int | None) -> Any:
+def _from_several(paths: list[Path], world_size: int | None) -> Report:
     """One job's dumps from several folders or files: every file each one holds, read as one set
     (a file named twice is read once)."""
     from distdiag.hang.dumpreport import dump_files, read_folder, skipped_line
@@ -180,7 +183,7 @@ def _check_graph_path(graph: Path | None) -> None:
         raise fail(f"--graph: {exc}") from None
 
 
-def _write_graph(report: Any, graph: Path) -> None:
+def _write_graph(report: Report, graph: Path) -> None:
     """The wait-for graph of the report (its probe's `wait_for_graph`) as DOT, Mermaid or an
     image; a report without one (not a hang, or from an older distdiag) is said in one line."""
     from distdiag.hang.picture import graph_text
@@ -206,7 +209,7 @@ def _write_graph(report: Any, graph: Path) -> None:
     typer.echo(f"distdiag: wait-for graph written to {written}", err=True)
 
 
-def _show(report: Any, format: str, exit_zero: bool, junit: Path | None, graph: Path | None = None) -> None:
+def _show(report: Report, format: str, exit_zero: bool, junit: Path | None, graph: Path | None = None) -> None:
     """Print the report (JSON or text), write its JUnit XML and graph, exit with the verdict's code."""
     from distdiag.watchdog.writer import render_hang_report
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Protocol
 
 from distdiag.errors import print_line
@@ -77,7 +78,7 @@ def run_forwarding_signals(
     got: list[int] = []
     started: list[subprocess.Popen[str]] = []
 
-    def forward(signum: int, frame: Any) -> None:
+    def forward(signum: int, frame: FrameType | None) -> None:
         got.append(signum)
         if launch is not None and len(got) == 1:
             launch.mark_cancelled(signal.Signals(signum).name)

@@ -17,12 +17,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distdiag.errors import print_line
 from distdiag.launcher.launch import Launch
 from distdiag.launcher.ranks import read_json
 from distdiag.report.model import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_HANG, Report
+
+if TYPE_CHECKING:
+    from distdiag.launcher.child import JobEnd
 
 __all__ = ["exit_code_after_run", "lost_rank_words", "first_failure_in", "signal_words", "orphans_words"]
 
@@ -31,7 +34,7 @@ def signal_words(name: str) -> str:
     return "SIGINT (Ctrl-C)" if name == "SIGINT" else name
 
 
-def orphans_words(end: Any) -> str:
+def orphans_words(end: JobEnd) -> str:
     """What the launcher did when torchrun's agent was killed under a running job (`end`:
     child.JobEnd with orphans)."""
     return (f"torchrun's agent was killed by signal {-end.rc}; its {len(end.orphans)} rank(s) left running "
@@ -96,7 +99,7 @@ def lost_rank_words(launch: Launch, lines: list[str]) -> str | None:
     return f"rank {failure['rank']} (pid {failure['pid']} on host {failure['host']}) ended first ({how}){doing}"
 
 
-def exit_code_after_run(launch: Launch, end: Any, lines: list[str] | None = None) -> int:
+def exit_code_after_run(launch: Launch, end: JobEnd, lines: list[str] | None = None) -> int:
     """The launcher's exit code: this run's report's, kept only when torchrun agrees (a pass
     with torchrun failing is 3: a rank failed after the verdict); the verdict note's when its
     report could not be written; 2 for bad input said before any rank started; else 3. Says
@@ -144,7 +147,7 @@ def _no_report_why(rc: int) -> str:
     return f"torchrun exited {rc}: a rank died before the check could report"
 
 
-def _code_of_report(report: Report, end: Any, where: str, launch: Launch) -> int:
+def _code_of_report(report: Report, end: JobEnd, where: str, launch: Launch) -> int:
     code = report.exit_code
     if end.stopped_by and report.outcome in ("cancelled", "terminated"):
         print_line(f"distdiag: cancelled by {signal_words(end.stopped_by)}: {report.summary}; report: {where} "

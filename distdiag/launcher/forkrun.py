@@ -32,10 +32,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from distdiag.check.hashseed import HASH_PROBE, PARENT_HASH_ENV, shared_hash_seed_note
 from distdiag.launcher.argv import split_dashes, world_size
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 __all__ = [
     "main", "plan_preloads", "start_method", "cuda_in_parent", "shared_hash_seed_note",
@@ -83,7 +86,7 @@ def _leave_bad_input_report(message: str, check_args: list[str], world: int) -> 
     write_bad_input_report(message, path, world)
 
 
-def _note_first_failure(exc: Any) -> None:
+def _note_first_failure(exc: ChildFailedError) -> None:
     import socket
 
     from distdiag.launcher.ranks import note_first_failure

@@ -25,7 +25,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 
@@ -260,7 +259,7 @@ class JobWatch:
         return None
 
 
-def _kill(proc: Any) -> None:
+def _kill(proc: psutil.Process) -> None:
     try:
         proc.kill()
     except psutil.Error:

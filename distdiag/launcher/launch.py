@@ -65,7 +65,7 @@ class Launch:
     def __enter__(self) -> Launch:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def env(self) -> dict[str, str]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 from distdiag.report.model import Finding, ProbeResult, RankInfo
 
@@ -13,13 +14,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Probe", "ConsolidationView", "SHARDING_IMPORTS", "DCP_IMPORTS",
-    "merge_local_findings", "local_finding", "group_ranks", "minority_ranks", "alike", "group_alike",
+    "merge_local_findings", "local_finding", "LocalFinding", "group_ranks", "minority_ranks", "alike", "group_alike",
 ]
 
 
 SHARDING_IMPORTS: tuple[str, ...] = ("torch.distributed.fsdp", "torch.distributed.tensor", "torch._dynamo")
 """What a probe that shards a model with FSDP2 imports: DTensor's op tables and sympy, and all
 of torch._dynamo (DTensor's constructor and its sharding propagation's FakeTensorMode load it)."""
+
+K = TypeVar("K", bound=Hashable)
+"""A value ranks are grouped by."""
+V = TypeVar("V")
 
 DCP_IMPORTS: tuple[str, ...] = ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict")
 
@@ -129,7 +134,17 @@ class Probe(abc.ABC):
         return ProbeResult.from_findings(self.name, merge_local_findings(payloads))
 
 
-def local_finding(severity: str, issue: str, evidence: str = "", fix: str = "", confidence: float = 1.0) -> dict[str, Any]:
+class LocalFinding(TypedDict):
+    """A finding one rank made about itself, posted in its payload's `findings` (as JSON)."""
+
+    severity: str
+    issue: str
+    evidence: str
+    fix: str
+    confidence: float
+
+
+def local_finding(severity: str, issue: str, evidence: str = "", fix: str = "", confidence: float = 1.0) -> LocalFinding:
     """A finding one rank made about itself, for `merge_local_findings` to combine."""
     return {"severity": severity, "issue": issue, "evidence": evidence, "fix": fix, "confidence": confidence}
 
@@ -164,26 +179,26 @@ def merge_local_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
     return out
 
 
-def group_ranks(ranks: Any, value: Any) -> dict[Any, list[int]]:
+def group_ranks(ranks: Iterable[int], value: Callable[[int], K]) -> dict[K, list[int]]:
     """Ranks grouped by value(rank), groups in order of first appearance."""
-    groups: dict[Any, list[int]] = {}
+    groups: dict[K, list[int]] = {}
     for r in ranks:
         groups.setdefault(value(r), []).append(r)
     return groups
 
 
-def group_values(ranks: list[int], values: list[Any]) -> dict[Any, list[int]]:
+def group_values(ranks: list[int], values: list[K]) -> dict[K, list[int]]:
     """group_ranks with each rank's value already taken (values[i] is ranks[i]'s): one group
     without a per-rank step when all are equal, the common case at 16k ranks (issue 21)."""
     if values and len(set(values)) == 1:
         return {values[0]: list(ranks)}
-    groups: dict[Any, list[int]] = {}
+    groups: dict[K, list[int]] = {}
     for r, v in zip(ranks, values, strict=True):
         groups.setdefault(v, []).append(r)
     return groups
 
 
-def minority_ranks(groups: dict[Any, list[int]]) -> list[int]:
+def minority_ranks(groups: Mapping[K, list[int]]) -> list[int]:
     """The ranks outside the largest group (every rank when no group is larger than the others)."""
     ordered = sorted(groups.values(), key=len, reverse=True)
     if len(ordered[0]) == len(ordered[1]):
@@ -191,11 +206,11 @@ def minority_ranks(groups: dict[Any, list[int]]) -> list[int]:
     return sorted(r for g in ordered[1:] for r in g)
 
 
-def alike(ranks: list[int], values: list[Any]) -> list[tuple[Any, list[int]]]:
+def alike(ranks: list[int], values: Sequence[V]) -> list[tuple[V, list[int]]]:
     """(value, the ranks holding that very object) per distinct object, in order of first
     appearance (values[i] is ranks[i]'s). Ranks that posted a shared field alike hold one object
     (distdiag/check/shared_values.py): a probe judges each distinct one once, not 16k times."""
-    by_id: dict[int, tuple[Any, list[int]]] = {}
+    by_id: dict[int, tuple[V, list[int]]] = {}
     for r, v in zip(ranks, values, strict=True):
         held = by_id.get(id(v))
         if held is None:
@@ -205,10 +220,10 @@ def alike(ranks: list[int], values: list[Any]) -> list[tuple[Any, list[int]]]:
     return list(by_id.values())
 
 
-def group_alike(pairs: list[tuple[Any, list[int]]]) -> dict[Any, list[int]]:
+def group_alike(pairs: Iterable[tuple[K, list[int]]]) -> dict[K, list[int]]:
     """group_values over `alike`'s classes, each judged once: (value, ranks) pairs in order of
     their first rank -> value -> its ranks in ascending order, groups in order of first rank."""
-    groups: dict[Any, list[int]] = {}
+    groups: dict[K, list[int]] = {}
     merged = False
     for value, ranks in pairs:
         held = groups.get(value)

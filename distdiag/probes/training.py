@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,8 @@ from distdiag.workloads import WORKLOADS, get_workload
 from distdiag.workloads.base import batch_on, batch_size, split_batch
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from distdiag.runtime.context import RankContext
 
 __all__ = [
@@ -141,7 +143,7 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def default_parallelize(
-    model: nn.Module, mesh: Any, blocks: Callable[[nn.Module], list[nn.Module]] = _blocks,
+    model: nn.Module, mesh: DeviceMesh, blocks: Callable[[nn.Module], list[nn.Module]] = _blocks,
 ) -> nn.Module:
     """FSDP2: fully_shard each repeated block (found by ``blocks``), then the root (which takes the rest)."""
     from torch.distributed.fsdp import fully_shard
@@ -152,7 +154,7 @@ def default_parallelize(
     return model
 
 
-def make_mesh(ctx: RankContext, dim: str = "dp") -> Any:
+def make_mesh(ctx: RankContext, dim: str = "dp") -> DeviceMesh:
     """The 1-D mesh over the world, its one dim named ``dim`` (data-parallel by default).
 
     FSDP2 and DTensor (and torch._dynamo, which DTensor.from_local imports on first use)
@@ -172,9 +174,9 @@ class Hooks:
     build_model: Callable[[], nn.Module]
     make_batch: Callable[[int], Any]
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
-    parallelize: Callable[[nn.Module, Any], nn.Module]
+    parallelize: Callable[[nn.Module, DeviceMesh], nn.Module | None]
     shard_batch: Callable[[Any, int, int], Any]
-    build_optimizer: Callable[[Any], torch.optim.Optimizer]
+    build_optimizer: Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
     train_step: Callable[[nn.Module, Any, torch.optim.Optimizer], Any] | None = None
     defaults: list[str] = field(default_factory=list)
     optimizer_desc: str = ""
@@ -206,7 +208,7 @@ class Hooks:
             raise HookError(f"hook build_optimizer returned {type(opt).__name__}, expected a torch.optim.Optimizer")
         return opt
 
-    def wrap(self, model: nn.Module, mesh: Any) -> nn.Module:
+    def wrap(self, model: nn.Module, mesh: DeviceMesh) -> nn.Module:
         out = call_hook("parallelize", self.parallelize, model, mesh)
         if out is None:
             return model  # fully_shard works in place; returning nothing is fine
@@ -270,7 +272,7 @@ class NumericsProbe(Probe):
         return missing_hooks_reason(ctx, self.name) or layout_reason(ctx, self.name)
 
 
-def check_workload(key: str, value: Any) -> None:
+def check_workload(key: str, value: object) -> None:
     """Config validation of a `workload` option (ConfigError naming the dotted key)."""
     if value not in WORKLOADS:
         from distdiag.errors import ConfigError
@@ -282,7 +284,7 @@ def resolve_hooks(ctx: RankContext, workload: str) -> Hooks:
     """The target's hooks with distdiag's defaults for the missing ones (or a built-in workload)."""
     target = getattr(ctx, "target", None)
 
-    def sgd(params: Any) -> torch.optim.Optimizer:
+    def sgd(params: Iterator[nn.Parameter]) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=DEFAULT_LR)
 
     sgd_desc = f"torch.optim.SGD(lr={DEFAULT_LR}) (distdiag's default: no build_optimizer hook)"
@@ -311,7 +313,7 @@ def resolve_hooks(ctx: RankContext, workload: str) -> Hooks:
     )
 
 
-def local_tensor(t: Any) -> Any:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard; any other tensor as it is."""
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -323,7 +325,7 @@ def agree(ctx: RankContext, failed: bool) -> bool:
     return bool(flag.item())
 
 
-def _scalar(value: Any, hook: str) -> float:
+def _scalar(value: object, hook: str) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise HookError(f"hook {hook} returned a tensor of shape {list(value.shape)}, expected a scalar loss")
@@ -349,7 +351,7 @@ def run_step(hooks: Hooks, model: nn.Module, optimizer: torch.optim.Optimizer, s
     names = {id(p): canonical_name(n) for n, p in model.named_parameters()}
     seen: dict[str, torch.Tensor] = {}
 
-    def capture(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def capture(opt: torch.optim.Optimizer, args: object, kwargs: object) -> None:
         for group in opt.param_groups:
             for p in group["params"]:
                 if p.grad is not None and id(p) in names:

@@ -8,7 +8,6 @@ one rank skip, corrupt or add a collective (distdiag.runtime.faults).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,10 +25,10 @@ ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_
 REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-_OP_NAMES: dict[Any, str] = {}
+_OP_NAMES: dict[dist.ReduceOp | dist.ReduceOp.RedOpType, str] = {}
 
 
-def _op_name(op: Any) -> str:
+def _op_name(op: dist.ReduceOp | dist.ReduceOp.RedOpType) -> str:
     name = _OP_NAMES.get(op)
     if name is None:
         name = _OP_NAMES[op] = str(op).rsplit(".", 1)[-1].lower()
@@ -54,7 +53,8 @@ class Comm:
         self.tracker = tracker
         self.faults = faults or FaultPlan()
 
-    def _run(self, op: str, tensor: Any, group: dist.ProcessGroup | None, call: Callable[[], Any], out: Any = None, detail: str = "") -> Any:
+    def _run(self, op: str, tensor: torch.Tensor | list[torch.Tensor] | None, group: dist.ProcessGroup | None, call: Callable[[], object],
+             out: torch.Tensor | list[torch.Tensor] | None = None, detail: str = "") -> object:
         point = self.tracker.probe_name
         index = self.tracker.collectives_in_probe + 1
         if self.faults:
@@ -76,10 +76,11 @@ class Comm:
             target = out if out is not None else tensor
             if isinstance(target, list):
                 target = target[-1]
+            assert target is not None, f"fault 'corrupt' on {op}, which has no tensor"
             target.add_(1)
         return result
 
-    def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: dist.ProcessGroup | None = None) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp | dist.ReduceOp.RedOpType | None = None, group: dist.ProcessGroup | None = None) -> None:
         op = dist.ReduceOp.SUM if op is None else op
         self._run(
             "all_reduce", tensor, group, lambda: dist.all_reduce(tensor, op=op, group=group),

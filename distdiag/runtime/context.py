@@ -82,10 +82,10 @@ class LaunchInfo:
         return f"distdiag/{self.run_id}/{self.restart_count}/"
 
 
-_LOCAL_STORE: Any = None
+_LOCAL_STORE: dist.Store | None = None
 
 
-def connect_store(info: LaunchInfo, timeout: timedelta, *, prefix: str = "") -> Any:
+def connect_store(info: LaunchInfo, timeout: timedelta, *, prefix: str = "") -> dist.Store:
     """A new client of the job's store (one per thread that talks to it), under our prefix.
 
     Without a launcher (a world of 1 run as plain `python -m distdiag.check`) every call
@@ -113,7 +113,7 @@ def connect_store(info: LaunchInfo, timeout: timedelta, *, prefix: str = "") -> 
     return dist.PrefixStore(info.key_prefix + prefix, base)
 
 
-_server_started: dict[str, Any] = {}
+_server_started: dict[str, dist.TCPStore] = {}
 
 
 BACKENDS = ("auto", "nccl", "gloo")
@@ -180,21 +180,19 @@ def pick_device(info: LaunchInfo, backend: str = "auto") -> tuple[torch.device, 
     return torch.device("cuda", index), main
 
 
-def init_process_groups(info: LaunchInfo, store: Any, backend: str, device: torch.device, timeout: timedelta) -> Any:
+def init_process_groups(info: LaunchInfo, store: dist.Store, backend: str, device: torch.device,
+                        timeout: timedelta) -> dist.ProcessGroup | None:
     """The default group on the main backend, and a gloo side group for CPU tensors.
 
     Returns the side group (the default group itself when the main backend is gloo).
     """
-    kwargs: dict[str, Any] = {}
-    if backend == "nccl":
-        kwargs["device_id"] = device
     dist.init_process_group(
         backend,
         store=dist.PrefixStore("pg/", store),
         rank=info.rank,
         world_size=info.world_size,
         timeout=timeout,
-        **kwargs,
+        device_id=device if backend == "nccl" else None,
     )
     if backend == "gloo":
         return dist.group.WORLD

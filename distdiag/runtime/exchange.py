@@ -29,10 +29,12 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from distdiag.report.fastjson import loads
 from distdiag.runtime.snapwire import MAGIC, decode
+
+T = TypeVar("T")
 
 __all__ = ["Exchange", "STORE_STALL_S", "BATCH", "POLL_BUDGET_OPS_S", "bound_store_calls", "bounded", "poll_interval"]
 
@@ -113,11 +115,12 @@ class Exchange:
     reads ahead on a thread of its own; the store client serialises its requests)."""
 
     def __init__(self, store: Any, rank: int, world_size: int) -> None:
+        # Any: a torch.distributed.Store, whose stubs take str values where the store takes bytes too
         self.store = store
         self.rank = rank
         self.world_size = world_size
 
-    def post(self, key: str, value: Any) -> None:
+    def post(self, key: str, value: object) -> None:
         """Publish this rank's value under key and count it (in parts if it is large)."""
         with bounded(f"set {key}"):
             self._set(f"{key}/{self.rank}", json.dumps(value, default=str))
@@ -142,7 +145,7 @@ class Exchange:
             self.store.set(f"{key}/part/{count - 1}", data[start : start + PART_BYTES])
         self.store.set(key, json.dumps({PARTS: count}))
 
-    def _loads(self, key: str, raw: Any) -> Any:
+    def _loads(self, key: str, raw: bytes | None) -> Any:
         """A value set by _set, its parts read back when it was split."""
         value = decode(raw)
         if isinstance(value, dict) and len(value) == 1 and PARTS in value:
@@ -248,7 +251,7 @@ class Exchange:
                 values[i] = self._loads(f"{key}/{part[i]}", v)
         return values
 
-    def publish(self, key: str, value: Any) -> None:
+    def publish(self, key: str, value: object) -> None:
         """Set one job-wide value (e.g. the verdict; in parts if it is large)."""
         with bounded(f"set {key}"):
             self._set(key, json.dumps(value, default=str))
@@ -284,8 +287,8 @@ class Exchange:
 
 
 def _poll(
-    probe: Callable[[], Any], deadline: float, poll_s: float, stop: Callable[[], bool] | None, *, scaled: bool = False
-) -> Any | None:
+    probe: Callable[[], T | None], deadline: float, poll_s: float, stop: Callable[[], bool] | None, *, scaled: bool = False
+) -> T | None:
     """probe()'s first value that is not None or False, polling with a backoff up to poll_s;
     None at the deadline or once stop() says so (probe is always tried at least once).
     `scaled`: poll_s was stretched for a large world: no quick first polls (N ranks arriving

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -55,6 +55,14 @@ __all__ = [
 ]
 
 log = logging.getLogger("distdiag.runtime.incident")
+
+
+class HasHost(Protocol):
+    """What a seat is read from: a LaunchInfo, a RankInfo (node, local_rank and local_world_size
+    are read when present)."""
+
+    @property
+    def host(self) -> str: ...
 
 WRITER_STALL_S = 20.0
 """How long a rank waiting for the verdict waits for the writer's progress counter to move
@@ -106,7 +114,7 @@ class Seat:
     local_world_size: int = 1
 
     @classmethod
-    def of(cls, info: Any) -> Seat:
+    def of(cls, info: HasHost) -> Seat:
         """The seat of a LaunchInfo (or anything with its fields; missing ones take defaults)."""
         return cls(str(info.host), int(getattr(info, "node", 0)), int(getattr(info, "local_rank", 0)),
                    int(getattr(info, "local_world_size", 1) or 1))
@@ -115,7 +123,7 @@ class Seat:
         """How many nodes a job of `world` ranks has, this node's size taken for every node's."""
         return max(world // max(self.local_world_size, 1), 1)
 
-    def other_node(self, host: Any, node: Any) -> bool:
+    def other_node(self, host: str | None, node: int | None) -> bool:
         """Whether (`host`, `node`) is another node than this one."""
         return (host, node) != (self.host, self.node)
 
@@ -151,7 +159,7 @@ def compact_snapshot(snap: RankSnapshot, limit: int = MAX_STORE_VALUE) -> tuple[
     HISTORY_MAX_BYTES."""
     core, hist = _packed(snap)
     trimmed: list[str] = []
-    steps: list[tuple[str, Callable[[], Any]]] = [(k, partial(snap.extra.pop, k, None)) for k in _SHEDDABLE]
+    steps: list[tuple[str, Callable[[], object]]] = [(k, partial(snap.extra.pop, k, None)) for k in _SHEDDABLE]
     engine = snap.engine
     if engine is not None:
         engine.extra = dict(engine.extra)  # read from a dict the caller keeps: drop from a copy
@@ -358,7 +366,7 @@ class Incident:
         """How many chunks `publish_report` will write for this text (the verdict says it first)."""
         return len(self._parts(text))
 
-    def shared_copy(self, text: str, where: str, host: str, readers: int = 1, report: Any = None) -> str:
+    def shared_copy(self, text: str, where: str, host: str, readers: int = 1, report: Report | None = None) -> str:
         """What the other hosts get of the report, within SHARED_REPORT_MAX and within what
         `readers` hosts fetching it may cost the store together (SHARED_TOTAL_MAX): the whole
         report; else without the probes' details (the per-rank tables, stacks, recorder tails:
@@ -555,7 +563,7 @@ _LOCAL_TEXT = {
 }
 
 
-def _without_details(report: Any, note: str) -> dict[str, Any]:
+def _without_details(report: Report, note: str) -> dict[str, Any]:
     """The report's dict with each probe's details left out (they are most of a large report)."""
     import copy
     import dataclasses

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from distdiag.errors import DistDiagError
 
@@ -30,7 +29,7 @@ class StoreValueTooLarge(DistDiagError, ValueError):
     """A value over MAX_STORE_VALUE was about to be written to the job's store."""
 
 
-def checked_value(key: str, value: Any) -> str:
+def checked_value(key: str, value: object) -> str:
     """`value` as the JSON text the store gets; refused when over MAX_STORE_VALUE (TCPStore takes
     up to 8 MiB, but a refused write breaks the client's connection and the store is shared)."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)

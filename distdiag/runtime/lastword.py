@@ -24,7 +24,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distdiag.hang.records import Verdict
+    from distdiag.report.model import Report
 
 __all__ = ["ERROR_FILE_ENV", "BLAME_LEAD_S", "MAX_BLAMED", "blamed_ranks", "remember", "remembered", "write_early", "write_error_file"]
 
@@ -39,7 +43,7 @@ torchrun compares whole seconds, and the ranks learn the verdict up to a second 
 _STATE: dict[str, Any] = {"verdict": None, "at": 0.0, "written": False, "early": True}
 
 
-def blamed_ranks(report: Any) -> list[int]:
+def blamed_ranks(report: Report | None) -> list[int]:
     """The ranks the report blames: those of its most severe finding (critical, else error)
     that names ranks; [] when none does (a finding of the whole job, or a pass)."""
     for severity in ("critical", "error"):
@@ -50,7 +54,7 @@ def blamed_ranks(report: Any) -> list[int]:
     return []
 
 
-def remember(verdict: Any) -> None:
+def remember(verdict: Verdict) -> None:
     """The verdict this rank published or received (distdiag.hang.records.Verdict): the one
     `write_error_file` writes when the process leaves, dated when it came. A rank the verdict
     blames writes it at once (where the verdict ends the run): it is the rank stuck in the
@@ -70,7 +74,7 @@ def write_early(on: bool) -> None:
     _STATE["early"] = on
 
 
-def remembered() -> Any:
+def remembered() -> Verdict | None:
     return _STATE["verdict"]
 
 

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from distdiag.errors import print_line
 from distdiag.hang.records import EventKind, IncidentEvent, RankSnapshot, Verdict
@@ -37,6 +37,13 @@ from distdiag.runtime.incident import (
     silent_rank_reasons,
 )
 from distdiag.runtime.keys import IncidentKeys, Keys
+from distdiag.runtime.tracker import Tracker
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 __all__ = [
     "Sentinel", "install_sigterm_wakeup", "flush_and_exit", "process_state", "silent_rank_reasons",
@@ -77,7 +84,7 @@ WRITER_DEFER_S = 1.0
 """How long a rank that is not waiting on anyone (a possible culprit) defers the writer role."""
 
 
-def tick_s(tracker: Any, now: float) -> float:
+def tick_s(tracker: Tracker, now: float) -> float:
     """How long the sentinel sleeps between looks (SIGTERM wakes it at once regardless)."""
     if tracker.timing and now - tracker.timing_since < TIMING_QUIET_MAX_S:
         return TIMING_TICK_S
@@ -208,11 +215,11 @@ class Sentinel(threading.Thread):
     def __init__(
         self,
         *,
-        store_factory: Callable[[], Any],
+        store_factory: Callable[[], dist.Store],
         rank: int,
         world_size: int,
         seat: Seat,
-        tracker: Any,
+        tracker: Tracker,
         timeout_s: float,
         setup_timeout_s: float,
         deadline_at: float,

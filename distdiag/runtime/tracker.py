@@ -12,10 +12,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from types import FrameType
-from typing import Any
+from types import CodeType, FrameType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distdiag.hang.recorder import EngineReader
 
 __all__ = ["Tracker", "main_thread_stack", "thread_stack", "CollectiveRecord"]
 
@@ -33,8 +36,8 @@ class CollectiveRecord:
     __slots__ = ("op", "group", "seq", "shape", "dtype", "detail", "index", "code", "line", "site", "step", "is_async",
                  "t0", "t1")
 
-    def __init__(self, op: str, group: str, seq: int, shape: Any = None, dtype: Any = None, site: str = "",
-                 step: Any = None, is_async: bool = False) -> None:
+    def __init__(self, op: str, group: str, seq: int, shape: Sequence[int] | str | None = None, dtype: object = None,
+                 site: str = "", step: int | None = None, is_async: bool = False) -> None:
         # The watchdog's fields only: the training thread makes one a collective. The check's
         # tracker sets its own after (`in_probe`); they are read only when a snapshot is taken.
         self.op = op
@@ -49,7 +52,7 @@ class CollectiveRecord:
         self.t1 = 0.0
         """When it completed (0.0: not yet)."""
 
-    def in_probe(self, index: int, detail: str, code: Any, line: int) -> CollectiveRecord:
+    def in_probe(self, index: int, detail: str, code: CodeType | None, line: int) -> CollectiveRecord:
         """The check's: its number within the probe, the op's detail, the call site as a code
         object and line (formatted only when read)."""
         self.index, self.detail, self.code, self.line = index, detail, code, line
@@ -124,7 +127,7 @@ class Tracker:
         self.collectives_in_probe = 0
         self.seq: dict[str, int] = collections.defaultdict(int)
         self.recent: collections.deque[CollectiveRecord] = collections.deque(maxlen=8)
-        self._engine: Any = None
+        self._engine: EngineReader | None = None
         """distdiag.hang.recorder.EngineReader, made on first use by the thread that snapshots (the sentinel)."""
         self.timing = False
         """True while a probe times something (the bandwidth loops): the sentinel then
@@ -140,7 +143,7 @@ class Tracker:
             self.probe_index = probe_index
             self.probe_name = probe_name
 
-    def begin(self, op: str, tensor: Any, group_name: str, detail: str = "") -> CollectiveRecord:
+    def begin(self, op: str, tensor: object, group_name: str, detail: str = "") -> CollectiveRecord:
         """Record that the main thread enters a collective; pair with `end` in a finally.
 
         Cheap on purpose (the bandwidth probe times collectives through this): strings are
@@ -174,7 +177,7 @@ class Tracker:
             self.timing = False
 
     @contextmanager
-    def collective(self, op: str, tensor: Any, group_name: str, detail: str = "") -> Iterator[CollectiveRecord]:
+    def collective(self, op: str, tensor: object, group_name: str, detail: str = "") -> Iterator[CollectiveRecord]:
         record = self.begin(op, tensor, group_name, detail)
         try:
             yield record

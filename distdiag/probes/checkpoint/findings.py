@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from distdiag.probes.base import merge_local_findings
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.sequence_parallel.checks import positions_text
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -98,5 +99,5 @@ def unsaved_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
         "register state that training changes as a persistent buffer (register_buffer(name, t, persistent=True)), or "
         "save it yourself beside the model (get_extra_state / the checkpoint's extra entries); persistent=False is for "
         "caches recomputed from other state",
-        0.85, cause="buffer_not_saved",
+        0.85, cause=ProbeCause.BUFFER_NOT_SAVED,
     )]

@@ -29,7 +29,7 @@ class KeyDiff:
     """checkpoint key -> model key guesses among the rest: the only pair with that shape."""
 
 
-def compare_keys(model_keys: dict[str, tuple], ckpt_keys: dict[str, tuple]) -> KeyDiff:
+def compare_keys(model_keys: dict[str, tuple[int, ...]], ckpt_keys: dict[str, tuple[int, ...]]) -> KeyDiff:
     """Compare {key: shape} of the model's state and of the checkpoint."""
     diff = KeyDiff()
     exact = set(model_keys) & set(ckpt_keys)
@@ -48,12 +48,12 @@ def compare_keys(model_keys: dict[str, tuple], ckpt_keys: dict[str, tuple]) -> K
     still_ckpt = [k for ks in by_norm.values() for k in ks]
     # Among what is left, a pair alone with its shape, first and last name part (model vs
     # optim, weight vs exp_avg) is probably a rename.
-    def kind(k: str, shape: tuple) -> tuple:
+    def kind(k: str, shape: tuple[int, ...]) -> tuple[tuple[int, ...], str, str]:
         parts = k.split(".")
         return (tuple(shape), parts[0], parts[-1])
 
-    shapes_m: dict[tuple, list[str]] = {}
-    shapes_c: dict[tuple, list[str]] = {}
+    shapes_m: dict[tuple[tuple[int, ...], str, str], list[str]] = {}
+    shapes_c: dict[tuple[tuple[int, ...], str, str], list[str]] = {}
     for k in still_model:
         shapes_m.setdefault(kind(k, model_keys[k]), []).append(k)
     for k in still_ckpt:

@@ -14,16 +14,18 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
 from distdiag.errors import ConfigError, exc_line
-from distdiag.probes.base import DCP_IMPORTS, SHARDING_IMPORTS, ConsolidationView, Probe, local_finding
+from distdiag.probes.base import DCP_IMPORTS, SHARDING_IMPORTS, ConsolidationView, LocalFinding, Probe, local_finding
 from distdiag.probes.checkpoint.findings import key_findings, merge, unsaved_findings
 from distdiag.probes.training import (
     HookError,
+    Hooks,
     agree,
     call_hook,
     call_loss,
@@ -67,7 +69,7 @@ class CheckpointConfig:
 
 
 
-def _is_tensor(v: Any) -> bool:
+def _is_tensor(v: object) -> TypeGuard[torch.Tensor]:
     return isinstance(v, torch.Tensor)
 
 
@@ -137,15 +139,16 @@ class CheckpointProbe(Probe):
 
     def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: CheckpointConfig = self.options(ctx)
-        findings: list[dict[str, Any]] = []
-        model: Any = None
-        opt: Any = None
+        findings: list[LocalFinding] = []
+        model: torch.nn.Module | None = None
+        opt: torch.optim.Optimizer | None = None
         try:
             model, opt, source = self._setup(ctx)
         except HookError as exc:
             findings.append(local_finding("error", f"checkpoint probe could not build the model: {exc}"))
         if agree(ctx, model is None):
             return {"findings": findings}
+        assert model is not None and opt is not None  # built on this rank too: agree() says none failed
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         msd, osd = get_state_dict(model, opt)
@@ -153,7 +156,7 @@ class CheckpointProbe(Probe):
             return self._load_existing(ctx, opts, model, opt, msd, osd, findings, source)
         return {**self._round_trip(ctx, opts, model, opt, msd, osd, findings, source), "unsaved": self.unsaved}
 
-    def _setup(self, ctx: RankContext) -> tuple[Any, Any, str]:
+    def _setup(self, ctx: RankContext) -> tuple[torch.nn.Module, torch.optim.Optimizer, str]:
         target = ctx.target
         self.unsaved: list[str] = []
         if target is None or target.has("make_batch"):
@@ -198,8 +201,8 @@ class CheckpointProbe(Probe):
             cleanups.append(at_abort(lambda: shutil.rmtree(path, ignore_errors=True)))
         return path
 
-    def _round_trip(self, ctx: RankContext, opts: CheckpointConfig, model: Any, opt: Any, msd: Any, osd: Any,
-                    findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
+    def _round_trip(self, ctx: RankContext, opts: CheckpointConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, msd: Any, osd: Any,
+                    findings: list[LocalFinding], source: str) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict
         from torch.distributed.checkpoint.api import CheckpointException
@@ -250,8 +253,8 @@ class CheckpointProbe(Probe):
         result["dir"] = path
         return result
 
-    def _load_existing(self, ctx: RankContext, opts: CheckpointConfig, model: Any, opt: Any, msd: Any, osd: Any,
-                       findings: list[dict[str, Any]], source: str) -> dict[str, Any]:
+    def _load_existing(self, ctx: RankContext, opts: CheckpointConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, msd: Any, osd: Any,
+                       findings: list[LocalFinding], source: str) -> dict[str, Any]:
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -318,12 +321,12 @@ class CheckpointProbe(Probe):
         return ProbeResult.from_findings(self.name, findings, metrics=metrics)
 
 
-def _forward(hooks: Any, model: torch.nn.Module, shard: Any) -> None:
+def _forward(hooks: Hooks, model: torch.nn.Module, shard: Any) -> None:
     with torch.no_grad():
         call_loss(hooks, model, shard)
 
 
-def _unsaved_changing(model: torch.nn.Module, step: Any) -> list[str]:
+def _unsaved_changing(model: torch.nn.Module, step: Callable[[], object]) -> list[str]:
     """Buffers left out of the state dict (registered persistent=False) whose value one training step (or forward)
     changes: state a checkpoint cannot restore. Nothing runs when the model has no such buffer."""
     keys = set(model.state_dict().keys())
@@ -347,7 +350,7 @@ def _remove(path: str, cleanups: list[int]) -> bool:
     return not os.path.exists(path)
 
 
-def _ckpt_shapes(path: str, trust_pickle: bool) -> dict[str, tuple]:
+def _ckpt_shapes(path: str, trust_pickle: bool) -> dict[str, tuple[int, ...]]:
     """{key: shape} of a checkpoint's metadata, read without running code from it (unless trusted)."""
     from distdiag.probes.checkpoint.safe_load import SafeFileSystemReader
 
@@ -365,7 +368,7 @@ def _dcp_load(state: dict[str, Any], path: str, trust_pickle: bool) -> None:
              planner=SafeLoadPlanner(trust_pickle=trust_pickle))
 
 
-def _refused(load: str, exc: BaseException) -> dict[str, Any]:
+def _refused(load: str, exc: BaseException) -> LocalFinding:
     """The finding for a checkpoint the restricted reader refused (what, where, the trust key)."""
     what = getattr(exc, "what", None)
     where = getattr(exc, "where", None)
@@ -387,7 +390,7 @@ def _refusal_line(text: str) -> str:
     return line.split(" (unpickling runs code")[0].splitlines()[0]
 
 
-def _diff(expected: dict[str, tuple], ckpt: dict[str, tuple]) -> dict[str, Any]:
+def _diff(expected: dict[str, tuple[int, ...]], ckpt: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     from distdiag.probes.checkpoint.keys import compare_keys
 
     d = compare_keys(expected, ckpt)

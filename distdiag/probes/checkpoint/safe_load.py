@@ -106,7 +106,7 @@ def metadata_path(reader: FileSystemReader, rank: int | None = None) -> Any:
 class SafeFileSystemReader(FileSystemReader):
     """DCP's FileSystemReader with `read_metadata` through `load_metadata` (restricted)."""
 
-    def __init__(self, path: str | os.PathLike, trust_pickle: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], trust_pickle: bool = False) -> None:
         super().__init__(path)
         self.trust_pickle = trust_pickle
 

@@ -21,9 +21,11 @@ everywhere), is found two ways:
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,7 @@ import torch.distributed as dist
 from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.probes.cluster.bandwidth_stats import (
+    BandwidthPlan,
     bandwidth_rows,
     bus_factor,
     format_size,
@@ -42,7 +45,7 @@ from distdiag.probes.cluster.bandwidth_stats import (
     straggler_scores,
 )
 from distdiag.report.model import Finding, ProbeResult
-from distdiag.runtime.comm import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE
+from distdiag.runtime.comm import ALL_GATHER_SINGLE, REDUCE_SCATTER_SINGLE, Comm
 
 if TYPE_CHECKING:
     from distdiag.runtime.context import RankContext
@@ -72,7 +75,7 @@ _TRACKED_NAME = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "redu
 _ELEM = 4  # float32: the element nccl-tests' default runs use
 
 
-def parse_size(value: Any, key: str = "probes.bandwidth.sizes") -> int:
+def parse_size(value: object, key: str = "probes.bandwidth.sizes") -> int:
     """4096, "4096", "4KiB", "1MB" -> bytes; anything else is a ConfigError naming the key."""
     if isinstance(value, int) and not isinstance(value, bool):
         nbytes = value
@@ -89,7 +92,7 @@ def parse_size(value: Any, key: str = "probes.bandwidth.sizes") -> int:
 class BandwidthConfig:
     """Options of the bandwidth probe, the `[probes.bandwidth]` table."""
 
-    sizes: list[Any] = field(default_factory=list)
+    sizes: list[int | str] = field(default_factory=list)
     """Message sizes (bytes or "4KiB", "64MiB"); empty: 4KiB..4MiB on CPU, 1MiB..1GiB on GPU."""
     ops: list[str] = field(default_factory=lambda: list(OPS))
     """Collectives to time: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast."""
@@ -106,7 +109,7 @@ class BandwidthConfig:
     (on CPU only up to 16MiB unless `sizes` lists them; a floor not run is said in an info finding)."""
     p2p: bool = True
     """Also run the ring of neighbour exchanges that names a slow link (needs >= 2 ranks)."""
-    p2p_size: Any = ""
+    p2p_size: int | str = ""
     """Bytes each way per ring exchange; empty: 1MiB on CPU, 64MiB on GPU."""
     p2p_iters: int = 0
     """Timed exchanges per ring link; 0: 5 on CPU, 10 on GPU."""
@@ -164,16 +167,17 @@ class BandwidthConfig:
         if isinstance(self.delay_rank, bool) or not isinstance(self.delay_rank, int):
             raise ConfigError(f"{p}.delay_rank must be a rank number (-1: none), got {self.delay_rank!r}")
 
-    def resolved(self, gpu: bool) -> dict[str, Any]:
+    def resolved(self, gpu: bool) -> BandwidthPlan:
         """Defaults that depend on the device, filled in."""
         floors = {s for s in self.expected if gpu or s <= CPU_FLOOR_MAX}
-        sizes = set(self.sizes or [parse_size(s) for s in (GPU_SIZES if gpu else CPU_SIZES)]) | floors
+        # sizes and p2p_size hold bytes once __post_init__ has read them (parse_size keeps an int as it is)
+        sizes = {parse_size(s) for s in self.sizes or (GPU_SIZES if gpu else CPU_SIZES)} | floors
         return {
             "sizes": sorted(sizes),
             "iters": self.iters or (20 if gpu else 8),
             "repeats": self.repeats or (1 if gpu else 3),
             "warmup": self.warmup or (5 if gpu else 2),
-            "p2p_size": self.p2p_size or parse_size("64MiB" if gpu else "1MiB"),
+            "p2p_size": parse_size(self.p2p_size or ("64MiB" if gpu else "1MiB")),
             "p2p_iters": self.p2p_iters or (10 if gpu else 5),
             "slow_link_factor": self.slow_link_factor or (2.0 if gpu else 4.0),
             "slow_link_min_s": self.slow_link_min_s or (0.0002 if gpu else 0.005),
@@ -195,7 +199,7 @@ class _Timer:
         if self.cuda:
             torch.cuda.synchronize()
 
-    def call(self, i: int, fn: Any) -> None:
+    def call(self, i: int, fn: Callable[[], object]) -> None:
         if self.cuda:
             # Events on the stream: the kernel's time including its wait for late peers.
             self.events[i][0].record()
@@ -212,7 +216,8 @@ class _Timer:
         return self.incall
 
 
-def _op_call(ctx: RankContext, op: str, size: int, device: torch.device) -> tuple[Any, Any, torch.Tensor, int]:
+def _op_call(ctx: RankContext, op: str, size: int,
+             device: torch.device) -> tuple[Callable[[], object], Callable[[], object], torch.Tensor, int]:
     """Two closures issuing one `op` of nccl-tests size ~`size` (bare, tracked), its input,
     and the exact size it moves.
 
@@ -240,7 +245,8 @@ def _op_call(ctx: RankContext, op: str, size: int, device: torch.device) -> tupl
     return (lambda: dist.all_to_all_single(out, big)), (lambda: comm.all_to_all_single(out, big)), big, nbytes
 
 
-def _timed_loop(comm: Any, timer: _Timer, iters: int, fn: Any, delay: float, record: tuple | None = None) -> float:
+def _timed_loop(comm: Comm, timer: _Timer, iters: int, fn: Callable[[], object], delay: float,
+                record: tuple[str, torch.Tensor, str] | None = None) -> float:
     """`iters` back-to-back calls of `fn` and a device sync; returns the loop's seconds.
 
     `record` (op, tensor, detail): the loop is one tracked collective (fn is a bare
@@ -309,7 +315,7 @@ class BandwidthProbe(Probe):
         links = self._ring(ctx, plan, delay) if opts.p2p else []
         return {"samples": samples, "links": links, "gpu": device.type == "cuda"}
 
-    def _ring(self, ctx: RankContext, plan: dict[str, Any], delay: float) -> list[dict[str, Any]]:
+    def _ring(self, ctx: RankContext, plan: BandwidthPlan, delay: float) -> list[dict[str, Any]]:
         """Exchange with each neighbour in turn; one pair at a time (a chain, no deadlock)."""
         rank, n, device = ctx.rank, ctx.world_size, ctx.device
         steps = [0] if n == 2 else list(range(n))
@@ -326,7 +332,7 @@ class BandwidthProbe(Probe):
             timer = _Timer(device, plan["p2p_iters"])
             timer.sync()
             loop_s = _timed_loop(
-                ctx.comm, timer, plan["p2p_iters"], lambda p=peer: ctx.comm.send_recv(send, p, recv, p), delay
+                ctx.comm, timer, plan["p2p_iters"], functools.partial(ctx.comm.send_recv, send, peer, recv, peer), delay
             )
             # The fastest exchange: a slow link is slow every time, while scheduling noise on a
             # loaded host only ever adds time (the median still caught 20x bursts in CI here).

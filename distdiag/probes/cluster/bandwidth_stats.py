@@ -12,15 +12,38 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from operator import itemgetter, truediv
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 from distdiag.probes.base import ConsolidationView
 from distdiag.report.model import Finding
 
 __all__ = [
     "bus_factor", "format_size", "group_timings", "bandwidth_rows", "straggler_scores", "slow_links", "ranks_named",
-    "median_sorted", "sig",
+    "median_sorted", "sig", "Floors", "BandwidthPlan",
 ]
+
+
+class BandwidthPlan(TypedDict):
+    """The sweep as run on this device: the options with the device's defaults filled in."""
+
+    sizes: list[int]
+    iters: int
+    repeats: int
+    warmup: int
+    p2p_size: int
+    p2p_iters: int
+    slow_link_factor: float
+    slow_link_min_s: float
+
+
+class Floors(Protocol):
+    """What these statistics read of the probe's options (bandwidth.py BandwidthConfig)."""
+
+    expected: dict[int, dict[str, float]]
+    """Minimum busbw in GB/s by message size and op."""
+    expected_p2p_gbps: float
+
+    def resolved(self, gpu: bool) -> BandwidthPlan: ...
 
 
 def sig(value: float) -> float:
@@ -65,7 +88,7 @@ def group_timings(payloads: dict[int, dict[str, Any]]) -> dict[tuple[str, int], 
 
 
 def bandwidth_rows(
-    payloads: dict[int, dict[str, Any]], n: int, opts: Any,
+    payloads: dict[int, dict[str, Any]], n: int, opts: Floors,
     by_key: dict[tuple[str, int], list[tuple[int, dict[str, Any]]]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One nccl-tests row per (op, size), and the busbw metrics."""
@@ -149,7 +172,7 @@ def straggler_scores(
 
 
 def slow_links(
-    links: list[dict[str, Any]], n: int, opts: Any, view: ConsolidationView, gpu: bool = False
+    links: list[dict[str, Any]], n: int, opts: Floors, view: ConsolidationView, gpu: bool = False
 ) -> tuple[list[dict[str, Any]], list[Finding]]:
     """Ring-link rows, and findings for links much slower than the reference link."""
     pairs: dict[tuple[int, int], list[dict[str, Any]]] = {}
@@ -171,7 +194,7 @@ def slow_links(
 
 
 def _link_rows(
-    times: dict[tuple[int, int], float], nbytes: int, reference: float, opts: Any,
+    times: dict[tuple[int, int], float], nbytes: int, reference: float, opts: Floors,
     view: ConsolidationView, gpu: bool,
 ) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
     """One row per ring link, and the links that are slow against the reference or the expected rate."""
@@ -194,7 +217,7 @@ def _link_rows(
 
 def _slow_rank_findings(
     slow: list[tuple[int, int]], times: dict[tuple[int, int], float], nbytes: int, reference: float, n: int,
-    opts: Any, view: ConsolidationView, evidence: str,
+    opts: Floors, view: ConsolidationView, evidence: str,
 ) -> tuple[list[Finding], set[tuple[int, int]]]:
     """A finding per rank whose two ring links are both slow, and the links those findings name."""
     findings = []
@@ -226,7 +249,7 @@ def _slow_rank_findings(
 
 def _slow_pair_findings(
     pairs: list[tuple[int, int]], times: dict[tuple[int, int], float], nbytes: int, reference: float,
-    opts: Any, view: ConsolidationView, evidence: str,
+    opts: Floors, view: ConsolidationView, evidence: str,
 ) -> list[Finding]:
     """A finding per slow link not already blamed on one of its ranks."""
     findings = []

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe
 from distdiag.report.model import Finding, ProbeResult
-from distdiag.runtime.comm import group_name
+from distdiag.runtime.comm import Comm, group_name
 
 if TYPE_CHECKING:
     from distdiag.runtime.context import RankContext
@@ -143,7 +143,7 @@ def _idx(n: int) -> torch.Tensor:
 class _WorldOps:
     """The world-group checks of one dtype, each group of ops as one method."""
 
-    comm: Any
+    comm: Comm
     rank: int
     world: int
     n: int

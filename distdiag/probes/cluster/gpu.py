@@ -12,10 +12,13 @@ Without NVML or a GPU the probe skips with the reason, unless the config marks i
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from distdiag.errors import ConfigError
 from distdiag.probes.base import ConsolidationView, Probe
@@ -23,6 +26,8 @@ from distdiag.report.model import Finding, ProbeResult
 
 if TYPE_CHECKING:
     from distdiag.runtime.context import RankContext
+
+T = TypeVar("T")
 
 __all__ = [
     "GpuConfig", "GpuProbe", "read_device", "assess_device", "assess_job", "memory_held_by_others", "THROTTLE_BITS",
@@ -72,15 +77,24 @@ class GpuConfig:
             raise ConfigError(f"{p}.min_free_memory_fraction must be within [0, 1], got {f!r}")
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_device(nvml: Any, handle: Any) -> dict[str, Any]:
+
+def _ecc_errors(nvml: ModuleType, handle: object, etype: int, counter: int) -> int:
+    return int(nvml.nvmlDeviceGetTotalEccErrors(handle, etype, counter))
+
+
+def _int_of(fn: Callable[[object], int], handle: object) -> int:
+    return int(fn(handle))
+
+
+def read_device(nvml: ModuleType, handle: object) -> dict[str, Any]:
     """Every field the probe uses, read through `nvml` (pynvml or a stand-in with its API)."""
     reading: dict[str, Any] = {"unsupported": [], "errors": {}}
 
-    def get(name: str, fn: Any) -> Any:
+    def get(name: str, fn: Callable[[], T]) -> T | None:
         try:
             return fn()
         except nvml.NVMLError_NotSupported:
@@ -100,7 +114,7 @@ def read_device(nvml: Any, handle: Any) -> dict[str, Any]:
     for kind, etype in (("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED), ("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED)):
         for scope, counter in (("volatile", nvml.NVML_VOLATILE_ECC), ("aggregate", nvml.NVML_AGGREGATE_ECC)):
             key = f"ecc_{kind}_{scope}"
-            reading[key] = get(key, lambda e=etype, c=counter: int(nvml.nvmlDeviceGetTotalEccErrors(handle, e, c)))
+            reading[key] = get(key, functools.partial(_ecc_errors, nvml, handle, etype, counter))
     pending = get("retired_pages_pending", lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
     reading["retired_pages_pending"] = None if pending is None else pending == nvml.NVML_FEATURE_ENABLED
     rows = get("remapped_rows", lambda: nvml.nvmlDeviceGetRemappedRows(handle))
@@ -124,7 +138,7 @@ def read_device(nvml: Any, handle: Any) -> dict[str, Any]:
         ("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth"),
         ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth"),
     ):
-        reading[key] = get(key, lambda f=fn: int(getattr(nvml, f)(handle)))
+        reading[key] = get(key, functools.partial(_int_of, getattr(nvml, fn), handle))
     mem = get("memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
     reading["memory_total"] = int(mem.total) if mem is not None else None
     reading["memory_free"] = int(mem.free) if mem is not None else None
@@ -378,7 +392,7 @@ def assess_job(payloads: dict[int, dict[str, Any]], view: ConsolidationView, opt
     return out
 
 
-def _device_handle(nvml: Any, ctx: RankContext) -> tuple[Any, str]:
+def _device_handle(nvml: ModuleType, ctx: RankContext) -> tuple[object, str]:
     """The NVML handle of this rank's GPU (torch's device, by UUID; else LOCAL_RANK's)."""
     try:
         import torch
@@ -413,7 +427,7 @@ def _own_usage(ctx: RankContext) -> dict[str, Any]:
     return own
 
 
-def _nvml() -> tuple[Any, str | None]:
+def _nvml() -> tuple[ModuleType | None, str | None]:
     try:
         import pynvml
     except ImportError:

@@ -9,6 +9,7 @@ consolidation compares them. No collective, no tensor leaves a rank.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView, Probe
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.data.fingerprint import OVERLAP_ERROR, OVERLAP_SHARE, identical_groups, overlap_summary, row_hashes
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
@@ -130,11 +132,11 @@ def _uneven_length(lengths: dict[int, int | None]) -> list[Finding]:
         ranks=sorted(r for n, rs in by_count.items() if n != max(by_count) for r in rs),
         fix="give every rank the same number of batches: DistributedSampler (it pads, or drop_last=True drops, to an "
             "equal share), or split by sample index and drop the remainder, instead of whole files or uneven chunks",
-        confidence=0.9, cause="batch_count_differs",
+        confidence=0.9, cause=ProbeCause.BATCH_COUNT_DIFFERS,
     )]
 
 
-def _take(it: Any, n: int) -> list[list[str]]:
+def _take(it: Iterable[object], n: int) -> list[list[str]]:
     try:
         taken = list(islice(iter(it), n))
     except Exception as exc:  # noqa: BLE001 - the user's loader: any failure is a finding
@@ -197,7 +199,7 @@ def _local_index_finding(groups: list[list[int]], first: dict[int, list[list[str
         evidence=f"row hashes of the first {len(first[groups[0][0]])} batches ({n} samples) equal within each group; "
                  f"every group is one local rank on each of the {world // size} nodes and every rank is in one: the "
                  f"shard index repeats on every node, so the job trains on 1/{world // size} of the data it should",
-        ranks=sorted(r for g in groups for r in g), confidence=0.9, cause="data_sharded_by_local_rank",
+        ranks=sorted(r for g in groups for r in g), confidence=0.9, cause=ProbeCause.DATA_SHARDED_BY_LOCAL_RANK,
         fix="shard by the global rank and world size: DistributedSampler(dataset, num_replicas=dist.get_world_size(), "
             "rank=dist.get_rank()) (RANK and WORLD_SIZE), not LOCAL_RANK and LOCAL_WORLD_SIZE, which number the "
             "ranks of one node only",
@@ -218,7 +220,7 @@ def _identical(first: dict[int, list[list[str]]], local: dict[int, Any] | None =
                   f"{len(first[group[0]])} batches",
             evidence=f"row hashes of every batch equal on {format_ranks(group)}: the world trains on 1/{len(group)} "
                      "of the data it should, each gradient repeated",
-            ranks=group, fix=_SAMPLER_FIX, confidence=0.95, cause="identical_data",
+            ranks=group, fix=_SAMPLER_FIX, confidence=0.95, cause=ProbeCause.IDENTICAL_DATA,
         ))
     return out
 
@@ -234,7 +236,7 @@ def _overlapping(first: dict[int, list[list[str]]], same: list[list[int]]) -> li
         issue=f"{format_ranks(ranks)} see overlapping data: up to {worst:.0%} of one rank's samples are also another's "
               "in the first batches",
         evidence="\n".join(lines) + f"\n(correctly sharded data shares only duplicate samples; flagged above {OVERLAP_SHARE:.0%})",
-        ranks=ranks, fix=_SAMPLER_FIX, confidence=0.85, cause="overlapping_data",
+        ranks=ranks, fix=_SAMPLER_FIX, confidence=0.85, cause=ProbeCause.OVERLAPPING_DATA,
     )]
 
 
@@ -250,5 +252,5 @@ def _repeated(epochs: dict[int, list[list[list[str]]]]) -> list[Finding]:
         fix=("call sampler.set_epoch(epoch) at the start of every epoch: a DistributedSampler shuffles with "
              "seed + epoch, so without it every epoch repeats the first one's order; a RandomSampler's generator "
              "must not be re-seeded with the same seed each epoch"),
-        confidence=0.7, cause="same_order_every_epoch",
+        confidence=0.7, cause=ProbeCause.SAME_ORDER_EVERY_EPOCH,
     )]

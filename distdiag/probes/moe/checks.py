@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from distdiag.probes.moe.config import MoeRoutingConfig
 from distdiag.probes.moe.dispatch import split_findings
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -95,7 +96,7 @@ def _unjudged(judge: bool, idle: list[int], lopsided: bool) -> str:
     return ""
 
 
-def _router(payloads: dict[int, dict[str, Any]], opts: Any, world: int) -> list[Finding]:
+def _router(payloads: dict[int, dict[str, Any]], opts: MoeRoutingConfig, world: int) -> list[Finding]:
     info = {r: p.get("router") or {} for r, p in payloads.items()}
     who = info.get(0, {}).get("who", "route")
     problems = {r: v["problem"] for r, v in info.items() if v.get("problem")}
@@ -134,7 +135,7 @@ def _router_problems(
                "(optionally a tuple (indices, ..., scores [num_tokens, num_experts]))", 0.95)]
 
 
-def _router_twice(info: dict[int, dict[str, Any]], who: str, opts: Any, world: int) -> list[Finding]:
+def _router_twice(info: dict[int, dict[str, Any]], who: str, opts: MoeRoutingConfig, world: int) -> list[Finding]:
     """Ranks where a second call on the same tokens routed some of them differently."""
     twice = {r: v for r, v in info.items() if v.get("twice_differ_count")}
     if not twice:
@@ -171,7 +172,7 @@ def _router_ranks_differ(info: dict[int, dict[str, Any]], ref: list[Any], who: s
                "seed identically and keep router parameters replicated", 0.95)]
 
 
-def _router_ties(info: dict[int, dict[str, Any]], who: str, opts: Any) -> list[Finding]:
+def _router_ties(info: dict[int, dict[str, Any]], who: str, opts: MoeRoutingConfig) -> list[Finding]:
     """Rank 0's near-tie count among the top-k scores, as a warning over opts.tie_warn_share."""
     ties = info.get(0, {}).get("near_ties")
     if not ties:
@@ -287,7 +288,7 @@ def _routing_after(payloads: dict[int, dict[str, Any]], world: int) -> list[Find
                "finding): every rank must update it identically", 0.9)]
 
 
-def consolidate_moe(payloads: dict[int, dict[str, Any]], opts: Any, world: int) -> list[Finding]:
+def consolidate_moe(payloads: dict[int, dict[str, Any]], opts: MoeRoutingConfig, world: int) -> list[Finding]:
     findings = _router(payloads, opts, world)
     builtin = {r: p.get("builtin") or {} for r, p in payloads.items()}
     findings += _dispatch("built-in expert-parallel layer", builtin, world)

@@ -50,13 +50,14 @@ class SplitRecorder:
             module.all_to_all_single = self._wrapped  # type: ignore[attr-defined]  # dist's and c10d's
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for module, name, value in reversed(self._saved):
             setattr(module, name, value)
         self._saved.clear()
 
-    def _wrapped(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Any = None,
-                 input_split_sizes: Any = None, group: Any = None, async_op: bool = False) -> Any:
+    def _wrapped(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None = None,
+                 input_split_sizes: list[int] | None = None, group: dist.ProcessGroup | None = None,
+                 async_op: bool = False) -> dist.Work | None:
         world = dist.get_world_size(group)
         ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
         ins = [int(s) for s in input_split_sizes] if input_split_sizes else [input.shape[0] // world] * world

@@ -15,15 +15,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from distdiag.errors import ConfigError, exc_line
 from distdiag.probes import training as tr
-from distdiag.probes.base import ConsolidationView, Probe, local_finding, merge_local_findings
+from distdiag.probes.base import ConsolidationView, LocalFinding, Probe, local_finding, merge_local_findings
 from distdiag.probes.moe.checks import BUILTIN_ROUTER, consolidate_moe
+from distdiag.probes.moe.config import MoeRoutingConfig
 from distdiag.probes.moe.dispatch import SplitMismatch, SplitRecorder
 from distdiag.report.model import ProbeResult
 from distdiag.report.render import format_ranks
@@ -31,59 +31,11 @@ from distdiag.workloads.base import batch_on
 from distdiag.workloads.moe import DenseMoE, ExpertParallelMoE
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
     from distdiag.runtime.context import RankContext
 
 __all__ = ["MoeRoutingProbe", "MoeRoutingConfig"]
-
-
-@dataclass
-class MoeRoutingConfig:
-    """Options of the moe_routing probe, the `[probes.moe_routing]` table."""
-
-    num_tokens: int = 64
-    """Tokens routed per rank."""
-    hidden_dim: int = 16
-    """Width of the tokens passed to route(tokens) and of the built-in layer."""
-    num_experts: int = 0
-    """Experts of the built-in layer; 0 means 2 x its expert-parallel group's size (must divide by it)."""
-    ep_size: int = 0
-    """Ranks per expert-parallel group of the built-in layer (consecutive ranks; must divide the
-    world size); 0: the largest divisor of the world size up to 8, the whole world up to 8
-    ranks (or when no divisor from 2 to 8 exists). Each group exchanges its tokens over its own
-    all_to_all: what a rank posts and the split tables it gathers grow with its group, not the job."""
-    top_k: int = 2
-    """Experts per token of the built-in layer."""
-    tie_eps: float = 1e-4
-    """A token whose k-th and (k+1)-th router scores differ by less than this in log space
-    (the logit gap of softmax scores) is a near-tie."""
-    tie_warn_share: float = 0.1
-    """Warn when more than this share of tokens are near-ties."""
-    imbalance_warn: float = 3.0
-    """Warn when the busiest expert gets more than this many times the mean load (and too many
-    tokens for a uniform router's sampling noise to explain, see checks.load_noise)."""
-    steps: int = 3
-    """Training steps before comparing router parameters across ranks."""
-
-    def __post_init__(self) -> None:
-        def integer(key: str, low: int, high: int) -> None:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-                raise ConfigError(f"probes.moe_routing.{key} must be an integer in [{low}, {high}], got {v!r}")
-
-        def number(key: str, low: float, high: float) -> None:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not low < v < high:
-                raise ConfigError(f"probes.moe_routing.{key} must be a number in ({low}, {high}), got {v!r}")
-
-        integer("num_tokens", 1, 1 << 20)
-        integer("hidden_dim", 1, 1 << 16)
-        integer("num_experts", 0, 4096)
-        integer("ep_size", 0, 1 << 20)
-        integer("top_k", 1, 64)
-        integer("steps", 0, 100)
-        number("tie_eps", 0.0, 1.0)
-        number("tie_warn_share", 0.0, 1.0)
-        number("imbalance_warn", 1.0, 1e6)
 
 
 def _parse_route(out: Any, num_tokens: int) -> tuple[torch.Tensor | None, torch.Tensor | None, str | None]:
@@ -162,7 +114,7 @@ def _layer_shape(opts: MoeRoutingConfig, world: int) -> tuple[int, int]:
     return ep, experts
 
 
-def _ep_group(members: list[int], world: int) -> Any:
+def _ep_group(members: list[int], world: int) -> dist.ProcessGroup | None:
     """This rank's expert-parallel group: the default group when it is the whole world, else
     made by its members only (no barrier of the whole job: 2,048 groups at 16k ranks)."""
     if len(members) == world:
@@ -179,7 +131,7 @@ class MoeRoutingProbe(Probe):
     min_world_size = 2
     Config = MoeRoutingConfig
 
-    def options_problem(self, options: Any, world_size: int) -> str | None:
+    def options_problem(self, options: MoeRoutingConfig, world_size: int) -> str | None:
         if world_size < self.min_world_size:  # not run there (world_problem says so): its options do not matter
             return None
         try:
@@ -199,7 +151,7 @@ class MoeRoutingProbe(Probe):
 
     def run(self, ctx: RankContext) -> dict[str, Any]:
         opts: MoeRoutingConfig = self.options(ctx)
-        findings: list[dict[str, Any]] = []
+        findings: list[LocalFinding] = []
         ep, experts = _layer_shape(opts, ctx.world_size)
         ctx.seed()
         dense = DenseMoE(opts.hidden_dim, 2 * opts.hidden_dim, experts, opts.top_k).to(ctx.device)
@@ -257,7 +209,7 @@ class MoeRoutingProbe(Probe):
         res["router_sums"] = {n: _sums(p) for n, p in ep.router.named_parameters()}
         return res
 
-    def _user_model(self, ctx: RankContext, opts: MoeRoutingConfig, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def _user_model(self, ctx: RankContext, opts: MoeRoutingConfig, findings: list[LocalFinding]) -> dict[str, Any] | None:
         target = ctx.target
         needed = [h for h in ("build_model", "make_batch", "loss_fn") if not target.has(h)]
         if needed:

@@ -20,7 +20,7 @@ IGNORE_INDEX = -100
 """The label torch's cross_entropy (and the Hugging Face models) leave out of the mean."""
 
 
-def _leaves(value: Any, key: str = "") -> list[tuple[str, torch.Tensor]]:
+def _leaves(value: object, key: str = "") -> list[tuple[str, torch.Tensor]]:
     """(key, tensor) of every tensor in a batch (a tensor, tuple/list or dict of them), in order."""
     if isinstance(value, torch.Tensor):
         return [(key, value)]

@@ -25,7 +25,7 @@ from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView, alike, group_alike, group_values, minority_ranks
 from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.probes.numerics.replicas import bit_checksum
-from distdiag.probes.numerics.shared import fingerprint, parallel_run, release
+from distdiag.probes.numerics.shared import Fingerprint, fingerprint, parallel_run, release
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
 
@@ -52,17 +52,17 @@ class DeterminismConfig:
             raise ConfigError(f"probes.determinism.parallel must be true or false, got {self.parallel!r}")
 
 
-def _ref_key(fp: dict[str, Any]) -> str:
+def _ref_key(fp: Fingerprint) -> str:
     """A reference pass's fingerprint as one comparable string (loss and every gradient)."""
     return fp["loss"] + "|" + "|".join(f"{n}:{c}" for n, c in sorted(fp["grads"].items()))
 
 
-def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def _diff(a: Fingerprint, b: Fingerprint) -> list[str]:
     out = ["loss"] if a["loss"] != b["loss"] else []
     return out + [n for n in a["grads"] if a["grads"][n] != b["grads"].get(n)]
 
 
-def _ref_pass(ctx: RankContext, hooks: tr.Hooks, model: nn.Module, shard: Any) -> dict[str, Any]:
+def _ref_pass(ctx: RankContext, hooks: tr.Hooks, model: nn.Module, shard: Any) -> Fingerprint:
     model.zero_grad(set_to_none=True)
     ctx.seed(_SEED)
     loss = tr.call_loss(hooks, model, shard)

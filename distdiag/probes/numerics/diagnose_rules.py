@@ -8,8 +8,10 @@ itself uses) and for "the same factor on every rank".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.numerics.parity_evidence import (
     RATIO_HIGH,
     Diagnosis,
@@ -39,7 +41,7 @@ def setup(ev: ParityEvidence) -> Diagnosis | None:
                      + "; ".join(f"{b['name']} rel err {b['rel']:.3g} on ranks {b['ranks']}" for b in worst))
     lines.append("every later difference follows from it, so no training mechanism is inferred")
     return Diagnosis(
-        "setup_divergence", "the weights already differ before the first step (setup, not training)", lines,
+        ProbeCause.SETUP_DIVERGENCE, "the weights already differ before the first step (setup, not training)", lines,
         "make every rank start from the same weights: load or initialise them on every rank (or on rank 0 and "
         "broadcast, e.g. set_model_state_dict(..., broadcast_from_rank0=True)) before fully_shard, and seed "
         "initialisation the same on every rank; the param_sync probe names each tensor and rank before training",
@@ -87,7 +89,7 @@ def rank_dependent(ev: ParityEvidence) -> Diagnosis | None:
               "probe compares the reference's bits across ranks)", f"what would decide: {decide}",
               "the parallel run is compared with each rank's own reference, so its differences follow from this one"]
     return Diagnosis(
-        "hook_depends_on_rank", f"{hook} computes differently on each rank (it reads the rank or a per-rank setting)",
+        ProbeCause.HOOK_DEPENDS_ON_RANK, f"{hook} computes differently on each rank (it reads the rank or a per-rank setting)",
         lines, f"make {hook} compute the same on every rank: read its settings from one config every rank loads (or "
         "broadcast them from rank 0), not from RANK/LOCAL_RANK, a per-node file or a file only some ranks find; which "
         f"setting is not identified: {decide}", 0.85)
@@ -114,7 +116,7 @@ def partition(ev: ParityEvidence) -> Diagnosis | None:
         what = ("duplicates part of the batch across ranks (overlapping slices: an off-by-one end)" if more else
                 "drops part of the batch (a floor division that leaves the remainder on no rank)")
         return Diagnosis(
-            "shards_do_not_partition_batch", f"shard_batch {what}", lines,
+            ProbeCause.SHARDS_DO_NOT_PARTITION_BATCH, f"shard_batch {what}", lines,
             "make shard_batch give every row (and valid token) of the global batch to exactly one rank: slices "
             "[rank * n, (rank + 1) * n) with n = rows // world_size, and a global batch padded to a multiple of the "
             "world size with masked-out rows instead of a remainder left out", 0.9)
@@ -132,7 +134,7 @@ def not_reduced(ev: ParityEvidence) -> Diagnosis | None:
     if ev.train_step:
         lines.append("unless train_step reduces them itself (then its reduction is what differs)")
     return Diagnosis(
-        "grads_not_reduced", "gradients are never reduced: the parallel model has no data-parallel wrapper", lines,
+        ProbeCause.GRADS_NOT_REDUCED, "gradients are never reduced: the parallel model has no data-parallel wrapper", lines,
         "wrap the model in parallelize (fully_shard per block and on the root, or DistributedDataParallel) on every "
         "run: each rank otherwise steps with the gradient of its own shard only and the replicas drift apart",
         0.6 if ev.train_step else 0.85)
@@ -152,7 +154,7 @@ def trainable_changed(ev: ParityEvidence) -> Diagnosis | None:
     lines += ["parallelize (or something it calls) changed which parameters train, so the parallel run steps a "
               "different set of parameters", *locate(ev.gbad or ev.pbad, ev.order)]
     return Diagnosis(
-        "parallelize_changes_trainable", "parallelize changes which parameters train", lines,
+        ProbeCause.PARALLELIZE_CHANGES_TRAINABLE, "parallelize changes which parameters train", lines,
         "set requires_grad in build_model (for every run), not in parallelize: the parallel run must train the "
         "parameters the single-process run trains", 0.9)
 
@@ -164,7 +166,7 @@ def unmanaged(ev: ParityEvidence) -> Diagnosis | None:
         return None
     if ev.fsdp is False:  # DTensors from a tensor-parallel plan, no FSDP: the plan left them out
         return Diagnosis(
-            "unmanaged_params", f"{len(plain)} plain parameter(s) outside the tensor-parallel plan: their gradients "
+            ProbeCause.UNMANAGED_PARAMS, f"{len(plain)} plain parameter(s) outside the tensor-parallel plan: their gradients "
             "are not reduced over the ranks", [f"plain tensors (not DTensors) and over tolerance: {', '.join(plain[:6])}",
                                               *locate(ev.gbad, ev.order)],
             f"{', '.join(plain[:4])} are plain parameters of a tensor-parallel model: each rank's gradient holds only its "
@@ -173,7 +175,7 @@ def unmanaged(ev: ParityEvidence) -> Diagnosis | None:
             "a style that makes them Replicate DTensors), or all-reduce their gradients over the tensor-parallel group",
             0.8)
     return Diagnosis(
-        "unmanaged_params", f"{len(plain)} plain parameter(s) outside every FSDP group: their gradients are not reduced",
+        ProbeCause.UNMANAGED_PARAMS, f"{len(plain)} plain parameter(s) outside every FSDP group: their gradients are not reduced",
         [f"not FSDP-managed (plain tensors) and over tolerance: {', '.join(plain[:6])}", *locate(ev.gbad, ev.order)],
         f"{', '.join(plain[:4])} are plain (not FSDP-managed) parameters on the parallel model, so their gradients "
         "are never reduced across ranks: include them in fully_shard (shard the root module, or the block left out), "
@@ -185,7 +187,7 @@ def accumulation(ev: ParityEvidence) -> Diagnosis | None:
     if not ev.accum_bad:
         return None
     return Diagnosis(
-        "grad_accumulation_means", "gradient accumulation that is not equivalent to one step on the global batch",
+        ProbeCause.GRAD_ACCUMULATION_MEANS, "gradient accumulation that is not equivalent to one step on the global batch",
         ["in the reference process, train_step's gradients differ from one loss_fn backward on the same batch "
          "by more than a uniform factor (see the accumulation warning)",
          f"candidates: {ACCUM_CANDIDATES}", f"what would decide: {ACCUM_DECIDES}"],
@@ -234,7 +236,7 @@ def loss_scaled(ev: ParityEvidence) -> Diagnosis | None:
     if not follows:
         lines.append("the gradients are not the reference's x the same ratio: something besides the loss's scale differs")
     confident = closeness <= RATIO_HIGH and bool(made) and follows
-    return Diagnosis("loss_scaled_wrong_group", f"the loss is scaled for the wrong group (exactly {'1/' if inverted else ''}{k})",
+    return Diagnosis(ProbeCause.LOSS_SCALED_WRONG_GROUP, f"the loss is scaled for the wrong group (exactly {'1/' if inverted else ''}{k})",
                      lines, fix, 0.95 if confident else 0.7, uniform=True)
 
 
@@ -266,7 +268,7 @@ def _forward_differs(ev: ParityEvidence, located: list[str], counts: str) -> Dia
             "the loss then matching the reference decides it") if mods else "rerun with the suspected op disabled"
     lines.append(f"what would decide: {what}")
     return Diagnosis(
-        "mechanism_not_identified", "the forward computes differently per rank (mechanism not identified)", lines,
+        ProbeCause.MECHANISM_NOT_IDENTIFIED, "the forward computes differently per rank (mechanism not identified)", lines,
         f"not identified from this evidence; {what}"
         + (". If it is the BatchNorm, use SyncBatchNorm (or statistics reduced over the data-parallel group) where "
            "the ranks' batches must be normalised together" if mods else ""), 0.4)
@@ -292,7 +294,7 @@ def loss_off(ev: ParityEvidence) -> Diagnosis | None:
                  "per-rank means differ from the global mean; equal counts point at the forward instead (dropout on, "
                  "batch norm or another cross-sample op)")
     return Diagnosis(
-        "loss_normalised_per_rank", "the ranks' losses do not average to the global batch's loss", lines,
+        ProbeCause.LOSS_NORMALISED_PER_RANK, "the ranks' losses do not average to the global batch's loss", lines,
         "the loss is probably normalised per rank (dividing by this rank's token/sample count) while ranks hold "
         "different counts; divide by the global count (pass it through shard_batch) so that FSDP's average over "
         "ranks gives the global mean", 0.6 if ev.step == 1 else 0.45)
@@ -322,7 +324,7 @@ def clip_per_rank(ev: ParityEvidence) -> Diagnosis | None:
     lines = [f"loss exact (rel err {ev.loss_rel:.1e})", factors_text(ev),
              f"the factor is constant across the tensors of a rank and differs between ranks (spread {spread:.2g})"]
     return Diagnosis(
-        "grad_clip_per_rank", "gradient clipping computed from each rank's local shards", lines,
+        ProbeCause.GRAD_CLIP_PER_RANK, "gradient clipping computed from each rank's local shards", lines,
         "compute the clipping norm over the whole model, not this rank's shards: torch.nn.utils.clip_grad_norm_ on the "
         "DTensor parameters (it reduces the norm across ranks), or all_reduce the sum of squared local norms before "
         "the square root; a per-rank loss scale (one GradScaler per rank) is the other mechanism with this signature",
@@ -338,22 +340,22 @@ def grad_scaled(ev: ParityEvidence) -> Diagnosis | None:
     found = ratio_to_integer(f)
     lines = [f"loss exact (rel err {ev.loss_rel:.1e})", factors_text(ev)]
     if found is None or found[1] > 10 * ev.grad_tol:
-        return Diagnosis("grad_scaled_uniformly", f"every gradient is the reference's x {f:.6g} on every rank", lines,
+        return Diagnosis(ProbeCause.GRAD_SCALED_UNIFORMLY, f"every gradient is the reference's x {f:.6g} on every rank", lines,
                          "something scales the gradients after backward by a constant the reference does not apply (a "
                          "clipping threshold, a loss-scale left in, a custom reduction); what would decide: the same run "
                          "without train_step's extras", 0.5, uniform=True)
     k, closeness, inverted = found
     lines.append(_ratio_lines(f, k, inverted, closeness, "gradient", {"dp": ev.world})[1])
     if k == ev.world and inverted:
-        return Diagnosis("grad_averaged_twice", f"gradients averaged twice (exactly 1/{k}, the world size)", lines,
+        return Diagnosis(ProbeCause.GRAD_AVERAGED_TWICE, f"gradients averaged twice (exactly 1/{k}, the world size)", lines,
                          f"the gradients are divided by {k} once too often: FSDP2/DDP already average over the {k} "
                          "ranks; remove the extra division (grad /= world_size, a second all_reduce(AVG), a divide "
                          "factor)", 0.9, uniform=True)
     if k == ev.world:
-        return Diagnosis("grad_summed_not_averaged", f"gradients summed over the {k} ranks, not averaged", lines,
+        return Diagnosis(ProbeCause.GRAD_SUMMED_NOT_AVERAGED, f"gradients summed over the {k} ranks, not averaged", lines,
                          f"the reduction sums the {k} ranks' gradients: use ReduceOp.AVG (or divide the sum by {k}); "
                          "with FSDP2 leave the gradient divide factor at its default", 0.9, uniform=True)
-    return Diagnosis("grad_scale_wrong_group", f"gradients scaled by {'1/' if inverted else ''}{k}, not a group size here",
+    return Diagnosis(ProbeCause.GRAD_SCALE_WRONG_GROUP, f"gradients scaled by {'1/' if inverted else ''}{k}, not a group size here",
                      lines, f"the gradients are reduced or scaled as if the group held {k} ranks: use the group the "
                      "gradients are actually averaged over", 0.6, uniform=True)
 
@@ -375,7 +377,7 @@ def grad_sync(ev: ParityEvidence) -> Diagnosis | None:
                   "group", f"what would decide: print each rank's gradient of {ev.gbad and sorted(ev.gbad)[0]} before "
                   "and after its reduction, next to the reference's"]
         return Diagnosis(
-            "mechanism_not_identified", f"the gradients of {', '.join(wrong[:3])} are reduced differently from the "
+            ProbeCause.MECHANISM_NOT_IDENTIFIED, f"the gradients of {', '.join(wrong[:3])} are reduced differently from the "
             "others (mechanism not identified)", lines,
             f"not identified from this evidence; look at what reduces {', '.join(wrong[:3])}'s gradients besides "
             "parallelize (train_step, gradient hooks, a tie)", 0.4)
@@ -383,7 +385,7 @@ def grad_sync(ev: ParityEvidence) -> Diagnosis | None:
         lines.append("train_step accumulates as one step on the global batch in the reference process (no accumulation "
                      "warning), so what differs is the parallel reduction of the accumulated gradients")
         return Diagnosis(
-            "grad_sync_micro_step", "gradient sync at the wrong micro-step (or no_sync misuse)", lines,
+            ProbeCause.GRAD_SYNC_MICRO_STEP, "gradient sync at the wrong micro-step (or no_sync misuse)", lines,
             "let gradients reduce once, after the LAST micro-batch's backward: FSDP2 "
             "model.set_requires_gradient_sync(i == last) before each backward (DDP: no_sync() around every micro-batch "
             "but the last); what would decide between this and a custom reduction: the same step with one micro-batch",
@@ -391,7 +393,7 @@ def grad_sync(ev: ParityEvidence) -> Diagnosis | None:
     lines.append("what would decide: which tensors are exact (above); a whole module wrong is a reduction hook that "
                  "skips it, every tensor wrong is the reduction itself")
     return Diagnosis(
-        "grad_reduction", "gradients reduced differently from an average over ranks", lines,
+        ProbeCause.GRAD_REDUCTION, "gradients reduced differently from an average over ranks", lines,
         "the gradients of the modules named above do not reach the optimizer as the average over ranks: check the "
         "reduction parallelize sets up (hooks, requires_gradient_sync, reduce dtype) for them", 0.5)
 
@@ -411,7 +413,7 @@ def optimizer(ev: ParityEvidence) -> Diagnosis | None:
     if ev.gbad or not ev.pbad:
         return None
     return Diagnosis(
-        "optimizer_step_differs", "the optimizer steps differently from the reference's with the same gradients",
+        ProbeCause.OPTIMIZER_STEP_DIFFERS, "the optimizer steps differently from the reference's with the same gradients",
         [f"loss exact (rel err {ev.loss_rel:.1e}) and gradients within tolerance, parameters off",
          *locate(ev.pbad, ev.order)],
         "the parallel optimizer or something after its step differs: same build_optimizer for both (hyperparameters, "
@@ -420,10 +422,10 @@ def optimizer(ev: ParityEvidence) -> Diagnosis | None:
 
 def unexplained(ev: ParityEvidence) -> Diagnosis:
     return Diagnosis(
-        "parity_unexplained", "no single mechanism fits", locate(ev.gbad or ev.pbad, ev.order),
+        ProbeCause.PARITY_UNEXPLAINED, "no single mechanism fits", locate(ev.gbad or ev.pbad, ev.order),
         "compare the named parameters' modules between the reference and the parallel setup (sharding, hooks, "
         "reduction)", 0.3)
 
 
-RULES: list[Any] = [setup, rank_dependent, trainable_changed, unmanaged, not_reduced, accumulation, partition, loss_scaled, loss_off,
+RULES: list[Callable[[ParityEvidence], Diagnosis | None]] = [setup, rank_dependent, trainable_changed, unmanaged, not_reduced, accumulation, partition, loss_scaled, loss_off,
                     clip_per_rank, grad_scaled, grad_sync, optimizer]

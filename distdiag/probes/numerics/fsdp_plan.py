@@ -13,7 +13,7 @@ No collectives are issued besides the setup agreement.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from torch import nn
 
@@ -46,16 +46,48 @@ class FsdpPlanConfig:
             raise ConfigError(f"probes.fsdp_plan.imbalance_warn must be a number >= 1.0, got {self.imbalance_warn!r}")
 
 
-def _dtype(d: Any) -> str | None:
+def _dtype(d: object) -> str | None:
     return str(d).replace("torch.", "") if d is not None else None
 
 
-def _groups(model: nn.Module) -> dict[int, list[dict[str, Any]]]:
+class FsdpGroup(TypedDict):
+    """An FSDP parameter group as the plan shows it: the module it is on, its mixed-precision
+    dtypes, and whether (or to how many ranks) it reshards after forward."""
+
+    group: str
+    param_dtype: str | None
+    reduce_dtype: str | None
+    reshard: bool | str
+
+
+class PlanRow(TypedDict, total=False):
+    """One parameter name on one rank: its shape and dtype, the FSDP groups managing it, its
+    DTensor layout (or a plain tensor's), and the first group's dtypes and resharding."""
+
+    fqn: str
+    shape: list[int]
+    dtype: str
+    requires_grad: bool
+    groups: list[str]
+    tied: list[str]
+    ddp: bool
+    mesh: str
+    placements: str
+    local_numel: int
+    mesh_size: int
+    replicate: bool
+    local_bytes: int
+    param_dtype: str | None
+    reduce_dtype: str | None
+    reshard: bool | str
+
+
+def _groups(model: nn.Module) -> dict[int, list[FsdpGroup]]:
     """id(parameter) -> the FSDP groups managing it (FSDP2 internals, read defensively)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     fqn = {id(m): n or "(root)" for n, m in model.named_modules()}
-    out: dict[int, list[dict[str, Any]]] = {}
+    out: dict[int, list[FsdpGroup]] = {}
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
@@ -64,12 +96,12 @@ def _groups(model: nn.Module) -> dict[int, list[dict[str, Any]]]:
             mp = group.mp_policy
             post = group.post_forward_mesh_info
             if post is None:
-                reshard: Any = False
+                reshard: bool | str = False
             elif post.mesh is group.mesh_info.mesh or post.mesh == group.mesh_info.mesh:
                 reshard = True
             else:
                 reshard = f"to {post.mesh.size()} ranks"
-            info = {
+            info: FsdpGroup = {
                 "group": fqn.get(id(module), type(module).__name__),
                 "param_dtype": _dtype(mp.param_dtype),
                 "reduce_dtype": _dtype(mp.reduce_dtype),
@@ -80,7 +112,7 @@ def _groups(model: nn.Module) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
-def describe_plan(model: nn.Module, world: int) -> list[dict[str, Any]]:
+def describe_plan(model: nn.Module, world: int) -> list[PlanRow]:
     """One row per parameter name (tied names each get a row), on this rank."""
     from torch.distributed.tensor import DTensor
 
@@ -89,14 +121,14 @@ def describe_plan(model: nn.Module, world: int) -> list[dict[str, Any]]:
     names_of: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(tr.canonical_name(name))
-    rows = []
+    rows: list[PlanRow] = []
     for name, p in model.named_parameters(remove_duplicate=False):
         cname = tr.canonical_name(name)
         managing = groups.get(id(p), [])
-        row: dict[str, Any] = {
+        row: PlanRow = {
             "fqn": cname,
             "shape": list(p.shape),
-            "dtype": _dtype(p.dtype),
+            "dtype": str(p.dtype).replace("torch.", ""),
             "requires_grad": bool(p.requires_grad),
             "groups": [g["group"] for g in managing],
             "tied": [n for n in names_of[id(p)] if n != cname],
@@ -104,18 +136,19 @@ def describe_plan(model: nn.Module, world: int) -> list[dict[str, Any]]:
         }
         if isinstance(p, DTensor):
             local = p.to_local()
-            row.update(
-                mesh=f"{tuple(p.device_mesh.shape)}" + (f" {p.device_mesh.mesh_dim_names}" if p.device_mesh.mesh_dim_names else ""),
-                placements=", ".join(str(x) for x in p.placements),
-                local_numel=int(local.numel()),
-                mesh_size=int(p.device_mesh.size()),
-                replicate=any(type(x).__name__ == "Replicate" for x in p.placements),
-                local_bytes=int(local.numel() * local.element_size()),
-            )
+            mesh = p.device_mesh
+            row["mesh"] = f"{tuple(mesh.shape)}" + (f" {mesh.mesh_dim_names}" if mesh.mesh_dim_names else "")
+            row["placements"] = ", ".join(str(x) for x in p.placements)
+            row["local_numel"] = int(local.numel())
+            row["mesh_size"] = int(mesh.size())
+            row["replicate"] = any(type(x).__name__ == "Replicate" for x in p.placements)
+            row["local_bytes"] = int(local.numel() * local.element_size())
         else:
-            row.update(mesh="-", placements="(plain tensor)", local_numel=int(p.numel()), local_bytes=int(p.numel() * p.element_size()))
+            row["mesh"], row["placements"] = "-", "(plain tensor)"
+            row["local_numel"], row["local_bytes"] = int(p.numel()), int(p.numel() * p.element_size())
         if managing:
-            row.update(param_dtype=managing[0]["param_dtype"], reduce_dtype=managing[0]["reduce_dtype"], reshard=managing[0]["reshard"])
+            first = managing[0]
+            row["param_dtype"], row["reduce_dtype"], row["reshard"] = first["param_dtype"], first["reduce_dtype"], first["reshard"]
         rows.append(row)
     return rows
 
@@ -152,7 +185,7 @@ class FsdpPlanProbe(tr.NumericsProbe):
         return ProbeResult.from_findings(self.name, findings, metrics=metrics, details={"table:fsdp plan": table})
 
 
-def _table_row(row: dict[str, Any], sizes: list[int]) -> dict[str, str]:
+def _table_row(row: PlanRow, sizes: list[int]) -> dict[str, str]:
     """One parameter's row of the plan table; `sizes` are its local numels, rank by rank."""
     uneven = len(set(sizes)) > 1
     shown = f"{sizes[0]} each" if not uneven else ",".join(map(str, sizes))
@@ -175,7 +208,7 @@ class _RowProblems:
     low_precision: list[str]
 
     @classmethod
-    def scan(cls, base: list[dict[str, Any]], world: int) -> _RowProblems:
+    def scan(cls, base: list[PlanRow], world: int) -> _RowProblems:
         out = cls([], [], [], [])
         for row in base:
             if row["requires_grad"] and not row["groups"] and not row["ddp"] and world > 1:
@@ -189,7 +222,7 @@ class _RowProblems:
                 out.low_precision.append(f"{row['fqn']}: {low}")
         return out
 
-    def findings(self, base: list[dict[str, Any]], ranks: list[int], world: int, ties: list[list[str]]) -> list[Finding]:
+    def findings(self, base: list[PlanRow], ranks: list[int], world: int, ties: list[list[str]]) -> list[Finding]:
         """A finding per kind of problem found, with the broken ties between managed-twice and low precision."""
         unmanaged, partial, twice, low_precision = self.unmanaged, self.partial, self.twice, self.low_precision
         findings = []
@@ -268,7 +301,7 @@ def _outermost(names: list[str], every: list[str]) -> list[str]:
 _BITS = {"float64": 64, "float32": 32, "bfloat16": 16, "float16": 16}
 
 
-def _lower_precision(row: dict[str, Any]) -> str | None:
+def _lower_precision(row: PlanRow) -> str | None:
     reduce = row.get("reduce_dtype") or row.get("param_dtype")
     if not row["requires_grad"] or not reduce or reduce not in _BITS or row["dtype"] not in _BITS:
         return None
@@ -277,7 +310,7 @@ def _lower_precision(row: dict[str, Any]) -> str | None:
     return None
 
 
-def _broken_ties(ties: list[list[str]], rows: list[dict[str, Any]], ranks: list[int]) -> list[Finding]:
+def _broken_ties(ties: list[list[str]], rows: list[PlanRow], ranks: list[int]) -> list[Finding]:
     tied_after = {r["fqn"]: set(r["tied"]) for r in rows}
     broken = [names for names in ties if any(set(names) - {n} - tied_after.get(n, set()) for n in names)]
     if not broken:

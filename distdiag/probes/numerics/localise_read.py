@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.numerics.localise_shape import world_relation
 from distdiag.probes.numerics.parity_evidence import Diagnosis, ParityEvidence
 from distdiag.report.render import format_ranks
@@ -121,44 +122,44 @@ def _calls_text(records: dict[int, dict[str, Any]]) -> list[str]:
             for (n, _), ranks in found.items() for c in [records[ranks[0]]["calls"][n]]]
 
 
-def _decide(first: dict[str, Any], rec: dict[str, Any], rank: int, ranks: str) -> tuple[str, str, float]:
+def _decide(first: dict[str, Any], rec: dict[str, Any], rank: int, ranks: str) -> tuple[ProbeCause, str, float]:
     """(cause, mechanism, confidence) from the confirmations and observations of the first differing module."""
     name, state = _name(first["name"]), rec.get("state", {}).get(first["name"], {})
     ok = _confirmations(first, state)
     if "dropout" in first["shape"]:
         how = " by a forward hook" if "hooks" in ok else " by its own settings" if "attrs" in ok else ""
-        return "dropout_differs", f"{name}'s output is dropped out{how} on {ranks}, not in the reference", \
+        return ProbeCause.DROPOUT_DIFFERS, f"{name}'s output is dropped out{how} on {ranks}, not in the reference", \
             CONFIRMED if ok.keys() & {"hooks", "attrs"} else OBSERVED
     if "attrs" in ok:
         trial = first.get("with_ref_attrs") or first.get("ref_with_rank_attrs") or {"attrs": {}}
         shown = ", ".join(f"{k} {v[1]!r} (reference {v[0]!r})" for k, v in state.items() if k in trial["attrs"])
-        return "module_attribute_differs", f"{name} is configured differently on {ranks}: {shown}", CONFIRMED
+        return ProbeCause.MODULE_ATTRIBUTE_DIFFERS, f"{name} is configured differently on {ranks}: {shown}", CONFIRMED
     if "hooks" in ok:
-        return "forward_hook_alters_output", f"a forward hook on {name} changes its output on {ranks}", CONFIRMED
+        return ProbeCause.FORWARD_HOOK_ALTERS_OUTPUT, f"a forward hook on {name} changes its output on {ranks}", CONFIRMED
     if "dtype" in ok:
-        return ("compute_precision_lower", f"{name} computes in {first['dtype']} on {ranks} ({first['ref_dtype']} in the "
+        return (ProbeCause.COMPUTE_PRECISION_LOWER, f"{name} computes in {first['dtype']} on {ranks} ({first['ref_dtype']} in the "
                 "reference)", CONFIRMED)
     if "autocast" in ok:
-        return ("compute_precision_lower", f"{name} computes under torch.autocast({first['ref_under_autocast']['dtype']}) on "
+        return (ProbeCause.COMPUTE_PRECISION_LOWER, f"{name} computes under torch.autocast({first['ref_under_autocast']['dtype']}) on "
                 f"{ranks} ({first['ref_dtype']} in the reference)", CONFIRMED)
     if "repeat" in ok:
         rep = first["extra_calls"]
-        return ("module_called_extra", f"{rep['module']} runs {rep['calls'][0]} times per forward on {ranks} "
+        return (ProbeCause.MODULE_CALLED_EXTRA, f"{rep['module']} runs {rep['calls'][0]} times per forward on {ranks} "
                 f"({rep['calls'][1]} in the reference)", CONFIRMED)
     if "forward" in ok:
         fwd = first["ref_with_rank_forward"]
-        return ("module_forward_differs", f"{name} runs another forward on {ranks}: {fwd['forward']} (the reference's runs "
+        return (ProbeCause.MODULE_FORWARD_DIFFERS, f"{name} runs another forward on {ranks}: {fwd['forward']} (the reference's runs "
                 f"{fwd['reference']})", CONFIRMED)
     if first.get("dtype") and first.get("ref_dtype") and first["dtype"] != first["ref_dtype"]:
-        return "compute_precision_lower", f"{name} computes in {first['dtype']} on {ranks}", OBSERVED - 0.1
+        return ProbeCause.COMPUTE_PRECISION_LOWER, f"{name} computes in {first['dtype']} on {ranks}", OBSERVED - 0.1
     out = first["shape"].get("dtype")
     if out and _lower(out[1], out[0]):
         # parameters of one dtype (above), the same inputs, a lower-precision output: a cast or an
         # autocast region around the module on that rank only
-        return ("compute_precision_lower", f"{name} outputs {out[1]} on {ranks} where the reference's outputs {out[0]} "
+        return (ProbeCause.COMPUTE_PRECISION_LOWER, f"{name} outputs {out[1]} on {ranks} where the reference's outputs {out[0]} "
                 "from the same inputs and parameters of one dtype (an autocast region or a cast covers it there)",
                 OBSERVED - 0.1)
-    return "mechanism_not_identified", f"mechanism not identified: {name} computes differently on {ranks}", 0.4
+    return ProbeCause.MECHANISM_NOT_IDENTIFIED, f"mechanism not identified: {name} computes differently on {ranks}", 0.4
 
 
 def _located(records: dict[int, dict[str, Any]], ev: ParityEvidence) -> Diagnosis:
@@ -198,20 +199,20 @@ def _undecided(first: dict[str, Any], rec: dict[str, Any]) -> list[str]:
     ]
 
 
-def _fix(cause: str, first: dict[str, Any], where: str) -> str:
+def _fix(cause: ProbeCause, first: dict[str, Any], where: str) -> str:
     name = _name(first["name"])
     return {
-        "dropout_differs": f"remove the dropout applied to {name} on {where} (or apply the same on every rank and in the "
+        ProbeCause.DROPOUT_DIFFERS: f"remove the dropout applied to {name} on {where} (or apply the same on every rank and in the "
                            "reference, and switch it off for the check)",
-        "module_attribute_differs": f"set {name}'s attributes the same on every rank and in the single-process setup "
+        ProbeCause.MODULE_ATTRIBUTE_DIFFERS: f"set {name}'s attributes the same on every rank and in the single-process setup "
                                     "(read them from one config, not per node)",
-        "forward_hook_alters_output": f"remove the forward hook on {name} that parallelize (or code on the parallel path) "
+        ProbeCause.FORWARD_HOOK_ALTERS_OUTPUT: f"remove the forward hook on {name} that parallelize (or code on the parallel path) "
                                       "registers, or register it in the reference too",
-        "compute_precision_lower": f"compute {name} in the parameters' dtype (check the mixed-precision policy given to "
+        ProbeCause.COMPUTE_PRECISION_LOWER: f"compute {name} in the parameters' dtype (check the mixed-precision policy given to "
                                    "fully_shard for it, and any torch.autocast region that covers it on that rank)",
-        "module_called_extra": f"call each submodule of {name} once per forward on every rank (a rank-guarded or patched "
+        ProbeCause.MODULE_CALLED_EXTRA: f"call each submodule of {name} once per forward on every rank (a rank-guarded or patched "
                                "forward calls one twice)",
-        "module_forward_differs": f"run {name}'s own forward on every rank: remove the forward that code on the parallel "
+        ProbeCause.MODULE_FORWARD_DIFFERS: f"run {name}'s own forward on every rank: remove the forward that code on the parallel "
                                   f"path sets on {where} (a patched or fallback forward), or fix it to compute what the "
                                   "reference's does",
     }.get(cause, f"compare {name} between the reference and {where}: weights, buffers, attributes, hooks and the code "
@@ -257,7 +258,7 @@ def _grad_hooks(done: dict[int, dict[str, Any]], ev: ParityEvidence, lines: list
     else:
         lines.append("  what would decide: rerun the step with those hooks removed"
                      + (f" (done: {', '.join(sorted({n for r in reruns for n in r['still_bad']}))} still differ)" if reruns else ""))
-    return Diagnosis("grad_hook_alters_gradient", f"a gradient hook on {', '.join(names)} alters its gradient on the "
+    return Diagnosis(ProbeCause.GRAD_HOOK_ALTERS_GRADIENT, f"a gradient hook on {', '.join(names)} alters its gradient on the "
                      "parallel model", lines, f"remove the gradient hook registered on {', '.join(names)} on the parallel "
                      "path (FSDP2 and DDP already average gradients over ranks)", CONFIRMED if confirmed else OBSERVED - 0.1)
 
@@ -270,7 +271,7 @@ def _extra_calls(extra: dict[int, dict[str, list[int]]], ev: ParityEvidence, lin
         return None
     ranks = format_ranks(sorted(r for r, calls in extra.items() if more & set(calls)))
     shown = ", ".join(sorted(more))
-    return Diagnosis("module_called_extra", f"{shown} runs more often per forward on {ranks} than in the reference", [
+    return Diagnosis(ProbeCause.MODULE_CALLED_EXTRA, f"{shown} runs more often per forward on {ranks} than in the reference", [
         *lines, f"  every gradient over tolerance is a parameter of {shown}; every module computes the reference's output "
         "from its inputs, so the extra call, not the module, is what differs",
         "  what would decide for certain: rerun the forward on that rank with the module called once"],
@@ -291,7 +292,7 @@ def _train_step(done: dict[int, dict[str, Any]], ev: ParityEvidence, lines: list
     if not ev.accum_equal or len(names) >= len(set(ev.order)):
         return None
     shown = ", ".join(names[:6]) + (f" (+{len(names) - 6})" if len(names) > 6 else "")
-    return Diagnosis("extra_reduction", f"train_step changes the gradients of {shown} on the parallel model only", [
+    return Diagnosis(ProbeCause.EXTRA_REDUCTION, f"train_step changes the gradients of {shown} on the parallel model only", [
         *lines, f"  in the reference process train_step gives one loss_fn backward's gradients, and only {len(names)} of "
         f"{len(set(ev.order))} tensors differ: train_step does something to them in the parallel run alone",
         "  candidates: a reduction of those gradients on top of the one parallelize sets up (an all_reduce of a DTensor's "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView, group_values, minority_ranks
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.probes.numerics.setup_findings import FIXES
 from distdiag.probes.numerics.shared import parallel_run
@@ -127,7 +128,7 @@ class ParamSyncProbe(tr.NumericsProbe):
                             "dropout, weight init) then differs: seed after rank-dependent code, or use a dedicated generator"
                         ),
                         confidence=0.8,
-                        cause="rng_out_of_step",
+                        cause=ProbeCause.RNG_OUT_OF_STEP,
                     ))
                     break
         findings.append(Finding(
@@ -184,29 +185,29 @@ def _drift_finding(kind: str, i: int, items: list[tuple[str, dict[str, list[int]
     )
 
 
-def _cause_and_fix(kind: str, i: int) -> tuple[str, str]:
+def _cause_and_fix(kind: str, i: int) -> tuple[ProbeCause, str]:
     """The mechanism of a drift: present right after setup (built or parallelized differently per
     rank), or appearing after a step (an update that is not the same on every rank)."""
     if i == 0 and kind in ("HSDP shard replica", "sub-mesh shard replica", "replicated param"):
-        return "setup_divergence_replicas_differ", (
+        return ProbeCause.SETUP_DIVERGENCE_REPLICAS_DIFFER, (
             "the copies of these shards differ before the first step: a sharded checkpoint read (or an init run) on "
             "some replica groups only after fully_shard; every rank must read its own shard (DCP's load does), or "
             "broadcast each shard from the first replica over the replicate mesh dim"
         )
     if i == 0:
-        cause = "setup_divergence_buffer_per_rank" if kind == "buffer" else "setup_divergence"
+        cause = ProbeCause.SETUP_DIVERGENCE_BUFFER_PER_RANK if kind == "buffer" else ProbeCause.SETUP_DIVERGENCE
         return cause, FIXES[cause] + " (setup_sync compares the model as built, before parallelize, and names the mechanism)"
     if kind == "buffer":
-        return "buffer_not_synchronised", (
+        return ProbeCause.BUFFER_NOT_SYNCHRONISED, (
             "the buffer is updated differently per rank (running statistics of each rank's own batch, or an update "
             "not synchronised); use SyncBatchNorm or broadcast it from rank 0 where every rank must hold the same value"
         )
     if kind == "unmanaged param":
-        return "unmanaged_params_not_reduced", (
+        return ProbeCause.UNMANAGED_PARAMS_NOT_REDUCED, (
             "no FSDP group manages these parameters, so their gradients are never reduced and each rank steps with its "
             "own: include them in fully_shard (not in ignored_params), or all-reduce their gradients"
         )
-    return "replicas_not_reduced", (
+    return ProbeCause.REPLICAS_NOT_REDUCED, (
         "replicas of one shard diverged: gradients are not reduced across the replicas (for HSDP pass the "
         "2-D mesh to fully_shard, not its shard sub-mesh; do not leave set_requires_all_reduce(False) on)"
     )

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from distdiag.probes.causes import ProbeCause
+
 __all__ = ["Diagnosis", "ParityEvidence", "ratio_to_integer", "groups_making", "rank_factor", "locate", "factors_text",
            "RATIO_HIGH", "MAX_K"]
 
@@ -24,7 +26,7 @@ MAX_K = 4096
 class Diagnosis:
     """What a parity failure is, for the finding: the mechanism, why, what to do, how sure."""
 
-    cause: str
+    cause: ProbeCause
     mechanism: str
     evidence: list[str]
     fix: str

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from distdiag.probes.base import ConsolidationView
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.numerics import diagnose_rules as rules
 from distdiag.probes.numerics.diagnose import Diagnosis, ParityEvidence, diagnose_parity, ratio_to_integer
 from distdiag.probes.numerics.localise_read import read_localised
@@ -272,7 +273,7 @@ def _divergence_finding(d: _Divergence, ev: ParityEvidence, ranks: list[int]) ->
         # where it starts leads (the first module to compute differently), where it is largest follows
         where = f", starting in module {located[0] or '(root)'} (the first to compute differently from the same inputs){where}"
     ranks_bad = sorted({r for b in bad.values() for r in b["ranks"]}) or ranks
-    when = "before step 1" if diag.cause == "setup_divergence" else f"at step {d.step}: {what} differ{where}"
+    when = "before step 1" if diag.cause == ProbeCause.SETUP_DIVERGENCE else f"at step {d.step}: {what} differ{where}"
     return Finding(
         severity="error",
         issue=f"the {ev.world}-rank run diverges from the 1-process reference {when}: {diag.mechanism}",
@@ -290,12 +291,12 @@ def _with_localised(diag: Diagnosis, ev: ParityEvidence) -> Diagnosis:
     found, lines = read_localised(ev)
     if found is not None and diag.confidence < 0.8:
         return found
-    if found is not None and found.cause != "mechanism_not_identified" and found.confidence > diag.confidence:
+    if found is not None and found.cause != ProbeCause.MECHANISM_NOT_IDENTIFIED and found.confidence > diag.confidence:
         # Ordered by evidence: a rerun that reproduces the rank's output from the reference's module with one piece
         # of the rank's (an attribute, a dtype, a forward) shows how; a rule's inference shows where. How leads.
         return replace(diag, cause=found.cause, confidence=found.confidence, mechanism=f"{found.mechanism}; {diag.mechanism}",
                        fix=f"{found.fix}; {diag.fix}", evidence=[*diag.evidence, *lines])
-    if found is not None and found.cause not in (diag.cause, "mechanism_not_identified"):
+    if found is not None and found.cause not in (diag.cause, ProbeCause.MECHANISM_NOT_IDENTIFIED):
         # The rules are sure of the place (e.g. a hook that computes differently per rank) and the
         # modules say how (a lower compute dtype, a dropout, an attribute): both go to the lead and the fix.
         diag = replace(diag, mechanism=f"{diag.mechanism}; module by module: {found.mechanism}",
@@ -352,7 +353,7 @@ def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
                  f"micro-batch losses without dividing by {k}" if inverted else
                  f"divide the sum of micro-batch losses by {k}, or let loss_fn normalise by the global count"),
             confidence=0.7,
-            cause="grad_accumulation_scaled",
+            cause=ProbeCause.GRAD_ACCUMULATION_SCALED,
         )]
     if not bad:
         return [Finding(
@@ -378,5 +379,5 @@ def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
             "hold different counts); if it clips inside the loop: clip once after the last micro-batch"
         ),
         confidence=0.6,
-        cause="grad_accumulation_means",
+        cause=ProbeCause.GRAD_ACCUMULATION_MEANS,
     )]

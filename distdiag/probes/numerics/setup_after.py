@@ -12,18 +12,21 @@ decides per tensor in consolidation.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch import nn
 
 from distdiag.probes import training as tr
-from distdiag.probes.numerics.setup_digest import byte_hash
+from distdiag.probes.numerics.setup_digest import TensorDigest, byte_hash
 
 if TYPE_CHECKING:
+    from torch.distributed.tensor import Placement
+
     from distdiag.runtime.context import RankContext
 
-__all__ = ["differing_names", "after_parallel", "reach"]
+__all__ = ["AfterParallel", "differing_names", "after_parallel", "reach"]
 
 
 def _int63(text: str) -> int:
@@ -38,7 +41,7 @@ def _spread(ctx: RankContext, values: list[int]) -> tuple[torch.Tensor, torch.Te
     return t[:n].cpu(), -t[n:].cpu()
 
 
-def differing_names(ctx: RankContext, digests: dict[str, dict[str, Any]] | None) -> list[str] | None:
+def differing_names(ctx: RankContext, digests: dict[str, TensorDigest] | None) -> list[str] | None:
     """The tensors whose bits differ across ranks (the same list on every rank), or None when the
     ranks do not hold the same names (or one failed to build): then nothing more is compared.
     Every rank issues the same two all_reduces whatever it holds."""
@@ -53,7 +56,7 @@ def differing_names(ctx: RankContext, digests: dict[str, dict[str, Any]] | None)
     return [n for n, a, b in zip(names, hi.tolist(), lo.tolist(), strict=True) if a != b]
 
 
-def _slice(full: torch.Tensor, placements: Any, coord: list[int], shape: list[int]) -> torch.Tensor | None:
+def _slice(full: torch.Tensor, placements: Sequence[Placement], coord: list[int], shape: list[int]) -> torch.Tensor | None:
     """The part of `full` a rank at mesh coordinate `coord` holds (torch.chunk per Shard dim, as
     DTensor splits), or None for a placement this does not model (strided or partial)."""
     from torch.distributed.tensor import Replicate, Shard
@@ -70,11 +73,22 @@ def _slice(full: torch.Tensor, placements: Any, coord: list[int], shape: list[in
     return part
 
 
-def after_parallel(ctx: RankContext, built: nn.Module, model: nn.Module, names: list[str]) -> dict[str, dict[str, Any]]:
+class AfterParallel(TypedDict, total=False):
+    """One tensor after parallelize, as byte_hash digests: `full` when every rank holds all of
+    it; else the rank's `local` shard, `own` (the same slice of its model as built), and on
+    rank 0 `r0` (rank -> that rank's slice of rank 0's copy)."""
+
+    full: str
+    local: str
+    own: str | None
+    r0: dict[str, str | None]
+
+
+def after_parallel(ctx: RankContext, built: nn.Module, model: nn.Module, names: list[str]) -> dict[str, AfterParallel]:
     """For each tensor in ``names``: what this rank holds after parallelize, and its own slice."""
     wanted = set(names)
     before = {tr.canonical_name(n): t for n, t in list(built.named_parameters()) + list(built.named_buffers())}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, AfterParallel] = {}
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         key = tr.canonical_name(name)
         if key not in wanted or key not in before or t.device.type == "meta":
@@ -86,7 +100,7 @@ def after_parallel(ctx: RankContext, built: nn.Module, model: nn.Module, names: 
         mesh = t.device_mesh  # type: ignore[attr-defined]  # a DTensor (it has placements)
         coord = mesh.get_coordinate() or []
         own = _slice(before[key].detach(), t.placements, coord, list(mesh.shape))
-        entry: dict[str, Any] = {"local": byte_hash(local), "own": byte_hash(own) if own is not None else None}
+        entry: AfterParallel = {"local": byte_hash(local), "own": byte_hash(own) if own is not None else None}
         if ctx.rank == 0 and own is not None:
             entry["r0"] = {}
             for rank in mesh.mesh.flatten().tolist():
@@ -97,7 +111,7 @@ def after_parallel(ctx: RankContext, built: nn.Module, model: nn.Module, names: 
     return out
 
 
-def reach(key: str, after: dict[int, dict[str, dict[str, Any]]]) -> str | None:
+def reach(key: str, after: dict[int, dict[str, AfterParallel]]) -> str | None:
     """"carried" (a rank trains on its own differing values), "healed" (every rank now holds the
     same values, or its slice of rank 0's copy), "rewritten" (parallelize replaced them all: a
     load or init after sharding), or None (not known)."""

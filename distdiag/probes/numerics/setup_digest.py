@@ -10,17 +10,19 @@ elements). `classify` turns the tensors that differ into one mechanism (a `cause
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import torch
 from torch import nn
 
 from distdiag.probes.base import group_ranks
+from distdiag.probes.causes import ProbeCause
 
-__all__ = ["SAMPLE", "byte_hash", "digest_model", "Divergence", "classify", "outermost_modules", "sample_diff"]
+__all__ = ["SAMPLE", "TensorDigest", "byte_hash", "digest_model", "Divergence", "classify", "outermost_modules", "sample_diff"]
 
 SAMPLE = 64
 """Strided sample size per tensor: 64 floats per tensor keep a 1000-tensor model's payload
@@ -40,8 +42,26 @@ def byte_hash(t: torch.Tensor) -> str:
     return hashlib.blake2b(memoryview(raw), digest_size=16).hexdigest() + f"-{t.numel()}"  # type: ignore[arg-type]
 
 
-def _digest(t: torch.Tensor, kind: str, trainable: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {
+class TensorDigest(TypedDict, total=False):
+    """One tensor as setup_sync compares it across ranks (the values are absent on meta)."""
+
+    kind: str
+    """param, sharded param or buffer."""
+    dtype: str
+    device: str
+    shape: list[int]
+    numel: int
+    trainable: bool
+    bits: str
+    """byte_hash of its bytes."""
+    sum: float
+    sumsq: float
+    sample: list[float]
+    """Up to SAMPLE elements at evenly spaced indices."""
+
+
+def _digest(t: torch.Tensor, kind: str, trainable: bool) -> TensorDigest:
+    out: TensorDigest = {
         "kind": kind, "dtype": str(t.dtype).replace("torch.", ""), "device": _device(t),
         "shape": list(t.shape), "numel": t.numel(), "trainable": trainable,
     }
@@ -52,20 +72,18 @@ def _digest(t: torch.Tensor, kind: str, trainable: bool) -> dict[str, Any]:
         flat = flat.abs()
     n = flat.numel()
     idx = torch.arange(n, device=flat.device) if n <= SAMPLE else torch.linspace(0, n - 1, SAMPLE, device=flat.device).long()
-    out.update(
-        bits=byte_hash(t),
-        sum=float(flat.sum(dtype=torch.float64)) if n else 0.0,
-        sumsq=float(torch.linalg.vector_norm(flat, dtype=torch.float64) ** 2) if n and flat.is_floating_point() else 0.0,
-        sample=[float(v) for v in flat[idx].double().cpu()],
-    )
+    out["bits"] = byte_hash(t)
+    out["sum"] = float(flat.sum(dtype=torch.float64)) if n else 0.0
+    out["sumsq"] = float(torch.linalg.vector_norm(flat, dtype=torch.float64) ** 2) if n and flat.is_floating_point() else 0.0
+    out["sample"] = [float(v) for v in flat[idx].double().cpu()]
     return out
 
 
-def digest_model(model: nn.Module) -> dict[str, dict[str, Any]]:
+def digest_model(model: nn.Module) -> dict[str, TensorDigest]:
     """FQN -> digest of every parameter and buffer (a DTensor: its local shard, marked sharded)."""
     from distdiag.probes import training as tr
 
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, TensorDigest] = {}
     for name, p in model.named_parameters():
         sharded = hasattr(p, "placements") and any(not pl.is_replicate() for pl in p.placements)
         out[tr.canonical_name(name)] = _digest(tr.local_tensor(p), "sharded param" if sharded else "param", p.requires_grad)
@@ -74,7 +92,7 @@ def digest_model(model: nn.Module) -> dict[str, dict[str, Any]]:
     return out
 
 
-def sample_diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, int, int]:
+def sample_diff(a: TensorDigest, b: TensorDigest) -> tuple[float, int, int]:
     """(max abs difference, differing elements, sampled elements) between two digests' samples."""
     pairs = list(zip(a.get("sample", []), b.get("sample", []), strict=False))
     # NaN on one side only is an infinite difference; NaN on both is equal.
@@ -103,21 +121,27 @@ def outermost_modules(names: list[str], every: list[str]) -> list[str]:
 class Divergence:
     """What the tensors that differ at build time say about the mechanism."""
 
-    cause: str
+    cause: ProbeCause
     odd: list[int]
     """The ranks named: the one rank that differs, or every rank that disagrees."""
     reason: str
     """The deciding evidence, in words with counts."""
     confidence: float
-    groups: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    groups: dict[str, dict[str | None, list[int]]] = field(default_factory=dict)
 
 
-def _random_looking(d: dict[str, Any]) -> bool:
+def _random_looking(d: TensorDigest) -> bool:
     sample = d.get("sample") or []
     return d["kind"] != "buffer" and len(set(sample)) > 1
 
 
-def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]) -> Divergence:
+
+def _bits(digests: dict[int, dict[str, TensorDigest]], key: str, rank: int) -> str | None:
+    """The bits digest of `key` on `rank` (None: not taken)."""
+    return digests[rank][key].get("bits")
+
+
+def classify(digests: dict[int, dict[str, TensorDigest]], differing: list[str]) -> Divergence:
     """One mechanism for the tensors in ``differing`` (each compared across the ranks holding it).
 
     One rank differing from all the others (which agree) on every such tensor: a value written
@@ -128,12 +152,12 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
     initialised parameter, a load on one rank only those it loads.
     """
     ranks = sorted(digests)
-    groups = {k: group_ranks([r for r in ranks if k in digests[r]], lambda r, k=k: digests[r][k].get("bits")) for k in differing}
+    groups = {k: group_ranks([r for r in ranks if k in digests[r]], functools.partial(_bits, digests, k)) for k in differing}
     if all(digests[ranks[0]].get(k, {}).get("kind") == "buffer" for k in differing):
-        return Divergence("setup_divergence_buffer_per_rank", _disagreeing(groups), "only buffers differ, every parameter agrees", 0.85, groups)
+        return Divergence(ProbeCause.SETUP_DIVERGENCE_BUFFER_PER_RANK, _disagreeing(groups), "only buffers differ, every parameter agrees", 0.85, groups)
     if _permuted(digests, ranks, differing):
         return Divergence(
-            "setup_divergence_init_order", _disagreeing(groups),
+            ProbeCause.SETUP_DIVERGENCE_INIT_ORDER, _disagreeing(groups),
             f"the {len(differing)} tensor(s) hold the same values on every rank, under different names: each rank drew "
             "the same initial values and gave them to its modules in another order (modules built or initialised "
             "in an order that differs across ranks)", 0.85, groups)
@@ -141,7 +165,7 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
     if partial:
         lone = {tuple(_one_odd(g)) for g in groups.values()}
         return Divergence(
-            "setup_divergence_partial_tensor",
+            ProbeCause.SETUP_DIVERGENCE_PARTIAL_TENSOR,
             list(next(iter(lone))) if len(ranks) >= 3 and len(lone) == 1 and next(iter(lone)) else _disagreeing(groups),
             f"only part of each tensor differs ({partial}): rows or a slice written on some ranks after init, not the "
             "whole tensor (a checkpoint load or a rank-seeded init changes every element); candidates: an embedding "
@@ -152,7 +176,7 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
     if len(ranks) >= 3 and len(odd) == 1 and next(iter(odd)):
         (rank,) = next(iter(odd))
         return Divergence(
-            "setup_divergence_loaded_on_one_rank", [rank],
+            ProbeCause.SETUP_DIVERGENCE_LOADED_ON_ONE_RANK, [rank],
             f"on each of the {len(differing)} tensor(s) rank {rank} alone differs and the other {len(ranks) - 1} ranks agree",
             0.9, groups)
     random_params = [k for k, d in digests[ranks[0]].items() if _random_looking(d)]
@@ -160,23 +184,23 @@ def classify(digests: dict[int, dict[str, dict[str, Any]]], differing: list[str]
     distinct = all(len(g) == sum(len(m) for m in g.values()) for g in groups.values())
     if distinct and not left_equal:
         return Divergence(
-            "setup_divergence_rank_seeded", _disagreeing(groups),
+            ProbeCause.SETUP_DIVERGENCE_RANK_SEEDED, _disagreeing(groups),
             f"every rank holds its own values and all {len(random_params)} randomly initialised parameter(s) differ",
             0.85 if len(ranks) >= 3 else 0.7, groups)
     if distinct and len(ranks) == 2:
         return Divergence(
-            "setup_divergence_loaded_on_one_rank", _disagreeing(groups),
+            ProbeCause.SETUP_DIVERGENCE_LOADED_ON_ONE_RANK, _disagreeing(groups),
             f"{len(differing)} tensor(s) differ while {len(left_equal)} other randomly initialised parameter(s) agree: "
             "values written after init on one of the two ranks (with 2 ranks which one cannot be told; at 3 or more "
             "ranks the odd one is named)", 0.7, groups)
-    return Divergence("setup_divergence", _disagreeing(groups), "ranks fall into several groups of equal values", 0.6, groups)
+    return Divergence(ProbeCause.SETUP_DIVERGENCE, _disagreeing(groups), "ranks fall into several groups of equal values", 0.6, groups)
 
 
 PARTIAL_SHARE = 0.25
 """At most this share of a tensor's sampled elements differing is 'part of the tensor' (a row, a slice)."""
 
 
-def _partial(digests: dict[int, dict[str, dict[str, Any]]], groups: dict[str, dict[Any, list[int]]]) -> str:
+def _partial(digests: dict[int, dict[str, TensorDigest]], groups: dict[str, dict[str | None, list[int]]]) -> str:
     """'x of y sampled elements' per tensor when every differing tensor differs in at most PARTIAL_SHARE of its
     sampled elements (with at least 16 sampled), else ''."""
     shown = []
@@ -192,7 +216,7 @@ def _partial(digests: dict[int, dict[str, dict[str, Any]]], groups: dict[str, di
     return "; ".join(shown[:4]) + (f"; +{len(shown) - 4} more" if len(shown) > 4 else "")
 
 
-def _permuted(digests: dict[int, dict[str, dict[str, Any]]], ranks: list[int], differing: list[str]) -> bool:
+def _permuted(digests: dict[int, dict[str, TensorDigest]], ranks: list[int], differing: list[str]) -> bool:
     """Every rank holds the same multiset of values (shape, dtype, bits) over the differing tensors:
     the values moved between names, none is new (at least two tensors, on every rank)."""
     if len(differing) < 2 or any(k not in digests[r] for r in ranks for k in differing):
@@ -205,12 +229,12 @@ def _permuted(digests: dict[int, dict[str, dict[str, Any]]], ranks: list[int], d
     return all(bag(r) == first for r in ranks[1:])
 
 
-def _one_odd(groups: dict[Any, list[int]]) -> list[int]:
+def _one_odd(groups: dict[str | None, list[int]]) -> list[int]:
     sizes = sorted(len(g) for g in groups.values())
     if len(groups) == 2 and sizes[0] == 1 and sizes[1] >= 2:
         return next(g for g in groups.values() if len(g) == 1)
     return []
 
 
-def _disagreeing(groups: dict[str, dict[Any, list[int]]]) -> list[int]:
+def _disagreeing(groups: dict[str, dict[str | None, list[int]]]) -> list[int]:
     return sorted({r for g in groups.values() if len(g) > 1 for members in g.values() for r in members})

@@ -6,15 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from distdiag.probes.base import alike, group_alike, minority_ranks
-from distdiag.probes.numerics.setup_after import reach
-from distdiag.probes.numerics.setup_digest import classify, outermost_modules, sample_diff
+from distdiag.probes.causes import ProbeCause
+from distdiag.probes.numerics.setup_after import AfterParallel, reach
+from distdiag.probes.numerics.setup_digest import TensorDigest, classify, outermost_modules, sample_diff
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
 __all__ = ["layout_findings", "divergence_findings", "mode_findings", "eval_modules", "FIXES"]
 
 FIXES = {
-    "setup_divergence_loaded_on_one_rank": (
+    ProbeCause.SETUP_DIVERGENCE_LOADED_ON_ONE_RANK: (
         "load the weights on every rank before parallelize (each rank reads the checkpoint), or load on rank 0 and "
         "broadcast every parameter and buffer from rank 0 (dist.broadcast(t, src=0) over model.state_dict().values()) "
         "before fully_shard: FSDP2 has no sync_module_states, fully_shard keeps each rank's slice of its own copy, so "
@@ -22,35 +23,35 @@ FIXES = {
         "set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)) "
         "does the broadcast"
     ),
-    "setup_divergence_rank_seeded": (
+    ProbeCause.SETUP_DIVERGENCE_RANK_SEEDED: (
         "seed every rank identically before building the model (torch.manual_seed(seed), not seed + rank); seed per "
         "rank only after the model is built (for data order or dropout), or broadcast the parameters from rank 0 "
         "before fully_shard"
     ),
-    "setup_divergence_buffer_per_rank": (
+    ProbeCause.SETUP_DIVERGENCE_BUFFER_PER_RANK: (
         "the buffer is computed per rank (rank-dependent init: the rank, a local device, per-rank data or length in its "
         "formula): compute the buffer identically on every rank, in the same dtype, or broadcast it from rank 0 after build: FSDP and DDP never reduce buffers, so the difference "
         "stays for the whole run"
     ),
-    "setup_divergence_init_order": (
+    ProbeCause.SETUP_DIVERGENCE_INIT_ORDER: (
         "build and initialise the modules in one order on every rank: iterate sorted(names), not a set of names (whose "
         "order follows each process's Python hash seed) or an unsorted directory listing, before the seed is used; "
         "under distdiag check's default fork launch the ranks share one hash seed and such a bug hides, so confirm "
         "with `distdiag check --launch torchrun`"
     ),
-    "setup_divergence_partial_tensor": (
+    ProbeCause.SETUP_DIVERGENCE_PARTIAL_TENSOR: (
         "build the same tensors on every rank: give every rank the same construction arguments (padding_idx, special "
         "tokens, one config and one tokenizer for all ranks) and the same partial loads, or broadcast the state from "
         "rank 0 before parallelize; fully_shard keeps each rank's slice of its own copy"
     ),
-    "setup_divergence": (
+    ProbeCause.SETUP_DIVERGENCE: (
         "make build_model give the same state on every rank (same seed, same checkpoint on every rank), or broadcast "
         "the state from rank 0 before parallelize"
     ),
 }
 
 
-def layout_findings(digests: dict[int, dict[str, dict[str, Any]]]) -> tuple[list[Finding], int, set[str]]:
+def layout_findings(digests: dict[int, dict[str, TensorDigest]]) -> tuple[list[Finding], int, set[str]]:
     """Tensors whose dtype or shape differs across ranks (no value comparison makes sense for them).
 
     Returns the findings, how many tensors were compared, and the keys left out of the value
@@ -84,6 +85,9 @@ def layout_findings(digests: dict[int, dict[str, dict[str, Any]]]) -> tuple[list
     return findings, compared, skipped
 
 
+_LAYOUT_CAUSE = {"dtype": ProbeCause.DTYPE_DIFFERS_ACROSS_RANKS, "shape": ProbeCause.SHAPE_DIFFERS_ACROSS_RANKS}
+
+
 def _layout_finding(what: str, items: list[tuple[str, dict[Any, list[int]]]]) -> Finding:
     names = [k for k, _ in items]
     lines = [f"{k}: " + "; ".join(f"{format_ranks(m)}: {v}" for v, m in g.items()) for k, g in items[:8]]
@@ -97,7 +101,7 @@ def _layout_finding(what: str, items: list[tuple[str, dict[Any, list[int]]]]) ->
                      "the rank): FSDP2 shards and reduces only trainable parameters, so the ranks' collectives differ "
                      "in size (a mismatch that aborts or hangs), and a frozen copy never learns",
             ranks=odd, fix="freeze the same parameters on every rank, before parallelize (one config for all ranks)",
-            confidence=0.95, cause="requires_grad_differs_across_ranks",
+            confidence=0.95, cause=ProbeCause.REQUIRES_GRAD_DIFFERS_ACROSS_RANKS,
         )
     if what == "dtype":
         fix = ("the model is cast on some ranks only (a .half()/.to(dtype) or a checkpoint loaded with assign=True "
@@ -109,13 +113,13 @@ def _layout_finding(what: str, items: list[tuple[str, dict[Any, list[int]]]]) ->
         severity="error",
         issue=f"{len(names)} tensor(s) have a different {what} across ranks before the first step: {_shown(names)}; "
               f"{format_ranks(odd)} differ",
-        evidence="\n".join(lines), ranks=odd, fix=fix, confidence=0.95, cause=f"{what}_differs_across_ranks",
+        evidence="\n".join(lines), ranks=odd, fix=fix, confidence=0.95, cause=_LAYOUT_CAUSE[what],
     )
 
 
 def divergence_findings(
-    digests: dict[int, dict[str, dict[str, Any]]], skipped: set[str], experts: bool,
-    after: dict[int, dict[str, dict[str, Any]]] | None = None,
+    digests: dict[int, dict[str, TensorDigest]], skipped: set[str], experts: bool,
+    after: dict[int, dict[str, AfterParallel]] | None = None,
 ) -> list[Finding]:
     """Tensors whose values differ across ranks before parallelize, as one finding with its cause
     (those that parallelize made equal, or replaced everywhere, as an info)."""
@@ -135,7 +139,7 @@ def divergence_findings(
             evidence=("after parallelize every rank holds the same values, or its slice of rank 0's copy (DDP broadcasts "
                       "rank 0's state at construction; a broadcast before fully_shard does the same), or values "
                       "parallelize wrote on every rank (a checkpoint load after fully_shard)"),
-            cause="setup_divergence_healed_by_parallelize",
+            cause=ProbeCause.SETUP_DIVERGENCE_HEALED_BY_PARALLELIZE,
         ))
         differing = [k for k in differing if k not in gone]
         if not differing:
@@ -149,7 +153,7 @@ def divergence_findings(
                 severity="info",
                 issue=f"{len(by_design)} tensor(s) are distinct on every rank, as expert-parallel weights are by design "
                       f"(the target declares route()): {_shown(by_design)}; not compared",
-                cause="expert_weights_rank_distinct",
+                cause=ProbeCause.EXPERT_WEIGHTS_RANK_DISTINCT,
             ))
         if not differing:
             return out
@@ -172,7 +176,7 @@ def divergence_findings(
     return out
 
 
-def _tensor_line(key: str, groups: dict[Any, list[int]], digests: dict[int, dict[str, dict[str, Any]]]) -> str:
+def _tensor_line(key: str, groups: dict[Any, list[int]], digests: dict[int, dict[str, TensorDigest]]) -> str:
     ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
     ref = digests[ordered[0][0]][key]
     parts = []
@@ -227,5 +231,5 @@ def mode_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
                  "rank-dependent branch) and model.train() not called again: dropout is off and batch norm uses "
                  f"running statistics on those ranks only (mode-sensitive layers: {', '.join(_MODE_SENSITIVE)})",
         ranks=odd, fix="call model.train() on every rank before training (after any evaluation pass), or run the "
-                       "evaluation on every rank", confidence=0.9, cause="training_mode_differs_across_ranks",
+                       "evaluation on every rank", confidence=0.9, cause=ProbeCause.TRAINING_MODE_DIFFERS_ACROSS_RANKS,
     )]

@@ -15,6 +15,7 @@ from torch import nn
 
 from distdiag.probes import training as tr
 from distdiag.probes.base import alike, group_alike, minority_ranks
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.numerics.setup_digest import outermost_modules
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -39,7 +40,7 @@ def _dev(d: Any) -> str:
     return d.type if d.index is None else f"{d.type}:{d.index}"
 
 
-def device_problems(rows: list[list[Any]], rank_device: str, meta_is_wrong: bool) -> list[tuple[str, str, str]]:
+def device_problems(rows: list[list[Any]], rank_device: str, meta_is_wrong: bool) -> list[tuple[ProbeCause, str, str]]:
     """(cause, modules, detail) for one rank's tensors.
 
     meta tensors after parallelize were never materialised (`left_on_meta`); tensors on a
@@ -47,10 +48,10 @@ def device_problems(rows: list[list[Any]], rank_device: str, meta_is_wrong: bool
     GPU than the rank's own (`module_on_wrong_device`).
     """
     every = [r[0] for r in rows]
-    out: list[tuple[str, str, str]] = []
+    out: list[tuple[ProbeCause, str, str]] = []
     meta = [r[0] for r in rows if r[2] == "meta"]
     if meta and meta_is_wrong:
-        out.append(("left_on_meta", ", ".join(outermost_modules(meta, every)[:6]),
+        out.append((ProbeCause.LEFT_ON_META, ", ".join(outermost_modules(meta, every)[:6]),
                     f"{len(meta)} tensor(s) still on meta (no storage)"))
     placed = [r for r in rows if r[2] != "meta"]
     weight: dict[str, int] = {}
@@ -60,26 +61,26 @@ def device_problems(rows: list[list[Any]], rank_device: str, meta_is_wrong: bool
         return out
     main = max(weight, key=lambda d: (weight[d], d == rank_device))
     if rank_device.startswith("cuda") and main.startswith("cuda") and main != rank_device:
-        out.append(("module_on_wrong_device", "the whole model", f"on {main}, but this rank's device is {rank_device}"))
+        out.append((ProbeCause.MODULE_ON_WRONG_DEVICE, "the whole model", f"on {main}, but this rank's device is {rank_device}"))
     for dev in sorted(d for d in weight if d != main):
         names = [r[0] for r in placed if r[2] == dev]
-        out.append(("module_on_wrong_device", ", ".join(outermost_modules(names, every)[:6]),
+        out.append((ProbeCause.MODULE_ON_WRONG_DEVICE, ", ".join(outermost_modules(names, every)[:6]),
                     f"{len(names)} tensor(s) on {dev}, the rest of the model ({weight[main]} elements) on {main}"))
     return out
 
 
 _FIX = {
-    "left_on_meta": (
+    ProbeCause.LEFT_ON_META: (
         "materialise every module after fully_shard: model.to_empty(device=...) on the root (not only on some blocks), "
         "then re-initialise parameters and recompute buffers (to_empty leaves them uninitialised), or load a "
         "checkpoint that covers them; a load with assign=True leaves keys missing from the checkpoint on meta"
     ),
-    "module_on_wrong_device": (
+    ProbeCause.MODULE_ON_WRONG_DEVICE: (
         "move the whole model to the rank's device once, after building it: model.to(torch.device('cuda', "
         "local_rank)) (not 'cuda' or 'cuda:0', which on every rank is GPU 0); a sub-module created or moved after that "
         "call (a buffer made with device=..., a module assigned later) needs the same device"
     ),
-    "ranks_share_a_device": (
+    ProbeCause.RANKS_SHARE_A_DEVICE: (
         "each rank must use its own GPU: torch.cuda.set_device(local_rank) and device=f'cuda:{local_rank}' "
         "(LOCAL_RANK from torchrun), before building the model"
     ),
@@ -94,7 +95,7 @@ def _judged_rows(rows: list[list[Any]], device: str, meta_is_wrong: bool) -> tup
 
 
 def placement_findings(payloads: dict[int, dict[str, Any]], view: Any) -> list[Finding]:
-    merged: dict[tuple[str, str, str], list[int]] = {}
+    merged: dict[tuple[ProbeCause, str, str], list[int]] = {}
     shared: dict[tuple[str, str], list[int]] = {}
     half: dict[str, dict[str, list[int]]] = {}
     judged: dict[tuple[int, str, bool], tuple[list[Any], set[str], list[tuple[str, str]]]] = {}
@@ -119,7 +120,7 @@ def placement_findings(payloads: dict[int, dict[str, Any]], view: Any) -> list[F
     for (host, dev), ranks in shared.items():
         if len(ranks) > 1:
             out.append(Finding(severity="error", issue=f"{format_ranks(ranks)} on host {host} all hold their model on {dev}",
-                               ranks=ranks, fix=_FIX["ranks_share_a_device"], confidence=0.9, cause="ranks_share_a_device"))
+                               ranks=ranks, fix=_FIX[ProbeCause.RANKS_SHARE_A_DEVICE], confidence=0.9, cause=ProbeCause.RANKS_SHARE_A_DEVICE))
     out += _half_findings(half)
     return out
 
@@ -140,7 +141,7 @@ def _half_findings(half: dict[str, dict[str, list[int]]]) -> list[Finding]:
             fix=("keep the parameters in float32 and compute in low precision: torch.autocast (with GradScaler for "
                  "float16), or FSDP2 MixedPrecisionPolicy(param_dtype=...); do not call model.half()/.to(dtype) on the "
                  "model the optimizer steps"),
-            confidence=0.8 if fp16 else 0.5, cause="low_precision_master_weights",
+            confidence=0.8 if fp16 else 0.5, cause=ProbeCause.LOW_PRECISION_MASTER_WEIGHTS,
         ))
     return out
 
@@ -169,7 +170,7 @@ def loss_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
         fix=("compute the loss in float32: logits.float() before the loss, or compute the loss inside the autocast "
              "region (autocast runs cross_entropy in float32); with FSDP2 MixedPrecisionPolicy(param_dtype=...), "
              "set output_dtype=torch.float32"),
-        confidence=0.75, cause="loss_in_low_precision",
+        confidence=0.75, cause=ProbeCause.LOSS_IN_LOW_PRECISION,
     ) for dtype, ranks in low.items()]
 
 
@@ -216,5 +217,5 @@ def precision_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
         fix=("build the same MixedPrecisionPolicy (and cast the model the same way) on every rank: a policy read from "
              "per-rank config or chosen in a rank-dependent branch makes FSDP2's all-gathers and reduce-scatters "
              "exchange buffers of different dtypes and sizes, which hangs or garbles the reduction"),
-        confidence=0.9, cause="mixed_precision_differs_across_ranks",
+        confidence=0.9, cause=ProbeCause.MIXED_PRECISION_DIFFERS_ACROSS_RANKS,
     )]

@@ -21,6 +21,7 @@ import torch
 from distdiag.errors import ConfigError, exc_line
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.probes.numerics.setup_after import after_parallel, differing_names
 from distdiag.probes.numerics.setup_digest import SAMPLE, digest_model
@@ -128,7 +129,7 @@ class SetupSyncProbe(tr.NumericsProbe):
             evidence=(f"a hash of the bytes, sum, sum of squares and a {SAMPLE}-element strided sample per tensor"
                       + (f"; {meta} tensor(s) on meta (deferred init) not compared" if meta else "")),
         ))
-        metrics = {"tensors": compared, "differing": sum(1 for f in findings if f.cause.startswith("setup_divergence"))}
+        metrics = {"tensors": compared, "differing": sum(1 for f in findings if f.cause.startswith(ProbeCause.SETUP_DIVERGENCE))}
         return ProbeResult.from_findings(self.name, findings, metrics=metrics)
 
 

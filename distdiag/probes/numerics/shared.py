@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
@@ -28,7 +28,7 @@ from distdiag.probes import training as tr
 if TYPE_CHECKING:
     from distdiag.runtime.context import RankContext
 
-__all__ = ["ParallelRun", "parallel_run", "release", "STEP_SEED", "State"]
+__all__ = ["ParallelRun", "parallel_run", "release", "STEP_SEED", "State", "Fingerprint", "fingerprint"]
 
 STEP_SEED = 1000
 """Every rank seeds STEP_SEED + step before training step `step` (dropout draws agree)."""
@@ -57,7 +57,7 @@ class StepRecord:
     """What one step of the trajectory left for the probes that did not drive it."""
 
     loss: float
-    fingerprint: dict[str, Any]
+    fingerprint: Fingerprint
     """determinism's bits of the loss and of every gradient the optimizer stepped with."""
 
 
@@ -135,7 +135,14 @@ class ParallelRun:
         self.step_error = None
 
 
-def fingerprint(loss: float, grads: dict[str, torch.Tensor]) -> dict[str, Any]:
+class Fingerprint(TypedDict):
+    """The bits of one step: the loss as float.hex() and each gradient's bit_checksum, by name."""
+
+    loss: str
+    grads: dict[str, str]
+
+
+def fingerprint(loss: float, grads: dict[str, torch.Tensor]) -> Fingerprint:
     """The bits of a step's loss and gradients (determinism compares them)."""
     from distdiag.probes.numerics.replicas import bit_checksum
 

@@ -14,6 +14,7 @@ from itertools import accumulate, chain
 from operator import itemgetter
 from typing import Any
 
+from distdiag.probes.causes import ProbeCause
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -28,8 +29,8 @@ def positions_text(items: list[Any]) -> str:
     return shown + (f", ... ({len(items)} in all)" if len(items) > _SHOW else "")
 
 
-def _finding(severity: str, issue: str, evidence: str, ranks: list[int], fix: str, cause: str = "") -> Finding:
-    return Finding(severity=severity, issue=issue, evidence=evidence, ranks=ranks, fix=fix, confidence=0.95, cause=cause)
+def _finding(severity: str, issue: str, evidence: str, ranks: list[int], fix: str, cause: ProbeCause | None = None) -> Finding:
+    return Finding(severity=severity, issue=issue, evidence=evidence, ranks=ranks, fix=fix, confidence=0.95, cause=cause or "")
 
 
 def analyze_split(label: str, full: dict[str, Any], local: dict[int, dict[str, Any]], world: int) -> list[Finding]:
@@ -241,7 +242,7 @@ def _restarted_positions(split_name: str, local: dict[int, dict[str, Any]], rest
         restart,
         "give each shard the global position of its tokens (position_ids[:, index] of the full batch) before "
         "the split; rotary/learned positions of a shard that restart at 0 encode the wrong place",
-        "sp_positions_restart",
+        ProbeCause.SP_POSITIONS_RESTART,
     )
 
 
@@ -256,7 +257,7 @@ def _labels_not_shifted(split_name: str, walk: _SplitWalk, world: int) -> list[F
         "a split must shift labels over the whole sequence first (shift_labels = labels[:, 1:], -100 at the end)",
         walk.no_shift,
         "shift once before splitting and pass shift_labels to the loss (as transformers' sequence-parallel loss does)",
-        "labels_shifted_after_split",
+        ProbeCause.LABELS_SHIFTED_AFTER_SPLIT,
     )]
 
 
@@ -273,7 +274,7 @@ def _boundary_targets_lost(split_name: str, walk: _SplitWalk, world: int) -> lis
                   for r, ps in sorted(walk.boundary_lost.items())),
         ranks,
         "shift labels over the whole sequence before the split (shift_labels), never per shard",
-        "labels_shifted_after_split",
+        ProbeCause.LABELS_SHIFTED_AFTER_SPLIT,
     )]
 
 
@@ -282,10 +283,10 @@ def _tokens_and_targets_wrong(split_name: str, walk: _SplitWalk, world: int) -> 
     findings = []
     for title, bad, fix, cause in (
         ("tokens do not match the unsplit batch at their position ids", walk.token_bad,
-         "each rank's input_ids[:, i] must be the full batch's token at position_ids[:, i]", "split_wrong_tokens"),
+         "each rank's input_ids[:, i] must be the full batch's token at position_ids[:, i]", ProbeCause.SPLIT_WRONG_TOKENS),
         ("targets do not match the unsplit batch", walk.target_bad,
          "shift_labels[:, i] must be labels[:, position + 1] of the full batch (-100 after the last token)",
-         "split_wrong_targets"),
+         ProbeCause.SPLIT_WRONG_TARGETS),
     ):
         if bad:
             ranks = sorted(bad)
@@ -304,7 +305,7 @@ def _mask_not_split(split_name: str, walk: _SplitWalk, world: int) -> list[Findi
     return [_finding(
         "error", f"{split_name}: the attention mask is not split like the tokens on {format_ranks(ranks, world)}",
         "\n".join(f"rank {r}: mask differs at positions {positions_text(sorted(set(v)))}" for r, v in sorted(walk.mask_bad.items())),
-        ranks, "split attention_mask with the same index as input_ids", "sp_mask_not_split",
+        ranks, "split attention_mask with the same index as input_ids", ProbeCause.SP_MASK_NOT_SPLIT,
     )]
 
 
@@ -317,7 +318,7 @@ def _tokens_lost(split_name: str, walk: _SplitWalk) -> list[Finding]:
         "error", f"{split_name}: {len(missing)} of {walk.batch * walk.seq} tokens are on no rank",
         f"missing (sample, position): {positions_text(missing)}", [],
         "the shards must cover every position once: check the shard bounds for a sequence length that does not divide",
-        "split_drops_tokens",
+        ProbeCause.SPLIT_DROPS_TOKENS,
     )]
 
 
@@ -331,7 +332,7 @@ def _tokens_duplicated(split_name: str, walk: _SplitWalk, world: int) -> list[Fi
     return [_finding(
         "error", f"{split_name}: {len(dup)} tokens are on more than one rank ({format_ranks(ranks, world)})",
         f"(sample, position): {positions_text(shown)}", ranks,
-        "shards must not overlap: every (position, token, target) on exactly one rank", "split_duplicates_tokens",
+        "shards must not overlap: every (position, token, target) on exactly one rank", ProbeCause.SPLIT_DUPLICATES_TOKENS,
     )]
 
 

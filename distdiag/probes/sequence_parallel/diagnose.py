@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.numerics.parity_evidence import RATIO_HIGH, groups_making, ratio_to_integer
 from distdiag.probes.sequence_parallel.checks import loss_problem
 
@@ -25,7 +26,8 @@ class SpDiagnosis:
     kind: str
     issue: str
     evidence: str
-    cause: str
+    cause: ProbeCause | None
+    """None where the evidence names no mechanism."""
     fix: str
     confidence: float
     severity: str = "error"
@@ -52,7 +54,7 @@ def diagnose_loss(ref: float, sp_values: dict[int, float], valid: dict[int, int]
     issue, evidence = problem
     sp = _mean(sp_values)
     if not math.isfinite(sp):
-        return SpDiagnosis("loss-nan", issue, evidence, "empty_shard_zero_division",
+        return SpDiagnosis("loss-nan", issue, evidence, ProbeCause.EMPTY_SHARD_ZERO_DIVISION,
                            "a rank (or group) without valid targets divides 0/0: sum the token losses and divide by the "
                            "group's valid-target count with a floor of 1", 0.9)
     found = ratio_to_integer(sp / ref) if ref else None
@@ -60,11 +62,11 @@ def diagnose_loss(ref: float, sp_values: dict[int, float], valid: dict[int, int]
     if found is not None and found[1] <= max(RATIO_HIGH, rtol) and groups_making(found[0], groups):
         return _ratio(found, sp, ref, evidence, groups)
     if _per_rank_means(sp, sums, valid, rtol):
-        return SpDiagnosis("loss", issue, evidence, "loss_normalised_per_rank",
+        return SpDiagnosis("loss", issue, evidence, ProbeCause.LOSS_NORMALISED_PER_RANK,
                            "weight per-rank losses by valid targets: sum the token losses and divide by the group's "
                            "valid-target count (an all_reduce), with a floor of 1 for empty groups", 0.9)
     return SpDiagnosis("loss", issue, evidence + "\nwhat would decide: the SP output token by token (it matches the "
-                       "reference: the loss function; it differs: the model)", "",
+                       "reference: the loss function; it differs: the model)", None,
                        "compare loss_fn on a shard with the same tokens' share of the unsplit loss", 0.4)
 
 
@@ -84,7 +86,7 @@ def _ratio(found: tuple[int, float, bool], sp: float, ref: float, evidence: str,
         fix = (f"the loss is {k}x too large: it is multiplied by the group size twice or divided by a group {k}x too "
                "small; scale by dp x sp once and divide by the whole group's valid targets")
     return SpDiagnosis("loss", f"the SP loss {sp:.6g} is exactly {shown} of the unsplit batch's {ref:.6g}: scaled for "
-                       "the wrong group", evidence, "loss_scaled_wrong_group", fix, 0.95 if closeness <= RATIO_HIGH else 0.75)
+                       "the wrong group", evidence, ProbeCause.LOSS_SCALED_WRONG_GROUP, fix, 0.95 if closeness <= RATIO_HIGH else 0.75)
 
 
 def diagnose_output(mism: dict[int, str], unmasked: dict[int, Any]) -> SpDiagnosis:
@@ -96,7 +98,7 @@ def diagnose_output(mism: dict[int, str], unmasked: dict[int, Any]) -> SpDiagnos
     if decided and not any(unmasked.values()):
         return SpDiagnosis(
             "output", issue, evidence + "\nwith the attention mask set to all ones, the SP output equals the reference on "
-            "every rank: the difference is the mask's handling", "sp_mask_misaligned",
+            "every rank: the difference is the mask's handling", ProbeCause.SP_MASK_MISALIGNED,
             "split and gather the attention mask exactly like the keys: along the sequence dim (dim 1 of [batch, seq]) in "
             "rank order; a mask gathered along the batch dim (then reshaped) keeps its shape but moves each sample's "
             "padding onto other samples and positions", 0.9)
@@ -106,7 +108,7 @@ def diagnose_output(mism: dict[int, str], unmasked: dict[int, Any]) -> SpDiagnos
         evidence += ("\nwhat would decide between the mask and the attention context: the same batch with padding and "
                      "with an all-ones mask (make_batch with padded samples)")
     return SpDiagnosis(
-        "output", issue, evidence, "sp_attention_context",
+        "output", issue, evidence, ProbeCause.SP_ATTENTION_CONTEXT,
         "the SP model must see the whole causal prefix by global position: gather K/V along the sequence dim in rank "
         "order, and give the keys the global position ids gathered from the shards (not 0..S-1 in gather order: a "
         "zigzag or other non-contiguous split puts them out of order)", 0.8 if decided else 0.6)
@@ -115,11 +117,11 @@ def diagnose_output(mism: dict[int, str], unmasked: dict[int, Any]) -> SpDiagnos
 def diagnose_grads(grad: dict[str, Any], world: int) -> SpDiagnosis:
     """Loss and output right, gradients off (or not finite)."""
     if not grad.get("finite", True):
-        return SpDiagnosis("grad", "SP gradients are not finite", grad.get("worst", ""), "empty_shard_zero_division",
+        return SpDiagnosis("grad", "SP gradients are not finite", grad.get("worst", ""), ProbeCause.EMPTY_SHARD_ZERO_DIVISION,
                            "a shard or group without valid targets must contribute 0, not 0/0", 0.9)
     return SpDiagnosis(
         "grad", f"SP gradients (averaged over {world} ranks) differ from the unsplit batch's",
         f"worst parameter {grad['worst']}: relative error {grad['rel_err']:.3g}; the loss and the output match the "
-        "reference, so the forward and the loss weighting are right", "sp_grad_reduction",
+        "reference, so the forward and the loss weighting are right", ProbeCause.SP_GRAD_REDUCTION,
         "the backward of the sequence gather must hand each rank its slice of the gradient summed over all ranks "
         "(reduce-scatter), and the parameters' gradients be averaged over the SP group", 0.75)

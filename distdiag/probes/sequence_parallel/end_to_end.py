@@ -10,19 +10,23 @@ distdiag.workloads, what FSDP/DDP averaging expects).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from distdiag.errors import exc_line
 from distdiag.probes import training as tr
-from distdiag.probes.base import local_finding
+from distdiag.probes.base import LocalFinding, local_finding
 from distdiag.probes.checkpoint.keys import normalize_key
 from distdiag.probes.sequence_parallel.checks import IGNORE, output_shape_problem, positions_text
 from distdiag.workloads import sequence as seqw
 from distdiag.workloads.base import to_device
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from distdiag.runtime.context import RankContext
 
 __all__ = ["run_end_to_end", "variants", "VARIANT_TEXT"]
@@ -48,7 +52,7 @@ def variants(batch: dict[str, Any], world: int) -> list[tuple[str, dict[str, Any
     return out
 
 
-def _output_tensor(out: Any) -> torch.Tensor | None:
+def _output_tensor(out: object) -> torch.Tensor | None:
     if isinstance(out, torch.Tensor):
         return out
     if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
@@ -57,7 +61,8 @@ def _output_tensor(out: Any) -> torch.Tensor | None:
     return logits if isinstance(logits, torch.Tensor) else None
 
 
-def _forward_backward(loss_fn: Any, model: Any, batch: dict[str, Any], captured: list[Any]) -> tuple[float, torch.Tensor | None]:
+def _forward_backward(loss_fn: Callable[[nn.Module, object], object], model: nn.Module, batch: object,
+                      captured: list[object]) -> tuple[float, torch.Tensor | None]:
     handle = model.register_forward_hook(lambda _m, _i, o: captured.append(o) if not captured else None)
     try:
         loss = loss_fn(model, batch)
@@ -70,12 +75,12 @@ def _forward_backward(loss_fn: Any, model: Any, batch: dict[str, Any], captured:
     return float(loss.detach()), _captured(captured)
 
 
-def _captured(captured: list[Any]) -> torch.Tensor | None:
+def _captured(captured: list[object]) -> torch.Tensor | None:
     out = _output_tensor(captured[0]) if captured else None
     return out.detach().cpu() if out is not None else None
 
 
-def _grads(model: Any) -> dict[str, torch.Tensor]:
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     out = {}
     for name, p in model.named_parameters():
         g = p.grad
@@ -85,7 +90,7 @@ def _grads(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def run_end_to_end(ctx: RankContext, target: Any, batch: dict[str, Any], splitters: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_end_to_end(ctx: RankContext, target: Any, batch: dict[str, Any], splitters: dict[str, Any], findings: list[LocalFinding]) -> list[dict[str, Any]]:
     """Every batch variant's comparison; `target` None means the built-in tiny LM."""
     if target is None:
         length = max(256, int(batch["input_ids"].shape[1]))
@@ -106,7 +111,8 @@ def run_end_to_end(ctx: RankContext, target: Any, batch: dict[str, Any], splitte
     return [_one(ctx, hooks, split, mesh, name, b) for name, b in variants(batch, ctx.world_size)]
 
 
-def _one(ctx: RankContext, hooks: dict[str, Any], split: Any, mesh: Any, variant: str, batch: dict[str, Any]) -> dict[str, Any]:
+def _one(ctx: RankContext, hooks: dict[str, Any], split: Callable[[dict[str, Any], int, int], object], mesh: DeviceMesh,
+         variant: str, batch: dict[str, Any]) -> dict[str, Any]:
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
     res: dict[str, Any] = {"variant": variant}
     ctx.seed()
@@ -115,7 +121,7 @@ def _one(ctx: RankContext, hooks: dict[str, Any], split: Any, mesh: Any, variant
     res["ref_loss"] = ref_loss
     ref_grads = _grads(ref)
     error, local = None, None
-    captured: list[Any] = []
+    captured: list[object] = []
     try:
         ctx.seed()
         sp = hooks["parallelize_sp"](hooks["build_model"]().to(device), mesh)
@@ -165,7 +171,8 @@ def _unmasked(batch: dict[str, Any]) -> dict[str, Any]:
     return {**batch, "attention_mask": torch.ones_like(batch["attention_mask"])}
 
 
-def _unmasked_mismatch(hooks: dict[str, Any], ref: Any, sp: Any, local: Any, batch: dict[str, Any], device: Any,
+def _unmasked_mismatch(hooks: dict[str, Any], ref: nn.Module, sp: nn.Module, local: object, batch: dict[str, Any],
+                       device: torch.device,
                        where: tuple[int, int]) -> bool:
     """Whether the SP output still differs from the reference once the attention mask is all ones.
 
@@ -174,7 +181,7 @@ def _unmasked_mismatch(hooks: dict[str, Any], ref: Any, sp: Any, local: Any, bat
     An output that is wrong with the mask and right without it is the mask's handling (the
     diagnosis of the sequence_parallel end-to-end finding reads this).
     """
-    captured: list[Any] = []
+    captured: list[object] = []
     with torch.no_grad():
         _, ref_out = _forward_backward(hooks["loss_fn"], ref, to_device(batch, device), [])
         _forward_backward(hooks["loss_fn"], sp, to_device(local, device), captured)

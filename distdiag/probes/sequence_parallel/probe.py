@@ -17,13 +17,22 @@ Three parts, each a finding that names ranks and token positions:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from distdiag.errors import ConfigError, exc_line
-from distdiag.probes.base import ConsolidationView, Probe, group_ranks, local_finding, merge_local_findings
+from distdiag.probes.base import (
+    ConsolidationView,
+    LocalFinding,
+    Probe,
+    group_ranks,
+    local_finding,
+    merge_local_findings,
+)
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.sequence_parallel.checks import analyze_split
 from distdiag.probes.sequence_parallel.diagnose import SpDiagnosis, diagnose_grads, diagnose_loss, diagnose_output
 from distdiag.probes.sequence_parallel.end_to_end import VARIANT_TEXT, run_end_to_end
@@ -67,11 +76,11 @@ class SequenceParallelConfig:
             raise ConfigError(f"probes.sequence_parallel.rtol must be a number in (0, 1), got {self.rtol!r}")
 
 
-def _lists(value: Any) -> Any:
+def _lists(value: object) -> list[Any] | None:
     return value.tolist() if isinstance(value, torch.Tensor) else None
 
 
-def _rows(value: Any) -> Any:
+def _rows(value: object) -> object:
     """The rows the split checks compare (they travel as JSON)."""
     return value[:_MAX_ROWS] if isinstance(value, torch.Tensor) else value
 
@@ -87,7 +96,7 @@ def nominal_length(seq_len: int, world: int) -> int:
     return -(-seq_len // step) * step
 
 
-def _check_batch(batch: Any, who: str) -> str | None:
+def _check_batch(batch: object, who: str) -> str | None:
     if not isinstance(batch, dict):
         return f"{who} must return a dict with input_ids and labels, got {type(batch).__name__}"
     for key in ("input_ids", "labels"):
@@ -104,14 +113,14 @@ def _check_batch(batch: Any, who: str) -> str | None:
     return None
 
 
-def _local_lists(out: Any, rows: int) -> tuple[dict[str, Any] | None, str | None]:
+def _local_lists(out: object, rows: int) -> tuple[dict[str, Any] | None, str | None]:
     """This rank's split as lists (its first rows), or why the hook's result is unusable."""
     if not isinstance(out, dict) or not isinstance(out.get("input_ids"), torch.Tensor):
         return None, f"must return a dict with an input_ids tensor, got {type(out).__name__}"
     ids = out["input_ids"]
     if ids.dim() != 2 or ids.shape[0] != rows or ids.dtype.is_floating_point:
         return None, f"input_ids must be an integer tensor [{rows}, local_seq], got {ids.dtype} {list(ids.shape)}"
-    res: dict[str, Any] = {"input_ids": _rows(ids).tolist()}
+    res: dict[str, Any] = {"input_ids": ids[:_MAX_ROWS].tolist()}
     for key in ("shift_labels", "labels", "position_ids", "attention_mask"):
         t = out.get(key)
         if t is not None and (not isinstance(t, torch.Tensor) or t.shape != ids.shape):
@@ -141,7 +150,7 @@ class SequenceParallelProbe(Probe):
         opts: SequenceParallelConfig = self.options(ctx)
         rank, world = ctx.rank, ctx.world_size
         target = ctx.target
-        findings: list[dict[str, Any]] = []
+        findings: list[LocalFinding] = []
         ctx.seed()
         if target is not None and target.has("make_batch"):
             batch = target.make_batch(1)
@@ -215,7 +224,7 @@ def _one_longer(batch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _mean(values: list[Any]) -> float | None:
+def _mean(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
 
@@ -250,7 +259,7 @@ def _split_findings(payloads: dict[int, dict[str, Any]], world: int) -> list[Fin
                     lines, ranks,
                     "split_sequence(batch, rank, world_size) returns a dict of [B, local_seq] tensors: input_ids, "
                     "shift_labels, position_ids and attention_mask when the batch has one", 0.95,
-                    cause="split_bad_output"))
+                    cause=ProbeCause.SPLIT_BAD_OUTPUT))
             continue
         local = {r: e["local"] for r, e in entries.items()}
         found = analyze_split(label, entry0["full"], local, world)
@@ -289,7 +298,7 @@ def _made_up_length(entry0: dict[str, Any], world: int, what: str, evidence: str
     else:
         fix = (f"the split is right on {origin}'s length but not on {n}: make sure training batches only have lengths "
                "it handles (pad in the collator) and make split_sequence raise on any other length")
-    return Finding("warning", issue, evidence, ranks, fix, 0.8, cause="split_needs_divisible_length")
+    return Finding("warning", issue, evidence, ranks, fix, 0.8, cause=ProbeCause.SPLIT_NEEDS_DIVISIBLE_LENGTH)
 
 
 def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
@@ -304,7 +313,7 @@ def _ulysses_findings(payloads: dict[int, dict[str, Any]]) -> list[Finding]:
             "error", f"the Ulysses all_to_all round trip (sequence -> heads -> sequence) is not exact on ranks {bad_trip}",
             "\n".join(f"rank {r}: max abs error {info[r]['round_trip_err']:g}" for r in bad_trip), bad_trip,
             "all_to_all_single returns wrong data: rerun the collectives probe and check the transport", 0.9,
-            cause="transport_corrupts_data"))
+            cause=ProbeCause.TRANSPORT_CORRUPTS_DATA))
     for key, what in (("attn_err", "attention through the Ulysses all_to_all"), ("gather_err", "the shards gathered along the sequence")):
         bad = sorted(r for r, v in info.items() if v and v.get(key, 0.0) > v.get("tol", 1e-4))
         if bad:
@@ -338,22 +347,36 @@ class _ByKind:
     """End-to-end problems grouped by kind (in the order first seen), with the batch variants each showed on."""
 
     def __init__(self) -> None:
-        self.kinds: dict[str, dict[str, Any]] = {}
+        self.kinds: dict[str, _Kind] = {}
 
     def add(self, kind: str, issue: str, variant: str, evidence: str, ranks: list[int], fix: str, conf: float = 0.9,
-            severity: str = "error", cause: str = "") -> None:
-        entry = self.kinds.setdefault(kind, {"issue": issue, "variants": [], "evidence": [], "ranks": set(), "fix": fix,
-                                             "conf": conf, "severity": severity, "cause": cause})
-        entry["variants"].append(variant)
-        entry["evidence"].append(f"[{variant} batch] {evidence}")
-        entry["ranks"].update(ranks)
+            severity: str = "error", cause: ProbeCause | None = None) -> None:
+        entry = self.kinds.setdefault(kind, _Kind(issue, fix, conf, severity, cause))
+        entry.variants.append(variant)
+        entry.evidence.append(f"[{variant} batch] {evidence}")
+        entry.ranks.update(ranks)
 
     def findings(self) -> list[Finding]:
         return [
-            Finding(k["severity"], f"{k['issue']} ({', '.join(k['variants'])} batch{'es' if len(k['variants']) > 1 else ''})",
-                    "\n".join(k["evidence"]), sorted(k["ranks"]), k["fix"], k["conf"], cause=k["cause"])
+            Finding(k.severity, f"{k.issue} ({', '.join(k.variants)} batch{'es' if len(k.variants) > 1 else ''})",
+                    "\n".join(k.evidence), sorted(k.ranks), k.fix, k.conf, cause=k.cause or "")
             for k in self.kinds.values()
         ]
+
+
+@dataclass
+class _Kind:
+    """One kind of end-to-end problem: the first issue, fix and confidence seen, and every
+    batch variant, evidence line and rank that showed it."""
+
+    issue: str
+    fix: str
+    conf: float
+    severity: str
+    cause: ProbeCause | None
+    variants: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    ranks: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -375,7 +398,7 @@ def _variant_problems(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[st
         kinds.add("shape", f"the SP model's output has the wrong shape on ranks {sorted(shapes)}", variant,
                   _by_text(shapes), sorted(shapes),
                   "gather sequence shards along the sequence dim (dim 1 of [batch, seq, ...]) in rank order", 0.95,
-                  cause="sp_gather_wrong_dim")
+                  cause=ProbeCause.SP_GATHER_WRONG_DIM)
     errors = {r: v["error"] for r, v in per.items() if v.get("error")}
     if errors:
         kinds.add("error", f"the SP step failed on ranks {sorted(errors)}", variant,
@@ -410,7 +433,7 @@ def _reference_not_finite(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dic
               f"reference loss {v0['ref_loss']}; SP losses per rank {sp}; SP loss and gradients not compared on it",
               [], "if a batch or micro-batch can have no valid target in training (all padding, fully masked prompts), its "
               "step turns the weights to NaN: divide the summed token loss by max(valid targets, 1)", 0.7, "warning",
-              cause="empty_batch_zero_division")
+              cause=ProbeCause.EMPTY_BATCH_ZERO_DIVISION)
 
 
 def _loss_differs(kinds: _ByKind, v0: dict[str, Any], per: dict[int, dict[str, Any]], ref_ok: bool,
@@ -454,7 +477,7 @@ def attention_tolerance(device: torch.device) -> float:
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, sl: slice, world: int,
-                      a2a: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      a2a: Callable[..., object], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(this rank's queries back from head sharding, its attention output through the Ulysses
     all_to_all, the unsharded attention over every position), all on `device`: the reference is
     computed where the sharded one is (a GPU's kernels against the CPU's differ by more than any
