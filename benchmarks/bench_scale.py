@@ -199,12 +199,16 @@ def _real_snapshot(rank: int, world: int, real: dict[str, Any]) -> dict[str, Any
     mine = [labels["dp"], labels["tp"], labels["pp"]]
     to = {g: mine[i % len(mine)] for i, g in enumerate(real_groups)}
     last = {g: max(e["seq"] for e in captured["engine"]["entries"] if e["group"] == g) for g in real_groups}
+    # torch names a group in its recorder by a short id (`pg`, `pg_id`: "0", "1", ...), the label
+    # (its members) is the view's `group`: the ids of this rank's groups, as its positions say
+    pg_of = {g["group"]: g["pg"] for g in snap["engine"]["groups"]}
     entries = []
     for e in captured["engine"]["entries"]:
         group = to[e["group"]]
         seq = done.get(group, 0) - (last[e["group"]] - e["seq"])
         if seq >= 1:  # the scenario's groups have done a few collectives: the tail holds those
-            entries.append({**e, "group": group, "pg": group, "seq": seq})
+            pg = pg_of.get(group, e["pg"])
+            entries.append({**e, "group": group, "pg": pg, "pg_id": pg, "seq": seq})
     snap["engine"]["entries"] = entries
     snap["stack"] = (captured["stack"][:-3] + snap["stack"])[-len(captured["stack"]):]
     return snap
