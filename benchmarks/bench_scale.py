@@ -326,6 +326,7 @@ def _declared_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: A
     from distdiag.runtime.exchange import Exchange
     from distdiag.runtime.incident import NEWS_STEP, compact_snapshot
     from distdiag.runtime.keys import IncidentKeys, Keys
+    from distdiag.runtime import nodes
     from distdiag.runtime.nodes import AGGREGATE_WAIT_S
     from distdiag.runtime.nodes import POLL_S as NODE_POLL_S
     from distdiag.watchdog.config import WatchdogConfig
@@ -334,6 +335,7 @@ def _declared_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: A
     rng = random.Random(lo)
     store = _client(port, prefix)
     keys = IncidentKeys(1)
+    index_key = f"{keys.node}/at" if hasattr(nodes, "index_key") else None  # the tree before had no index
     ex = {r: Exchange(store, r, world) for r in range(lo, hi)}
     for r in ex:
         ex[r].post(Keys.INFO, _info(r))
@@ -405,7 +407,9 @@ def _declared_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: A
             heapq.heappush(queue, (time.time() + pack_s[r], r, "node"))
         elif what == "node":
             e.put(f"{keys.node}/{r}", node_value.pop(r))
-            store.add(f"{keys.node}/n", 1)
+            number = int(store.add(f"{keys.node}/n", 1))
+            if index_key is not None:  # nodes.py aggregate_node: which leader posted the number-th value
+                store.set(f"{index_key}/{number}", str(r))
             times["node_posted"][r] = time.time()
             heapq.heappush(queue, (time.time() + wait_every * rng.uniform(0.5, 1.0), r, "poll"))
         elif what == "poll":  # Incident.wait_verdict: the progress each poll, the verdict on news
