@@ -88,9 +88,11 @@ def analyse(
     world: int,
     timeout_s: float,
     views: dict[int, RankView] | None = None,
+    keep: dict[str, Any] | None = None,
 ) -> list[Finding]:
     """Findings from every rank's last snapshot (`merged`: final snapshots overlaid by live ones;
-    `views`: build_views(merged, lost), when the caller built them already)."""
+    `views`: build_views(merged, lost), when the caller built them already; `keep`: gets the
+    rules' wait-for graph, analyze_hang's)."""
     steps = sorted({str(s.get("step")) for s in merged.values() if s.get("step") is not None})
     what = f"step {steps[0]}" if len(steps) == 1 else (f"steps {', '.join(steps[:4])}" if steps else "training")
     findings: list[Finding] = []
@@ -118,7 +120,7 @@ def analyse(
             )
         return findings
     findings += _phase_findings(merged)
-    findings += analyze_hang(merged, lost, errors, world, what=what, timeout_s=timeout_s, views=views)
+    findings += analyze_hang(merged, lost, errors, world, what=what, timeout_s=timeout_s, views=views, keep=keep)
     return findings
 
 
@@ -479,10 +481,11 @@ def analyse_and_detail(
     """(findings, the probe's details): the rules and the ranks' table read one set of views,
     built once from the typed snapshots (`records`: typed_snapshots(merged), when typed already)."""
     views = build_views(merged, lost, records)
-    findings = analyse(event, merged, lost, errors, world, timeout_s, views=views)
+    keep: dict[str, Any] = {}
+    findings = analyse(event, merged, lost, errors, world, timeout_s, views=views, keep=keep)
     findings = mark_blind(findings, blind_spot(snaps=merged.values()))  # NCCL blocking wait: the recorder does not move
     details = _details(event, merged, lost, errors, world, infos, views=views, findings=findings)
-    details.update(hang_extras(findings, views, lost, errors, world))  # `hang-report --graph` draws it
+    details.update(hang_extras(findings, views, lost, errors, world, keep.get("graph")))  # `hang-report --graph` draws it
     return findings, details
 
 
