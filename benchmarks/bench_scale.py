@@ -322,11 +322,10 @@ def _declared_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: A
     import heapq
 
     from distdiag.hang.records import RankSnapshot
-    from distdiag.runtime import snapwire
+    from distdiag.runtime import nodes, snapwire
     from distdiag.runtime.exchange import Exchange
     from distdiag.runtime.incident import NEWS_STEP, compact_snapshot
     from distdiag.runtime.keys import IncidentKeys, Keys
-    from distdiag.runtime import nodes
     from distdiag.runtime.nodes import AGGREGATE_WAIT_S
     from distdiag.runtime.nodes import POLL_S as NODE_POLL_S
     from distdiag.watchdog.config import WatchdogConfig
@@ -899,7 +898,23 @@ def _since(writer: dict[str, Any], mark: str) -> float | None:
     return None if at is None else round(at - writer["t0"], 3)
 
 
-def measure(world: int, clients: int, declared: bool = False) -> dict[str, Any]:
+def _hang_row(world: int, clients: int, hang: dict[str, Any], rejected: int) -> dict[str, Any]:
+    """`--hang-only`: the hang phase's figures alone (the check's phase is not run)."""
+    return {
+        "ranks": world, "hang_report_s": None if hang["writer"].get("error") else _since(hang["writer"], "verdict"),
+        "hang_from_declaration": hang["declared"], "hang_writer_done_s": round(hang["writer_s"], 3),
+        "store_rejected_values": rejected, "hang_writer_cpu_s": round(hang["writer"]["cpu_s"], 3),
+        "hang_error": hang["writer"].get("error"), "ranks_without_verdict": {"hang": hang["gave_up"]},
+        "hang_max_value_bytes": hang["max_value"], "hang_writer_peak_mb": hang["peak_mb"],
+        "hang_cores_busy": {"server": round(hang["server_cpu"] / hang["elapsed"], 2),
+                            "clients": round(hang["clients_cpu"] / hang["elapsed"], 2),
+                            "writer": round(hang["writer"]["cpu_s"] / hang["elapsed"], 2)},
+        "hang_report_kb": hang["writer"].get("report_kb"), "clients": clients,
+        "writer_core": "own" if os.environ.get(PIN_ENV) else "shared",
+    }
+
+
+def measure(world: int, clients: int, declared: bool = False, hang_only: bool = False) -> dict[str, Any]:
     import psutil
 
     log = tempfile.TemporaryFile(mode="w+")  # the server's complaints (a value over its 8 MiB limit)
@@ -910,12 +925,14 @@ def measure(world: int, clients: int, declared: bool = False) -> dict[str, Any]:
         _pin("server", server.pid)
         proc = psutil.Process(server.pid)
         hang = _phase(port, proc, world, clients, "hang", declared)
-        check = _phase(port, proc, world, clients, "check")
+        check = None if hang_only else _phase(port, proc, world, clients, "check")
     finally:
         server.stdin.close()
         server.wait(30)
         log.seek(0)
         rejected = log.read().count("Invalid payload size")
+    if check is None:
+        return _hang_row(world, clients, hang, rejected)
     ops = hang["ops"] + check["ops"]
     elapsed = hang["elapsed"] + check["elapsed"]
     return {
@@ -971,6 +988,7 @@ def main() -> int:
     parser.add_argument("--shared-cores", action="store_true",
                         help="let the writer share every core with the store server and the client processes (by "
                              "default it has core 0 to itself and they have the others, as on a real job)")
+    parser.add_argument("--hang-only", action="store_true", help="the hang phase alone (with --json): no check phase")
     args = parser.parse_args()
     os.environ[GRACE_ENV] = str(args.grace)
     if not args.shared_cores and not args.from_declaration and (os.cpu_count() or 1) >= 2:
@@ -981,7 +999,7 @@ def main() -> int:
               "server cores | notes |")
         print("|---|---|---|---|---|---|---|---|")
     for world in args.ranks:
-        row = measure(world, args.clients, args.from_declaration)
+        row = measure(world, args.clients, args.from_declaration, args.hang_only and args.json)
         if args.json:
             print(json.dumps(row), flush=True)
             continue
