@@ -92,6 +92,7 @@ class NodeReader:
         self.leaders: set[int] = set()
         self._next = 1
         self._unseen: set[int] = set()  # numbers counted whose index was not there yet
+        self._shared: dict[str, Any] = {}  # one object per distinct sizes / dtypes text (`_share`)
 
     def read_new(self) -> list[int]:
         """Read the values posted since the last call; the ranks they brought."""
@@ -119,8 +120,27 @@ class NodeReader:
             for rank, snap in node.items():
                 if 0 <= rank < self.incident.world and rank not in self.snaps:
                     self.snaps[rank] = snap
+                    self._share(snap)
                     new.append(rank)
         return new
+
+    def _share(self, snap: dict[str, Any]) -> None:
+        """The recorder entries' sizes and dtypes as one object per distinct value (by its
+        text) across the gather: 16k ranks' tails are ~230k entries of a few distinct shapes,
+        and the analysis compares them by their text (hang/desync.py record_divergence) once
+        per object. Done here, while the writer waits for the other snapshots anyway."""
+        engine = snap.get("engine")
+        entries = engine.get("entries") if type(engine) is dict else None
+        if type(entries) is not list:
+            return
+        shared = self._shared
+        for e in entries:
+            if type(e) is not dict:
+                continue
+            for name in ("sizes", "dtypes"):
+                v = e.get(name)
+                if type(v) is list:
+                    e[name] = shared.setdefault(str(v), v)
 
 
 def gather_snapshots(incident: Incident, *, cache: dict[str, str], leaders: list[int],
