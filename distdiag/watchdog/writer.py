@@ -173,7 +173,8 @@ def _wait_for_snapshots(incident: Incident, infos: dict[int, RankInfo], *, host:
 
     What came in is counted (the counts every post bumps: two requests a poll); which ranks
     exactly is looked up only once the counts say every rank or all but this host's posted
-    (looking among 16k keys every 50 ms cost the writer 1 s of CPU at 16k ranks)."""
+    (looking among 16k keys every 50 ms cost the writer 1 s of CPU at 16k ranks); up to BATCH
+    ranks, every poll as before."""
     ex, world = incident.ex, incident.world
     start = time.monotonic()
     cap, last_news, looked = start + grace_s + GRACE_PER_RANK_S * world, start, start - 1.0
@@ -189,9 +190,10 @@ def _wait_for_snapshots(incident: Incident, infos: dict[int, RankInfo], *, host:
             seen, last_news = posted, now
             incident.advance(f"gathered {seen} of {world} snapshots")
         missing = None
-        if world - posted <= here or posted >= world:
-            if news or world <= BATCH or now - looked >= 0.5:  # the counts do not say which: look (at most every 0.5 s unchanged past BATCH ranks)
-                missing, looked = _missing(incident, ahead), now
+        if world <= BATCH:  # a few requests: look every poll, as the counts say nothing of who
+            missing = _missing(incident, ahead)
+        elif (world - posted <= here or posted >= world) and (news or now - looked >= 0.5):
+            missing, looked = _missing(incident, ahead), now  # past BATCH ranks: when the counts say it may be over
         if missing == [] or now >= cap or now >= last_news + grace_s:
             break
         # A rank on this host that is gone or stopped will never answer: do not wait for it.
