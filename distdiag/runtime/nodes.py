@@ -91,13 +91,15 @@ class NodeReader:
         self.snaps: dict[int, dict[str, Any]] = {}
         self.leaders: set[int] = set()
         self._next = 1
+        self.counted = 0
+        """How many values the leaders' count said were posted at the last read."""
         self._unseen: set[int] = set()  # numbers counted whose index was not there yet
         self._shared: dict[str, Any] = {}  # one object per distinct sizes / dtypes text (`_share`)
 
     def read_new(self) -> list[int]:
         """Read the values posted since the last call; the ranks they brought."""
         ex = self.incident.ex
-        count = ex.count(self.incident.keys.node)
+        count = self.counted = ex.count(self.incident.keys.node)
         wanted = sorted(self._unseen | set(range(self._next, count + 1)))
         self._next = max(self._next, count + 1)
         if not wanted:
@@ -143,6 +145,24 @@ class NodeReader:
                     e[name] = shared.setdefault(str(v), v)
 
 
+def _read_as_they_come(reader: NodeReader, live: list[int], deadline: float) -> None:
+    """Until the values of `live` leaders are read (or the deadline), the new ones each poll:
+    the last leaders post after the last snapshot is in, and each value is unpacked as it
+    comes rather than all once the last came. One rank polling: at its own pace, not the job's
+    (0.66 s between polls at 16k ranks). Values counted but not numbered (a leader of an older
+    version) are left to the caller's read."""
+    while any(r not in reader.leaders for r in live):
+        try:
+            new = reader.read_new()
+        except Exception as exc:  # noqa: BLE001 - the caller reads what is left
+            log.debug("could not read the node values: %s", exc)
+            return
+        if (not new and reader.counted >= len(live)) or time.monotonic() >= deadline:
+            return
+        if not new:
+            time.sleep(POLL_S)
+
+
 def gather_snapshots(incident: Incident, *, cache: dict[str, str], leaders: list[int],
                      wait_s: float = AGGREGATE_WAIT_S, stats: dict[str, int] | None = None,
                      ahead: NodeReader | None = None) -> dict[int, dict[str, Any]]:
@@ -154,9 +174,8 @@ def gather_snapshots(incident: Incident, *, cache: dict[str, str], leaders: list
     ex, key = incident.ex, incident.keys.snap
     reader = ahead if ahead is not None else NodeReader(incident, cache)
     live = ex.present(key, leaders) if leaders else []
+    _read_as_they_come(reader, live, time.monotonic() + wait_s)
     todo = [r for r in live if r not in reader.leaders]
-    if todo:  # one rank polling: at its own pace, not the job's (0.66 s between polls at 16k ranks)
-        ex.wait_count(incident.keys.node, len(live), time.monotonic() + wait_s, poll_s=POLL_S, alone=True)
     # The leaders' keys only: found among all N ranks, 2047 of 16384 present cost 32k checks.
     reader.leaders.update(todo)
     reader.absorb((ex.collect(incident.keys.node, todo) if todo else {}).values())
