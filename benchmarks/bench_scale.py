@@ -77,6 +77,9 @@ from the declaration (the last rank to notice, to post, the last node value; the
 stages, with its CPU at each), the lead finding, how the snapshots came, and how far the
 client processes fell behind their ranks' schedules (`client_lag_max_s`). The check's phase
 is unchanged but for the shared cores. docs/benchmarks.md "The hang report from the declaration".
+`--post-only`: the ranks post on their schedule and leave (no polls for the verdict: those are
+most of the clients' CPU, and their lag made leaders late); `--hang-only` (with `--json`): no
+check phase.
 """
 
 from __future__ import annotations
