@@ -77,6 +77,9 @@ from the declaration (the last rank to notice, to post, the last node value; the
 stages, with its CPU at each), the lead finding, how the snapshots came, and how far the
 client processes fell behind their ranks' schedules (`client_lag_max_s`). The check's phase
 is unchanged but for the shared cores. docs/benchmarks.md "The hang report from the declaration".
+`--post-only`: the ranks post on their schedule and leave (no polls for the verdict: those are
+most of the clients' CPU, and their lag made leaders late); `--hang-only` (with `--json`): no
+check phase.
 """
 
 from __future__ import annotations
@@ -199,12 +202,16 @@ def _real_snapshot(rank: int, world: int, real: dict[str, Any]) -> dict[str, Any
     mine = [labels["dp"], labels["tp"], labels["pp"]]
     to = {g: mine[i % len(mine)] for i, g in enumerate(real_groups)}
     last = {g: max(e["seq"] for e in captured["engine"]["entries"] if e["group"] == g) for g in real_groups}
+    # torch names a group in its recorder by a short id (`pg`, `pg_id`: "0", "1", ...), the label
+    # (its members) is the view's `group`: the ids of this rank's groups, as its positions say
+    pg_of = {g["group"]: g["pg"] for g in snap["engine"]["groups"]}
     entries = []
     for e in captured["engine"]["entries"]:
         group = to[e["group"]]
         seq = done.get(group, 0) - (last[e["group"]] - e["seq"])
         if seq >= 1:  # the scenario's groups have done a few collectives: the tail holds those
-            entries.append({**e, "group": group, "pg": group, "seq": seq})
+            pg = pg_of.get(group, e["pg"])
+            entries.append({**e, "group": group, "pg": pg, "pg_id": pg, "seq": seq})
     snap["engine"]["entries"] = entries
     snap["stack"] = (captured["stack"][:-3] + snap["stack"])[-len(captured["stack"]):]
     return snap
@@ -318,7 +325,7 @@ def _declared_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: A
     import heapq
 
     from distdiag.hang.records import RankSnapshot
-    from distdiag.runtime import snapwire
+    from distdiag.runtime import nodes, snapwire
     from distdiag.runtime.exchange import Exchange
     from distdiag.runtime.incident import NEWS_STEP, compact_snapshot
     from distdiag.runtime.keys import IncidentKeys, Keys
@@ -330,6 +337,8 @@ def _declared_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: A
     rng = random.Random(lo)
     store = _client(port, prefix)
     keys = IncidentKeys(1)
+    waits = not os.environ.get(POST_ONLY_ENV)  # `--post-only`: the ranks post and leave
+    index_key = f"{keys.node}/at" if hasattr(nodes, "index_key") else None  # the tree before had no index
     ex = {r: Exchange(store, r, world) for r in range(lo, hi)}
     for r in ex:
         ex[r].post(Keys.INFO, _info(r))
@@ -389,7 +398,7 @@ def _declared_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: A
                 e.collect(Keys.INFO, list(range(r, min(r + 8, world))))
                 agg_end[r] = time.monotonic() + AGGREGATE_WAIT_S
                 heapq.heappush(queue, (time.time(), r, "aggregate"))
-            else:
+            elif waits:
                 heapq.heappush(queue, (time.time() + wait_every * rng.uniform(0.5, 1.0), r, "poll"))
         elif what == "aggregate":
             members = list(range(r, min(r + 8, world)))
@@ -401,9 +410,12 @@ def _declared_ranks(port: int, prefix: str, world: int, lo: int, hi: int, out: A
             heapq.heappush(queue, (time.time() + pack_s[r], r, "node"))
         elif what == "node":
             e.put(f"{keys.node}/{r}", node_value.pop(r))
-            store.add(f"{keys.node}/n", 1)
+            number = int(store.add(f"{keys.node}/n", 1))
+            if index_key is not None:  # nodes.py aggregate_node: which leader posted the number-th value
+                store.set(f"{index_key}/{number}", str(r))
             times["node_posted"][r] = time.time()
-            heapq.heappush(queue, (time.time() + wait_every * rng.uniform(0.5, 1.0), r, "poll"))
+            if waits:
+                heapq.heappush(queue, (time.time() + wait_every * rng.uniform(0.5, 1.0), r, "poll"))
         elif what == "poll":  # Incident.wait_verdict: the progress each poll, the verdict on news
             news = e.bump(keys.progress, 0) // NEWS_STEP
             if seen_news.get(r) == news:
@@ -553,6 +565,9 @@ def _hang_write(ex: Any, world: int, dump_dir: str, grace_s: float = 2.0) -> Any
 GRACE_ENV = "DISTDIAG_BENCH_GRACE_S"
 """`--grace`: the writer's snapshot grace in `--from-declaration` (the watchdog's default, 2 s,
 unless given: a longer one keeps a client's lag from being judged as lost ranks)."""
+POST_ONLY_ENV = "DISTDIAG_BENCH_POST_ONLY"
+"""`--post-only`: in `--from-declaration` the ranks post their snapshots (and leaders their
+nodes') on their schedule and then leave instead of waiting for the verdict."""
 PIN_ENV = "DISTDIAG_BENCH_WRITER_CORE"
 """Set by main (`--shared-cores` leaves it unset): the writer gets core 0 to itself, the store
 server, the simulated ranks and this process share the others."""
@@ -891,7 +906,23 @@ def _since(writer: dict[str, Any], mark: str) -> float | None:
     return None if at is None else round(at - writer["t0"], 3)
 
 
-def measure(world: int, clients: int, declared: bool = False) -> dict[str, Any]:
+def _hang_row(world: int, clients: int, hang: dict[str, Any], rejected: int) -> dict[str, Any]:
+    """`--hang-only`: the hang phase's figures alone (the check's phase is not run)."""
+    return {
+        "ranks": world, "hang_report_s": None if hang["writer"].get("error") else _since(hang["writer"], "verdict"),
+        "hang_from_declaration": hang["declared"], "hang_writer_done_s": round(hang["writer_s"], 3),
+        "store_rejected_values": rejected, "hang_writer_cpu_s": round(hang["writer"]["cpu_s"], 3),
+        "hang_error": hang["writer"].get("error"), "ranks_without_verdict": {"hang": hang["gave_up"]},
+        "hang_max_value_bytes": hang["max_value"], "hang_writer_peak_mb": hang["peak_mb"],
+        "hang_cores_busy": {"server": round(hang["server_cpu"] / hang["elapsed"], 2),
+                            "clients": round(hang["clients_cpu"] / hang["elapsed"], 2),
+                            "writer": round(hang["writer"]["cpu_s"] / hang["elapsed"], 2)},
+        "hang_report_kb": hang["writer"].get("report_kb"), "clients": clients,
+        "writer_core": "own" if os.environ.get(PIN_ENV) else "shared",
+    }
+
+
+def measure(world: int, clients: int, declared: bool = False, hang_only: bool = False) -> dict[str, Any]:
     import psutil
 
     log = tempfile.TemporaryFile(mode="w+")  # the server's complaints (a value over its 8 MiB limit)
@@ -902,12 +933,14 @@ def measure(world: int, clients: int, declared: bool = False) -> dict[str, Any]:
         _pin("server", server.pid)
         proc = psutil.Process(server.pid)
         hang = _phase(port, proc, world, clients, "hang", declared)
-        check = _phase(port, proc, world, clients, "check")
+        check = None if hang_only else _phase(port, proc, world, clients, "check")
     finally:
         server.stdin.close()
         server.wait(30)
         log.seek(0)
         rejected = log.read().count("Invalid payload size")
+    if check is None:
+        return _hang_row(world, clients, hang, rejected)
     ops = hang["ops"] + check["ops"]
     elapsed = hang["elapsed"] + check["elapsed"]
     return {
@@ -963,8 +996,15 @@ def main() -> int:
     parser.add_argument("--shared-cores", action="store_true",
                         help="let the writer share every core with the store server and the client processes (by "
                              "default it has core 0 to itself and they have the others, as on a real job)")
+    parser.add_argument("--hang-only", action="store_true", help="the hang phase alone (with --json): no check phase")
+    parser.add_argument("--post-only", action="store_true",
+                        help="--from-declaration: the simulated ranks post on their schedule and leave, without "
+                             "waiting for the verdict (16k ranks' polls are most of the two client processes' CPU: "
+                             "on a loaded machine they fall seconds behind the schedule and their leaders post late)")
     args = parser.parse_args()
     os.environ[GRACE_ENV] = str(args.grace)
+    if args.post_only:
+        os.environ[POST_ONLY_ENV] = "1"
     if not args.shared_cores and not args.from_declaration and (os.cpu_count() or 1) >= 2:
         os.environ[PIN_ENV] = "0"
         _pin("main")  # the client processes start from here: off the writer's core
@@ -973,7 +1013,7 @@ def main() -> int:
               "server cores | notes |")
         print("|---|---|---|---|---|---|---|---|")
     for world in args.ranks:
-        row = measure(world, args.clients, args.from_declaration)
+        row = measure(world, args.clients, args.from_declaration, args.hang_only and args.json)
         if args.json:
             print(json.dumps(row), flush=True)
             continue

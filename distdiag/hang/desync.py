@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from distdiag.hang.recorder import dtype_name
@@ -364,11 +365,27 @@ def desync_finding(d: dict[str, Any]) -> Finding:
 # -- desync from torch's flight-recorder entries (distdiag.hang.recorder) ---------------------------
 
 
-def _record_key(e: dict[str, Any]) -> tuple[Any, ...]:
+def _record_key(e: dict[str, Any], text: Callable[[Any], str] = str) -> tuple[Any, ...]:
     op = str(e.get("op"))
     if op in SHAPE_FREE_OPS:
         return (op,)
-    return (op, str(e.get("sizes")), str(e.get("dtypes")))
+    return (op, text(e.get("sizes")), text(e.get("dtypes")))
+
+
+def _texts() -> Callable[[Any], str]:
+    """str() of a value, once per object: ranks' entries often share their sizes and dtypes
+    lists (the writer's gather keeps one object per distinct value: runtime/nodes.py), and 16k
+    ranks' recorder tails are ~230k entries. The objects are kept with their text (an id is
+    only unique while its object lives)."""
+    seen: dict[int, tuple[Any, str]] = {}
+
+    def text(v: Any) -> str:
+        got = seen.get(id(v))
+        if got is None:
+            got = seen[id(v)] = (v, str(v))
+        return got[1]
+
+    return text
 
 
 def _record_text(e: dict[str, Any]) -> str:
@@ -382,6 +399,7 @@ def record_divergence(snaps: dict[int, dict[str, Any]]) -> dict[str, Any] | None
     recorder tails cover different stretches are not called desynced.
     """
     by_key: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
+    text = _texts()
     for rank, snap in snaps.items():
         engine = snap.get("engine") or {}
         for e in engine.get("entries") or []:
@@ -392,7 +410,7 @@ def record_divergence(snaps: dict[int, dict[str, Any]]) -> dict[str, Any] | None
             continue
         variants: dict[tuple[Any, ...], list[int]] = defaultdict(list)
         for rank, e in sorted(by_rank.items()):
-            variants[_record_key(e)].append(rank)
+            variants[_record_key(e, text)].append(rank)
         if len(variants) > 1:
             ordered = sorted(variants.values(), key=lambda rs: (-len(rs), rs[0]))
             tie = len(ordered[0]) == len(ordered[1])

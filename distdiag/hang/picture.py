@@ -226,12 +226,14 @@ def graph_text(picture: dict[str, Any], path: str) -> str:
 
 
 def hang_extras(findings: list[Any], views: dict[int, Any], lost: Mapping[int, str], errors: dict[int, dict[str, Any]],
-                world: int) -> dict[str, Any]:
+                world: int, graph: Any = None) -> dict[str, Any]:
     """What a live hang report's details carry for programs: `wait_for_graph` (the graph the
     rules read, built again from the same views: rules.Analysis keeps it to itself) and
-    `culprit_locations` (the places the findings name, as fields; distdiag.hang.views)."""
+    `culprit_locations` (the places the findings name, as fields; distdiag.hang.views).
+    `graph`: the one the rules read (analyze_hang's `keep`), not built a second time."""
     from distdiag.hang.views import culprit_locations
     from distdiag.hang.waitfor import build_graph, nodes_from_views
 
-    graph = build_graph(nodes_from_views(views, lost, errors, world), world)
+    if graph is None:
+        graph = build_graph(nodes_from_views(views, lost, errors, world), world)
     return {"wait_for_graph": picture_of_graph(graph), "culprit_locations": culprit_locations(findings, views)}

@@ -529,18 +529,23 @@ def analyze_hang(
     timeout_s: float,
     raise_ends_run: bool = False,
     views: dict[int, RankView] | None = None,
+    keep: dict[str, Any] | None = None,
 ) -> list[Finding]:
     """Findings for a run that stopped. `what` names the step (e.g. "probe 'collectives'").
 
     `raise_ends_run`: the run ended because of this step, so when nothing else is critical a
     rank's exception is the cause (e.g. a failed setup) and leads as critical. `views`:
     build_views(snaps, lost_ranks) when the caller built them already (no rule changes them).
+    `keep` gets the wait-for graph the rules read (`graph`: the report draws the same one; no
+    rule changes it).
     """
     views = build_views(snaps, lost_ranks) if views is None else views
     a = Analysis(views, dict(lost_ranks), dict(errors), world, what, timeout_s)
     for rule in RULES:
         rule(a)
     _settle(a, raise_ends_run)
+    if keep is not None:
+        keep["graph"] = a.graph
     return a.findings
 
 

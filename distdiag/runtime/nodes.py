@@ -19,7 +19,7 @@ from distdiag.runtime import snapwire
 from distdiag.runtime.exchange import bounded, poll_interval
 from distdiag.runtime.incident import Incident, collect_snapshots
 
-__all__ = ["AGGREGATE_WAIT_S", "node_members", "node_leaders", "aggregate_node", "gather_snapshots"]
+__all__ = ["AGGREGATE_WAIT_S", "NodeReader", "index_key", "node_members", "node_leaders", "aggregate_node", "gather_snapshots"]
 
 log = logging.getLogger("distdiag.runtime.nodes")
 
@@ -64,34 +64,122 @@ def aggregate_node(incident: Incident, members: list[int], *, wait_s: float = AG
         value = snapwire.pack_many(collect_snapshots(ex, key, have))
         ex.put(f"{incident.keys.node}/{ex.rank}", value)
         with bounded(f"add {incident.keys.node}/n"):
-            ex.store.add(f"{incident.keys.node}/n", 1)
+            number = int(ex.store.add(f"{incident.keys.node}/n", 1))
+            # which leader posted the number-th value: the writer reads new values while the
+            # snapshots still come in (NodeReader), without looking for them among all leaders
+            ex.store.set(f"{index_key(incident)}/{number}", str(ex.rank))
     except Exception as exc:  # noqa: BLE001 - the writer reads this node's snapshots one by one then
         log.debug("could not post the node's snapshots: %s", exc)
         return 0
     return len(have)
 
 
+def index_key(incident: Incident) -> str:
+    """Where the leader of the K-th node value says who it is (`KEY/K`: its rank)."""
+    return f"{incident.keys.node}/at"
+
+
+class NodeReader:
+    """The writer's reading ahead: the node values posted so far, found by their numbers
+    (`index_key`), unpacked while the other ranks' snapshots still come in (at 16k ranks the
+    snapshots arrive over ~1 s, the time the writer otherwise spends idle before it reads and
+    parses 2k values). `snaps`: what they brought, by rank; `leaders`: whose value was read."""
+
+    def __init__(self, incident: Incident, cache: dict[str, str]) -> None:
+        self.incident = incident
+        self.cache = cache
+        self.snaps: dict[int, dict[str, Any]] = {}
+        self.leaders: set[int] = set()
+        self._next = 1
+        self.counted = 0
+        """How many values the leaders' count said were posted at the last read."""
+        self._unseen: set[int] = set()  # numbers counted whose index was not there yet
+        self._shared: dict[str, Any] = {}  # one object per distinct sizes / dtypes text (`_share`)
+
+    def read_new(self) -> list[int]:
+        """Read the values posted since the last call; the ranks they brought."""
+        ex = self.incident.ex
+        count = self.counted = ex.count(self.incident.keys.node)
+        wanted = sorted(self._unseen | set(range(self._next, count + 1)))
+        self._next = max(self._next, count + 1)
+        if not wanted:
+            return []
+        found = ex.collect(index_key(self.incident), wanted)
+        self._unseen = set(wanted) - set(found)
+        leaders = sorted({v for v in found.values() if type(v) is int and v not in self.leaders})
+        self.leaders.update(leaders)
+        return self.absorb(ex.collect(self.incident.keys.node, leaders).values() if leaders else ())
+
+    def absorb(self, values: Any) -> list[int]:
+        """Unpack node values into `snaps` (a rank already there keeps its first); the new ranks."""
+        new = []
+        for value in values:
+            try:
+                node = snapwire.unpack_many(value, self.cache)
+            except Exception as exc:  # noqa: BLE001 - a corrupt value: its ranks are read one by one
+                log.debug("a node's snapshots could not be unpacked: %s", exc)
+                continue
+            for rank, snap in node.items():
+                if 0 <= rank < self.incident.world and rank not in self.snaps:
+                    self.snaps[rank] = snap
+                    self._share(snap)
+                    new.append(rank)
+        return new
+
+    def _share(self, snap: dict[str, Any]) -> None:
+        """The recorder entries' sizes and dtypes as one object per distinct value (by its
+        text) across the gather: 16k ranks' tails are ~230k entries of a few distinct shapes,
+        and the analysis compares them by their text (hang/desync.py record_divergence) once
+        per object. Done here, while the writer waits for the other snapshots anyway."""
+        engine = snap.get("engine")
+        entries = engine.get("entries") if type(engine) is dict else None
+        if type(entries) is not list:
+            return
+        shared = self._shared
+        for e in entries:
+            if type(e) is not dict:
+                continue
+            for name in ("sizes", "dtypes"):
+                v = e.get(name)
+                if type(v) is list:
+                    e[name] = shared.setdefault(str(v), v)
+
+
+def _read_as_they_come(reader: NodeReader, live: list[int], deadline: float) -> None:
+    """Until the values of `live` leaders are read (or the deadline), the new ones each poll:
+    the last leaders post after the last snapshot is in, and each value is unpacked as it
+    comes rather than all once the last came. One rank polling: at its own pace, not the job's
+    (0.66 s between polls at 16k ranks). Values counted but not numbered (a leader of an older
+    version) are left to the caller's read."""
+    while any(r not in reader.leaders for r in live):
+        try:
+            new = reader.read_new()
+        except Exception as exc:  # noqa: BLE001 - the caller reads what is left
+            log.debug("could not read the node values: %s", exc)
+            return
+        if (not new and reader.counted >= len(live)) or time.monotonic() >= deadline:
+            return
+        if not new:
+            time.sleep(POLL_S)
+
+
 def gather_snapshots(incident: Incident, *, cache: dict[str, str], leaders: list[int],
-                     wait_s: float = AGGREGATE_WAIT_S, stats: dict[str, int] | None = None) -> dict[int, dict[str, Any]]:
+                     wait_s: float = AGGREGATE_WAIT_S, stats: dict[str, int] | None = None,
+                     ahead: NodeReader | None = None) -> dict[int, dict[str, Any]]:
     """The writer's part: every snapshot posted under the incident, the node leaders' values
     first (waiting up to wait_s for those of `leaders` that posted a snapshot themselves: a
-    dead leader posts nothing), then the ranks none of them brought. `stats` gets how many
-    came each way (node_values, from_node_leaders, one_by_one)."""
+    dead leader posts nothing), then the ranks none of them brought. `ahead`: the values read
+    while the snapshots came in (not read again). `stats` gets how many came each way
+    (node_values, from_node_leaders, one_by_one)."""
     ex, key = incident.ex, incident.keys.snap
+    reader = ahead if ahead is not None else NodeReader(incident, cache)
     live = ex.present(key, leaders) if leaders else []
-    if live:
-        ex.wait_count(incident.keys.node, len(live), time.monotonic() + wait_s, poll_s=POLL_S)
-    snaps: dict[int, dict[str, Any]] = {}
+    _read_as_they_come(reader, live, time.monotonic() + wait_s)
+    todo = [r for r in live if r not in reader.leaders]
     # The leaders' keys only: found among all N ranks, 2047 of 16384 present cost 32k checks.
-    for value in (ex.collect(incident.keys.node, live) if live else {}).values():
-        try:
-            node = snapwire.unpack_many(value, cache)
-        except Exception as exc:  # noqa: BLE001 - a corrupt value: its ranks are read one by one below
-            log.debug("a node's snapshots could not be unpacked: %s", exc)
-            continue
-        for rank, snap in node.items():
-            if 0 <= rank < incident.world:
-                snaps.setdefault(rank, snap)
+    reader.leaders.update(todo)
+    reader.absorb((ex.collect(incident.keys.node, todo) if todo else {}).values())
+    snaps = dict(reader.snaps)
     brought = len(snaps)
     rest = [r for r in range(incident.world) if r not in snaps]
     if rest:

@@ -10,6 +10,7 @@ the store so local rank 0 of every other host can keep a copy.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -45,10 +46,11 @@ from distdiag.report.model import EXIT_HANG, Finding, ProbeResult, RankInfo, Rep
 from distdiag.report.render import known_hosts, render_report
 from distdiag.report.safefile import printable
 from distdiag.runtime.blind import blind_spot, mark_blind
+from distdiag.runtime.exchange import BATCH
 from distdiag.runtime.gcpause import collector_paused
 from distdiag.runtime.incident import Incident, collect_histories, collect_snapshots, silent_rank_reasons, write_stamped
 from distdiag.runtime.keys import Keys
-from distdiag.runtime.nodes import gather_snapshots, node_leaders
+from distdiag.runtime.nodes import NodeReader, gather_snapshots, node_leaders
 
 __all__ = [
     "gather_and_write", "publish_outcome", "render_hang_report", "excused", "inconsistent_ranks", "typed_snapshots",
@@ -56,6 +58,7 @@ __all__ = [
 ]
 
 REPORT_NAME = "hang-report.json"
+log = logging.getLogger("distdiag.watchdog.writer")
 
 
 def _phase_findings(snaps: dict[int, dict[str, Any]]) -> list[Finding]:
@@ -85,9 +88,11 @@ def analyse(
     world: int,
     timeout_s: float,
     views: dict[int, RankView] | None = None,
+    keep: dict[str, Any] | None = None,
 ) -> list[Finding]:
     """Findings from every rank's last snapshot (`merged`: final snapshots overlaid by live ones;
-    `views`: build_views(merged, lost), when the caller built them already)."""
+    `views`: build_views(merged, lost), when the caller built them already; `keep`: gets the
+    rules' wait-for graph, analyze_hang's)."""
     steps = sorted({str(s.get("step")) for s in merged.values() if s.get("step") is not None})
     what = f"step {steps[0]}" if len(steps) == 1 else (f"steps {', '.join(steps[:4])}" if steps else "training")
     findings: list[Finding] = []
@@ -115,7 +120,7 @@ def analyse(
             )
         return findings
     findings += _phase_findings(merged)
-    findings += analyze_hang(merged, lost, errors, world, what=what, timeout_s=timeout_s, views=views)
+    findings += analyze_hang(merged, lost, errors, world, what=what, timeout_s=timeout_s, views=views, keep=keep)
     return findings
 
 
@@ -147,6 +152,9 @@ def render_hang_report(report: Report, exit_code: int | None = None) -> str:
     return render_report(report, exit_code=exit_code, title=title)
 
 
+Typed = dict[int, tuple[dict[str, Any], RankSnapshot]]
+"""Snapshots typed while they came in, by rank: (the posted dict, its RankSnapshot)."""
+
 GRACE_PER_RANK_S = 0.002
 """What the snapshot grace may grow by per rank while snapshots keep coming in (the check's
 sentinel allows the same): 16k ranks notice the incident at their own tick (0.66 s apart
@@ -154,29 +162,43 @@ there), build and post through one store, and their node leaders gather; with a 
 about one in nine of them was called lost in benchmarks/bench_scale.py --from-declaration."""
 
 
-def _wait_for_snapshots(incident: Incident, infos: dict[int, RankInfo], *, host: str, grace_s: float) -> None:
+def _wait_for_snapshots(incident: Incident, infos: dict[int, RankInfo], *, host: str, grace_s: float,
+                        ahead: NodeReader | None = None, typed: Typed | None = None) -> None:
     """Until every rank posted a snapshot (live or final), or grace_s passed with none new
     coming in, and never longer than grace_s + GRACE_PER_RANK_S a rank: the grace counts from
     the last snapshot that came in, so a large job whose ranks are still posting is waited for
     and a silent rank costs grace_s after the others. The writer's progress moves with each
-    snapshot that comes in."""
+    snapshot that comes in. `ahead`: node values are read and unpacked as they come (and typed
+    into `typed`), in the time the writer waits anyway.
+
+    What came in is counted (the counts every post bumps: two requests a poll); which ranks
+    exactly is looked up only once the counts say every rank or all but this host's posted
+    (looking among 16k keys every 50 ms cost the writer 1 s of CPU at 16k ranks); up to BATCH
+    ranks, every poll as before."""
     ex, world = incident.ex, incident.world
     start = time.monotonic()
-    cap, last_news = start + grace_s + GRACE_PER_RANK_S * world, start
+    cap, last_news, looked = start + grace_s + GRACE_PER_RANK_S * world, start, start - 1.0
     seen = -1
+    here = sum(1 for i in infos.values() if i.host == host)
     while True:
-        have = set(ex.present(incident.keys.snap))
-        finals = set(ex.present(Keys.FINAL))
-        missing = [r for r in range(world) if r not in have and r not in finals]
+        if ahead is not None:
+            _read_ahead(ahead, typed)
+        posted = min(world, ex.count(incident.keys.snap) + ex.count(Keys.FINAL))  # a rank may have both
         now = time.monotonic()
-        if world - len(missing) != seen:
-            seen, last_news = world - len(missing), now
+        news = posted != seen
+        if news:
+            seen, last_news = posted, now
             incident.advance(f"gathered {seen} of {world} snapshots")
-        if not missing or now >= cap or now >= last_news + grace_s:
+        missing = None
+        if world <= BATCH:  # a few requests: look every poll, as the counts say nothing of who
+            missing = _missing(incident, ahead)
+        elif (world - posted <= here or posted >= world) and (news or now - looked >= 0.5):
+            missing, looked = _missing(incident, ahead), now  # past BATCH ranks: when the counts say it may be over
+        if missing == [] or now >= cap or now >= last_news + grace_s:
             break
         # A rank on this host that is gone or stopped will never answer: do not wait for it.
         # (the host test first: it is free, the process lookups are not)
-        if all(infos.get(r) is not None and infos[r].host == host for r in missing) and all(
+        if missing and all(infos.get(r) is not None and infos[r].host == host for r in missing) and all(
             why.reason is not SilentReason.ALIVE_SILENT
             for why in silent_rank_reasons(missing, infos, host, who="watchdog").values()
         ):
@@ -184,18 +206,44 @@ def _wait_for_snapshots(incident: Incident, infos: dict[int, RankInfo], *, host:
         time.sleep(0.05)
 
 
+def _missing(incident: Incident, ahead: NodeReader | None) -> list[int]:
+    """The ranks that posted no snapshot, live or final (those a node value brought did)."""
+    ex = incident.ex
+    known = ahead.snaps if ahead is not None else {}
+    rest = [r for r in range(incident.world) if r not in known]
+    have = set(ex.present(incident.keys.snap, rest)) if rest else set()
+    rest = [r for r in rest if r not in have]
+    finals = set(ex.present(Keys.FINAL, rest)) if rest else set()
+    return [r for r in rest if r not in finals]
+
+
+def _read_ahead(ahead: NodeReader, typed: Typed | None) -> None:
+    """The node values posted since the last look, unpacked (and typed into `typed`)."""
+    try:
+        new = ahead.read_new()
+    except Exception as exc:  # noqa: BLE001 - reading ahead is a head start: the gather reads them anyway
+        log.debug("could not read the node values ahead: %s", exc)
+        return
+    if typed is not None:
+        for r in new:
+            typed[r] = (ahead.snaps[r], RankSnapshot.from_dict(ahead.snaps[r]))
+
+
 def _gather(
-    incident: Incident, infos: dict[int, RankInfo], *, host: str, grace_s: float, event: IncidentEvent | None = None
+    incident: Incident, infos: dict[int, RankInfo], *, host: str, grace_s: float, event: IncidentEvent | None = None,
+    typed: Typed | None = None,
 ) -> tuple[dict[int, dict[str, Any]], dict[int, Silence], dict[int, dict[str, Any]]]:
     """(merged, lost, errors): every rank's last snapshot (final ones overlaid by live ones),
     why each rank that posted none is silent, and the exceptions ranks raised. The long
-    histories come with them where the analysis needs them (`_history_ranks`)."""
+    histories come with them where the analysis needs them (`_history_ranks`). `typed` gets
+    the snapshots typed while they came in (typed_snapshots takes those still as posted)."""
     ex, world = incident.ex, incident.world
-    _wait_for_snapshots(incident, infos, host=host, grace_s=grace_s)
     labels: dict[str, str] = {}
+    ahead = NodeReader(incident, labels)
+    _wait_for_snapshots(incident, infos, host=host, grace_s=grace_s, ahead=ahead, typed=typed)
     leaders = node_leaders(infos, incident.rank)
     gathered: dict[str, int] = {}
-    snaps = gather_snapshots(incident, cache=labels, leaders=leaders, stats=gathered)
+    snaps = gather_snapshots(incident, cache=labels, leaders=leaders, stats=gathered, ahead=ahead)
     final_snaps = {r: s for r, s in collect_snapshots(ex, Keys.FINAL, cache=labels).items() if r not in snaps}
     errors = {int(r): e for r, e in ex.collect(Keys.ERROR).items()}
     missing = [r for r in range(world) if r not in snaps and r not in final_snaps]
@@ -317,11 +365,18 @@ def _low_two(counts: dict[int, int]) -> tuple[int, int | None, int | None]:
     return low_rank, first, second
 
 
-def typed_snapshots(merged: dict[int, dict[str, Any]]) -> dict[int, RankSnapshot]:
+def typed_snapshots(merged: dict[int, dict[str, Any]], ahead: Typed | None = None) -> dict[int, RankSnapshot]:
     """Every snapshot typed once for the incident, by rank: the re-read, the excuse, the views
     and the table all read these (each typed them again: four passes of ~0.15 s at 16k ranks).
-    They share the posted dicts' nested values (from_dict copies nothing deep)."""
-    return {r: RankSnapshot.from_dict(s) for r, s in sorted(merged.items())}
+    They share the posted dicts' nested values (from_dict copies nothing deep). `ahead`: those
+    typed while the snapshots came in (`_read_ahead`), taken where the rank's dict is the one
+    typed then and still without a long history."""
+    ahead = ahead or {}
+    out = {}
+    for r, s in sorted(merged.items()):
+        was, t = ahead.get(r, (None, None))
+        out[r] = t if t is not None and was is s and "history" not in s else RankSnapshot.from_dict(s)
+    return out
 
 
 def _reread(
@@ -428,10 +483,11 @@ def analyse_and_detail(
     """(findings, the probe's details): the rules and the ranks' table read one set of views,
     built once from the typed snapshots (`records`: typed_snapshots(merged), when typed already)."""
     views = build_views(merged, lost, records)
-    findings = analyse(event, merged, lost, errors, world, timeout_s, views=views)
+    keep: dict[str, Any] = {}
+    findings = analyse(event, merged, lost, errors, world, timeout_s, views=views, keep=keep)
     findings = mark_blind(findings, blind_spot(snaps=merged.values()))  # NCCL blocking wait: the recorder does not move
     details = _details(event, merged, lost, errors, world, infos, views=views, findings=findings)
-    details.update(hang_extras(findings, views, lost, errors, world))  # `hang-report --graph` draws it
+    details.update(hang_extras(findings, views, lost, errors, world, keep.get("graph")))  # `hang-report --graph` draws it
     return findings, details
 
 
@@ -505,10 +561,11 @@ def gather_and_write(
     world, rank = incident.world, incident.rank
     with collector_paused():  # 16k ranks' rows parsed at once: young objects each collection would walk
         infos = {r: RankInfo.from_dict(v) for r, v in incident.ex.collect(Keys.INFO).items()}
+    typed: Typed = {}
     with collector_paused():  # 16k snapshots parsed at once: the same
-        merged, lost, errors = _gather(incident, infos, host=host, grace_s=grace_s, event=event)
+        merged, lost, errors = _gather(incident, infos, host=host, grace_s=grace_s, event=event, typed=typed)
     with collector_paused():
-        records = typed_snapshots(merged)
+        records = typed_snapshots(merged, typed)
         _reread(incident, merged, rank=rank, own_snapshot=own_snapshot, wait_s=REREAD_WAIT_S, records=records)
         reason = excused(event, records)
         if reason is None and event.kind is EventKind.TERMINATED and not errors:

@@ -292,3 +292,67 @@ def test_records_with_keys_json_cannot_sort_go_as_they_are():
     snaps = {0: {"recent": [{"op": "x", 1: "y", "seq": 1}]}}
     value = snapwire.decode(snapwire.pack_many(snaps))
     assert "~recent" not in value["~snaps"]["0"] and value["~snaps"]["0"]["recent"][0]["op"] == "x"
+
+
+# -- the writer reads node values while the snapshots still come in (nodes.py NodeReader) ------
+def test_the_writer_reads_each_node_value_as_it_comes_and_not_again(server):
+    """Two nodes' leaders post one after the other: each read finds only what is new (by the
+    number the leader wrote), the gather reads neither again, and what it returns is what the
+    ranks posted, whole."""
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys
+    from distdiag.runtime.nodes import NodeReader, aggregate_node, gather_snapshots
+
+    world = 16384
+    posted = _post_all(server, world, [*range(32, 40), *range(40, 48)])
+    writer = Incident(Exchange(_client(server), 0, world), IncidentKeys(1), world)
+    ahead = NodeReader(writer, {})
+    assert ahead.read_new() == []
+    assert aggregate_node(Incident(Exchange(_client(server), 32, world), IncidentKeys(1), world), list(range(32, 40))) == 8
+    assert sorted(ahead.read_new()) == list(range(32, 40)) and ahead.read_new() == []
+    assert aggregate_node(Incident(Exchange(_client(server), 40, world), IncidentKeys(1), world), list(range(40, 48))) == 8
+    assert sorted(ahead.read_new()) == list(range(40, 48)) and ahead.leaders == {32, 40}
+    for r in range(32, 48):
+        server.delete_key(f"node/1/{r}" if r in (32, 40) else f"snap/1/{r}")  # not read again from anywhere
+    stats: dict[str, int] = {}
+    got = gather_snapshots(writer, cache={}, leaders=[32, 40], wait_s=2.0, stats=stats, ahead=ahead)
+    assert got == posted and stats == {"node_values": 2, "from_node_leaders": 16, "one_by_one": 0}
+
+
+def test_the_writers_wait_reads_the_node_values_that_came(server):
+    """The wait for snapshots ends once every rank posted; the node value that came by then is
+    read and typed in it (the gather then finds it read)."""
+    from distdiag.runtime.incident import Incident
+    from distdiag.runtime.keys import IncidentKeys
+    from distdiag.runtime.nodes import NodeReader, aggregate_node
+    from distdiag.watchdog import writer as writer_module
+
+    world = 16
+    posted = _post_all(server, world, list(range(world)))
+    assert aggregate_node(Incident(Exchange(_client(server), 8, world), IncidentKeys(1), world), list(range(8, 16))) == 8
+    writer = Incident(Exchange(_client(server), 0, world), IncidentKeys(1), world)
+    ahead, typed = NodeReader(writer, {}), {}
+    writer_module._wait_for_snapshots(writer, {}, host="here", grace_s=5.0, ahead=ahead, typed=typed)
+    assert sorted(ahead.snaps) == list(range(8, 16)) and sorted(typed) == list(range(8, 16))
+    assert all(ahead.snaps[r] == posted[r] and typed[r][1].rank == r for r in range(8, 16))
+    merged = {r: posted[r] for r in range(8)} | ahead.snaps
+    records = writer_module.typed_snapshots(merged, typed)
+    assert all(records[r] is typed[r][1] for r in range(8, 16))
+    assert {r: s.to_dict() for r, s in records.items()} == {r: RankSnapshot.from_dict(s).to_dict() for r, s in merged.items()}
+
+
+def test_entries_sharing_their_sizes_are_compared_as_before():
+    """The gather keeps one sizes / dtypes object per distinct text: a rank whose recorder
+    entry differs is still the odd one, whether its lists are shared objects or its own."""
+    from distdiag.hang.desync import record_divergence
+
+    def entry(sizes, dtypes=None):
+        return {"group": "ranks[0,1,2]", "seq": 4, "op": "all_reduce", "sizes": sizes, "dtypes": dtypes or ["Float"]}
+
+    shared = [[1024]]
+    snaps = {0: {"engine": {"entries": [entry(shared)]}}, 1: {"engine": {"entries": [entry(shared)]}},
+             2: {"engine": {"entries": [entry([[1024.0]])]}}}  # equal as lists, not as the recorder wrote them
+    found = record_divergence(snaps)
+    assert found is not None and found["classes"] == [[0, 1], [2]]
+    snaps[2]["engine"]["entries"][0]["sizes"] = [[1024]]
+    assert record_divergence(snaps) is None
