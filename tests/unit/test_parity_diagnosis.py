@@ -157,6 +157,44 @@ def test_loss_off_on_ranks_with_different_valid_counts_stays_per_rank_normalisat
     assert any("valid tokens per rank 10, 14" in line for line in d.evidence)
 
 
+def _per_rank(losses: list[float], ref: float, **kw) -> ParityEvidence:
+    """Step-1 evidence of a loss off by no ratio, ranks holding 10 and 14 valid tokens (4 rows each)."""
+    mean = sum(losses) / len(losses)
+    return _ev(loss_rel=abs(mean - ref) / ref, mean_loss=mean, ref_loss=ref, rank_losses=losses,
+               rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)},
+               counts={0: {"rows": 4, "valid": 10}, 1: {"rows": 4, "valid": 14}}, **kw)
+
+
+def test_a_loss_divided_by_each_ranks_own_count_is_confirmed_by_the_count_weighted_losses():
+    """Token-loss sums 20 and 42 over 10 and 14 tokens: each rank's own mean (2.0, 3.0), the reference 62/24.
+    Weighted by the counts the ranks' losses give the reference's loss back: what a per-rank mean does."""
+    d = diagnose_parity(_per_rank([2.0, 3.0], 62 / 24))
+    assert d.cause == "loss_normalised_per_rank" and "global count" in d.fix
+    assert any("weighted by their valid tokens give the reference's loss" in line for line in d.evidence)
+
+
+@pytest.mark.parametrize("shard_losses, said", [
+    ([4.55, 5.32], "computes differently on the parallel model"),  # loss_fn reads the model beyond its output
+    ([4.55, 4.55], "the same loss for the same shard"),  # a statistic over the shard's rows
+    (None, "candidates:"),  # no module-by-module record
+])
+def test_counts_that_do_not_explain_the_losses_rule_the_per_rank_normalisation_out(shard_losses, said):
+    """Losses 4.55 and 6.34 on ranks of 10 and 14 tokens, reference 6.18: the count-weighted losses give 0.91 of
+    it (not 1, nor the world size), so no per-rank count explains them: not identified, and no global-count fix."""
+    rec = {0: {"loss": shard_losses, "compared": 18, "differing": []}} if shard_losses else {}
+    d = diagnose_parity(_per_rank([4.55, 6.34], 6.18, localised=rec))
+    assert d.cause == "mechanism_not_identified" and d.confidence < 0.5
+    assert "global count" not in d.fix and "loss_fn" in d.fix
+    text = " ".join(d.evidence)
+    assert "per-rank normalisation is ruled out" in text and said in text and "valid tokens per rank 10, 14" in text
+
+
+def test_per_rank_losses_after_step_1_decide_nothing():
+    """After step 1 the weights differ, so the ranks' losses are not those of the reference's weights."""
+    d = diagnose_parity(_per_rank([4.55, 6.34], 6.18, step=2))
+    assert d.cause == "loss_normalised_per_rank"
+
+
 def test_shard_counts_read_rows_masks_and_ignored_labels():
     """Rows from dim 0, valid tokens from a mask, else from labels that are not -100."""
     import torch

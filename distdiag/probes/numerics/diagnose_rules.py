@@ -272,6 +272,77 @@ def _forward_differs(ev: ParityEvidence, located: list[str], counts: str) -> Dia
            "the ranks' batches must be normalised together" if mods else ""), 0.4)
 
 
+def _count_weighted(ev: ParityEvidence) -> tuple[bool | None, str]:
+    """Whether a loss divided by each rank's own count explains the ranks' step-1 losses.
+
+    Rank r's loss a * S_r / c_r (S_r its share of the token-loss sum, c_r its count, a the same on every rank:
+    1 for a plain mean, the world size when it also multiplies by it) makes sum_r c_r L_r = a * S, and the
+    reference's loss is S / C (C = sum_r c_r): sum_r c_r L_r / (C * reference) is then 1 or the world size, for
+    the count (valid tokens or rows) the loss divides by. Only at step 1, where the weights are still equal.
+    None when it cannot be told (no per-rank losses, no counts, a reference loss of 0).
+    """
+    if ev.step != 1 or len(ev.rank_losses) != ev.world or abs(ev.ref_loss) < 1e-12:
+        return None, ""
+    counts = [ev.counts.get(r) or {} for r in range(ev.world)]
+    seen = []
+    for key, what in (("valid", "valid tokens"), ("rows", "rows")):
+        total = sum(c.get(key, 0) for c in counts)
+        if not all(key in c for c in counts) or total <= 0:
+            continue
+        a = sum(c[key] * loss for c, loss in zip(counts, ev.rank_losses, strict=True)) / (total * ev.ref_loss)
+        fit = next((k for k in (1, ev.world) if abs(a / k - 1) <= ev.loss_tol), None)
+        if fit is not None:
+            return True, (f"the ranks' losses weighted by their {what} give the reference's loss"
+                          f"{'' if fit == 1 else f' x {fit}'} (sum c_r L_r / (C x reference) = {a:.6g}): what a loss "
+                          "divided by each rank's own count gives")
+        seen.append(f"weighted by {what} {a:.6g}")
+    if not seen:
+        return None, ""
+    return False, ("the counts do not explain the losses: a loss divided by each rank's own count makes "
+                   f"sum c_r L_r / (C x reference) 1 (or the world size, {ev.world}); here {', '.join(seen)}")
+
+
+def _shard_loss(ev: ParityEvidence) -> tuple[bool | None, str]:
+    """From the module-by-module record (every module exact): does loss_fn give one shard another loss on the
+    parallel model than on the reference model? None when no such record."""
+    for rank, rec in sorted(ev.localised.items()):
+        pair = rec.get("loss") or [None, None]
+        if rec.get("error") or rec.get("differing") or not rec.get("compared") or None in pair:
+            continue
+        text = f"rank {rank}'s shard: loss {pair[0]:.6g} on the parallel model, {pair[1]:.6g} on the reference model"
+        return abs(pair[0] - pair[1]) > ev.loss_tol * max(abs(pair[1]), 1e-12), text
+    return None, ""
+
+
+def _not_per_rank(ev: ParityEvidence, located: list[str], counts: str, why: str) -> Diagnosis:
+    """The ranks hold different counts, but no per-rank count explains their losses: not identified, and what the
+    loss of one shard on both models says about where loss_fn differs."""
+    lines = [f"loss {ev.mean_loss:.6g} (mean of ranks) vs reference {ev.ref_loss:.6g}: rel err {ev.loss_rel:.2e}, "
+             "no integer ratio", *located, f"the ranks hold different counts ({counts}), but {why}: the per-rank "
+             "normalisation is ruled out as far as the batch shows its counts"]
+    model, pair = _shard_loss(ev)
+    reads = ("loss_fn reads the model beyond its forward's output: a term over the parameters (a penalty or a norm: "
+             "under FSDP2 a parameter read in loss_fn is a DTensor, and its to_local() is this rank's shard only), "
+             "a branch on the model's type or on DTensor, a buffer read directly")
+    shard = ("loss_fn computes something over the shard's rows that is not the shard's share of the global batch's "
+             "loss: a statistic over the rows (a mean or std: whitened rewards or advantages, in-batch negatives, "
+             "a softmax over the batch), or a count the batch does not show")
+    if model is True:
+        lines += [f"{pair}, while every module computes the reference's output: loss_fn computes differently on the "
+                  "parallel model", f"candidates: {reads}"]
+    elif model is False:
+        lines += [f"{pair}: the same loss for the same shard, so the model is not what differs", f"candidates: {shard}"]
+    else:
+        lines.append(f"candidates: {shard}; or {reads}")
+    what = ("print each term of loss_fn for one shard on the parallel model and on the reference model" if model else
+            "compute that statistic or count over the global batch (pass it through shard_batch) and rerun: the "
+            "loss then matching the reference decides it")
+    lines.append(f"what would decide: {what}")
+    return Diagnosis("mechanism_not_identified", "the ranks' losses do not average to the global batch's loss, and no "
+                     "per-rank count explains it (mechanism not identified)", lines,
+                     f"not identified from this evidence; in loss_fn: {what}", 0.4)
+
+
 def loss_off(ev: ParityEvidence) -> Diagnosis | None:
     """The loss differs from the first step with the same weights, by no clean ratio: its weighting over ranks,
     when the ranks' counts differ (or are not shown); a forward that differs per rank when they are equal."""
@@ -281,6 +352,9 @@ def loss_off(ev: ParityEvidence) -> Diagnosis | None:
     differ, counts = _counts(ev)
     if differ is False:
         return _forward_differs(ev, located, counts)
+    fits, why = _count_weighted(ev)
+    if differ and fits is False:
+        return _not_per_rank(ev, located, counts, why)
     lines = [f"loss {ev.mean_loss:.6g} (mean of ranks) vs reference {ev.ref_loss:.6g}: rel err {ev.loss_rel:.2e}, "
              "no integer ratio", *located]
     if ev.step == 1:
@@ -288,6 +362,8 @@ def loss_off(ev: ParityEvidence) -> Diagnosis | None:
                      "from the global batch")
     if differ:
         lines.append(f"the ranks hold different counts ({counts}): per-rank means do not average to the global mean")
+    if fits:
+        lines.append(why)
     lines.append("what would decide: the ranks' valid-token (or sample) counts in shard_batch: unequal counts make "
                  "per-rank means differ from the global mean; equal counts point at the forward instead (dropout on, "
                  "batch norm or another cross-sample op)")

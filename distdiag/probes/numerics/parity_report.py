@@ -209,6 +209,7 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
         trainable_diff=next((s.get("trainable_diff") or {} for s in first["steps"] if s.get("order")), {}),
         accum_equal=first["accumulation"]["equal"] if first.get("accumulation") else None,
         localised={r: p["localised"] for r, p in payloads.items() if p.get("localised")},
+        rank_losses=list(d.losses),
     )
 
 
