@@ -75,6 +75,15 @@ def test_weights_that_differ_before_step_one_win_over_everything_else():
     assert d.cause == "setup_divergence" and "param_sync" in d.fix
 
 
+def test_weights_changed_on_the_parallel_path_point_at_parallelize_not_at_a_load_on_one_rank():
+    """The reference's bits agree across ranks but the parallel model differs before step 1: build_model is not
+    rank-dependent, so what differs came after it (parallelize's init, load or cast), and the fix says so."""
+    bad = {"head.weight": {"name": "head.weight", "rel": 0.96, "ranks": [0, 1]}}
+    d = diagnose_parity(_ev(loss_rel=0.02, mean_loss=3.4, ref_loss=3.5, setup_bad=bad))
+    assert d.cause == "setup_divergence" and "parallelize" in d.fix and "broadcast_from_rank0" not in d.fix
+    assert any("build_model returns the same weights on every rank" in line for line in d.evidence)
+
+
 def test_plain_parameters_are_unmanaged_only_when_the_model_is_sharded():
     plain = {"b.w": {"name": "b.w", "rel": 1.0, "ranks": [0, 1], "sharded": False}}
     assert diagnose_parity(_ev(gbad=plain, rank_sums={0: _sums(1, 1), 1: _sums(1, 1)})).cause == "unmanaged_params"

@@ -37,13 +37,21 @@ def setup(ev: ParityEvidence) -> Diagnosis | None:
         worst = sorted(ev.setup_bad.values(), key=lambda b: -b["rel"])[:4]
         lines.append("before step 1 the parallel model differs from the reference built the same way: "
                      + "; ".join(f"{b['name']} rel err {b['rel']:.3g} on ranks {b['ranks']}" for b in worst))
+    if not ev.ref_differs:
+        lines.append("build_model returns the same weights on every rank (the reference's bits agree), so they changed "
+                     "on the parallel path: in parallelize (an init, load, copy or cast it runs), or in a build_model "
+                     "that returns other weights on its second call")
     lines.append("every later difference follows from it, so no training mechanism is inferred")
+    fix = ("make every rank start from the same weights: load or initialise them on every rank (or on rank 0 and "
+           "broadcast, e.g. set_model_state_dict(..., broadcast_from_rank0=True)) before fully_shard, and seed "
+           "initialisation the same on every rank; the param_sync probe names each tensor and rank before training")
+    if not ev.ref_differs:
+        fix = ("what parallelize does to the weights makes them differ from build_model's: initialise, load or cast "
+               "them in build_model (for every run) before fully_shard; an init that must run after fully_shard goes "
+               "through the whole DTensor parameters, not each rank's local shard (to_local() draws the same numbers, "
+               "from one seed, on every rank); the tensors above are where it shows")
     return Diagnosis(
-        "setup_divergence", "the weights already differ before the first step (setup, not training)", lines,
-        "make every rank start from the same weights: load or initialise them on every rank (or on rank 0 and "
-        "broadcast, e.g. set_model_state_dict(..., broadcast_from_rank0=True)) before fully_shard, and seed "
-        "initialisation the same on every rank; the param_sync probe names each tensor and rank before training",
-        0.9)
+        "setup_divergence", "the weights already differ before the first step (setup, not training)", lines, fix, 0.9)
 
 
 def _stage(ev: ParityEvidence, split: dict[str, Any]) -> tuple[str, str, str]:
