@@ -249,6 +249,29 @@ def _accumulation_check(stepped: dict[str, torch.Tensor], plain: dict[str, torch
     }
 
 
+_BUFFER_CAP = 1 << 22
+"""Buffers (elements in all) that the accumulation check copies to see what train_step changes; above it, not told."""
+
+
+def _buffer_values(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """A copy of each buffer of the reference model (None above _BUFFER_CAP elements)."""
+    buffers = dict(model.named_buffers())
+    if sum(b.numel() for b in buffers.values()) > _BUFFER_CAP:
+        return None
+    return {n: b.detach().clone() for n, b in buffers.items()}
+
+
+def _changed_by_step(before: dict[str, torch.Tensor] | None, after_loss: dict[str, torch.Tensor] | None,
+                     after_step: dict[str, torch.Tensor] | None) -> list[str]:
+    """Buffers that one loss_fn backward left as they were and train_step changed: state train_step advances
+    itself (a step counter, a schedule), which the forward may read, so its gradients are not those of one
+    loss_fn backward from the same state."""
+    if before is None or after_loss is None or after_step is None:
+        return []
+    return sorted(n for n, b in before.items() if n in after_loss and n in after_step
+                  and torch.equal(b, after_loss[n]) and not torch.equal(after_loss[n], after_step[n]))[:_TOP]
+
+
 @dataclass
 class _Reference:
     """The 1-process reference: its model and optimizer, and the global batch of each step for it and for this rank."""
@@ -381,7 +404,9 @@ class LossParityProbe(tr.NumericsProbe):
         """The reference's step (and, on step 1 with a train_step, its accumulation check)."""
         plain = None
         if hooks.train_step is not None and step == 1:
+            before = _buffer_values(ref.model)
             plain = self._plain_grads(ctx, hooks, ref.model, ref.opt, ref.shards[step - 1])
+            after_loss = _buffer_values(ref.model)
         ctx.seed(STEP_SEED + step)
         ref_res = tr.run_step(hooks, ref.model, ref.opt, ref.shards[step - 1])
         if not ref_res.grads:
@@ -390,6 +415,8 @@ class LossParityProbe(tr.NumericsProbe):
                 "(train_step must call optimizer.step() after backward)"
             )
         accum = _accumulation_check(ref_res.grads, plain, opts.tolerance_scale) if plain is not None else None
+        if accum is not None:
+            accum["state_changed"] = _changed_by_step(before, after_loss, _buffer_values(ref.model))
         return ref_res, accum  # plain's gradients go with this frame, before the parallel step
 
     @staticmethod
