@@ -131,6 +131,14 @@ def test_a_half_loss_whose_gradients_do_not_follow_is_said_with_less_confidence(
     assert any("not the reference's x the same ratio" in line for line in d.evidence)
 
 
+def test_every_gradient_off_with_an_exact_loss_lists_a_backward_without_gradient_beside_the_reduction():
+    """Loss exact, every module's gradients off by no pure factor, no train_step: the reduction, or a backward that
+    differs while the forward does not (a gather in loss_fn that passes no gradient back). Both are candidates."""
+    d = diagnose_parity(_ev(rank_sums={0: _sums(0.93, 0.5), 1: _sums(0.89, 1.1)}, gbad=_ALL_BAD))
+    assert d.cause == "grad_reduction" and d.confidence == 0.5 and "loss_fn" in d.fix
+    assert any("all_gather" in line and "no gradient" in line for line in d.evidence)
+
+
 def test_the_remaining_parity_rules_on_their_own_patterns():
     """A factor of 1/3 at 2 ranks, a factor that is no 1/k, no train_step, parameters off with exact gradients."""
     assert diagnose_parity(_ev(rank_sums={0: _sums(1 / 3), 1: _sums(1 / 3)})).cause == "grad_scale_wrong_group"

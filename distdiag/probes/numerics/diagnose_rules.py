@@ -472,12 +472,16 @@ def grad_sync(ev: ParityEvidence) -> Diagnosis | None:
             "model.set_requires_gradient_sync(i == last) before each backward (DDP: no_sync() around every micro-batch "
             "but the last); what would decide between this and a custom reduction: the same step with one micro-batch",
             0.7)
-    lines.append("what would decide: which tensors are exact (above); a whole module wrong is a reduction hook that "
-                 "skips it, every tensor wrong is the reduction itself")
+    lines += ["candidates: the reduction parallelize sets up, or a backward that differs while the forward does not: "
+              "a cross-rank op in loss_fn or the model that carries no gradient (dist.all_gather of the other ranks' "
+              "outputs, a detach before it), which leaves the loss exact and every gradient off",
+              "what would decide: which tensors are exact (above); a whole module wrong is a reduction hook that "
+              "skips it, every tensor wrong is the reduction itself or a backward that differs"]
     return Diagnosis(
         "grad_reduction", "gradients reduced differently from an average over ranks", lines,
         "the gradients of the modules named above do not reach the optimizer as the average over ranks: check the "
-        "reduction parallelize sets up (hooks, requires_gradient_sync, reduce dtype) for them", 0.5)
+        "reduction parallelize sets up (hooks, requires_gradient_sync, reduce dtype) for them, and any collective in "
+        "loss_fn or the forward (all_gather without autograd passes no gradient back to the other ranks)", 0.5)
 
 
 def _module(name: str) -> str:
