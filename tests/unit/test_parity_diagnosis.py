@@ -305,3 +305,33 @@ def test_a_module_mechanism_confirmed_by_rerun_leads_over_a_rule_that_names_the_
     assert d.cause == "compute_precision_lower" and d.confidence > rules.confidence
     assert d.mechanism.startswith("qkv computes under torch.autocast(bfloat16) on rank 1") and "loss_fn" in d.mechanism
     assert "autocast" in d.fix.split(";")[0] and "label smoothing" in "\n".join(d.evidence)
+
+
+def test_a_parameter_made_trainable_after_the_ddp_wrap_is_outside_its_reduction():
+    """A real 1-rank DistributedDataParallel built while the embedding was frozen, then the embedding unfrozen:
+    its reducer holds one tensor fewer than require grad. The rule names unmanaged_params with a DDP fix; without
+    a gap a DDP model's plain parameters stay none of its business."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from distdiag.probes.numerics.loss_parity import _ddp_unreduced
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Embedding(4, 3), nn.Linear(3, 2))
+        model[0].weight.requires_grad_(False)
+        wrapped = nn.parallel.DistributedDataParallel(model)
+        assert _ddp_unreduced(wrapped) is None  # what requires grad is what DDP reduces
+        model[0].weight.requires_grad_(True)
+        gap = _ddp_unreduced(wrapped)
+    finally:
+        dist.destroy_process_group()
+    assert gap == {"count": 1, "bytes": 4 * 3 * 4}
+    bad = {"embed.weight": {"name": "embed.weight", "rel": 1.0, "ranks": [0, 1], "sharded": False}}
+    d = diagnose_parity(_ev(gbad=bad, sharded_params=0, reducer="ddp", ddp_unreduced=gap, order=["embed.weight"],
+                            rank_sums={0: _sums(1.0, 0.1), 1: _sums(1.0, 0.1)}))
+    assert d.cause == "unmanaged_params" and d.confidence == 0.9 and "before DistributedDataParallel is built" in d.fix
+    assert "embed.weight" in d.fix and "fully_shard" not in d.fix
+    d = diagnose_parity(_ev(gbad=bad, sharded_params=0, reducer="ddp", order=["embed.weight"],
+                            rank_sums={0: _sums(1.0, 0.1), 1: _sums(1.0, 0.1)}))
+    assert d.cause != "unmanaged_params"

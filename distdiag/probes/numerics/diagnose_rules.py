@@ -165,8 +165,28 @@ def trainable_changed(ev: ParityEvidence) -> Diagnosis | None:
         "parameters the single-process run trains", 0.9)
 
 
+def _ddp_unreduced(ev: ParityEvidence) -> Diagnosis | None:
+    """Trainable parameters the DDP wrapper holds no reduction for (made trainable after it was built)."""
+    gap = ev.ddp_unreduced or {}
+    if not gap.get("count") or not ev.gbad:
+        return None
+    bad = sorted(ev.gbad, key=lambda n: ev.order.index(n) if n in ev.order else len(ev.order))
+    lines = [f"DistributedDataParallel reduces {gap['count']} parameter tensor(s) ({gap['bytes']} bytes) fewer than "
+             "require grad now: DDP registers its reduction for the parameters that require grad when it is "
+             "constructed, so a parameter made trainable after the wrap keeps each rank's own gradient",
+             f"over tolerance: {', '.join(bad[:6])}", *locate(ev.gbad, ev.order)]
+    return Diagnosis(
+        "unmanaged_params", f"{gap['count']} trainable parameter(s) outside DistributedDataParallel's reduction: their "
+        "gradients are not averaged over the ranks", lines,
+        f"set requires_grad (unfreeze {', '.join(bad[:3])}) before DistributedDataParallel is built, or build it again "
+        "after changing which parameters train: DDP reduces only the parameters that required grad at construction",
+        0.9 if len(ev.gbad) <= gap["count"] else 0.7)
+
+
 def unmanaged(ev: ParityEvidence) -> Diagnosis | None:
     """Plain parameters FSDP does not manage: their gradients are never reduced."""
+    if ev.reducer == "ddp":
+        return _ddp_unreduced(ev)
     plain = [n for n, b in ev.gbad.items() if b.get("sharded") is False]
     if not plain or not ev.sharded_params:  # all plain: a replicated model (DDP), not parameters FSDP left out
         return None

@@ -395,6 +395,7 @@ class LossParityProbe(tr.NumericsProbe):
             "sharded": sum(1 for p in par.parameters() if hasattr(p, "to_local")),  # DTensor (FSDP-managed) ones
             "fsdp": _has_fsdp(par) if step == 1 else None,
             "reducer": _reducer(par) if step == 1 else None,
+            "ddp_unreduced": _ddp_unreduced(par) if step == 1 else None,
             "trainable_diff": _trainable_diff(ref.model, par) if step == 1 else None,
             "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
         }, accum
@@ -487,6 +488,28 @@ def _trainable_diff(ref: torch.nn.Module, par: torch.nn.Module) -> dict[str, lis
     a, b = trainable(ref), trainable(par)
     both = [n for n in a if n in b]
     return {"frozen": [n for n in both if a[n] and not b[n]][:16], "thawed": [n for n in both if b[n] and not a[n]][:16]}
+
+
+def _ddp_unreduced(model: torch.nn.Module) -> dict[str, int] | None:
+    """Trainable parameters a DistributedDataParallel wrapper does not reduce: DDP builds its reducer from the
+    parameters that require grad when it is constructed, so one made trainable afterwards is never averaged.
+    {"count", "bytes"} of the gap between the parameters that require grad now and those the reducer holds (its
+    logging data); None without DDP, without a gap, or where that data cannot be read."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    for m in model.modules():
+        if not isinstance(m, DistributedDataParallel):
+            continue
+        try:
+            data = m._get_ddp_logging_data()
+            held, held_bytes = int(data["num_parameter_tensors"]), int(data["total_parameter_size_bytes"])
+        except Exception:  # noqa: BLE001 - a private record of DDP's: without it nothing is told
+            return None
+        now = [p for n, p in m.module.named_parameters() if p.requires_grad and n not in m.parameters_to_ignore]
+        gap = len(now) - held
+        if gap > 0:
+            return {"count": gap, "bytes": sum(p.numel() * p.element_size() for p in now) - held_bytes}
+    return None
 
 
 def _reducer(model: torch.nn.Module) -> str:

@@ -210,6 +210,7 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
         accum_equal=_accum_equal(first.get("accumulation")),
         localised={r: p["localised"] for r, p in payloads.items() if p.get("localised")},
         rank_losses=list(d.losses),
+        ddp_unreduced=next((s.get("ddp_unreduced") for s in first["steps"] if s.get("order")), None),
     )
 
 
