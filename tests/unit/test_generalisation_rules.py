@@ -93,7 +93,7 @@ def test_a_train_step_that_advances_module_state_itself_is_not_read_as_accumulat
     """A counter train_step advances (loss_fn's forward only reads it): one loss_fn backward and train_step did not
     start from the same state, so their gradients differing says nothing about accumulation: an info, not a
     grad_accumulation_means warning. Buffers a loss_fn forward updates too (running statistics) do not count."""
-    from distdiag.probes.numerics.loss_parity import _buffer_values, _changed_by_step
+    from distdiag.probes.numerics.loss_parity import _buffer_values, _changed_by_step, _restore_buffers
     from distdiag.probes.numerics.parity_report import _accum_equal
 
     m = nn.Module()
@@ -106,6 +106,8 @@ def test_a_train_step_that_advances_module_state_itself_is_not_read_as_accumulat
     m.steps += 1
     assert _changed_by_step(before, after_loss, _buffer_values(m)) == ["steps"]
     assert _changed_by_step(before, None, _buffer_values(m)) == []
+    _restore_buffers(m, before)  # the check's own backward must not advance the reference past the parallel run
+    assert float(m.steps) == 0 and m.running.tolist() == [0.0, 0.0]
     accum = {**_accum(0.4137), "equal": False, "max_rel": 0.6, "scaled_resid": 0.5, "state_changed": ["layers.1.steps"]}
     (f,) = _accumulation_findings(accum, bad=True)
     assert f.severity == "info" and "layers.1.steps" in f.issue and not f.cause

@@ -261,15 +261,26 @@ def _buffer_values(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     return {n: b.detach().clone() for n, b in buffers.items()}
 
 
+def _restore_buffers(model: torch.nn.Module, values: dict[str, torch.Tensor] | None) -> None:
+    """Put the reference's buffers back as they were: a forward that updates them (running statistics, a step
+    counter) must run as often in the reference as in the parallel run."""
+    if values is None:
+        return
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            if n in values:
+                b.copy_(values[n])
+
+
 def _changed_by_step(before: dict[str, torch.Tensor] | None, after_loss: dict[str, torch.Tensor] | None,
                      after_step: dict[str, torch.Tensor] | None) -> list[str]:
-    """Buffers that one loss_fn backward left as they were and train_step changed: state train_step advances
-    itself (a step counter, a schedule), which the forward may read, so its gradients are not those of one
-    loss_fn backward from the same state."""
+    """Buffers that one loss_fn backward left as they were and train_step (run from the same state) changed:
+    state train_step advances itself (a step counter, a schedule), which the forward may read, so its gradients
+    are not those of one loss_fn backward from the same state."""
     if before is None or after_loss is None or after_step is None:
         return []
     return sorted(n for n, b in before.items() if n in after_loss and n in after_step
-                  and torch.equal(b, after_loss[n]) and not torch.equal(after_loss[n], after_step[n]))[:_TOP]
+                  and torch.equal(b, after_loss[n]) and not torch.equal(b, after_step[n]))[:_TOP]
 
 
 @dataclass
@@ -408,6 +419,7 @@ class LossParityProbe(tr.NumericsProbe):
             before = _buffer_values(ref.model)
             plain = self._plain_grads(ctx, hooks, ref.model, ref.opt, ref.shards[step - 1])
             after_loss = _buffer_values(ref.model)
+            _restore_buffers(ref.model, before)  # the check must not advance the reference past the parallel run
         ctx.seed(STEP_SEED + step)
         ref_res = tr.run_step(hooks, ref.model, ref.opt, ref.shards[step - 1])
         if not ref_res.grads:
