@@ -1,6 +1,7 @@
 """A plain-torch oracle for a generalisation target: its 1-process run against its 2-rank run, no distdiag probe.
 
     python tests/corpus/blind_oracle.py gen_targets/NAME.py [--steps 3]
+    python tests/corpus/blind_oracle.py --blind2        # every target of the second blind set
 
 Runs the target's own hooks twice from the same seed: once in one process (WORLD_SIZE=1, RANK=0, no
 parallelize: the single-GPU training) and once on 2 gloo ranks (parallelize, or fully_shard on each
@@ -55,7 +56,9 @@ def _train(mod, model, rank: int, world: int, steps: int):
 
 def _params(model):
     from torch.distributed.tensor import DTensor
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in model.named_parameters()}
+    # A DistributedDataParallel wrapper's names start with "module.": compared under the model's own names.
+    return {n.removeprefix("module."): (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+            for n, p in model.named_parameters()}
 
 
 def _rank(rank: int, world: int, target: str, steps: int, init: str, out: str) -> None:
@@ -104,10 +107,16 @@ def run(target: Path, steps: int, healthy: bool) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("targets", nargs="+")
+    ap.add_argument("targets", nargs="*")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--blind2", action="store_true", help="every target of the second blind set (BLIND2)")
     args = ap.parse_args()
-    for t in args.targets:
+    targets = list(args.targets)
+    if args.blind2:
+        sys.path.insert(0, str(ROOT))
+        from tests.corpus.generalisation import BLIND2
+        targets += [f"gen_targets/{c.target}.py" for c in BLIND2]
+    for t in targets:
         path = Path(t) if Path(t).is_absolute() else Path(__file__).resolve().parent / t
         for healthy in (False, True):
             r = run(path, args.steps, healthy)

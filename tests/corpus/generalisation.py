@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GenCase", "CASES", "HELD_OUT", "BLIND", "HIGH", "band", "classify_bug", "twin_loud", "findings_of"]
+__all__ = ["GenCase", "CASES", "HELD_OUT", "BLIND", "BLIND2", "HIGH", "band", "classify_bug", "twin_loud", "findings_of"]
 
 TARGETS = Path(__file__).resolve().parent / "gen_targets"
 HIGH = 0.8
@@ -120,6 +120,36 @@ BLIND = [
             ("shards_do_not_partition_batch",), ("shard_batch",)),
     GenCase("blind_lr_warmup_one_rank", "loss_parity", "train_step's warmup step count restored on rank 0 only: rank 1 steps at 1/10 the lr",
             ("hook_depends_on_rank", "optimizer_step_differs"), ("train_step",)),
+]
+
+
+BLIND2 = [
+    # The second blind set, written 2026-11-28 after the first was mended, and committed (with its oracle,
+    # tests/corpus/blind_oracle.py --blind2) before the diagnosis ever ran on it; run once with no rule changed
+    # (`--blind2`). Each models a public report (cited in the target's docstring), of a kind no earlier set holds.
+    # Where no cause of the probes fits the mechanism, `named` holds a name for it that does not exist: the case
+    # can then only be located (what the aim asks where the mechanism is not identified: no wrong confident cause).
+    GenCase("blind2_norm_penalty_local_shards", "loss_parity",
+            "loss_fn's weight-norm penalty over p.to_local(): each rank penalises its own shard's norm",
+            ("penalty_on_local_shards",), ("loss_fn",)),
+    GenCase("blind2_gather_no_grad", "loss_parity",
+            "a contrastive loss gathers the other ranks' embeddings with dist.all_gather: no gradient flows back to them",
+            ("gather_without_grad",), ("loss_fn",)),
+    GenCase("blind2_whiten_local_rows", "loss_parity",
+            "rewards whitened with the mean and std of the rank's own rows, not the global batch's",
+            ("statistic_over_local_rows",), ("loss_fn",)),
+    GenCase("blind2_init_shards_same_seed", "loss_parity",
+            "parallelize re-runs the weight init after fully_shard on the local shards, one seed on every rank",
+            ("shards_initialised_alike",), ("parallelize",), also_true=("setup_divergence",)),
+    GenCase("blind2_lr_scaled_by_world", "loss_parity",
+            "train_step scales the learning rate by the world size though the global batch is unchanged",
+            ("optimizer_step_differs",), ("train_step",)),
+    GenCase("blind2_recompute_side_effect", "loss_parity",
+            "activation checkpointing's recompute repeats layers.1's step-counter increment: the backward sees another ramp",
+            ("recompute_repeats_side_effect",), ("layers.1",), also_true=("module_called_extra",)),
+    GenCase("blind2_unfrozen_after_ddp", "loss_parity",
+            "the embedding unfrozen after the DDP wrap: DDP never reduces its gradient",
+            ("unmanaged_params", "unmanaged_params_not_reduced"), ("embed",)),
 ]
 
 

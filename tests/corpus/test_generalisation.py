@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.corpus.generalisation import CASES, TARGETS, classify_bug, twin_loud
+from tests.corpus.generalisation import BLIND2, CASES, TARGETS, classify_bug, twin_loud
 from tests.harness import run_check
 
 pytestmark = pytest.mark.timeout(150)
 
 GUARD = ["label_smoothing_one_rank", "shard_rows_off_by_one", "uneven_batch_count", "eval_mode_one_rank"]
 _CASES = {c.target: c for c in CASES}
+_BLIND2 = {c.target: c for c in BLIND2}
 
 
 def _findings(workdir, case, healthy: bool):
@@ -42,6 +43,28 @@ def test_bug_is_named_without_a_wrong_confident_cause(workdir, name):
 def test_twin_is_quiet(workdir, name):
     """The fixed twin: exit 0 and nothing above info from the probes it ran."""
     case = _CASES[name]
+    result, findings = _findings(workdir, case, healthy=True)
+    assert result.codes == [0] * case.world, result.stderr
+    assert twin_loud(findings) == []
+
+
+@pytest.mark.parametrize("name, outcome", [("blind2_unfrozen_after_ddp", "named"),
+                                           ("blind2_norm_penalty_local_shards", "located")])
+def test_second_blind_set_as_mended(workdir, name, outcome):
+    """Two of the second blind set as the mending left them (no longer blind): a parameter unfrozen after the DDP
+    wrap named from the reducer's gap; a loss its ranks' counts do not explain located in loss_fn, without the
+    per-rank normalisation cause and its global-count fix. No wrong cause at high confidence."""
+    case = _BLIND2[name]
+    _, findings = _findings(workdir, case, healthy=False)
+    got = classify_bug(case, findings)
+    assert got["outcome"] == outcome and got["located"] and got["wrong_high"] == [], got["causes"]
+    assert all(cause != "loss_normalised_per_rank" for _, cause, _ in got["causes"]), got["causes"]
+
+
+def test_a_train_step_that_advances_a_counter_leaves_the_twin_quiet(workdir):
+    """The checkpointed twin advances its ramp counter in train_step: parity holds, and the accumulation check
+    (a loss_fn backward from another state) gives an info, not a warning."""
+    case = _BLIND2["blind2_recompute_side_effect"]
     result, findings = _findings(workdir, case, healthy=True)
     assert result.codes == [0] * case.world, result.stderr
     assert twin_loud(findings) == []

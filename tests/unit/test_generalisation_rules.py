@@ -87,3 +87,28 @@ def test_accumulation_exactly_one_over_k_is_not_clipping():
     assert f.cause == "grad_accumulation_scaled" and f.severity == "warning" and "without dividing by 2" in f.fix
     (g,) = _accumulation_findings(_accum(0.4137), bad=False)  # max_norm / norm: clipping, an info
     assert g.severity == "info" and "clips" in g.issue
+
+
+def test_a_train_step_that_advances_module_state_itself_is_not_read_as_accumulation():
+    """A counter train_step advances (loss_fn's forward only reads it): one loss_fn backward and train_step did not
+    start from the same state, so their gradients differing says nothing about accumulation: an info, not a
+    grad_accumulation_means warning. Buffers a loss_fn forward updates too (running statistics) do not count."""
+    from distdiag.probes.numerics.loss_parity import _buffer_values, _changed_by_step, _restore_buffers
+    from distdiag.probes.numerics.parity_report import _accum_equal
+
+    m = nn.Module()
+    m.register_buffer("steps", torch.zeros(()))
+    m.register_buffer("running", torch.zeros(2))
+    before = _buffer_values(m)
+    m.running += 1  # one loss_fn forward updates running statistics
+    after_loss = _buffer_values(m)
+    m.running += 1  # train_step's forward, and the counter it advances itself
+    m.steps += 1
+    assert _changed_by_step(before, after_loss, _buffer_values(m)) == ["steps"]
+    assert _changed_by_step(before, None, _buffer_values(m)) == []
+    _restore_buffers(m, before)  # the check's own backward must not advance the reference past the parallel run
+    assert float(m.steps) == 0 and m.running.tolist() == [0.0, 0.0]
+    accum = {**_accum(0.4137), "equal": False, "max_rel": 0.6, "scaled_resid": 0.5, "state_changed": ["layers.1.steps"]}
+    (f,) = _accumulation_findings(accum, bad=True)
+    assert f.severity == "info" and "layers.1.steps" in f.issue and not f.cause
+    assert _accum_equal(accum) is None and _accum_equal({**accum, "state_changed": []}) is False

@@ -75,6 +75,15 @@ def test_weights_that_differ_before_step_one_win_over_everything_else():
     assert d.cause == "setup_divergence" and "param_sync" in d.fix
 
 
+def test_weights_changed_on_the_parallel_path_point_at_parallelize_not_at_a_load_on_one_rank():
+    """The reference's bits agree across ranks but the parallel model differs before step 1: build_model is not
+    rank-dependent, so what differs came after it (parallelize's init, load or cast), and the fix says so."""
+    bad = {"head.weight": {"name": "head.weight", "rel": 0.96, "ranks": [0, 1]}}
+    d = diagnose_parity(_ev(loss_rel=0.02, mean_loss=3.4, ref_loss=3.5, setup_bad=bad))
+    assert d.cause == "setup_divergence" and "parallelize" in d.fix and "broadcast_from_rank0" not in d.fix
+    assert any("build_model returns the same weights on every rank" in line for line in d.evidence)
+
+
 def test_plain_parameters_are_unmanaged_only_when_the_model_is_sharded():
     plain = {"b.w": {"name": "b.w", "rel": 1.0, "ranks": [0, 1], "sharded": False}}
     assert diagnose_parity(_ev(gbad=plain, rank_sums={0: _sums(1, 1), 1: _sums(1, 1)})).cause == "unmanaged_params"
@@ -122,6 +131,14 @@ def test_a_half_loss_whose_gradients_do_not_follow_is_said_with_less_confidence(
     assert any("not the reference's x the same ratio" in line for line in d.evidence)
 
 
+def test_every_gradient_off_with_an_exact_loss_lists_a_backward_without_gradient_beside_the_reduction():
+    """Loss exact, every module's gradients off by no pure factor, no train_step: the reduction, or a backward that
+    differs while the forward does not (a gather in loss_fn that passes no gradient back). Both are candidates."""
+    d = diagnose_parity(_ev(rank_sums={0: _sums(0.93, 0.5), 1: _sums(0.89, 1.1)}, gbad=_ALL_BAD))
+    assert d.cause == "grad_reduction" and d.confidence == 0.5 and "loss_fn" in d.fix
+    assert any("all_gather" in line and "no gradient" in line for line in d.evidence)
+
+
 def test_the_remaining_parity_rules_on_their_own_patterns():
     """A factor of 1/3 at 2 ranks, a factor that is no 1/k, no train_step, parameters off with exact gradients."""
     assert diagnose_parity(_ev(rank_sums={0: _sums(1 / 3), 1: _sums(1 / 3)})).cause == "grad_scale_wrong_group"
@@ -155,6 +172,44 @@ def test_loss_off_on_ranks_with_different_valid_counts_stays_per_rank_normalisat
                             counts={0: {"rows": 4, "valid": 10}, 1: {"rows": 4, "valid": 14}}))
     assert d.cause == "loss_normalised_per_rank" and "global count" in d.fix
     assert any("valid tokens per rank 10, 14" in line for line in d.evidence)
+
+
+def _per_rank(losses: list[float], ref: float, **kw) -> ParityEvidence:
+    """Step-1 evidence of a loss off by no ratio, ranks holding 10 and 14 valid tokens (4 rows each)."""
+    mean = sum(losses) / len(losses)
+    return _ev(loss_rel=abs(mean - ref) / ref, mean_loss=mean, ref_loss=ref, rank_losses=losses,
+               rank_sums={0: _sums(0.9, 0.3), 1: _sums(1.1, 0.3)},
+               counts={0: {"rows": 4, "valid": 10}, 1: {"rows": 4, "valid": 14}}, **kw)
+
+
+def test_a_loss_divided_by_each_ranks_own_count_is_confirmed_by_the_count_weighted_losses():
+    """Token-loss sums 20 and 42 over 10 and 14 tokens: each rank's own mean (2.0, 3.0), the reference 62/24.
+    Weighted by the counts the ranks' losses give the reference's loss back: what a per-rank mean does."""
+    d = diagnose_parity(_per_rank([2.0, 3.0], 62 / 24))
+    assert d.cause == "loss_normalised_per_rank" and "global count" in d.fix
+    assert any("weighted by their valid tokens give the reference's loss" in line for line in d.evidence)
+
+
+@pytest.mark.parametrize("shard_losses, said", [
+    ([4.55, 5.32], "computes differently on the parallel model"),  # loss_fn reads the model beyond its output
+    ([4.55, 4.55], "the same loss for the same shard"),  # a statistic over the shard's rows
+    (None, "candidates:"),  # no module-by-module record
+])
+def test_counts_that_do_not_explain_the_losses_rule_the_per_rank_normalisation_out(shard_losses, said):
+    """Losses 4.55 and 6.34 on ranks of 10 and 14 tokens, reference 6.18: the count-weighted losses give 0.91 of
+    it (not 1, nor the world size), so no per-rank count explains them: not identified, and no global-count fix."""
+    rec = {0: {"loss": shard_losses, "compared": 18, "differing": []}} if shard_losses else {}
+    d = diagnose_parity(_per_rank([4.55, 6.34], 6.18, localised=rec))
+    assert d.cause == "mechanism_not_identified" and d.confidence < 0.5
+    assert "global count" not in d.fix and "loss_fn" in d.fix
+    text = " ".join(d.evidence)
+    assert "per-rank normalisation is ruled out" in text and said in text and "valid tokens per rank 10, 14" in text
+
+
+def test_per_rank_losses_after_step_1_decide_nothing():
+    """After step 1 the weights differ, so the ranks' losses are not those of the reference's weights."""
+    d = diagnose_parity(_per_rank([4.55, 6.34], 6.18, step=2))
+    assert d.cause == "loss_normalised_per_rank"
 
 
 def test_shard_counts_read_rows_masks_and_ignored_labels():
@@ -250,3 +305,33 @@ def test_a_module_mechanism_confirmed_by_rerun_leads_over_a_rule_that_names_the_
     assert d.cause == "compute_precision_lower" and d.confidence > rules.confidence
     assert d.mechanism.startswith("qkv computes under torch.autocast(bfloat16) on rank 1") and "loss_fn" in d.mechanism
     assert "autocast" in d.fix.split(";")[0] and "label smoothing" in "\n".join(d.evidence)
+
+
+def test_a_parameter_made_trainable_after_the_ddp_wrap_is_outside_its_reduction():
+    """A real 1-rank DistributedDataParallel built while the embedding was frozen, then the embedding unfrozen:
+    its reducer holds one tensor fewer than require grad. The rule names unmanaged_params with a DDP fix; without
+    a gap a DDP model's plain parameters stay none of its business."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from distdiag.probes.numerics.loss_parity import _ddp_unreduced
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Embedding(4, 3), nn.Linear(3, 2))
+        model[0].weight.requires_grad_(False)
+        wrapped = nn.parallel.DistributedDataParallel(model)
+        assert _ddp_unreduced(wrapped) is None  # what requires grad is what DDP reduces
+        model[0].weight.requires_grad_(True)
+        gap = _ddp_unreduced(wrapped)
+    finally:
+        dist.destroy_process_group()
+    assert gap == {"count": 1, "bytes": 4 * 3 * 4}
+    bad = {"embed.weight": {"name": "embed.weight", "rel": 1.0, "ranks": [0, 1], "sharded": False}}
+    d = diagnose_parity(_ev(gbad=bad, sharded_params=0, reducer="ddp", ddp_unreduced=gap, order=["embed.weight"],
+                            rank_sums={0: _sums(1.0, 0.1), 1: _sums(1.0, 0.1)}))
+    assert d.cause == "unmanaged_params" and d.confidence == 0.9 and "before DistributedDataParallel is built" in d.fix
+    assert "embed.weight" in d.fix and "fully_shard" not in d.fix
+    d = diagnose_parity(_ev(gbad=bad, sharded_params=0, reducer="ddp", order=["embed.weight"],
+                            rank_sums={0: _sums(1.0, 0.1), 1: _sums(1.0, 0.1)}))
+    assert d.cause != "unmanaged_params"

@@ -39,13 +39,21 @@ def setup(ev: ParityEvidence) -> Diagnosis | None:
         worst = sorted(ev.setup_bad.values(), key=lambda b: -b["rel"])[:4]
         lines.append("before step 1 the parallel model differs from the reference built the same way: "
                      + "; ".join(f"{b['name']} rel err {b['rel']:.3g} on ranks {b['ranks']}" for b in worst))
+    if not ev.ref_differs:
+        lines.append("build_model returns the same weights on every rank (the reference's bits agree), so they changed "
+                     "on the parallel path: in parallelize (an init, load, copy or cast it runs), or in a build_model "
+                     "that returns other weights on its second call")
     lines.append("every later difference follows from it, so no training mechanism is inferred")
+    fix = ("make every rank start from the same weights: load or initialise them on every rank (or on rank 0 and "
+           "broadcast, e.g. set_model_state_dict(..., broadcast_from_rank0=True)) before fully_shard, and seed "
+           "initialisation the same on every rank; the param_sync probe names each tensor and rank before training")
+    if not ev.ref_differs:
+        fix = ("what parallelize does to the weights makes them differ from build_model's: initialise, load or cast "
+               "them in build_model (for every run) before fully_shard; an init that must run after fully_shard goes "
+               "through the whole DTensor parameters, not each rank's local shard (to_local() draws the same numbers, "
+               "from one seed, on every rank); the tensors above are where it shows")
     return Diagnosis(
-        ProbeCause.SETUP_DIVERGENCE, "the weights already differ before the first step (setup, not training)", lines,
-        "make every rank start from the same weights: load or initialise them on every rank (or on rank 0 and "
-        "broadcast, e.g. set_model_state_dict(..., broadcast_from_rank0=True)) before fully_shard, and seed "
-        "initialisation the same on every rank; the param_sync probe names each tensor and rank before training",
-        0.9)
+        ProbeCause.SETUP_DIVERGENCE, "the weights already differ before the first step (setup, not training)", lines, fix, 0.9)
 
 
 def _stage(ev: ParityEvidence, split: dict[str, Any]) -> tuple[str, str, str]:
@@ -159,8 +167,28 @@ def trainable_changed(ev: ParityEvidence) -> Diagnosis | None:
         "parameters the single-process run trains", 0.9)
 
 
+def _ddp_unreduced(ev: ParityEvidence) -> Diagnosis | None:
+    """Trainable parameters the DDP wrapper holds no reduction for (made trainable after it was built)."""
+    gap = ev.ddp_unreduced or {}
+    if not gap.get("count") or not ev.gbad:
+        return None
+    bad = sorted(ev.gbad, key=lambda n: ev.order.index(n) if n in ev.order else len(ev.order))
+    lines = [f"DistributedDataParallel reduces {gap['count']} parameter tensor(s) ({gap['bytes']} bytes) fewer than "
+             "require grad now: DDP registers its reduction for the parameters that require grad when it is "
+             "constructed, so a parameter made trainable after the wrap keeps each rank's own gradient",
+             f"over tolerance: {', '.join(bad[:6])}", *locate(ev.gbad, ev.order)]
+    return Diagnosis(
+        ProbeCause.UNMANAGED_PARAMS, f"{gap['count']} trainable parameter(s) outside DistributedDataParallel's reduction: their "
+        "gradients are not averaged over the ranks", lines,
+        f"set requires_grad (unfreeze {', '.join(bad[:3])}) before DistributedDataParallel is built, or build it again "
+        "after changing which parameters train: DDP reduces only the parameters that required grad at construction",
+        0.9 if len(ev.gbad) <= gap["count"] else 0.7)
+
+
 def unmanaged(ev: ParityEvidence) -> Diagnosis | None:
     """Plain parameters FSDP does not manage: their gradients are never reduced."""
+    if ev.reducer == "ddp":
+        return _ddp_unreduced(ev)
     plain = [n for n, b in ev.gbad.items() if b.get("sharded") is False]
     if not plain or not ev.sharded_params:  # all plain: a replicated model (DDP), not parameters FSDP left out
         return None
@@ -274,6 +302,77 @@ def _forward_differs(ev: ParityEvidence, located: list[str], counts: str) -> Dia
            "the ranks' batches must be normalised together" if mods else ""), 0.4)
 
 
+def _count_weighted(ev: ParityEvidence) -> tuple[bool | None, str]:
+    """Whether a loss divided by each rank's own count explains the ranks' step-1 losses.
+
+    Rank r's loss a * S_r / c_r (S_r its share of the token-loss sum, c_r its count, a the same on every rank:
+    1 for a plain mean, the world size when it also multiplies by it) makes sum_r c_r L_r = a * S, and the
+    reference's loss is S / C (C = sum_r c_r): sum_r c_r L_r / (C * reference) is then 1 or the world size, for
+    the count (valid tokens or rows) the loss divides by. Only at step 1, where the weights are still equal.
+    None when it cannot be told (no per-rank losses, no counts, a reference loss of 0).
+    """
+    if ev.step != 1 or len(ev.rank_losses) != ev.world or abs(ev.ref_loss) < 1e-12:
+        return None, ""
+    counts = [ev.counts.get(r) or {} for r in range(ev.world)]
+    seen = []
+    for key, what in (("valid", "valid tokens"), ("rows", "rows")):
+        total = sum(c.get(key, 0) for c in counts)
+        if not all(key in c for c in counts) or total <= 0:
+            continue
+        a = sum(c[key] * loss for c, loss in zip(counts, ev.rank_losses, strict=True)) / (total * ev.ref_loss)
+        fit = next((k for k in (1, ev.world) if abs(a / k - 1) <= ev.loss_tol), None)
+        if fit is not None:
+            return True, (f"the ranks' losses weighted by their {what} give the reference's loss"
+                          f"{'' if fit == 1 else f' x {fit}'} (sum c_r L_r / (C x reference) = {a:.6g}): what a loss "
+                          "divided by each rank's own count gives")
+        seen.append(f"weighted by {what} {a:.6g}")
+    if not seen:
+        return None, ""
+    return False, ("the counts do not explain the losses: a loss divided by each rank's own count makes "
+                   f"sum c_r L_r / (C x reference) 1 (or the world size, {ev.world}); here {', '.join(seen)}")
+
+
+def _shard_loss(ev: ParityEvidence) -> tuple[bool | None, str]:
+    """From the module-by-module record (every module exact): does loss_fn give one shard another loss on the
+    parallel model than on the reference model? None when no such record."""
+    for rank, rec in sorted(ev.localised.items()):
+        pair = rec.get("loss") or [None, None]
+        if rec.get("error") or rec.get("differing") or not rec.get("compared") or None in pair:
+            continue
+        text = f"rank {rank}'s shard: loss {pair[0]:.6g} on the parallel model, {pair[1]:.6g} on the reference model"
+        return abs(pair[0] - pair[1]) > ev.loss_tol * max(abs(pair[1]), 1e-12), text
+    return None, ""
+
+
+def _not_per_rank(ev: ParityEvidence, located: list[str], counts: str, why: str) -> Diagnosis:
+    """The ranks hold different counts, but no per-rank count explains their losses: not identified, and what the
+    loss of one shard on both models says about where loss_fn differs."""
+    lines = [f"loss {ev.mean_loss:.6g} (mean of ranks) vs reference {ev.ref_loss:.6g}: rel err {ev.loss_rel:.2e}, "
+             "no integer ratio", *located, f"the ranks hold different counts ({counts}), but {why}: the per-rank "
+             "normalisation is ruled out as far as the batch shows its counts"]
+    model, pair = _shard_loss(ev)
+    reads = ("loss_fn reads the model beyond its forward's output: a term over the parameters (a penalty or a norm: "
+             "under FSDP2 a parameter read in loss_fn is a DTensor, and its to_local() is this rank's shard only), "
+             "a branch on the model's type or on DTensor, a buffer read directly")
+    shard = ("loss_fn computes something over the shard's rows that is not the shard's share of the global batch's "
+             "loss: a statistic over the rows (a mean or std: whitened rewards or advantages, in-batch negatives, "
+             "a softmax over the batch), or a count the batch does not show")
+    if model is True:
+        lines += [f"{pair}, while every module computes the reference's output: loss_fn computes differently on the "
+                  "parallel model", f"candidates: {reads}"]
+    elif model is False:
+        lines += [f"{pair}: the same loss for the same shard, so the model is not what differs", f"candidates: {shard}"]
+    else:
+        lines.append(f"candidates: {shard}; or {reads}")
+    what = ("print each term of loss_fn for one shard on the parallel model and on the reference model" if model else
+            "compute that statistic or count over the global batch (pass it through shard_batch) and rerun: the "
+            "loss then matching the reference decides it")
+    lines.append(f"what would decide: {what}")
+    return Diagnosis(ProbeCause.MECHANISM_NOT_IDENTIFIED, "the ranks' losses do not average to the global batch's loss, and no "
+                     "per-rank count explains it (mechanism not identified)", lines,
+                     f"not identified from this evidence; in loss_fn: {what}", 0.4)
+
+
 def loss_off(ev: ParityEvidence) -> Diagnosis | None:
     """The loss differs from the first step with the same weights, by no clean ratio: its weighting over ranks,
     when the ranks' counts differ (or are not shown); a forward that differs per rank when they are equal."""
@@ -283,6 +382,9 @@ def loss_off(ev: ParityEvidence) -> Diagnosis | None:
     differ, counts = _counts(ev)
     if differ is False:
         return _forward_differs(ev, located, counts)
+    fits, why = _count_weighted(ev)
+    if differ and fits is False:
+        return _not_per_rank(ev, located, counts, why)
     lines = [f"loss {ev.mean_loss:.6g} (mean of ranks) vs reference {ev.ref_loss:.6g}: rel err {ev.loss_rel:.2e}, "
              "no integer ratio", *located]
     if ev.step == 1:
@@ -290,6 +392,8 @@ def loss_off(ev: ParityEvidence) -> Diagnosis | None:
                      "from the global batch")
     if differ:
         lines.append(f"the ranks hold different counts ({counts}): per-rank means do not average to the global mean")
+    if fits:
+        lines.append(why)
     lines.append("what would decide: the ranks' valid-token (or sample) counts in shard_batch: unequal counts make "
                  "per-rank means differ from the global mean; equal counts point at the forward instead (dropout on, "
                  "batch norm or another cross-sample op)")
@@ -390,12 +494,16 @@ def grad_sync(ev: ParityEvidence) -> Diagnosis | None:
             "model.set_requires_gradient_sync(i == last) before each backward (DDP: no_sync() around every micro-batch "
             "but the last); what would decide between this and a custom reduction: the same step with one micro-batch",
             0.7)
-    lines.append("what would decide: which tensors are exact (above); a whole module wrong is a reduction hook that "
-                 "skips it, every tensor wrong is the reduction itself")
+    lines += ["candidates: the reduction parallelize sets up, or a backward that differs while the forward does not: "
+              "a cross-rank op in loss_fn or the model that carries no gradient (dist.all_gather of the other ranks' "
+              "outputs, a detach before it), which leaves the loss exact and every gradient off",
+              "what would decide: which tensors are exact (above); a whole module wrong is a reduction hook that "
+              "skips it, every tensor wrong is the reduction itself or a backward that differs"]
     return Diagnosis(
         ProbeCause.GRAD_REDUCTION, "gradients reduced differently from an average over ranks", lines,
         "the gradients of the modules named above do not reach the optimizer as the average over ranks: check the "
-        "reduction parallelize sets up (hooks, requires_gradient_sync, reduce dtype) for them", 0.5)
+        "reduction parallelize sets up (hooks, requires_gradient_sync, reduce dtype) for them, and any collective in "
+        "loss_fn or the forward (all_gather without autograd passes no gradient back to the other ranks)", 0.5)
 
 
 def _module(name: str) -> str:

@@ -249,6 +249,40 @@ def _accumulation_check(stepped: dict[str, torch.Tensor], plain: dict[str, torch
     }
 
 
+_BUFFER_CAP = 1 << 22
+"""Buffers (elements in all) that the accumulation check copies to see what train_step changes; above it, not told."""
+
+
+def _buffer_values(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """A copy of each buffer of the reference model (None above _BUFFER_CAP elements)."""
+    buffers = dict(model.named_buffers())
+    if sum(b.numel() for b in buffers.values()) > _BUFFER_CAP:
+        return None
+    return {n: b.detach().clone() for n, b in buffers.items()}
+
+
+def _restore_buffers(model: torch.nn.Module, values: dict[str, torch.Tensor] | None) -> None:
+    """Put the reference's buffers back as they were: a forward that updates them (running statistics, a step
+    counter) must run as often in the reference as in the parallel run."""
+    if values is None:
+        return
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            if n in values:
+                b.copy_(values[n])
+
+
+def _changed_by_step(before: dict[str, torch.Tensor] | None, after_loss: dict[str, torch.Tensor] | None,
+                     after_step: dict[str, torch.Tensor] | None) -> list[str]:
+    """Buffers that one loss_fn backward left as they were and train_step (run from the same state) changed:
+    state train_step advances itself (a step counter, a schedule), which the forward may read, so its gradients
+    are not those of one loss_fn backward from the same state."""
+    if before is None or after_loss is None or after_step is None:
+        return []
+    return sorted(n for n, b in before.items() if n in after_loss and n in after_step
+                  and torch.equal(b, after_loss[n]) and not torch.equal(b, after_step[n]))[:_TOP]
+
+
 @dataclass
 class _Reference:
     """The 1-process reference: its model and optimizer, and the global batch of each step for it and for this rank."""
@@ -372,6 +406,7 @@ class LossParityProbe(tr.NumericsProbe):
             "sharded": sum(1 for p in par.parameters() if hasattr(p, "to_local")),  # DTensor (FSDP-managed) ones
             "fsdp": _has_fsdp(par) if step == 1 else None,
             "reducer": _reducer(par) if step == 1 else None,
+            "ddp_unreduced": _ddp_unreduced(par) if step == 1 else None,
             "trainable_diff": _trainable_diff(ref.model, par) if step == 1 else None,
             "dtype": str(next(iter(ref.model.parameters())).dtype).replace("torch.", ""),
         }, accum
@@ -381,7 +416,10 @@ class LossParityProbe(tr.NumericsProbe):
         """The reference's step (and, on step 1 with a train_step, its accumulation check)."""
         plain = None
         if hooks.train_step is not None and step == 1:
+            before = _buffer_values(ref.model)
             plain = self._plain_grads(ctx, hooks, ref.model, ref.opt, ref.shards[step - 1])
+            after_loss = _buffer_values(ref.model)
+            _restore_buffers(ref.model, before)  # the check must not advance the reference past the parallel run
         ctx.seed(STEP_SEED + step)
         ref_res = tr.run_step(hooks, ref.model, ref.opt, ref.shards[step - 1])
         if not ref_res.grads:
@@ -390,6 +428,8 @@ class LossParityProbe(tr.NumericsProbe):
                 "(train_step must call optimizer.step() after backward)"
             )
         accum = _accumulation_check(ref_res.grads, plain, opts.tolerance_scale) if plain is not None else None
+        if accum is not None:
+            accum["state_changed"] = _changed_by_step(before, after_loss, _buffer_values(ref.model))
         return ref_res, accum  # plain's gradients go with this frame, before the parallel step
 
     @staticmethod
@@ -460,6 +500,28 @@ def _trainable_diff(ref: torch.nn.Module, par: torch.nn.Module) -> dict[str, lis
     a, b = trainable(ref), trainable(par)
     both = [n for n in a if n in b]
     return {"frozen": [n for n in both if a[n] and not b[n]][:16], "thawed": [n for n in both if b[n] and not a[n]][:16]}
+
+
+def _ddp_unreduced(model: torch.nn.Module) -> dict[str, int] | None:
+    """Trainable parameters a DistributedDataParallel wrapper does not reduce: DDP builds its reducer from the
+    parameters that require grad when it is constructed, so one made trainable afterwards is never averaged.
+    {"count", "bytes"} of the gap between the parameters that require grad now and those the reducer holds (its
+    logging data); None without DDP, without a gap, or where that data cannot be read."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    for m in model.modules():
+        if not isinstance(m, DistributedDataParallel):
+            continue
+        try:
+            data = m._get_ddp_logging_data()
+            held, held_bytes = int(data["num_parameter_tensors"]), int(data["total_parameter_size_bytes"])
+        except Exception:  # noqa: BLE001 - a private record of DDP's: without it nothing is told
+            return None
+        now = [p for n, p in m.module.named_parameters() if p.requires_grad and n not in m.parameters_to_ignore]
+        gap = len(now) - held
+        if gap > 0:
+            return {"count": gap, "bytes": sum(p.numel() * p.element_size() for p in now) - held_bytes}
+    return None
 
 
 def _reducer(model: torch.nn.Module) -> str:

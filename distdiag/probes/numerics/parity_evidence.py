@@ -79,6 +79,10 @@ class ParityEvidence:
     """Whether train_step's gradients equal one loss_fn backward's in the reference process (None: no train_step)."""
     localised: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Each rank's module-by-module record at the first divergent step (loss_parity's localise.py), when it ran."""
+    rank_losses: list[float] = field(default_factory=list)
+    """Each rank's loss at that step, in rank order (empty when not recorded)."""
+    ddp_unreduced: dict[str, int] | None = None
+    """Trainable parameters the DistributedDataParallel wrapper does not reduce ({"count", "bytes"}; loss_parity)."""
 
 
 def ratio_to_integer(ratio: float) -> tuple[int, float, bool] | None:

@@ -100,7 +100,7 @@ def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: Con
     table = _StepTable(payloads, ranks, world)
     divergent = table.divergent
     accum = first.get("accumulation")
-    accum_bad = bool(accum and not accum["equal"] and accum["scaled_resid"] > 1e-3)
+    accum_bad = bool(accum and not accum["equal"] and accum["scaled_resid"] > 1e-3 and not accum.get("state_changed"))
     if divergent:
         evidence = _evidence(payloads, divergent, world, order, accum_bad)
         findings.append(_divergence_finding(divergent, evidence, ranks))
@@ -208,8 +208,10 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
         ref_split=ref_split(payloads, d.index),
         reducer=next((s.get("reducer") for s in first["steps"] if s.get("order")), None),
         trainable_diff=next((s.get("trainable_diff") or {} for s in first["steps"] if s.get("order")), {}),
-        accum_equal=first["accumulation"]["equal"] if first.get("accumulation") else None,
+        accum_equal=_accum_equal(first.get("accumulation")),
         localised={r: p["localised"] for r, p in payloads.items() if p.get("localised")},
+        rank_losses=list(d.losses),
+        ddp_unreduced=next((s.get("ddp_unreduced") for s in first["steps"] if s.get("order")), None),
     )
 
 
@@ -329,9 +331,29 @@ def _loss_tol(step: dict[str, Any]) -> float:
     return rtol_for(dtype)
 
 
+def _accum_equal(accum: dict[str, Any] | None) -> bool | None:
+    """Whether train_step gave one loss_fn backward's gradients in the reference process; None when not told
+    (no train_step, or a train_step that changes module state itself, so the two did not start alike)."""
+    return None if not accum or accum.get("state_changed") else accum["equal"]
+
+
+def _state_changed(accum: dict[str, Any]) -> Finding:
+    """train_step advances module state itself: the accumulation check compared two steps from different states."""
+    return Finding(
+        severity="info",
+        issue=("train_step changes module state that one loss_fn backward leaves as it is "
+               f"({', '.join(accum['state_changed'])}): its gradients are not compared with loss_fn's"),
+        evidence=(f"reference process, step 1: train_step's gradients differ from one loss_fn backward's (max rel "
+                  f"err {accum['max_rel']:.3g}), but the two did not start from the same state; every step is "
+                  "still compared with the reference's"),
+    )
+
+
 def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
     if accum["equal"]:
         return []
+    if accum.get("state_changed"):
+        return [_state_changed(accum)]
     exact = ratio_to_integer(accum["factor"])
     if not bad and exact is not None and exact[1] <= RATIO_HIGH:
         k, _, inverted = exact
