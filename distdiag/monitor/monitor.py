@@ -33,6 +33,7 @@ from distdiag.monitor.look import LookReader, code_histogram, entropy_sums, pack
 from distdiag.monitor.stats import ParamGroups, embedding_modules, param_counts
 from distdiag.monitor.trace import NaNScan, NonFiniteTracer
 from distdiag.report.model import Finding, ProbeResult
+from distdiag.runtime.settle import use_counts, wait_released
 
 __all__ = ["TrainingMonitor"]
 
@@ -294,7 +295,12 @@ class TrainingMonitor:
         vec[self.rank * K : (self.rank + 1) * K] = slot
         vec = torch.cat([vec, grad_sq, par_sq, upd_sq.to(dev), has_upd, hist, ent])
         if self.distributed and self.world > 1:
+            held = use_counts([vec]) if final else None
             dist.all_reduce(vec, group=self.group)
+            if held is not None:
+                # close() is often the script's last collective: let gloo's worker drop `vec`
+                # while Python still runs (distdiag.runtime.settle says why)
+                wait_released([vec], held)
         values = vec.tolist()  # the one device sync of a look
         self._update = None
         if codes is not None and cfg.num_codes == 0 and not self._warned_codes:

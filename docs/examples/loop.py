@@ -18,8 +18,9 @@ import torch.nn.functional as F  # noqa: F401 - the monitor's snippet uses F.cro
 
 if "RANK" in os.environ and not dist.is_initialized():
     dist.init_process_group("gloo")
-    # as your script should at its end: without it, gloo's and DDP's threads can still be
-    # running while Python tears down, and a loaded machine then sees the odd SIGABRT at exit
+    # as your script should at its end (torch warns when a job ends without it). It does not
+    # stop gloo's worker threads: docs/facts.md says why a script's last collective can still
+    # abort at exit on a loaded machine, and what prevents it
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 torch.manual_seed(0)
 VOCAB, num_experts = 16, 4
