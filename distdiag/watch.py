@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from distdiag.errors import DistDiagError, print_line, unknown_option_hint
-from distdiag.launcher.ranks import ARMED_PHASE, note_phase
+from distdiag.launcher.ranks import ARMED_PHASE, RETURNED_PHASE, note_phase
 
 __all__ = ["main", "build_parser", "armed"]
 
@@ -291,6 +291,10 @@ def run(argv: list[str]) -> int:
             wd.close()
         for module, original in saved:
             module.init_process_group = original
+    if code == 0:
+        # what follows is the interpreter's exit: a rank that dies there (torch's gloo worker can
+        # abort it, docs/facts.md) is named by the launcher as such, not as a failed training
+        note_phase(RETURNED_PHASE, launcher_only=True)
     return code
 
 

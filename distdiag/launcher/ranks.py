@@ -34,13 +34,17 @@ from typing import Any
 from distdiag.runtime.launchid import LAUNCH_ID_ENV, launch_id, with_this_launch_id
 
 __all__ = [
-    "ARMED_PHASE", "with_this_launch_id", "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "LAUNCH_FOLDER_PREFIX", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
+    "ARMED_PHASE", "RETURNED_PHASE", "with_this_launch_id", "LAUNCH_ID_ENV", "VERDICT_NOTE_ENV", "LAUNCH_FOLDER_PREFIX", "launch_id", "note_verdict", "read_verdict_note", "write_bad_input_report",
     "report_path_in", "cancelled_by", "say_started", "START_PREFIX", "note_phase", "noted_rank", "forget_phase", "note_first_failure", "read_json",
 ]
 
 ARMED_PHASE = "watchdog armed"
 """The phase a training rank notes once its hang watchdog runs (distdiag/watch.py): from then
 on its peers' watchdogs see it stop, and the launcher leaves it to them (jobwatch.py)."""
+
+RETURNED_PHASE = "exiting after its script returned"
+"""The phase a training rank notes once the user's script returned and its watchdog closed: a
+rank that dies from here on died in the interpreter's exit, not in the training."""
 
 VERDICT_NOTE_ENV = "DISTDIAG_VERDICT_NOTE"
 

@@ -16,6 +16,7 @@ own (read from torchrun's failure summary). Arguments are taken as typed (click 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from distdiag.launcher.argv import split_dashes, take_option
 from distdiag.launcher.child import JobEnd, run_forwarding_signals
 from distdiag.launcher.jobwatch import training_rules
 from distdiag.launcher.launch import Launch
+from distdiag.launcher.ranks import RETURNED_PHASE, read_json
 from distdiag.launcher.stderr import WatchOutput, pump
 from distdiag.report.model import EXIT_CANCELLED, EXIT_HANG, Report
 
@@ -110,7 +112,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     return torchrun, watch, command
 
 
-def _exit_code(ours: Report | None, rc: int, output: WatchOutput) -> int:
+def _exit_code(ours: Report | None, rc: int, output: WatchOutput, launch: Launch | None = None) -> int:
     """This run's hang report's code when the watchdog ended the job, else 0 when torchrun
     succeeded, else the failed worker's own code."""
     if rc == 0:
@@ -118,13 +120,14 @@ def _exit_code(ours: Report | None, rc: int, output: WatchOutput) -> int:
     if ours is not None:
         return ours.exit_code
     code = output.worker_exit_code() or rc
-    _say_who_failed(output, code)
+    _say_who_failed(output, code, launch)
     return code
 
 
-def _say_who_failed(output: WatchOutput, code: int) -> None:
+def _say_who_failed(output: WatchOutput, code: int, launch: Launch | None = None) -> None:
     """The script failed by itself (no hang report): one line naming the rank torchrun saw fail
-    first, from the failure summary held back (the script's own output is shown already)."""
+    first, from the failure summary held back (the script's own output is shown already), and
+    when it died: in the training, or in the interpreter's exit after its script returned."""
     from distdiag.errors import print_line
     from distdiag.launcher.exit_code import first_failure_in
 
@@ -133,9 +136,19 @@ def _say_who_failed(output: WatchOutput, code: int) -> None:
         print_line(f"distdiag watch: the job failed (torchrun exited non-zero) without a hang report; exiting {code}")
         return
     status = failure["exitcode"]
-    how = f"was killed by signal {-status}" if status < 0 else f"exited {status}"
-    print_line(f"distdiag watch: rank {failure['rank']} (pid {failure['pid']} on host {failure['host']}) {how} "
-               f"by itself (no hang report); exiting {code}")
+    try:
+        how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited {status}"
+    except ValueError:
+        how = f"was killed by signal {-status}"
+    who = f"rank {failure['rank']} (pid {failure['pid']} on host {failure['host']})"
+    noted = read_json(os.path.join(launch.folder, f"rank-{failure['rank']}.json")) if launch is not None else None
+    if (noted or {}).get("phase") == RETURNED_PHASE and int((noted or {}).get("pid", -1)) == failure["pid"]:
+        known = (" (torch's gloo worker aborts a process that frees a collective's tensors while Python shuts "
+                 "down: see 'A script can abort at exit' in docs/facts.md)") if status == -signal.SIGABRT else ""
+        print_line(f"distdiag watch: {who} {how} after its script returned, in the interpreter's exit: the "
+                   f"training itself ended normally{known}; exiting {code}")
+        return
+    print_line(f"distdiag watch: {who} {how} by itself (no hang report); exiting {code}")
 
 
 def torchrun_problem(torchrun: list[str]) -> str | None:
@@ -187,7 +200,7 @@ def _ending(end: JobEnd, launch: Launch, output: WatchOutput) -> tuple[int, str 
         print_line(f"distdiag watch: cancelled by {signal_words(end.stopped_by)}; the job was stopped "
                    f"(torchrun exited {end.rc}), no hang report; exiting {EXIT_CANCELLED}")
         return EXIT_CANCELLED, f"the job was cancelled by {signal_words(end.stopped_by)}", ours
-    return _exit_code(ours, end.rc, output), None, ours
+    return _exit_code(ours, end.rc, output, launch), None, ours
 
 
 def _command(argv: list[str]) -> tuple[list[str], list[str], Any, str | None] | int:

@@ -81,6 +81,29 @@ def test_script_failing_by_itself_keeps_its_code_and_its_traceback(cli_env, tmp_
     assert last.startswith("distdiag watch: rank 1 (pid ") and last.endswith("exited 5 by itself (no hang report); exiting 5"), last
 
 
+@pytest.mark.torchrun
+@pytest.mark.timeout(180)
+def test_a_rank_aborted_after_its_script_returned_is_told_apart(cli_env, tmp_path):
+    """Rank 1 dies of SIGABRT in the interpreter's exit, after its script returned (what torch's
+    gloo worker does on a loaded node, docs/facts.md; forced here by an atexit handler): the line
+    says the training ended normally and names the known cause, torchrun's failure code is kept.
+    A rank that fails inside the script is still 'by itself' (the test above)."""
+    script = tmp_path / "ends.py"
+    script.write_text(
+        "import atexit, os, signal\nimport torch\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.ones(4)\ndist.all_reduce(t)\n"
+        "if dist.get_rank() == 1:\n"
+        "    atexit.register(lambda: os.kill(os.getpid(), signal.SIGABRT))\n"
+    )
+    proc = _watch(cli_env, tmp_path, "--", str(script))
+    assert proc.returncode != 0 and not (tmp_path / "hang-report").exists(), proc.stderr[-3000:]
+    last = _lines(proc.stderr)[-1]
+    assert last.startswith("distdiag watch: rank 1 (pid ") and "was killed by SIGABRT after its script returned" in last, last
+    assert "the training itself ended normally" in last and "docs/facts.md" in last, last
+    assert "ChildFailedError" not in proc.stderr, proc.stderr[-3000:]
+
+
 @pytest.mark.timeout(60)
 def test_bad_input_is_one_line_exit_2(cli_env, tmp_path):
     """No `--`, a missing script, a bad watch option: one line, exit 2, torchrun never started."""
