@@ -18,10 +18,12 @@ at the next look.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import logging
 import math
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,26 @@ from distdiag.report.model import Finding, ProbeResult
 from distdiag.runtime.settle import use_counts, wait_released
 
 __all__ = ["TrainingMonitor"]
+
+_LAST_LOOK: list[tuple[weakref.ref[torch.Tensor], list[int | None]]] = []
+"""The latest look's all_reduce tensor (weakly) and its use count before the call: a script that
+ends without close() right after a look is settled at exit (`_settle_at_exit`)."""
+
+
+def _remember_last_look(vec: torch.Tensor, held: list[int | None]) -> None:
+    if not _LAST_LOOK:
+        atexit.register(_settle_at_exit)
+    _LAST_LOOK[:] = [(weakref.ref(vec), held)]
+
+
+def _settle_at_exit() -> None:
+    """atexit (before Python finalizes): if gloo's worker still holds the last look's tensor, wait
+    until it lets go (at most 2 s), so that it never frees it while the interpreter shuts down."""
+    for ref, held in _LAST_LOOK:
+        vec = ref()
+        if vec is not None:
+            wait_released([vec], held)
+    _LAST_LOOK.clear()
 
 log = logging.getLogger("distdiag.monitor")
 
@@ -295,12 +317,14 @@ class TrainingMonitor:
         vec[self.rank * K : (self.rank + 1) * K] = slot
         vec = torch.cat([vec, grad_sq, par_sq, upd_sq.to(dev), has_upd, hist, ent])
         if self.distributed and self.world > 1:
-            held = use_counts([vec]) if final else None
+            held = use_counts([vec])
             dist.all_reduce(vec, group=self.group)
-            if held is not None:
+            if final:
                 # close() is often the script's last collective: let gloo's worker drop `vec`
                 # while Python still runs (distdiag.runtime.settle says why)
                 wait_released([vec], held)
+            else:
+                _remember_last_look(vec, held)
         values = vec.tolist()  # the one device sync of a look
         self._update = None
         if codes is not None and cfg.num_codes == 0 and not self._warned_codes:

@@ -6,7 +6,8 @@ argv: SCENARIO WORKDIR. Scenarios:
   collectives     40 all_reduces of a fresh tensor: how many were still held on return, and
                   whether each was released by `wait_released`
   monitor_close   a small DDP loop under TrainingMonitor; close()'s last look records what its
-                  wait returned
+                  wait returned; before it, the at-exit settle of the last look (for scripts
+                  that never call close())
 Each rank writes WORKDIR/settle{rank}.json.
 """
 
@@ -59,8 +60,17 @@ def _monitor_close() -> dict:
         opt.step()
         opt.zero_grad()
     looks_before_close = len(waits)
+    # a script that never calls close(): the last look's tensor is remembered (weakly), and the
+    # handler atexit runs waits for it
+    remembered = len(monitor_module._LAST_LOOK)
+    ref, held = monitor_module._LAST_LOOK[0]
+    monitor_module._settle_at_exit()
+    vec = ref()
+    settled = vec is None or vec._use_count() <= held[0]
+    del vec
     monitor.close()
-    return {"waits_during_loop": looks_before_close, "waits_at_close": waits[looks_before_close:]}
+    return {"waits_during_loop": looks_before_close, "waits_at_close": waits[looks_before_close:],
+            "remembered": remembered, "settled_at_exit": settled}
 
 
 def main(argv: list[str]) -> int:

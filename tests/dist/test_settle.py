@@ -37,7 +37,10 @@ def test_wait_released_returns_once_gloo_let_go(tmp_path):
 @pytest.mark.timeout(120)
 def test_monitor_close_waits_for_its_last_collective(tmp_path):
     """close()'s last look (the last collective of many scripts) waits until gloo let go of its
-    tensor; the looks during training do not wait (no cost on the hot path)."""
+    tensor; the looks during training do not wait (no cost on the hot path), the latest one is
+    remembered for the handler that runs at exit when a script never calls close()."""
     for rank, out in enumerate(_run(tmp_path, "monitor_close")):
         assert out["waits_during_loop"] == 0, (rank, out)
         assert out["waits_at_close"] == [True], (rank, out)
+        # without close(): the last look is remembered and settled by the atexit handler
+        assert out["remembered"] == 1 and out["settled_at_exit"], (rank, out)
