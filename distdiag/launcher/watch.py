@@ -143,7 +143,7 @@ def _say_who_failed(output: WatchOutput, code: int, launch: Launch | None = None
     who = f"rank {failure['rank']} (pid {failure['pid']} on host {failure['host']})"
     noted = read_json(os.path.join(launch.folder, f"rank-{failure['rank']}.json")) if launch is not None else None
     if (noted or {}).get("phase") == RETURNED_PHASE and int((noted or {}).get("pid", -1)) == failure["pid"]:
-        known = (" (torch's gloo worker aborts a process that frees a collective's tensors while Python shuts "
+        known = (" (torch's gloo worker aborts a process when it frees a finished collective while Python shuts "
                  "down: see 'A script can abort at exit' in docs/facts.md)") if status == -signal.SIGABRT else ""
         print_line(f"distdiag watch: {who} {how} after its script returned, in the interpreter's exit: the "
                    f"training itself ended normally{known}; exiting {code}")

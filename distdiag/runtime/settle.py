@@ -11,8 +11,13 @@ std::terminate. The work's tensors can only be released safely while Python stil
 
 `Tensor._use_count()` is the C++ reference count of the tensor: `use_counts` reads it before a
 collective, `wait_released` waits (sleeping, so the GIL is free for that thread) until no more
-than those references are left. Called after the LAST collective before a process may end (the
-monitor's final look, a watched script's last collective), never on a hot path.
+than those references are left. Called after the LAST collective of ours before a process may
+end (the monitor's final look; its latest look from an atexit handler), never on a hot path.
+
+Limits: the work also holds the caller's thread-local state, which can hold a Python object (a
+torch function mode active around the call; DDP's backward): the tensors are released a moment
+before it. Nothing observable from Python says the work itself is gone, so a script's own last
+collective (DDP's gradient all_reduce, say) cannot be waited on from here (docs/facts.md).
 """
 
 from __future__ import annotations
