@@ -9,7 +9,8 @@
     config.py   MonitorConfig and its validation
 
 May import distdiag.report, distdiag.errors, distdiag.analyze (its spike score, so live
-and offline agree) and distdiag.check.config (dataclass_from_dict);
+and offline agree), distdiag.check.config (dataclass_from_dict) and distdiag.runtime.settle
+(its last all_reduce's tensor released before the process may end);
 imports torch only when a monitor is built.
 """
 

@@ -108,7 +108,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "probes": {"errors", "report", "runtime", "workloads"},
     "check": {"distdiag", "errors", "report", "hang", "runtime", "probes", "launcher.ranks"},
     "analyze": {"errors", "report"},
-    "monitor": {"errors", "report", "analyze", "check.config"},
+    "monitor": {"errors", "report", "analyze", "check.config", "runtime.settle"},
     "watchdog": {"errors", "report", "hang", "runtime", "launcher.ranks"},
     "watch": {"errors", "hang", "watchdog", "launcher.ranks"},
     "launcher": {"errors", "report", "runtime", "check", "watch", "watchdog"},
