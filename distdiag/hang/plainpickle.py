@@ -45,14 +45,20 @@ class PlainPickleError(DistDiagError, ValueError):
 
 
 _MEMO_OPS = {op[0] for op in (pickle.MEMOIZE, pickle.PUT, pickle.BINPUT, pickle.LONG_BINPUT)}
+_GROW_OPS = {op[0] for op in (pickle.APPEND, pickle.APPENDS, pickle.SETITEM, pickle.SETITEMS)}
+"""The opcodes that add to the list or dict on top of the stack: its size is bounded as it grows,
+so a list of millions of items is refused after MAX_VALUES of them, not after reading it all
+(which took over MAX_READ_S on a loaded node)."""
 
 
-def _bounded(op: Callable[[Any], None], memo: bool) -> Callable[[Any], None]:
+def _bounded(op: Callable[[Any], None], memo: bool, grows: bool = False) -> Callable[[Any], None]:
     def run(self: _PlainUnpickler) -> None:
         op(self)
         self.ops += 1
         if memo and len(self.memo) > MAX_MEMO:  # type: ignore[attr-defined]  # the pure-Python Unpickler's, not in typeshed
             raise PlainPickleError(f"it memoizes over {MAX_MEMO:,} objects; a flight-recorder dump holds far fewer")
+        if grows and len(self.stack[-1]) > MAX_VALUES:  # type: ignore[attr-defined]  # as above
+            raise PlainPickleError(f"a list or table in it has over {MAX_VALUES:,} items; no flight-recorder dump does")
         if not self.ops & 0xFFFF and time.monotonic() > self.deadline:
             raise PlainPickleError(f"it takes over {MAX_READ_S:g} s to unpickle; no flight-recorder dump does")
 
@@ -62,7 +68,7 @@ def _bounded(op: Callable[[Any], None], memo: bool) -> Callable[[Any], None]:
 class _PlainUnpickler(pickle._Unpickler):  # the pure-Python unpickler: its opcodes can be bounded
     """Loads plain containers and scalars only: any global (hence any call) is refused."""
 
-    dispatch = {code: _bounded(op, code in _MEMO_OPS) for code, op in pickle._Unpickler.dispatch.items()}
+    dispatch = {code: _bounded(op, code in _MEMO_OPS, code in _GROW_OPS) for code, op in pickle._Unpickler.dispatch.items()}
 
     def __init__(self, data: bytes) -> None:
         super().__init__(io.BytesIO(data))
