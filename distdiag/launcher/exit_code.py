@@ -27,11 +27,28 @@ from distdiag.report.model import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_HANG, Rep
 if TYPE_CHECKING:
     from distdiag.launcher.child import JobEnd
 
-__all__ = ["exit_code_after_run", "lost_rank_words", "first_failure_in", "signal_words", "orphans_words"]
+__all__ = ["exit_code_after_run", "lost_rank_words", "first_failure_in", "signal_words", "orphans_words", "signal_name",
+           "rank_note"]
 
 
 def signal_words(name: str) -> str:
     return "SIGINT (Ctrl-C)" if name == "SIGINT" else name
+
+
+def signal_name(exitcode: int) -> str | None:
+    """'SIGABRT' for torchrun's exit code -6, 'signal 70' for a number no signal has; None for a
+    process that exited by itself (exitcode >= 0)."""
+    if exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def rank_note(launch: Launch, rank: int) -> dict[str, Any]:
+    """The last note rank `rank` left in this launch's folder (note_phase: phase, pid), or {}."""
+    return read_json(os.path.join(launch.folder, f"rank-{rank}.json")) or {}
 
 
 def orphans_words(end: JobEnd) -> str:
@@ -90,11 +107,9 @@ def lost_rank_words(launch: Launch, lines: list[str]) -> str | None:
     if not failure:
         return None
     code = int(failure["exitcode"])
-    try:
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
-    except ValueError:
-        how = f"exit {code}"
-    noted = read_json(os.path.join(launch.folder, f"rank-{failure['rank']}.json")) or {}
+    name = signal_name(code)
+    how = f"killed by {name}" if name and not name.startswith("signal ") else f"exit {code}"
+    noted = rank_note(launch, failure["rank"])
     doing = f" while {noted['phase']}" if noted.get("phase") else " while starting, before it imported the check"
     return f"rank {failure['rank']} (pid {failure['pid']} on host {failure['host']}) ended first ({how}){doing}"
 

@@ -27,7 +27,7 @@ from distdiag.launcher.argv import split_dashes, take_option
 from distdiag.launcher.child import JobEnd, run_forwarding_signals
 from distdiag.launcher.jobwatch import training_rules
 from distdiag.launcher.launch import Launch
-from distdiag.launcher.ranks import RETURNED_PHASE, read_json
+from distdiag.launcher.ranks import RETURNED_PHASE
 from distdiag.launcher.stderr import WatchOutput, pump
 from distdiag.report.model import EXIT_CANCELLED, EXIT_HANG, Report
 
@@ -129,20 +129,18 @@ def _say_who_failed(output: WatchOutput, code: int, launch: Launch | None = None
     first, from the failure summary held back (the script's own output is shown already), and
     when it died: in the training, or in the interpreter's exit after its script returned."""
     from distdiag.errors import print_line
-    from distdiag.launcher.exit_code import first_failure_in
+    from distdiag.launcher.exit_code import first_failure_in, rank_note, signal_name
 
     failure = first_failure_in(output.dropped)
     if failure is None:
         print_line(f"distdiag watch: the job failed (torchrun exited non-zero) without a hang report; exiting {code}")
         return
     status = failure["exitcode"]
-    try:
-        how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited {status}"
-    except ValueError:
-        how = f"was killed by signal {-status}"
+    name = signal_name(status)
+    how = f"was killed by {name}" if name else f"exited {status}"
     who = f"rank {failure['rank']} (pid {failure['pid']} on host {failure['host']})"
-    noted = read_json(os.path.join(launch.folder, f"rank-{failure['rank']}.json")) if launch is not None else None
-    if (noted or {}).get("phase") == RETURNED_PHASE and int((noted or {}).get("pid", -1)) == failure["pid"]:
+    noted = rank_note(launch, failure["rank"]) if launch is not None else {}
+    if noted.get("phase") == RETURNED_PHASE and noted.get("pid") == failure["pid"]:
         known = (" (torch's gloo worker aborts a process when it frees a finished collective while Python shuts "
                  "down: see 'A script can abort at exit' in docs/facts.md)") if status == -signal.SIGABRT else ""
         print_line(f"distdiag watch: {who} {how} after its script returned, in the interpreter's exit: the "

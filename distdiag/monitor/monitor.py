@@ -316,16 +316,18 @@ class TrainingMonitor:
         vec = torch.zeros(self.world * K, dtype=torch.float64, device=dev)
         vec[self.rank * K : (self.rank + 1) * K] = slot
         vec = torch.cat([vec, grad_sq, par_sq, upd_sq.to(dev), has_upd, hist, ent])
+        held = None
         if self.distributed and self.world > 1:
             held = use_counts([vec])
             dist.all_reduce(vec, group=self.group)
-            if final:
-                # close() is often the script's last collective: let gloo's worker drop `vec`
-                # while Python still runs (distdiag.runtime.settle says why)
-                wait_released([vec], held)
-            else:
-                _remember_last_look(vec, held)
         values = vec.tolist()  # the one device sync of a look
+        if held is not None and final:
+            # close() is often the script's last collective: let the backend's worker drop `vec`
+            # while Python still runs (distdiag.runtime.settle says why). After the device sync
+            # above: on NCCL the work is held until the GPU has finished it.
+            wait_released([vec], held)
+        elif held is not None:
+            _remember_last_look(vec, held)
         self._update = None
         if codes is not None and cfg.num_codes == 0 and not self._warned_codes:
             # once per run, not at every look: the same sentence each look buried the findings

@@ -24,11 +24,12 @@ def _run(tmp_path, scenario: str, world: int = 2) -> list[dict]:
 
 
 @pytest.mark.timeout(120)
-def test_wait_released_returns_once_gloo_let_go(tmp_path):
+@pytest.mark.parametrize("world", [2, 3])
+def test_wait_released_returns_once_gloo_let_go(tmp_path, world):
     """Every all_reduce's tensor is released by gloo within the wait, on every rank (how many were
     still held when the call returned is what makes the wait necessary: printed, not asserted,
     as it depends on scheduling)."""
-    per_rank = _run(tmp_path, "collectives")
+    per_rank = _run(tmp_path, "collectives", world)
     for rank, out in enumerate(per_rank):
         assert out["released"] == out["calls"], (rank, out)
     print("held when all_reduce returned:", [out["held_on_return"] for out in per_rank], "of 40")
