@@ -35,7 +35,7 @@ from distdiag.monitor.look import LookReader, code_histogram, entropy_sums, pack
 from distdiag.monitor.stats import ParamGroups, embedding_modules, param_counts
 from distdiag.monitor.trace import NaNScan, NonFiniteTracer
 from distdiag.report.model import Finding, ProbeResult
-from distdiag.runtime.settle import use_counts, wait_released
+from distdiag.runtime.settle import idle_at_exit, use_counts, wait_released
 
 __all__ = ["TrainingMonitor"]
 
@@ -46,6 +46,7 @@ ends without close() right after a look is settled at exit (`_settle_at_exit`)."
 
 def _remember_last_look(vec: torch.Tensor, held: list[int | None]) -> None:
     if not _LAST_LOOK:
+        idle_at_exit()  # then the script's own last collective: after ours (last in, first out)
         atexit.register(_settle_at_exit)
     _LAST_LOOK[:] = [(weakref.ref(vec), held)]
 

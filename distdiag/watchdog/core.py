@@ -127,7 +127,7 @@ class HangWatchdog:
             self._progress.loaders = self._loaders
         _warn_if_recorder_off(info.rank)
         _import_before_threads(symbolizer=not self.config.wrap)
-        from distdiag.runtime import deathnote, lastword
+        from distdiag.runtime import deathnote, lastword, settle
 
         deathnote.arm()  # a fatal signal leaves its stacks where same-host peers read them
         lastword.write_early(self.config.action != "report")  # a report-only verdict ends no run
@@ -141,6 +141,7 @@ class HangWatchdog:
         )
         self._watcher.start()
         self._watcher.ready.wait(30)
+        settle.idle_at_exit()  # gloo's workers idle before Python finalizes; runs after close (LIFO)
         atexit.register(self.close)
         return self
 

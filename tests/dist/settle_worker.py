@@ -8,6 +8,10 @@ argv: SCENARIO WORKDIR. Scenarios:
   monitor_close   a small DDP loop under TrainingMonitor; close()'s last look records what its
                   wait returned; before it, the at-exit settle of the last look (for scripts
                   that never call close())
+  gloo_idle       a DDP loop (its gradient all_reduces are the script's own collectives, issued
+                  by torch in C++): `wait_gloo_idle` after the last backward, right after an
+                  all_reduce, and while an all_reduce is pending on rank 0 only (rank 1 enters it
+                  later): the worker blocked in the network counts as idle, the wait returns
 Each rank writes WORKDIR/settle{rank}.json.
 """
 
@@ -20,7 +24,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from distdiag.runtime.settle import use_counts, wait_released
+from distdiag.runtime.settle import gloo_workers, use_counts, wait_gloo_idle, wait_released
 
 
 def _collectives() -> dict:
@@ -73,11 +77,43 @@ def _monitor_close() -> dict:
             "remembered": remembered, "settled_at_exit": settled}
 
 
+def _timed_idle() -> tuple[bool, float, list[str]]:
+    import time
+
+    t0 = time.monotonic()
+    ok = wait_gloo_idle()
+    return ok, round(time.monotonic() - t0, 4), sorted(state for state, _ in gloo_workers().values())
+
+
+def _gloo_idle() -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+    for _ in range(10):
+        model(torch.randn(8, 64)).sum().backward()
+    after_ddp = _timed_idle()
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t)
+    after_all_reduce = _timed_idle()
+    # a collective only rank 0 has entered: its worker waits in the network, not for the GIL
+    pending = None
+    store = dist.distributed_c10d._get_default_store()
+    if dist.get_rank() == 0:
+        work = dist.all_reduce(torch.ones(4), async_op=True)
+        pending = _timed_idle()
+        store.set("settle/entered", "1")
+        work.wait()
+    else:
+        store.wait(["settle/entered"])
+        dist.all_reduce(torch.ones(4))
+    return {"workers": len(gloo_workers()), "after_ddp": after_ddp, "after_all_reduce": after_all_reduce,
+            "pending": pending}
+
+
 def main(argv: list[str]) -> int:
     scenario, workdir = argv[0], argv[1]
     dist.init_process_group("gloo")
     try:
-        out = _collectives() if scenario == "collectives" else _monitor_close()
+        out = {"collectives": _collectives, "monitor_close": _monitor_close, "gloo_idle": _gloo_idle}[scenario]()
         with open(os.path.join(workdir, f"settle{dist.get_rank()}.json"), "w") as fh:
             json.dump(out, fh)
         dist.barrier()

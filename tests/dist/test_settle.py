@@ -45,3 +45,19 @@ def test_monitor_close_waits_for_its_last_collective(tmp_path):
         assert out["waits_at_close"] == [True], (rank, out)
         # without close(): the last look is remembered and settled by the atexit handler
         assert out["remembered"] == 1 and out["settled_at_exit"], (rank, out)
+
+
+@pytest.mark.timeout(120)
+def test_gloo_workers_idle_before_exit(tmp_path):
+    """The wait at exit (an atexit handler under the watchdog, the monitor and `distdiag watch`)
+    returns once gloo's workers are asleep with nothing run for a while: after DDP's own gradient
+    all_reduces (issued in C++, no tensor of ours to watch) and after an all_reduce; while a
+    collective waits for a peer that has not entered it, the worker blocked in the network is
+    idle too, so the wait never hangs on a stuck collective."""
+    for rank, out in enumerate(_run(tmp_path, "gloo_idle")):
+        assert out["workers"] >= 1, (rank, out)  # torch names them pt_gloo_runloop: seen in /proc
+        for key in ("after_ddp", "after_all_reduce"):
+            ok, seconds, states = out[key]
+            assert ok and set(states) <= {"S", "D"}, (rank, key, out)
+        if rank == 0:
+            assert out["pending"][0], (rank, out)  # quiet before its 1 s bound, not timed out
