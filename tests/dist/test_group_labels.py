@@ -12,7 +12,7 @@ import json
 import pytest
 
 from distdiag.hang.dumpgroups import group_label
-from distdiag.hang.dumpreport import dump_files, read_dumps, rank_dumps
+from distdiag.hang.dumpreport import dump_files, rank_dumps, read_dumps
 from distdiag.hang.groupid import GroupId, parse_label
 from tests.harness import run_ranks
 
