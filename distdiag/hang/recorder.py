@@ -163,6 +163,12 @@ def op_name(profiling_name: Any) -> str:
     return str(profiling_name or "?").split(":", 1)[-1]
 
 
+def job_frame(filename: str) -> bool:
+    """A frame of the job's own code (or a library it calls), not torch's or distdiag's runner:
+    a call site is the innermost such frame, for the recorder's entries and a dead rank's stack alike."""
+    return bool(filename) and not any(part in filename for part in _NOT_SITES)
+
+
 def entry_site(frames: Any) -> str | None:
     """The job's line that issued a recorded collective: its innermost frame outside torch and
     distdiag's runner, as 'file:line in function' (the wrappers' format); None if none is."""
@@ -172,7 +178,7 @@ def entry_site(frames: Any) -> str | None:
         if not isinstance(f, dict):
             continue
         name = str(f.get("filename") or "")
-        if name and not any(part in name for part in _NOT_SITES):
+        if job_frame(name):
             return f"{name}:{f.get('line', '?')} in {f.get('name', '?')}"
     return None
 

@@ -248,7 +248,12 @@ def parse(text: str) -> Death | None:
         # logging wrappers lie inside it), else the outermost torch.distributed frame
         api = [i for i in dist if main[i][0].replace("\\", "/").endswith("distributed/distributed_c10d.py")]
         death.collective = main[(api or dist)[-1]][2]
-        outside = next(((f, n, fn) for f, n, fn in main[dist[-1] + 1:] if not _in_torch_distributed(f)), None)
+        # the job's line, chosen as the recorder chooses its entries' (the innermost frame outside
+        # torch), so that the two compare: not the frame outside the OUTERMOST torch.distributed
+        # one, which inside DDP's forward is torch's own module call
+        from distdiag.hang.recorder import job_frame
+
+        outside = next(((f, n, fn) for f, n, fn in main[dist[0] + 1:] if job_frame(f.replace("\\", "/"))), None)
         if outside is not None:
             death.call_site = f"{outside[0]}:{outside[1]} in {outside[2]}"
     return death

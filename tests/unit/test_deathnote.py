@@ -107,3 +107,26 @@ def test_a_collective_is_named_from_torch_distributed_frames():
 def test_a_forked_child_that_crashes_leaves_the_rank_s_note_empty(tmpdir_env):
     pid, rc = _die(tmpdir_env, "child")
     assert rc == -9 and deathnote.read(pid) is None
+
+
+def test_the_call_site_is_the_one_the_recorder_gives_even_inside_ddp_forward():
+    """Lightning's per-step metric sync runs inside DDP's forward (torch/nn/parallel frames further
+    out): the call site is the innermost frame outside torch, as the flight recorder's entries
+    name theirs, not torch's module call outside DDP's frames (the rules compare the two)."""
+    text = textwrap.dedent('''\
+        Fatal Python error: Aborted
+
+        Current thread 0x00007f761e249b80 (most recent call first):
+          File "/v/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+          File "/v/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+          File "/v/site-packages/lightning/fabric/utilities/distributed.py", line 214 in _sync_ddp
+          File "/v/site-packages/lightning/pytorch/core/module.py", line 520 in log
+          File "/job/train.py", line 40 in validation_step
+          File "/v/site-packages/torch/nn/parallel/distributed.py", line 1695 in _run_ddp_forward
+          File "/v/site-packages/torch/nn/parallel/distributed.py", line 1859 in forward
+          File "/v/site-packages/torch/nn/modules/module.py", line 1789 in _call_impl
+          File "/job/train.py", line 90 in <module>
+        ''')
+    death = deathnote.parse(text)
+    assert death is not None and death.collective == "all_reduce"
+    assert death.call_site == "/v/site-packages/lightning/fabric/utilities/distributed.py:214 in _sync_ddp"
