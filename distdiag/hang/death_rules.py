@@ -6,11 +6,13 @@ torch.distributed call is the communication library ending the process itself: g
 peer's message has another size than this rank's collective expects (the ranks are in
 different collectives: gloo pairs collectives by their order, never by name), NCCL's
 watchdog on a collective's timeout or a communicator error. The dead rank then only received
-the mismatch; the rank that caused it is one whose own steps changed course: the same lines
-each step, then a step that issued collectives from lines its other steps never did (an
-extra evaluation, a rank-dependent branch). Such a departure is blamed, the dead rank named
-as the consequence. Without one, the dead rank is named with what its death says, and the
-observation that would decide.
+the mismatch; the rank that caused it is, first, one whose DataLoader pass ended after fewer
+batches than a peer still in the same pass drew (it left the pass and issued the pass's end
+collectives while its peers issued one per batch: uneven data); else one whose own steps
+changed course: the same lines each step, then a step that issued collectives from lines its
+other steps never did (an extra evaluation, a rank-dependent branch). Such a rank is blamed,
+the dead rank named as the consequence. Without one, the dead rank is named with what its
+death says, and the observation that would decide.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from distdiag.hang.desync import departure
-from distdiag.hang.records import CAUSE_DESYNC, Cause, Silence
+from distdiag.hang.group_rules import UNEVEN_FIX, loader_passes, ran_out_finding, ran_out_first
+from distdiag.hang.records import CAUSE_DESYNC, CAUSE_UNEVEN, Cause, Silence
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -84,10 +87,117 @@ def _aborted(a: Any) -> dict[int, Any]:
     return out
 
 
+def _consequences(a: Any, dead: dict[int, Any], above: str) -> None:
+    for r, d in dead.items():
+        a.findings.append(
+            Finding(
+                severity="warning",
+                issue=f"rank {r} lost during {a.what}: {a.lost[r]} (a consequence of the {above} above)",
+                evidence="\n".join(d.stack[:12]),
+                ranks=[r],
+                fix=ABORTED_FIX,
+                confidence=0.7,
+                cause=Cause.ABORTED,
+            )
+        )
+    a.explained.update(dead)
+
+
+def _died(r: int, d: Any) -> str:
+    """'rank 3 died of SIGABRT (...) while ...' (Death.text() speaks of 'it')."""
+    text = d.text()
+    return f"rank {r} {text[3:] if text.startswith('it ') else text}"
+
+
+def _pass_site(a: Any, rank: int, p: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The line of the collective `rank` issued last inside its ended pass `p`, and the first
+    collective it issued after the pass ended, from its flight-recorder entries (wall-clock
+    stamps, as the pass's end is); None when they do not tell."""
+    end = p.get("at_wall_ns")
+    entries = [e for e in (a.views[rank].snap.get("engine") or {}).get("entries") or []
+               if isinstance(e, dict) and e.get("call_site") and not e.get("p2p") and isinstance(e.get("created_ns"), int)]
+    if not isinstance(end, int) or not entries:
+        return None
+    entries.sort(key=lambda e: e["created_ns"])
+    inside = [e for e in entries if e["created_ns"] < end]
+    after = [e for e in entries if e["created_ns"] >= end and e["call_site"] != (inside[-1]["call_site"] if inside else None)]
+    if not inside or not after:
+        return None
+    return inside[-1]["call_site"], after[0]
+
+
+def _ran_out_beside_dead(a: Any, dead: dict[int, Any]) -> bool:
+    """No live peer left to compare loaders with (two ranks, say): a live rank whose DataLoader
+    pass ended (StopIteration) and that went on to another collective, while the dead rank died
+    inside a collective from the very line the live rank issued for each batch of that pass:
+    the dead rank still had batches where the live rank had none (its own loader is lost)."""
+    for rank in sorted(a.views):
+        if rank in a.explained or rank in a.lost:
+            continue
+        passes = loader_passes(a.views[rank])
+        for key, p in sorted(passes.items()):
+            if not p.get("exhausted") or any(k[0] == key[0] and k[1] > key[1] for k in passes):
+                continue  # not ended, or a later pass of the same loader began (a step-driven loop)
+            found = _pass_site(a, rank, p)
+            if found is None:
+                continue
+            site, nxt = found
+            still = {r: d for r, d in dead.items() if d.call_site == site}
+            if not still:
+                continue
+            steps = f" after {p['at_steps']} training step(s)" if isinstance(p.get("at_steps"), int) else ""
+            deaths = "; ".join(_died(r, d) for r, d in still.items())
+            a.findings.append(
+                Finding(
+                    severity="critical",
+                    issue=(f"rank {rank} ran out of data: its DataLoader ({p.get('label', '?')}, pass {p['pass']}) ended "
+                           f"after {p['drawn']} batch(es){steps} and it went on to {nxt.get('op', '?')} at "
+                           f"{nxt['call_site']}, while {format_ranks(sorted(still))} still issued the collective of "
+                           f"each batch of that pass ({site}) when gloo aborted {'it' if len(still) == 1 else 'them'}"),
+                    evidence=(f"batches drawn from that pass: rank {rank} {p['drawn']} (then StopIteration); {deaths}. "
+                              f"Rank {rank}'s last collective inside the pass came from {site}, the line the dead "
+                              "rank died in: it was still drawing batches. gloo pairs collectives by order, so the "
+                              "two collectives met, and a message of the wrong size made gloo abort the receiver "
+                              "(the dead rank's own loader is lost with it)"),
+                    ranks=[rank],
+                    fix=UNEVEN_FIX.format(rank=rank),
+                    confidence=0.8,
+                    cause=CAUSE_UNEVEN,
+                )
+            )
+            a.explained.add(rank)
+            a.causes.add(rank)
+            _consequences(a, still, "uneven data")
+            return True
+    return False
+
+
+def _ran_out_before(a: Any, dead: dict[int, Any]) -> bool:
+    """A live rank's DataLoader pass ended while a peer, still in that pass, drew more: the
+    short rank went on to the pass's end collectives while its peers issued one per batch, so
+    gloo met different collectives until a size mismatch aborted a receiver. The abort ended
+    the peers' waits: they need not be waiting now."""
+    rows = [row for row in ran_out_first(a, waiting=False) if row[0] not in a.explained]
+    if not rows:
+        return _ran_out_beside_dead(a, dead)
+    deaths = "; ".join(_died(r, d) for r, d in dead.items())
+    for rank, p, more, most in rows:
+        then = (f"then {deaths}: gloo pairs collectives by order, so after rank {rank} left the pass every later "
+                "collective of its met a different one on its peers, until a message of the wrong size made gloo abort "
+                "the receiver (the dead rank's own loader is lost with it)")
+        a.findings.append(ran_out_finding(a, rank, p, more, most, [], then=then))
+        a.explained.add(rank)
+        a.causes.add(rank)
+        a.explained.update(more)
+    _consequences(a, dead, "uneven data")
+    return True
+
+
 def aborted_in_collective(a: Any) -> None:
-    """Ranks aborted inside a collective: blame the live ranks whose steps changed course."""
+    """Ranks aborted inside a collective: blame the live rank that ran out of data, else the live
+    ranks whose steps changed course."""
     dead = _aborted(a)
-    if not dead:
+    if not dead or _ran_out_before(a, dead):
         return
     alive = [r for r in sorted(a.views) if r not in a.lost]
     # where the program is now does not matter (the survivors were ended after the abort):
@@ -99,7 +209,7 @@ def aborted_in_collective(a: Any) -> None:
     if len(changed) == len(alive) > 1:
         return  # everybody (no course to depart from): `lost` names the dead rank
     culprits = sorted(changed)
-    deaths = "; ".join(f"rank {r} {d.text()}" for r, d in dead.items())
+    deaths = "; ".join(_died(r, d) for r, d in dead.items())
     a.findings.append(
         Finding(
             severity="critical",
@@ -118,17 +228,5 @@ def aborted_in_collective(a: Any) -> None:
             cause=CAUSE_DESYNC,
         )
     )
-    for r, d in dead.items():
-        a.findings.append(
-            Finding(
-                severity="warning",
-                issue=f"rank {r} lost during {a.what}: {a.lost[r]} (a consequence of the mismatch above)",
-                evidence="\n".join(d.stack[:12]),
-                ranks=[r],
-                fix=ABORTED_FIX,
-                confidence=0.7,
-                cause=Cause.ABORTED,
-            )
-        )
     a.explained.update(culprits)
-    a.explained.update(dead)
+    _consequences(a, dead, "mismatch")

@@ -25,7 +25,7 @@ Analysis = Any
 """distdiag.hang.rules.Analysis (rules.py imports this module, so not imported back here)."""
 
 __all__ = [
-    "skipped_send", "uneven_data", "data_ran_out", "ran_out_first", "loader_passes", "pass_ended", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
+    "skipped_send", "uneven_data", "data_ran_out", "ran_out_first", "ran_out_finding", "loader_passes", "pass_ended", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
 
 UNEVEN_FIX = (
     "rank {rank} ran out of data (or left the loop early) while the others still train: make every rank run "
@@ -73,10 +73,11 @@ def _current(passes: dict[tuple[int, int], dict[str, Any]], key: tuple[int, int]
     return not p.get("exhausted") and int(p.get("last") or 0) >= last
 
 
-def ran_out_first(a: Analysis) -> list[tuple[int, dict[str, Any], list[int], int]]:
+def ran_out_first(a: Analysis, waiting: bool = True) -> list[tuple[int, dict[str, Any], list[int], int]]:
     """(rank, its pass that ran out, the peers that drew more from the same pass, the most they
     drew), for ranks whose DataLoader ended while a peer's went on: uneven data, seen where it
-    happens. Only the ranks that ran out with the fewest batches of that pass lead."""
+    happens. Only the ranks that ran out with the fewest batches of that pass lead. `waiting`
+    False: a peer need not be waiting now (a rank aborted by the mismatch ended their waits)."""
     passes = {r: loader_passes(v) for r, v in a.views.items()}
     found: dict[tuple[int, int], list[tuple[int, dict[str, Any], list[int], int]]] = {}
     for r, mine in sorted(passes.items()):
@@ -89,7 +90,7 @@ def ran_out_first(a: Analysis) -> list[tuple[int, dict[str, Any], list[int], int
             # peers' goes on, and they wait (a pass every rank has left, however unevenly, or
             # peers that compute their longer share, is not what the ranks wait on now)
             if (more and any(_current(passes[o], key) for o in more)
-                    and any(a.views[o].waiting for o in more)):
+                    and (not waiting or any(a.views[o].waiting for o in more))):
                 most = max(max(passes[o][key]["drawn"], passes[o][key].get("len") or 0) for o in more)
                 found.setdefault(key, []).append((r, p, more, most))
     out = []
@@ -107,34 +108,39 @@ def data_ran_out(a: Analysis) -> None:
         return
     rows = [row for row in ran_out_first(a) if row[0] not in a.explained]
     for rank, p, more, most in rows:
-        v = a.views[rank]
-        w = v.waits[0] if v.waits else None
-        nxt = (f"; it went on to {w['op']} #{w['seq']} on {w['group']} at {w.get('call_site', '?')}" if w
-               else f"; it is at {v.record.stack[-1] if v.record.stack else '?'}")
         waiting = sorted(o for o in a.views if o != rank and a.views[o].waiting)
-        steps = f" after {p['at_steps']} training step(s)" if isinstance(p.get("at_steps"), int) else ""
-        a.findings.append(
-            Finding(
-                severity="critical",
-                issue=(f"rank {rank} ran out of data: its DataLoader ({p.get('label', '?')}, pass {p['pass']}) ended "
-                       f"after {p['drawn']} batch(es){steps} while {format_ranks(more)} {'has' if len(more) == 1 else 'have'} "
-                       f"up to {most} in the same pass{nxt}"),
-                evidence="\n".join(x for x in (
-                    f"batches drawn from that pass: rank {rank} {p['drawn']} ({'then StopIteration' if p.get('exhausted') else 'all of its length'}); "
-                    + ", ".join(f"rank {o} {loader_passes(a.views[o])[(p['loader'], p['pass'])]['drawn']}" for o in more),
-                    *shape_lines(a, waiting), f"rank {rank} main-thread stack (innermost last):",
-                    "\n".join(v.record.stack[-8:])) if x),
-                ranks=[rank],
-                fix=UNEVEN_FIX.format(rank=rank),
-                confidence=0.95,
-                cause=CAUSE_UNEVEN,
-            )
-        )
+        a.findings.append(ran_out_finding(a, rank, p, more, most, waiting))
         a.explained.add(rank)
         a.causes.add(rank)
         # every peer that drew more went on into the next step: where it waits (or sits, inside
         # a collective torch's recorder no longer shows) is a consequence
         a.explained.update(waiting, more)
+
+
+def ran_out_finding(a: Analysis, rank: int, p: dict[str, Any], more: list[int], most: int, waiting: list[int],
+                    then: str = "") -> Finding:
+    """The finding for `rank`, whose DataLoader pass `p` ended while `more` drew up to `most`
+    batches from theirs; `then`: what followed (evidence), when the rules know more."""
+    v = a.views[rank]
+    w = v.waits[0] if v.waits else None
+    nxt = (f"; it went on to {w['op']} #{w['seq']} on {w['group']} at {w.get('call_site', '?')}" if w
+           else f"; it is at {v.record.stack[-1] if v.record.stack else '?'}")
+    steps = f" after {p['at_steps']} training step(s)" if isinstance(p.get("at_steps"), int) else ""
+    return Finding(
+        severity="critical",
+        issue=(f"rank {rank} ran out of data: its DataLoader ({p.get('label', '?')}, pass {p['pass']}) ended "
+               f"after {p['drawn']} batch(es){steps} while {format_ranks(more)} {'has' if len(more) == 1 else 'have'} "
+               f"up to {most} in the same pass{nxt}"),
+        evidence="\n".join(x for x in (
+            f"batches drawn from that pass: rank {rank} {p['drawn']} ({'then StopIteration' if p.get('exhausted') else 'all of its length'}); "
+            + ", ".join(f"rank {o} {loader_passes(a.views[o])[(p['loader'], p['pass'])]['drawn']}" for o in more),
+            then, *shape_lines(a, waiting), f"rank {rank} main-thread stack (innermost last):",
+            "\n".join(v.record.stack[-8:])) if x),
+        ranks=[rank],
+        fix=UNEVEN_FIX.format(rank=rank),
+        confidence=0.95,
+        cause=CAUSE_UNEVEN,
+    )
 
 
 def _short_ranks(a: Analysis) -> list[tuple[int, int, int]]:

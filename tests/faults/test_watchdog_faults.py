@@ -156,9 +156,10 @@ def test_action_report_writes_and_lets_the_job_finish(tmp_path):
     "fault,extra",
     [
         ("slow_step", []), ("checkpoint", []), ("eval", ["timeout=2", "pg_timeout=1.5"]), ("branch", []),
-        ("slow_step", ["action=raise"]), ("slow_step", ["action=report"]),
+        ("slow_step", ["action=raise"]), ("slow_step", ["action=report"]), ("val_even", []),
     ],
-    ids=["slow-step", "checkpoint-phase", "long-eval", "rank-dependent-call-site", "slow-step-raise", "slow-step-report"],
+    ids=["slow-step", "checkpoint-phase", "long-eval", "rank-dependent-call-site", "slow-step-raise", "slow-step-report",
+         "even-validation-pass"],
 )
 @pytest.mark.timeout(60)
 def test_healthy_twins_write_no_report(tmp_path, fault, extra):
@@ -219,6 +220,23 @@ def test_extra_collective_that_gloo_aborts_a_peer_for_blames_the_rank_that_issue
     assert _line("FAULT:extra_big").split(":")[1] in crit[0].issue and _line("SITE:C").split(":")[1] in crit[0].issue
     dead = [f for f in probe.findings if f.cause == "aborted_in_collective"]
     assert dead and set(dead[0].ranks) <= set(aborted) and "SIGABRT" in dead[0].issue
+
+
+@pytest.mark.parametrize("world,culprit", [(2, 1), (3, 1), (4, 0)], ids=["2-ranks", "3-ranks-middle", "4-ranks-first"])
+@pytest.mark.timeout(60)
+def test_a_short_validation_pass_that_gloo_aborts_a_peer_for_is_uneven_data(tmp_path, world, culprit):
+    """A rank whose validation DataLoader ends first goes on to the pass's end collective (an int64
+    count) while its peers issue the next batch's metric all_reduce (float32): gloo pairs them by
+    order and aborts a receiver (SIGABRT). The abort ended everyone's wait; the loaders say who
+    ran out: the lead is uneven data on the short rank, the dead rank a consequence."""
+    result = _run(tmp_path, world, "fault=val_short", f"rank={culprit}", "step=2", "steps=5")
+    assert not result.timed_out, result.stderr[-3000:]
+    aborted = [o.rank for o in result.outcomes if o.exitcode == -6]
+    assert aborted and culprit not in aborted, [(o.rank, o.exitcode) for o in result.outcomes]
+    _, probe, crit = _report(result)
+    assert crit[0].ranks == [culprit] and crit[0].cause == "uneven_data", crit[0].issue
+    assert "ended after 3 batch(es)" in crit[0].issue and "SIGABRT" in crit[0].evidence, crit[0]
+    assert all(f.severity != "critical" for f in probe.findings if set(f.ranks) & set(aborted)), probe.findings
 
 
 @pytest.mark.timeout(60)

@@ -111,6 +111,13 @@ def train(argv: list[str]) -> int:
                     with wd.phase("checkpoint", timeout=timedelta(seconds=float(opts["timeout"]) * 5)):
                         time.sleep(float(opts["timeout"]) * 2)  # healthy: long save on rank 0 only
                 dist.barrier()
+            if step == s and fault in ("val_short", "val_even"):
+                # a validation pass from a DataLoader, a metric all_reduce per batch (float32[1]) and
+                # the pass's count at its end (int64[1]); with fault val_short rank K's pass is shorter
+                n = 3 if bad and fault == "val_short" else 6  # FAULT:val_short
+                for _ in torch.utils.data.DataLoader(list(range(n)), batch_size=1):
+                    dist.all_reduce(torch.ones(1))
+                dist.all_reduce(torch.tensor([n], dtype=torch.int64))
             if step == s and fault == "eval":
                 for _ in range(8):  # healthy: long evaluation, each batch ends with a metric all_reduce
                     time.sleep(float(opts["timeout"]) / 3)
