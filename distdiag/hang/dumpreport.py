@@ -218,7 +218,7 @@ def report_from_dumps(raw: Raw, world_size: int | None = None, others: dict[str,
     _dump_wording(findings, dumps, world)
     findings.append(_read_note(dumps, notes))
     snaps: dict[int, dict[str, Any]] = {
-        rank: {"phase": "training", "probe": "the dumped job", "stack": [], "recent": [],
+        rank: {"phase": "training", "where": "the dumped job", "stack": [], "recent": [],
                "engine": engine_view(d, world), "in_collective": None, "place": where_in_dump(d, world)}
         for rank, d in dumps.items()
     }

@@ -323,9 +323,9 @@ def state_rows(
                 how = f" via {w['via']}" if w.get("via") else ""
                 what = f"in {coll_label(w)} for {float(w.get('for_s') or 0):.1f}s{how}, called at {w.get('call_site', '?')}"
             elif v.state == "finished":
-                what = f"finished '{s.get('probe')}' after {s.get('collectives_in_probe', 0)} collectives, waiting for the others"
+                what = f"finished '{s.get('probe') or s.get('where')}' after {s.get('collectives_in_probe', 0)} collectives, waiting for the others"
             else:
-                what = f"{v.state} in '{s.get('probe') or s.get('phase')}' for {s.get('phase_for_s', 0):.1f}s at {where(s.get('stack', []))}"
+                what = f"{v.state} in '{s.get('where') or s.get('probe') or s.get('phase')}' for {s.get('phase_for_s', 0):.1f}s at {where(s.get('stack', []))}"
             rows.append({"rank": rank, "host": s.get("host", "?"), "pid": s.get("pid", "?"), "state": v.state, "where": what})
         else:
             info = (infos or {}).get(rank)

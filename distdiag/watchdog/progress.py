@@ -303,8 +303,7 @@ class Progress:
         return {
             "phase": "barrier" if finished else "training",
             "phase_for_s": round(now - (phases[-1][2] if phases else self.step_since), 3),
-            "probe_index": -1,
-            "probe": where,
+            "where": where,
             "step": self.step,
             "steps": self.steps,
             "step_source": "marks" if self.explicit else ("optimizer" if self.steps else None),

@@ -102,7 +102,7 @@ def rank_snapshot(rank: int, world: int, inside: str | None) -> dict[str, Any]:
     first_open = order.index(inside) if inside else 1
     done = {k: SEQ[k] - (0 if i < first_open else 1) for i, k in enumerate(order)}
     return {
-        "phase": "training", "phase_for_s": 61.0, "probe_index": -1, "probe": "step 42", "step": 42, "steps": 41,
+        "phase": "training", "phase_for_s": 61.0, "where": "step 42", "step": 42, "steps": 41,
         "step_source": "marks", "step_for_s": 61.0, "step_cadence_s": 0.8, "in_loop": True,
         "loop": "/job/train.py in main", "in_collective": _record(inside, labels[inside], SEQ[inside], 61.0) if inside else None,
         "collectives_in_probe": 5, "collectives_total": 400, "no_progress_s": 61.0, "phases": [],

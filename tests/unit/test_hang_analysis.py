@@ -103,7 +103,7 @@ def engine(*groups):
 
 
 def esnap(eng, stack=None, steps=None, in_loop=None, source="optimizer", phase="training"):
-    return {"phase": phase, "probe": "step", "probe_index": -1, "phase_for_s": 4.0, "in_collective": None,
+    return {"phase": phase, "where": "step", "phase_for_s": 4.0, "in_collective": None,
             "stack": stack or ["/x/train.py:40 in loop: loss.backward()", "/site-packages/torch/autograd/graph.py:8 in _engine_run_backward: x"],
             "recent": [], "engine": eng, "steps": steps, "step_source": source, "in_loop": in_loop, "loop": "/x/train.py in loop"}
 

@@ -18,7 +18,7 @@ def coll(op, seq, site="train.py:10", shape=(4,), group="world"):
 
 
 def snap(in_collective=None, steps=5, in_loop=True, loaders=None, history=None, stack=None):
-    return {"phase": "training", "probe": "step 5", "probe_index": -1, "phase_for_s": 12.0, "step": steps,
+    return {"phase": "training", "where": "step 5", "phase_for_s": 12.0, "step": steps,
             "steps": steps, "step_source": "optimizer", "in_loop": in_loop, "in_collective": in_collective,
             "stack": stack or ["/x/train.py:5 in main: loss.backward()"], "recent": [], "history": history or [],
             "loaders": loaders or [], "collectives_in_probe": 0}
