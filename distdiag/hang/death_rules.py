@@ -145,7 +145,7 @@ def _ran_out_beside_dead(a: Any, dead: dict[int, Any]) -> bool:
             still = {r: d for r, d in dead.items() if d.call_site == site}
             if not still:
                 continue
-            steps = f" after {p['at_steps']} training step(s)" if isinstance(p.get("at_steps"), int) else ""
+            steps = f", at training step {p['at_steps']}," if isinstance(p.get("at_steps"), int) else ""
             deaths = "; ".join(_died(r, d) for r, d in still.items())
             a.findings.append(
                 Finding(

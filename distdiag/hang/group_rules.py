@@ -125,7 +125,7 @@ def ran_out_finding(a: Analysis, rank: int, p: dict[str, Any], more: list[int], 
     w = v.waits[0] if v.waits else None
     nxt = (f"; it went on to {w['op']} #{w['seq']} on {w['group']} at {w.get('call_site', '?')}" if w
            else f"; it is at {v.record.stack[-1] if v.record.stack else '?'}")
-    steps = f" after {p['at_steps']} training step(s)" if isinstance(p.get("at_steps"), int) else ""
+    steps = f", at training step {p['at_steps']}," if isinstance(p.get("at_steps"), int) else ""
     return Finding(
         severity="critical",
         issue=(f"rank {rank} ran out of data: its DataLoader ({p.get('label', '?')}, pass {p['pass']}) ended "
