@@ -22,8 +22,9 @@ kernel says, per thread, whether it is asleep and how much CPU it has run (/proc
 stat and schedstat). A worker still freeing a work is running, or waiting for the GIL, which this
 thread gives up while it sleeps; one asleep with no CPU run over a stretch of that sleep has
 nothing left to free (idle on its queue, or blocked in the network on a collective that never
-ended: the wait does not hang on those). Run from an atexit handler (before Python finalizes)
-and after a watched script returned. Linux only (elsewhere it returns at once).
+ended: the wait does not hang on those). Run from an atexit handler (before Python finalizes),
+registered by the watchdog when it arms (so under `distdiag watch` too) and by the monitor.
+Linux only (elsewhere it returns at once).
 """
 
 from __future__ import annotations
