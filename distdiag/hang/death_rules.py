@@ -172,6 +172,43 @@ def _ran_out_beside_dead(a: Any, dead: dict[int, Any]) -> bool:
     return False
 
 
+def _ran_out_and_died(a: Any, dead: dict[int, Any], rank: int, p: dict[str, Any], more: list[int], most: int) -> None:
+    """The short rank is the one gloo aborted: its pass ended (its note's copy of its loaders
+    says so) and it died in the collective that followed, the pass's end, which met a peer's
+    per-batch collective of another size."""
+    d = dead[rank]
+    steps = f", at training step {p['at_steps']}," if isinstance(p.get("at_steps"), int) else ""
+    drawn = ", ".join(f"rank {o} {n}" for o in more if (n := _drawn(a, o, p)) is not None)
+    where = f"{d.collective} called at {d.call_site}" if d.call_site else str(d.collective)
+    a.findings.append(
+        Finding(
+            severity="critical",
+            issue=(f"rank {rank} ran out of data: its DataLoader ({p.get('label', '?')}, pass {p['pass']}) ended after "
+                   f"{p['drawn']} batch(es){steps} while {format_ranks(more)} "
+                   f"{'has' if len(more) == 1 else 'have'} up to {most} in the same pass; it went on to {where} and "
+                   f"died there of {d.signal}: the collective met a peer's per-batch one"),
+            evidence=(f"batches drawn from that pass: rank {rank} {p['drawn']} (then StopIteration; from the copy of "
+                      f"its loaders it wrote when the pass ended, beside its death note); {drawn}. {_died(rank, d)}. "
+                      "gloo pairs collectives by order, so the pass's end collective met the next batch's on its "
+                      "peers, and a message of the wrong size made gloo abort the receiver\n"
+                      "its main thread when it died (faulthandler):\n" + "\n".join(d.stack[:12])),
+            ranks=[rank],
+            fix=UNEVEN_FIX.format(rank=rank),
+            confidence=0.9,
+            cause=CAUSE_UNEVEN,
+        )
+    )
+    a.explained.add(rank)
+    a.causes.add(rank)
+    a.explained.update(more)
+
+
+def _drawn(a: Any, rank: int, p: dict[str, Any]) -> int | None:
+    mine = loader_passes(a.views[rank]) if rank in a.views else {}
+    q = mine.get((p["loader"], p["pass"]))
+    return q["drawn"] if q else None
+
+
 def _ran_out_before(a: Any, dead: dict[int, Any]) -> bool:
     """A live rank's DataLoader pass ended while a peer, still in that pass, drew more: the
     short rank went on to the pass's end collectives while its peers issued one per batch, so
@@ -180,6 +217,14 @@ def _ran_out_before(a: Any, dead: dict[int, Any]) -> bool:
     rows = [row for row in ran_out_first(a, waiting=False) if row[0] not in a.explained]
     if not rows:
         return _ran_out_beside_dead(a, dead)
+    short_dead = [row for row in rows if row[0] in dead]
+    for row in short_dead:
+        _ran_out_and_died(a, dead, *row)
+    rows = [row for row in rows if row[0] not in dead]
+    dead = {r: d for r, d in dead.items() if r not in {row[0] for row in short_dead}}
+    if not rows:
+        _consequences(a, dead, "uneven data")
+        return True
     deaths = "; ".join(_died(r, d) for r, d in dead.items())
     for rank, p, more, most in rows:
         then = (f"then {deaths}: gloo pairs collectives by order, so after rank {rank} left the pass every later "
@@ -190,6 +235,43 @@ def _ran_out_before(a: Any, dead: dict[int, Any]) -> bool:
         a.causes.add(rank)
         a.explained.update(more)
     _consequences(a, dead, "uneven data")
+    return True
+
+
+def _both_departed(a: Any, dead: dict[int, Any], alive: list[int], changed: dict[int, str]) -> bool:
+    """Live ranks left their course, and so did the dead ones: each dead rank died in a collective
+    from a line none of the live ranks' recorded collectives came from. Both sides were in code
+    new to them (an evaluation pass every rank begins, whose data ended first on one side, or a
+    branch): the live side's departure does not make it the cause. Said as such, with both lines."""
+    from distdiag.hang.desync import _records
+
+    seen = {c.get("call_site") for r in alive for c in _records(a.views[r].snap)} - {None}
+    if not seen or not all(d.call_site and d.call_site not in seen for d in dead.values()):
+        return False
+    ranks = sorted({*changed, *dead})
+    lines = "; ".join([f"rank {r}: {text}" for r, text in sorted(changed.items())]
+                      + [f"{_died(r, d)}, a line none of the live ranks' recorded collectives came from"
+                         for r, d in sorted(dead.items())])
+    a.findings.append(
+        Finding(
+            severity="critical",
+            issue=(f"{format_ranks(ranks)} were in different collectives, each side at a line new to it ({lines}); "
+                   "which side left the common course is not identified"),
+            evidence=("gloo pairs collectives by order, and aborts the rank that receives a message of another size "
+                      "than its collective expects. The live ranks' recorders show their departure; the dead rank's "
+                      "line is none the live ranks issued, so it departed too. Its own history (and its loaders, "
+                      "unless it was watched and a DataLoader pass of it ended) are lost with it\n"
+                      + "\n".join(next(iter(dead.values())).stack[:12])),
+            ranks=ranks,
+            fix=("both lines run in code every rank should enter the same way: where it loops over data (an "
+                 "evaluation pass, a metric per batch), one side's data ended first - give every rank the same number "
+                 "of batches (DistributedSampler(drop_last=True)); else a collective inside a branch only some ranks "
+                 "take. To tell, run once with TORCH_DISTRIBUTED_DEBUG=DETAIL"),
+            confidence=0.5,
+            cause=CAUSE_DESYNC,
+        )
+    )
+    a.explained.update(ranks)
     return True
 
 
@@ -208,6 +290,8 @@ def aborted_in_collective(a: Any) -> None:
         return
     if len(changed) == len(alive) > 1:
         return  # everybody (no course to depart from): `lost` names the dead rank
+    if _both_departed(a, dead, alive, changed):
+        return
     culprits = sorted(changed)
     deaths = "; ".join(_died(r, d) for r, d in dead.items())
     a.findings.append(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distdiag.hang.records import CAUSE_DEADLOCK, CAUSE_DESYNC, CAUSE_UNEVEN, Cause
+from distdiag.hang.records import CAUSE_DEADLOCK, CAUSE_DESYNC, CAUSE_UNEVEN, Cause, Silence
 from distdiag.hang.shapes import counted_shape_lines, shape_lines
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -25,7 +25,7 @@ Analysis = Any
 """distdiag.hang.rules.Analysis (rules.py imports this module, so not imported back here)."""
 
 __all__ = [
-    "skipped_send", "uneven_data", "data_ran_out", "ran_out_first", "ran_out_finding", "loader_passes", "pass_ended", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
+    "skipped_send", "uneven_data", "data_ran_out", "ran_out_first", "ran_out_finding", "loader_passes", "dead_passes", "pass_ended", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
 
 UNEVEN_FIX = (
     "rank {rank} ran out of data (or left the loop early) while the others still train: make every rank run "
@@ -37,8 +37,22 @@ UNEVEN_FIX = (
 def loader_passes(v: Any) -> dict[tuple[int, int], dict[str, Any]]:
     """(loader, pass) -> that pass's record, from the rank's DataLoader tap (distdiag.watchdog.dataload).
     Only well-formed records (another version's, or a corrupt value, are left out, never raised on)."""
+    return passes_of(v.snap.get("loaders"))
+
+
+def dead_passes(a: Analysis) -> dict[int, dict[tuple[int, int], dict[str, Any]]]:
+    """Lost rank -> its DataLoader passes as it wrote them beside its death note (the last time
+    one of its passes ended), for the ranks a same-host peer read a death of."""
     out = {}
-    raw = v.snap.get("loaders")
+    for rank, why in a.lost.items():
+        passes = passes_of(getattr(Silence.death_of(why), "loaders", None))
+        if passes:
+            out[rank] = passes
+    return out
+
+
+def passes_of(raw: Any) -> dict[tuple[int, int], dict[str, Any]]:
+    out = {}
     for p in raw if isinstance(raw, list) else []:
         if not isinstance(p, dict) or not all(_is_int(p.get(k)) for k in ("loader", "pass", "drawn")):
             continue
@@ -79,6 +93,9 @@ def ran_out_first(a: Analysis, waiting: bool = True) -> list[tuple[int, dict[str
     happens. Only the ranks that ran out with the fewest batches of that pass lead. `waiting`
     False: a peer need not be waiting now (a rank aborted by the mismatch ended their waits)."""
     passes = {r: loader_passes(v) for r, v in a.views.items()}
+    if not waiting:
+        # a rank aborted in its pass's end collective is the short one: its passes, from its note
+        passes.update(dead_passes(a))
     found: dict[tuple[int, int], list[tuple[int, dict[str, Any], list[int], int]]] = {}
     for r, mine in sorted(passes.items()):
         for key, p in mine.items():

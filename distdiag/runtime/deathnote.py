@@ -16,6 +16,12 @@ disables it and removes the file. A peer that finds the process gone reads the f
 (`read`). A program that enabled faulthandler itself keeps it as it is (its stderr then
 carries the stacks) and its peers learn only that the process is gone.
 
+A process aborted inside a collective loses its own evidence with it, and one piece decides
+between causes: whether its DataLoader pass had ended (uneven data: it went on to the pass's end
+collectives while its peers still drew batches). So each time one of its passes ends, a rank
+writes its loaders' passes (a few hundred bytes of JSON, once per pass) beside the note
+(`note_loaders`), and `read` hands them back with the death.
+
 Only same-host peers can read the file; on other hosts the rank stays "no answer".
 """
 
@@ -26,10 +32,11 @@ import os
 import re
 import stat
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-__all__ = ["Death", "arm", "disarm", "read", "parse", "note_path"]
+__all__ = ["Death", "arm", "disarm", "read", "parse", "note_path", "note_loaders", "loaders_path"]
 
 _MAX_BYTES = 256 * 1024
 """Bytes read from a note: faulthandler writes 100 frames per thread at most."""
@@ -60,6 +67,9 @@ class Death:
     """The torch.distributed function the main thread was in (``all_reduce``, ``wait``, ...)."""
     call_site: str | None = None
     """The innermost frame of the main thread outside torch.distributed, when it was in one."""
+    loaders: list[dict[str, Any]] = field(default_factory=list)
+    """Its DataLoader passes as it last wrote them (distdiag.watchdog.dataload), when a pass ended
+    while it was armed: the loaders' evidence its peers' snapshots hold for them."""
 
     @property
     def in_collective(self) -> bool:
@@ -77,7 +87,7 @@ class Death:
 
     def to_dict(self) -> dict[str, Any]:
         return {"signal": self.signal, "line": self.line, "stack": self.stack,
-                "collective": self.collective, "call_site": self.call_site}
+                "collective": self.collective, "call_site": self.call_site, "loaders": self.loaders}
 
 
 def note_dir() -> str:
@@ -86,6 +96,10 @@ def note_dir() -> str:
 
 def note_path(pid: int) -> str:
     return os.path.join(note_dir(), f"fatal-{int(pid)}.txt")
+
+
+def loaders_path(pid: int) -> str:
+    return os.path.join(note_dir(), f"loaders-{int(pid)}.json")
 
 
 def own_dir(path: str) -> bool:
@@ -154,15 +168,19 @@ def _prune(path: str) -> None:
     except OSError:
         return
     for name in names:
-        m = re.fullmatch(r"fatal-(\d+)\.txt", name)
+        m = re.fullmatch(r"(fatal|loaders)-(\d+)\.(txt|json)(\.\d+\.tmp)?", name)
         if m is None:
             continue
         full = os.path.join(path, name)
         try:
             st = os.lstat(full)
-            if st.st_size and now - st.st_mtime < _KEEP_S:
+            if m[1] == "loaders":
+                # kept while its process lives or its note does (read with the note)
+                if _alive(int(m[2])) or os.path.lexists(note_path(int(m[2]))):
+                    continue
+            elif st.st_size and now - st.st_mtime < _KEEP_S:
                 continue
-            if not st.st_size and _alive(int(m[1])):
+            elif not st.st_size and _alive(int(m[2])):
                 continue
             os.unlink(full)
         except OSError:
@@ -200,6 +218,57 @@ def disarm() -> None:
             os.unlink(path)
     except OSError:
         pass
+    try:
+        os.unlink(loaders_path(os.getpid()))
+    except OSError:
+        pass
+
+
+def note_loaders(passes: list[dict[str, Any]]) -> None:
+    """Write this rank's DataLoader passes beside its note, replacing the last (atomic: a peer
+    reads the old or the new file, never half of one). Only while armed here; never raises."""
+    if _armed.get("pid") != os.getpid():
+        return
+    import orjson
+
+    path = loaders_path(os.getpid())
+    tmp = f"{path}.{threading.get_ident()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            os.write(fd, orjson.dumps(passes))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)  # replaces a link at `path` itself, never writes through it
+    except (OSError, TypeError):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _read_loaders(pid: int) -> list[dict[str, Any]]:
+    """The passes `note_loaders` wrote for `pid`; [] when none (or unreadable, or not ours)."""
+    import orjson
+
+    try:
+        fd = os.open(loaders_path(pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return []
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return []
+        data = os.read(fd, _MAX_BYTES)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return []
+    return [p for p in raw if isinstance(p, dict)] if isinstance(raw, list) else []
 
 
 def read(pid: int) -> Death | None:
@@ -220,7 +289,10 @@ def read(pid: int) -> Death | None:
         return None
     finally:
         os.close(fd)
-    return parse(data.decode("utf-8", "replace"))
+    death = parse(data.decode("utf-8", "replace"))
+    if death is not None:
+        death.loaders = _read_loaders(pid)
+    return death
 
 
 def parse(text: str) -> Death | None:

@@ -122,7 +122,11 @@ class HangWatchdog:
         self._groups = GroupLog()
         if self._groups.install():
             self._progress.groups = self._groups
-        self._loaders = LoaderTap(lambda: self._progress.steps)
+        from distdiag.runtime.deathnote import note_loaders
+
+        # each pass's end also goes beside the death note: a rank aborted in the pass's end
+        # collective (uneven data) leaves its peers its loaders' word
+        self._loaders = LoaderTap(lambda: self._progress.steps, ended=note_loaders)
         if self._loaders.install():
             self._progress.loaders = self._loaders
         _warn_if_recorder_off(info.rank)

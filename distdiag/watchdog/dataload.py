@@ -36,9 +36,11 @@ _MARK = "__distdiag_loader_tap__"
 class LoaderTap:
     """Counts batches per DataLoader pass on the training thread; `snapshot()` for the watchdog."""
 
-    def __init__(self, steps: Any = None) -> None:
-        """`steps`: a callable giving the rank's step count, stamped on a pass that runs out."""
+    def __init__(self, steps: Any = None, ended: Any = None) -> None:
+        """`steps`: a callable giving the rank's step count, stamped on a pass that runs out;
+        `ended`: called with `snapshot()` each time a pass runs out (the death note's copy)."""
         self._steps = steps
+        self._ended = ended
         self._loaders: dict[int, tuple[int, str, Any]] = {}
         """id(the loader's sampler) -> (its index on this rank, its dataset's type, a weak reference
         to the sampler: the id is that sampler's only while it lives)"""
@@ -117,6 +119,8 @@ class LoaderTap:
             record["at_wall_ns"] = time.time_ns()
             if self._steps is not None:
                 record["at_steps"] = self._steps()
+            if self._ended is not None:
+                self._ended(self.snapshot())
 
     # -- wrappers ----------------------------------------------------------------------------
     def install(self) -> bool:

@@ -239,6 +239,36 @@ def test_a_short_validation_pass_that_gloo_aborts_a_peer_for_is_uneven_data(tmp_
     assert all(f.severity != "critical" for f in probe.findings if set(f.ranks) & set(aborted)), probe.findings
 
 
+@pytest.mark.parametrize("world,culprit", [(2, 1), (3, 1), (4, 0)], ids=["2-ranks", "3-ranks-middle", "4-ranks-first"])
+@pytest.mark.timeout(60)
+def test_a_short_validation_pass_whose_own_rank_gloo_aborts_is_uneven_data(tmp_path, world, culprit):
+    """The per-batch metric is larger than the pass's end count: gloo aborts the short rank itself,
+    in the count's all_reduce. Its loaders are gone with it, but the copy its DataLoader tap wrote
+    when the pass ended (beside its death note) says the pass ended first: uneven data on it."""
+    result = _run(tmp_path, world, "fault=val_short", f"rank={culprit}", "step=2", "steps=5", "metric=256")
+    assert not result.timed_out, result.stderr[-3000:]
+    aborted = [o.rank for o in result.outcomes if o.exitcode == -6]
+    assert aborted == [culprit], [(o.rank, o.exitcode) for o in result.outcomes]
+    _, probe, crit = _report(result)
+    assert crit[0].ranks == [culprit] and crit[0].cause == "uneven_data", crit[0].issue
+    assert "ended after 3 batch(es)" in crit[0].issue and "SIGABRT" in crit[0].issue, crit[0]
+    assert _line("SITE:val_count") in crit[0].issue, crit[0].issue
+    assert all(f.severity != "critical" for f in probe.findings if culprit not in f.ranks), probe.findings
+
+
+@pytest.mark.timeout(60)
+def test_a_short_pass_over_a_plain_list_whose_rank_gloo_aborts_blames_neither_side_alone(tmp_path):
+    """The same without a DataLoader (a plain list): nothing says whose data ended. Both sides were
+    at lines new to them (the survivor's per-batch metric, the dead rank's count): both named,
+    the mechanism not identified; never the survivor alone for its 'departure'."""
+    result = _run(tmp_path, 2, "fault=val_short_list", "rank=1", "step=2", "steps=5", "metric=256")
+    assert not result.timed_out, result.stderr[-3000:]
+    assert [o.rank for o in result.outcomes if o.exitcode == -6] == [1], [(o.rank, o.exitcode) for o in result.outcomes]
+    _, _, crit = _report(result)
+    assert crit[0].ranks == [0, 1] and "not identified" in crit[0].issue, crit[0].issue
+    assert _line("SITE:val_count") in crit[0].issue and _line("SITE:val_metric") in crit[0].issue
+
+
 @pytest.mark.timeout(60)
 def test_segfaulted_rank_is_named_with_its_signal_and_frame(tmp_path):
     result = _run(tmp_path, 2, "fault=segv", "rank=1", "step=2")

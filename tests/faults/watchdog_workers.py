@@ -111,13 +111,16 @@ def train(argv: list[str]) -> int:
                     with wd.phase("checkpoint", timeout=timedelta(seconds=float(opts["timeout"]) * 5)):
                         time.sleep(float(opts["timeout"]) * 2)  # healthy: long save on rank 0 only
                 dist.barrier()
-            if step == s and fault in ("val_short", "val_even"):
-                # a validation pass from a DataLoader, a metric all_reduce per batch (float32[1]) and
-                # the pass's count at its end (int64[1]); with fault val_short rank K's pass is shorter
-                n = 3 if bad and fault == "val_short" else 6  # FAULT:val_short
-                for _ in torch.utils.data.DataLoader(list(range(n)), batch_size=1):
-                    dist.all_reduce(torch.ones(1))
-                dist.all_reduce(torch.tensor([n], dtype=torch.int64))
+            if step == s and fault in ("val_short", "val_even", "val_short_list"):
+                # a validation pass from a DataLoader (val_short_list: a plain list), a metric
+                # all_reduce per batch (float32[metric], 1 unless said) and the pass's count at its
+                # end (int64[1]); with fault val_short* rank K's pass is shorter. gloo aborts the
+                # rank that receives the larger message: a peer (metric=1), the short rank (metric=256)
+                n = 3 if bad and fault != "val_even" else 6  # FAULT:val_short
+                batches = list(range(n)) if fault == "val_short_list" else torch.utils.data.DataLoader(list(range(n)), batch_size=1)
+                for _ in batches:
+                    dist.all_reduce(torch.ones(int(opts.get("metric", "1"))))  # SITE:val_metric
+                dist.all_reduce(torch.tensor([n], dtype=torch.int64))  # SITE:val_count
             if step == s and fault == "eval":
                 for _ in range(8):  # healthy: long evaluation, each batch ends with a metric all_reduce
                     time.sleep(float(opts["timeout"]) / 3)

@@ -24,17 +24,28 @@ _BODY = {
     "clean": "deathnote.disarm()\n",
     "theirs": "",
     # a forked child (a DataLoader worker) that crashes must not write this rank's note
+    # a DataLoader pass ends (the tap writes its copy beside the note), then the rank aborts
+    "loaders": ("import os, torch\nfrom distdiag.watchdog.dataload import LoaderTap\n"
+                "tap = LoaderTap(lambda: 7, ended=deathnote.note_loaders)\ntap.install()\n"
+                "for _ in torch.utils.data.DataLoader(list(range(5)), batch_size=1):\n    pass\n"
+                "it = iter(torch.utils.data.DataLoader(list(range(9)), batch_size=1))\nnext(it)\n"
+                "if len(sys.argv) > 1:\n    deathnote.disarm()\n    sys.exit(0)\nos.abort()\n"),
+    "link": ("import os, torch\nfrom distdiag.watchdog.dataload import LoaderTap\n"
+             "os.symlink(sys.argv[1], deathnote.loaders_path(os.getpid()))\n"
+             "LoaderTap(ended=deathnote.note_loaders).install()\n"
+             "for _ in torch.utils.data.DataLoader(list(range(3)), batch_size=1):\n    pass\n"
+             "assert not os.path.islink(deathnote.loaders_path(os.getpid()))\ndeathnote.disarm()\n"),
     "child": "import os, ctypes\npid = os.fork()\nif pid == 0:\n    ctypes.string_at(0)\nos.waitpid(pid, 0)\nimport time\nos.kill(os.getpid(), 9)\n",
 }
 
 
-def _die(tmp_path, how: str, *, theirs: bool = False) -> tuple[int, int]:
+def _die(tmp_path, how: str, *, theirs: bool = False, args: tuple[str, ...] = ()) -> tuple[int, int]:
     """Run a process that arms the note (after enabling faulthandler itself, with `theirs`) and
     then does `how`; returns (pid, returncode)."""
     code = "import faulthandler, sys\n" + ("faulthandler.enable()\n" if theirs else "")
     code += "from distdiag.runtime import deathnote\nprint(deathnote.arm(), flush=True)\n" + _BODY[how]
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     p.communicate(timeout=30)
     return p.pid, p.returncode
 
@@ -130,3 +141,27 @@ def test_the_call_site_is_the_one_the_recorder_gives_even_inside_ddp_forward():
     death = deathnote.parse(text)
     assert death is not None and death.collective == "all_reduce"
     assert death.call_site == "/v/site-packages/lightning/fabric/utilities/distributed.py:214 in _sync_ddp"
+
+
+def test_a_rank_that_dies_after_a_pass_ended_leaves_its_loaders_beside_the_note(tmpdir_env):
+    """The tap writes its passes when one ends; a peer reads them with the death (the ended pass
+    with its count and step, the pass begun after it as of that moment: not yet in the copy)."""
+    pid, rc = _die(tmpdir_env, "loaders")
+    assert rc == -6
+    death = deathnote.read(pid)
+    assert death is not None and death.signal == "SIGABRT"
+    assert [(p["loader"], p["pass"], p["drawn"], p["exhausted"], p.get("at_steps")) for p in death.loaders] == [
+        (0, 1, 5, True, 7)], death.loaders
+    assert isinstance(death.loaders[0]["at_wall_ns"], int) and death.to_dict()["loaders"] == death.loaders
+
+
+def test_a_clean_end_removes_the_loaders_copy_and_a_link_is_replaced_not_written_through(tmpdir_env):
+    pid, rc = _die(tmpdir_env, "loaders", args=("clean",))
+    assert rc == 0 and not os.path.exists(deathnote.loaders_path(pid)) and not os.path.exists(deathnote.note_path(pid))
+    # a link planted at the process's own path before its pass ends: the copy replaces the
+    # link, the file it pointed to is untouched
+    target = tmpdir_env / "target.txt"
+    target.write_text("keep")
+    pid, rc = _die(tmpdir_env, "link", args=(str(target),))
+    assert rc == 0 and target.read_text() == "keep"
+    assert not os.path.lexists(deathnote.loaders_path(pid))
