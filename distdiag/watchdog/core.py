@@ -89,7 +89,6 @@ class HangWatchdog:
         import torch.distributed as dist
 
         from distdiag.runtime.context import LaunchInfo
-        from distdiag.watchdog.dataload import LoaderTap
         from distdiag.watchdog.groupnames import GroupLog
         from distdiag.watchdog.intercept import Interceptor
         from distdiag.watchdog.progress import Progress
@@ -122,13 +121,7 @@ class HangWatchdog:
         self._groups = GroupLog()
         if self._groups.install():
             self._progress.groups = self._groups
-        from distdiag.runtime.deathnote import note_loaders
-
-        # each pass's end also goes beside the death note: a rank aborted in the pass's end
-        # collective (uneven data) leaves its peers its loaders' word
-        self._loaders = LoaderTap(lambda: self._progress.steps, ended=note_loaders)
-        if self._loaders.install():
-            self._progress.loaders = self._loaders
+        self._tap_loaders()
         _warn_if_recorder_off(info.rank)
         _import_before_threads(symbolizer=not self.config.wrap)
         from distdiag.runtime import deathnote, lastword, settle
@@ -148,6 +141,16 @@ class HangWatchdog:
         settle.idle_at_exit()  # gloo's workers idle before Python finalizes; runs after close (LIFO)
         atexit.register(self.close)
         return self
+
+    def _tap_loaders(self) -> None:
+        """Count DataLoader passes; each pass's end also goes beside the death note, so a rank
+        aborted in the pass's end collective (uneven data) leaves its peers its loaders' word."""
+        from distdiag.runtime.deathnote import note_loaders
+        from distdiag.watchdog.dataload import LoaderTap
+
+        self._loaders = LoaderTap(lambda: self._progress.steps, ended=note_loaders)
+        if self._loaders.install():
+            self._progress.loaders = self._loaders
 
     def close(self, error: BaseException | None = None) -> None:
         """Disarm: restore torch.distributed, stop the thread (bounded), post the final state."""
