@@ -21,7 +21,7 @@ from typing import Any
 
 from distdiag.hang.recorder import dtype_name
 from distdiag.hang.records import CAUSE_DESYNC
-from distdiag.hang.views import coll_label
+from distdiag.hang.views import coll_label, tensor_text
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -340,9 +340,9 @@ def desync_finding(d: dict[str, Any]) -> Finding:
         )
     else:
         issue = (
-            f"desync on group {group} at collective #{seq}{at}: {who} issued {mine.get('op')} "
-            f"({mine.get('dtype', '?')}{mine.get('shape')}) at {mine.get('call_site', '?')} where {others} issued "
-            f"{theirs.get('op')} ({theirs.get('dtype', '?')}{theirs.get('shape')}) at {theirs.get('call_site', '?')}"
+            f"desync on group {group} at collective #{seq}{at}: {who} issued {mine.get('op')}"
+            f"{tensor_text(mine)} at {mine.get('call_site', '?')} where {others} issued "
+            f"{theirs.get('op')}{tensor_text(theirs)} at {theirs.get('call_site', '?')}"
         )
     if d["tie"]:
         issue += " (no majority: either side may be the odd one)"

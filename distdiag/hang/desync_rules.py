@@ -23,7 +23,7 @@ from distdiag.hang.desync import (
     record_divergence,
 )
 from distdiag.hang.records import CAUSE_DESYNC
-from distdiag.hang.views import wait_text
+from distdiag.hang.views import wait_text, with_user_site
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
 
@@ -83,6 +83,8 @@ def desync_in_flight(a: Analysis) -> None:
                 who += " (" + "; ".join(f"rank {r} departs from its own history: {t}" for r, t in sorted(why.items()) if r in odd) + ")"
             who += "; " + ", ".join(f"{format_ranks(sorted(keys[k]))} in {same[keys[k][0]]['op']}" for k in variants)
             consequence = bool(a.causes & set(same))
+            if not tie and _told(a, odd, lines[:len(variants)]):
+                continue
             a.findings.append(
                 Finding(
                     severity="error" if consequence else "critical",
@@ -97,6 +99,19 @@ def desync_in_flight(a: Analysis) -> None:
             )
             a.desync_reported = a.desync_reported or located is not None
             a.explained.update(odd)
+
+
+def _told(a: Analysis, odd: list[int], now: list[str]) -> bool:
+    """A desync finding for exactly these ranks was made already (desync_in_histories runs first,
+    with both call sites): where each rank waits now (`now`) goes to its evidence, not into a
+    second finding telling the same. False when there is none."""
+    told = next((f for f in a.findings if f.cause == CAUSE_DESYNC and f.severity == "critical"
+                 and sorted(f.ranks) == odd), None)
+    if told is None:
+        return False
+    told.evidence += "\nwhere the ranks wait now:\n" + "\n".join(now)
+    a.explained.update(odd)
+    return True
 
 
 def a_snaps(a: Analysis) -> dict[int, dict[str, Any]]:
@@ -119,5 +134,22 @@ def desync_in_histories(a: Analysis) -> None:
         return
     located = _located(a)
     if located is not None and not set(located["odd"]) <= a.explained:
-        a.findings.append(desync_finding(located))
+        a.findings.append(desync_finding(_with_user_sites(a, located)))
         a.desync_reported = True
+
+
+def _with_user_sites(a: Analysis, d: dict[str, Any]) -> dict[str, Any]:
+    """The divergence with each call site inside a library (Lightning's _sync_ddp) followed by the
+    job's line that led there, where the rank is inside that call now (its stack holds the site,
+as 'file:line in func' or with the line's source after ': ')."""
+    out = dict(d)
+    for key in ("records", "next"):
+        recs = dict(d.get(key) or {})
+        for r, c in recs.items():
+            view = a.views.get(r)
+            site = (c or {}).get("call_site")
+            stack = (view.snap.get("stack") or []) if view is not None else []
+            if site and any(type(x) is str and (x == site or x.startswith(f"{site}: ")) for x in stack):
+                recs[r] = {**c, "call_site": with_user_site(str(site), stack)}
+        out[key] = recs
+    return out

@@ -52,6 +52,8 @@ _LIBS = re.compile(
 )
 """Training libraries: a frame in them is where a rank is, not the job's own line that led there
 (accelerate's `state.py: wait_for_everyone` is called from the user's script)."""
+_PACKAGES = re.compile(r"/(site|dist)-packages/")
+"""Any installed package: the job's own line is preferably outside them."""
 
 
 def _path(line: str) -> str:
@@ -104,7 +106,7 @@ def with_user_site(site: str, stack: list[str]) -> str:
 
 @lru_cache(maxsize=STACK_CACHE)
 def _in_library(site: str) -> bool:
-    return bool(_LIBS.search(_path(site)) or _TORCH.search(_path(site)))
+    return bool(_PACKAGES.search(_path(site)) or _TORCH.search(_path(site)))
 
 
 def user_frame(stack: list[str]) -> str | None:
@@ -114,6 +116,10 @@ def user_frame(stack: list[str]) -> str | None:
 
 @lru_cache(maxsize=STACK_CACHE)
 def _user_frame(stack: tuple[str, ...]) -> str | None:
+    """First a frame outside every installed package (the job's own file: Lightning's self.log
+    reaches the collective through torchmetrics, a package of no list), else outside the
+    training libraries (a job installed as a package itself)."""
+    found = None
     for line in reversed(stack):
         path = _path(line)
         if _TORCH.search(path) or _runner(path) or "/threading.py" in path:
@@ -122,8 +128,10 @@ def _user_frame(stack: tuple[str, ...]) -> str | None:
             continue
         if _LIBS.search(path):
             continue
-        return line
-    return None
+        if not _PACKAGES.search(path):
+            return line
+        found = found or line
+    return found
 
 
 def issued_via(stack: list[str]) -> str:
@@ -164,13 +172,20 @@ def rank_state(rec: RankSnapshot) -> str:
 
 
 def coll_label(c: dict[str, Any]) -> str:
-    """'all_reduce #3 on world (float32[4])'; a collective without a tensor (a barrier, which the
-    tracker records with dtype 'none') has no parenthesis: 'barrier #1 on world'."""
-    shape = "x".join(str(s) for s in c.get("shape") or []) or "-"
-    group = short_group(str(c["group"]))
-    if c.get("dtype") == "none" and shape == "-":
-        return f"{c['op']} #{c['seq']} on {group}"
-    return f"{c['op']} #{c['seq']} on {group} ({c.get('dtype', '?')}[{shape}])"
+    """'all_reduce #3 on world (float32[4])'; a collective without a tensor (a barrier) has no
+    parenthesis: 'barrier #1 on world'."""
+    return f"{c['op']} #{c['seq']} on {short_group(str(c['group']))}{tensor_text(c)}"
+
+
+def tensor_text(c: dict[str, Any]) -> str:
+    """' (float32[4])' for a collective's tensor; '' where it has none the records tell (a barrier:
+    the tracker writes dtype 'none', torch's recorder no sizes), never '(?None)'."""
+    shape = c.get("shape")
+    dims = "x".join(str(s) for s in shape) if isinstance(shape, list | tuple) else ""
+    dtype = c.get("dtype")
+    if not dims and dtype in (None, "none", "?", ""):
+        return ""
+    return f" ({dtype or '?'}[{dims or '-'}])"
 
 
 LONG_GROUP = 16
@@ -397,9 +412,14 @@ def snapshot_details(snaps: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 def _position(g: dict[str, Any], nm: Callable[[str], str]) -> dict[str, Any]:
     """A rank's position on one group, as the flight recorder's table shows it."""
-    return {"group": nm(str(g["group"])), "enqueued": g["enqueued"], "completed": g["completed"],
+    return {"group": nm(str(g["group"])), "enqueued": _count(g["enqueued"]), "completed": _count(g["completed"]),
             "started": "-" if g.get("started") is None else g["started"],
             "inside": coll_label({**g["pending"], "group": g["group"]}) if g.get("pending") else "-"}
+
+
+def _count(n: Any) -> Any:
+    """A position as the table shows it: torch's recorder starts its counters at -1 (nothing yet)."""
+    return "none" if isinstance(n, int) and n < 0 else n
 
 
 def _positions_by_group(engine: dict[str, Any], nm: Callable[[str], str]) -> list[dict[str, Any]]:

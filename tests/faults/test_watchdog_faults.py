@@ -87,6 +87,24 @@ def test_all_gather_where_others_all_reduce_names_rank_and_both_ops(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_a_barrier_inside_a_library_on_one_rank_names_the_jobs_line_once(tmp_path):
+    """Rank 1 calls a library (installed under a site-packages folder) that issues a barrier, where
+    its peers issue the next all_reduce: one critical finding (not a second one telling the same
+    at the same sequence number), the barrier with no tensor shape, and the job's line that
+    called the library before the library's own."""
+    lib = tmp_path / "lib" / "site-packages"
+    lib.mkdir(parents=True)
+    (lib / "fakesync.py").write_text("import torch.distributed as dist\n\n\ndef sync():\n    dist.barrier()\n")
+    result = _run(tmp_path, 3, "fault=lib_barrier", "rank=1", "step=2", f"libdir={lib}")
+    _assert_aborted(result)
+    _, _, crit = _report(result)
+    assert len(crit) == 1 and crit[0].ranks == [1] and crit[0].cause == "desync", [f.issue for f in crit]
+    issue = crit[0].issue
+    assert "barrier at" in issue and "(?" not in issue, issue
+    assert f"{_line('FAULT:lib_barrier')} in train" in issue and f"(through {lib}/fakesync.py:5 in sync)" in issue, issue
+
+
+@pytest.mark.timeout(60)
 def test_rank_blocked_outside_any_collective_is_named_with_its_line(tmp_path):
     """Rank 1 blocks forever outside a collective while rank 0 waits in all_reduce."""
     result = _run(tmp_path, 2, "fault=block", "rank=1", "step=2")

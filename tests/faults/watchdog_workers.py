@@ -97,6 +97,13 @@ def train(argv: list[str]) -> int:
                 dist.all_reduce(t)  # healthy: this rank issues the next all_reduce (same op, shape) from another line
             else:
                 dist.all_reduce(t)  # SITE:B
+            if here and fault == "lib_barrier":
+                # a library installed in a site-packages folder of its own syncs on this rank only
+                # (as Lightning's self.log(sync_dist=True) inside a rank-0 branch does)
+                sys.path.insert(0, opts["libdir"])
+                import fakesync  # type: ignore[import-not-found]
+
+                fakesync.sync()  # FAULT:lib_barrier
             if here and fault == "extra":
                 dist.all_reduce(t.clone())  # FAULT:extra
             if here and fault == "extra_big":
