@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from distdiag.hang.desync import departure
-from distdiag.hang.group_rules import UNEVEN_FIX, loader_passes, ran_out_finding, ran_out_first
+from distdiag.hang.group_rules import UNEVEN_FIX, loader_passes, pass_when, ran_out_finding, ran_out_first
 from distdiag.hang.records import CAUSE_DESYNC, CAUSE_UNEVEN, Cause, Silence
 from distdiag.report.model import Finding
 from distdiag.report.render import format_ranks
@@ -145,7 +145,7 @@ def _ran_out_beside_dead(a: Any, dead: dict[int, Any]) -> bool:
             still = {r: d for r, d in dead.items() if d.call_site == site}
             if not still:
                 continue
-            steps = f", at training step {p['at_steps']}," if isinstance(p.get("at_steps"), int) else ""
+            steps = pass_when(p)
             deaths = "; ".join(_died(r, d) for r, d in still.items())
             a.findings.append(
                 Finding(
@@ -177,7 +177,7 @@ def _ran_out_and_died(a: Any, dead: dict[int, Any], rank: int, p: dict[str, Any]
     says so) and it died in the collective that followed, the pass's end, which met a peer's
     per-batch collective of another size."""
     d = dead[rank]
-    steps = f", at training step {p['at_steps']}," if isinstance(p.get("at_steps"), int) else ""
+    steps = pass_when(p)
     drawn = ", ".join(f"rank {o} {n}" for o in more if (n := _drawn(a, o, p)) is not None)
     where = f"{d.collective} called at {d.call_site}" if d.call_site else str(d.collective)
     a.findings.append(

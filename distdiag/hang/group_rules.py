@@ -25,7 +25,7 @@ Analysis = Any
 """distdiag.hang.rules.Analysis (rules.py imports this module, so not imported back here)."""
 
 __all__ = [
-    "skipped_send", "uneven_data", "data_ran_out", "ran_out_first", "ran_out_finding", "loader_passes", "dead_passes", "pass_ended", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
+    "skipped_send", "uneven_data", "data_ran_out", "ran_out_first", "ran_out_finding", "loader_passes", "dead_passes", "pass_when", "pass_ended", "deadlock", "chain_end", "stranded", "UNEVEN_FIX"]
 
 UNEVEN_FIX = (
     "rank {rank} ran out of data (or left the loop early) while the others still train: make every rank run "
@@ -60,6 +60,13 @@ def passes_of(raw: Any) -> dict[tuple[int, int], dict[str, Any]]:
         clean["label"] = str(p.get("label", "?"))
         out[(p["loader"], p["pass"])] = clean
     return out
+
+
+def pass_when(p: dict[str, Any]) -> str:
+    """' (16 training steps into the run)': when the pass ended, by the training loop's counter (an
+    evaluation pass has no steps of its own; 'at training step 16' read as if it had)."""
+    n = p.get("at_steps")
+    return f" ({n} training step{'' if n == 1 else 's'} into the run)" if _is_int(n) else ""
 
 
 def _is_int(x: Any) -> bool:
@@ -142,7 +149,7 @@ def ran_out_finding(a: Analysis, rank: int, p: dict[str, Any], more: list[int], 
     w = v.waits[0] if v.waits else None
     nxt = (f"; it went on to {w['op']} #{w['seq']} on {w['group']} at {w.get('call_site', '?')}" if w
            else f"; it is at {v.record.stack[-1] if v.record.stack else '?'}")
-    steps = f", at training step {p['at_steps']}," if isinstance(p.get("at_steps"), int) else ""
+    steps = pass_when(p)
     return Finding(
         severity="critical",
         issue=(f"rank {rank} ran out of data: its DataLoader ({p.get('label', '?')}, pass {p['pass']}) ended "
