@@ -52,6 +52,7 @@ class ProbeCause(Words):
     RNG_OUT_OF_STEP = "rng_out_of_step"
     BUFFER_NOT_SYNCHRONISED = "buffer_not_synchronised"
     UNMANAGED_PARAMS_NOT_REDUCED = "unmanaged_params_not_reduced"
+    UPDATED_OUTSIDE_OPTIMIZER_PER_RANK = "updated_outside_optimizer_per_rank"
     REPLICAS_NOT_REDUCED = "replicas_not_reduced"
 
     # loss_parity: the differential diagnosis

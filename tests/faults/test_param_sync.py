@@ -94,3 +94,24 @@ def test_rng_out_of_step_is_named_the_same_when_the_numerics_probes_share_the_mo
     (warn,) = [f for f in result.report().probe("param_sync").findings if f.severity == "warning"]
     assert warn.ranks == [1] and "CPU RNG state differs across ranks right after setup" in warn.issue
     assert result.report().probe("param_sync").metrics["steps"] == 2
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_teacher_updated_on_one_rank_is_an_update_outside_the_optimizer(workdir, world):
+    """An EMA teacher (requires_grad=False) updated on rank 0 only: it drifts from step 1, and
+    with no gradient of its own no reduction could have kept it in step. The cause says so; the
+    fix is about the update, not about reducing gradients."""
+    result = _run(workdir, "ema_teacher", "param_sync", world=world)
+    assert result.codes == [1] * world, result.stderr
+    (err,) = [f for f in result.report().probe("param_sync").findings if f.severity == "error"]
+    assert err.cause == "updated_outside_optimizer_per_rank", err
+    assert err.issue.startswith("frozen params teacher.0.bias, teacher.0.weight, teacher.2.bias, teacher.2.weight differ")
+    assert "(first after step 1)" in err.issue and "requires_grad=False" in err.fix and "reduced" not in err.fix.split(":")[0]
+    if world == 3:
+        assert err.ranks == [0], err.ranks  # the one rank that moved its teacher
+
+
+def test_a_teacher_updated_on_every_rank_passes(workdir):
+    result = _run(workdir, "ema_teacher", "param_sync,loss_parity", healthy=True, world=2)
+    assert result.codes == [0, 0], result.stdout + result.stderr
+    assert result.report().findings("warning") == []

@@ -202,10 +202,18 @@ def _cause_and_fix(kind: str, i: int) -> tuple[ProbeCause, str]:
             "the buffer is updated differently per rank (running statistics of each rank's own batch, or an update "
             "not synchronised); use SyncBatchNorm or broadcast it from rank 0 where every rank must hold the same value"
         )
+    if kind == "frozen param":
+        return ProbeCause.UPDATED_OUTSIDE_OPTIMIZER_PER_RANK, (
+            "these parameters take no gradient (requires_grad=False): no optimizer step and no gradient reduction "
+            "moved them, so code outside the optimizer changed them, differently per rank - an EMA or teacher update "
+            "run on some ranks only (or from per-rank values), a copy or a load on some ranks. Run that update on "
+            "every rank from the same values, or broadcast these parameters from rank 0 after it"
+        )
     if kind == "unmanaged param":
         return ProbeCause.UNMANAGED_PARAMS_NOT_REDUCED, (
-            "no FSDP group manages these parameters, so their gradients are never reduced and each rank steps with its "
-            "own: include them in fully_shard (not in ignored_params), or all-reduce their gradients"
+            "no FSDP group (or DistributedDataParallel reducer) manages these parameters, so their gradients are never "
+            "reduced and each rank steps with its own: include them in fully_shard (not in ignored_params); under "
+            "DistributedDataParallel, make them trainable before the wrap; or all-reduce their gradients"
         )
     return ProbeCause.REPLICAS_NOT_REDUCED, (
         "replicas of one shard diverged: gradients are not reduced across the replicas (for HSDP pass the "

@@ -49,7 +49,9 @@ def replica_tensors(model: nn.Module, world: int) -> dict[str, tuple[str, torch.
     for name, p in model.named_parameters():
         fqn = tr.canonical_name(name)
         if not isinstance(p, DTensor):
-            out[f"param {fqn}"] = ("unmanaged param", p)
+            # a parameter that takes no gradient is moved by no optimizer step or reduction: a
+            # drift there is an update outside the optimizer (an EMA teacher), told apart below
+            out[f"param {fqn}"] = ("unmanaged param" if p.requires_grad else "frozen param", p)
             continue
         mesh = p.device_mesh
         replicated = [d for d, pl in enumerate(p.placements) if isinstance(pl, Replicate)]
