@@ -75,6 +75,11 @@ class WatchOutput:
         self.holding = ""
         """'' passing lines, 'undecided' inside a traceback not yet placed, 'torchrun' in its."""
         self.dropped: list[str] = []
+        self.verdict: list[str] = []
+        """The report's closing lines ('verdict: ...', 'hang report: PATH') as a rank wrote them."""
+        self.after_verdict = 0
+        """The ranks' lines shown after them (a dying rank's traceback): the verdict is then said
+        again at the end (`verdict_again`), so that it stays the last thing printed."""
 
     def line(self, line: str) -> None:
         if self.debug:
@@ -116,8 +121,23 @@ class WatchOutput:
         self.held, self.holding = [], ""
 
     def _write(self, line: str) -> None:
+        if line.startswith("verdict: "):
+            self.verdict, self.after_verdict = [line], 0
+        elif self.verdict and not self.after_verdict and line.startswith("hang report: "):
+            self.verdict.append(line)
+        elif self.verdict and line.strip() and not line.startswith("distdiag"):
+            self.after_verdict += 1
         self.out.write(line)
         self.out.flush()
+
+    def verdict_again(self) -> None:
+        """The verdict's lines once more when the ranks printed after them."""
+        if self.verdict and self.after_verdict:
+            self.out.write(f"\ndistdiag watch: the verdict again (the ranks printed {self.after_verdict} line(s) after it):\n")
+            for line in self.verdict:
+                self.out.write(line)
+            self.out.flush()
+            self.after_verdict = 0
 
 
 def pump(src: IO[str], output: WatchOutput) -> None:

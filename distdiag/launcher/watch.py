@@ -253,6 +253,8 @@ def run_watch(argv: list[str], write_junit: Callable[[Report, str], None] | None
         for thread in pumps:
             thread.join(timeout=5)
         code, why, ours = _ending(end, launch, output)
+        if ours is not None:
+            output.verdict_again()
     if junit is not None and write_junit is not None:
         write_junit(_junit_report(report, ours, code, end.rc, why), junit)
     return code

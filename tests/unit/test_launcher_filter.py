@@ -47,3 +47,28 @@ def test_watch_and_check_leave_out_the_same_lines():
         watch.line(line)
     watch.close()
     assert out.getvalue().splitlines(keepends=True) == filter_torchrun_stderr(lines) == lines[2:5]
+
+
+def test_the_verdict_is_said_again_when_a_rank_printed_after_it():
+    """A rank's own traceback may reach the terminal after the report (it raised, the writer was
+    faster): the verdict's lines come again at the end, once; our own one-liners do not count."""
+    import io
+
+    from distdiag.launcher.stderr import WatchOutput
+
+    out = io.StringIO()
+    w = WatchOutput(out)
+    for line in ["verdict: FAIL (exit 3) - step 6 raised on rank 1: AttributeError\n", "hang report: /r/hang-report.json\n",
+                 "distdiag[rank 0]: ended by SIGTERM after the report (exit 3)\n"]:
+        w.line(line)
+    w.verdict_again()
+    assert "again" not in out.getvalue()  # nothing of the ranks' followed
+    for line in ["Traceback (most recent call last):\n", '  File "/job/train.py", line 9, in <module>\n',
+                 "AttributeError: Can't pickle local object\n"]:
+        w.line(line)
+    w.close()
+    w.verdict_again()
+    w.verdict_again()
+    text = out.getvalue()
+    assert text.count("the verdict again (the ranks printed 3 line(s) after it)") == 1, text
+    assert text.endswith("verdict: FAIL (exit 3) - step 6 raised on rank 1: AttributeError\nhang report: /r/hang-report.json\n")
