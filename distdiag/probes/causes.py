@@ -48,6 +48,10 @@ class ProbeCause(Words):
     LOW_PRECISION_MASTER_WEIGHTS = "low_precision_master_weights"
     LOSS_IN_LOW_PRECISION = "loss_in_low_precision"
 
+    # fsdp_plan: a weight tied in build_model's model, two tensors after parallelize
+    TIE_SHARDED_APART = "tie_sharded_apart"
+    TIE_BROKEN_BEFORE_SHARDING = "tie_broken_before_sharding"
+
     # param_sync: drift between the copies of a parameter
     RNG_OUT_OF_STEP = "rng_out_of_step"
     BUFFER_NOT_SYNCHRONISED = "buffer_not_synchronised"

@@ -28,8 +28,24 @@ def test_broken_tie_and_low_precision_reduction_are_named(workdir):
     findings = result.report().probe("fsdp_plan").findings
     (err,) = [f for f in findings if f.severity == "error"]
     assert "tied parameter group(s) are no longer shared after parallelize: embed.weight = head.weight" in err.issue
+    assert err.cause == "tie_sharded_apart" and "not to each user separately" in err.fix, err
     (warn,) = [f for f in findings if f.severity == "warning"]
     assert "reduced in a lower precision" in warn.issue and "reduced in bfloat16, stored in float32" in warn.evidence
+
+
+@pytest.mark.parametrize("healthy", [False, True], ids=["to_empty-unties", "tied-again-after-to_empty"])
+def test_a_tie_broken_by_to_empty_before_sharding_is_told_from_one_sharded_apart(workdir, healthy):
+    """Both users of the tie in the root's FSDP group, the tie gone after to_empty(): the fix is to
+    tie again after it, not to change the fully_shard calls. Its twin ties again and passes."""
+    result = _run(workdir, "tie_to_empty", "fsdp_plan", healthy=healthy)
+    if healthy:
+        assert result.codes == [0, 0], result.stdout + result.stderr
+        assert result.report().findings("warning") == []
+        return
+    assert result.codes == [1, 1], result.stderr
+    (err,) = [f for f in result.report().probe("fsdp_plan").findings if f.severity == "error"]
+    assert err.cause == "tie_broken_before_sharding" and "to_empty()" in err.fix, err
+    assert "same FSDP group" in err.evidence and "apply fully_shard" not in err.fix, err
 
 
 def test_healthy_plan_passes_and_the_table_renders_in_report_show(workdir, cli_env):

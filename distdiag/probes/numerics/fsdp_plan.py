@@ -20,6 +20,7 @@ from torch import nn
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView
+from distdiag.probes.causes import ProbeCause
 from distdiag.probes.numerics.parity_report import setup_failure
 from distdiag.probes.numerics.shared import parallel_run
 from distdiag.report.model import Finding, ProbeResult
@@ -315,11 +316,26 @@ def _broken_ties(ties: list[list[str]], rows: list[PlanRow], ranks: list[int]) -
     broken = [names for names in ties if any(set(names) - {n} - tied_after.get(n, set()) for n in names)]
     if not broken:
         return []
+    first = {r["fqn"]: next(iter(r.get("groups") or []), None) for r in rows}
+    # sharded apart (each user in an FSDP group of its own) or not: then the tie broke before
+    # sharding, where fresh storage was made (to_empty after a meta-device init, a load with
+    # assign=True, a module copied or rebuilt)
+    apart = [b for b in broken if len({first.get(n) for n in b}) > 1]
+    where = ("; ".join(f"{n} in {first.get(n) or 'no FSDP group'}" for n in apart[0]) if apart else
+             "every name of each group is in the same FSDP group (" + ", ".join(sorted({str(first.get(n)) for b in broken for n in b})[:3]) + ")")
+    fix = ("apply fully_shard to a module that contains every user of the tied weight (or the root), not to each user "
+           "separately" if apart else
+           "sharding did not split the tie: it broke before, where parallelize made fresh storage for one of the names "
+           "(to_empty() after a meta-device init makes one tensor per name; so do load_state_dict(assign=True), a deepcopy "
+           "or a rebuilt module): tie them again right after that step, before loading and fully_shard "
+           "(model.head.weight = model.embed.weight, or the model's tie_weights())")
     return [Finding(
         severity="error",
         issue=f"{len(broken)} tied parameter group(s) are no longer shared after parallelize: " + "; ".join(" = ".join(b) for b in broken[:4]),
-        evidence="the names share one Parameter in build_model's model, but are different tensors in the parallel model",
+        evidence=f"the names share one Parameter in build_model's model, but are different tensors in the parallel model; {where}",
         ranks=ranks,
-        fix="apply fully_shard to a module that contains every user of the tied weight (or the root), not to each user separately",
+        fix=fix,
+        confidence=0.9 if apart else 0.8,
+        cause=ProbeCause.TIE_SHARDED_APART if apart else ProbeCause.TIE_BROKEN_BEFORE_SHARDING,
     )]
 
