@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.corpus.generalisation import BLIND2, CASES, TARGETS, classify_bug, twin_loud
+from tests.corpus.generalisation import BLIND2, BLIND3, CASES, TARGETS, classify_bug, twin_loud
 from tests.harness import run_check
 
 pytestmark = pytest.mark.timeout(150)
@@ -18,6 +18,7 @@ pytestmark = pytest.mark.timeout(150)
 GUARD = ["label_smoothing_one_rank", "shard_rows_off_by_one", "uneven_batch_count", "eval_mode_one_rank"]
 _CASES = {c.target: c for c in CASES}
 _BLIND2 = {c.target: c for c in BLIND2}
+_BLIND3 = {c.target: c for c in BLIND3}
 
 
 def _findings(workdir, case, healthy: bool):
@@ -59,6 +60,20 @@ def test_second_blind_set_as_mended(workdir, name, outcome):
     got = classify_bug(case, findings)
     assert got["outcome"] == outcome and got["located"] and got["wrong_high"] == [], got["causes"]
     assert all(cause != "loss_normalised_per_rank" for _, cause, _ in got["causes"]), got["causes"]
+
+
+@pytest.mark.parametrize("name, outcome", [("blind3_noise_same_every_rank", "located"),
+                                           ("blind3_ema_teacher_rank0", "named")])
+def test_third_blind_set_as_mended(workdir, name, outcome):
+    """Two of the third blind set as the mending left them (no longer blind): noise drawn alike on every rank
+    located in loss_fn (the same model gives a shard the same loss, yet the shards do not average to the global
+    batch's), never 'the forward computes differently'; an EMA teacher moved on rank 0 only named as an update
+    outside the optimizer, not as gradients left unreduced. No wrong cause at high confidence."""
+    case = _BLIND3[name]
+    _, findings = _findings(workdir, case, healthy=False)
+    got = classify_bug(case, findings)
+    assert got["outcome"] == outcome and got["located"] and got["wrong_high"] == [], got["causes"]
+    assert all(cause != "unmanaged_params_not_reduced" for _, cause, _ in got["causes"]), got["causes"]
 
 
 def test_a_train_step_that_advances_a_counter_leaves_the_twin_quiet(workdir):

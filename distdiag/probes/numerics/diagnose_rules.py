@@ -282,6 +282,9 @@ def _counts(ev: ParityEvidence) -> tuple[bool | None, str]:
 def _forward_differs(ev: ParityEvidence, located: list[str], counts: str) -> Diagnosis:
     """The loss differs on ranks that hold equal counts: a per-rank mean cannot explain it; not identified."""
     mods = ", ".join(ev.cross_sample[:4])
+    model, pair = _shard_loss(ev)
+    if not mods and model is False:
+        return _loss_does_not_split(ev, located, counts, pair)
     lines = [f"loss {ev.mean_loss:.6g} (mean of ranks) vs reference {ev.ref_loss:.6g}: rel err {ev.loss_rel:.2e}, "
              "no integer ratio", *located,
              f"equal counts on every rank ({counts}): a loss normalised per rank would average to the global mean, "
@@ -300,6 +303,30 @@ def _forward_differs(ev: ParityEvidence, located: list[str], counts: str) -> Dia
         f"not identified from this evidence; {what}"
         + (". If it is the BatchNorm, use SyncBatchNorm (or statistics reduced over the data-parallel group) where "
            "the ranks' batches must be normalised together" if mods else ""), 0.4)
+
+
+def _loss_does_not_split(ev: ParityEvidence, located: list[str], counts: str, pair: str) -> Diagnosis:
+    """Equal counts, every module exact, and one shard's loss the same on both models: the model is not what
+    differs, loss_fn is - its value on the global batch is not the mean of its values on the shards."""
+    lines = [f"loss {ev.mean_loss:.6g} (mean of ranks) vs reference {ev.ref_loss:.6g}: rel err {ev.loss_rel:.2e}, "
+             "no integer ratio", *located, f"equal counts on every rank ({counts}): a per-rank normalisation would "
+             "average to the global mean",
+             f"{pair}, and every module computes the reference's output from the same inputs: the model is not what "
+             "differs; loss_fn's value on the global batch is not the mean of its values on the shards",
+             "candidates: in loss_fn, something over the rows it is given that is not the shard's share of the global "
+             "batch's: targets or pairs indexed by the local position (in-batch negatives, contrastive labels "
+             "arange(local batch) over gathered columns), a statistic or softmax over the rows, random draws (noise, "
+             "masks, timesteps) that repeat on every rank (one seed) where the reference draws once for the whole "
+             "batch; or a shard_batch that does not hand out the rows the reference sees",
+             "what would decide: with the reference model, compute loss_fn on the global batch and on each shard: "
+             "the shards' losses not averaging to the global one is loss_fn's; then print its terms (targets, draws) "
+             "for one shard in both runs"]
+    return Diagnosis(
+        ProbeCause.MECHANISM_NOT_IDENTIFIED,
+        "loss_fn does not split over the batch: the same model gives a shard the same loss, yet the shards' losses do "
+        "not average to the global batch's (mechanism not identified)", lines,
+        "not identified from this evidence; look in loss_fn for what depends on the rows it is given (positions, "
+        "in-batch pairs, per-batch statistics, random draws seeded alike on every rank)", 0.4)
 
 
 def _count_weighted(ev: ParityEvidence) -> tuple[bool | None, str]:
