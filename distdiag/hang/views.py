@@ -43,7 +43,8 @@ runner or its watchdog, never where a rank is stuck; nor is runpy's `-m` launch.
 
 def _runner(path: str) -> bool:
     """A frame of distdiag's runner (or runpy's), not of the job."""
-    return (_OWN in path and not any(w in path for w in _JOB_WORK)) or path.endswith("/runpy.py")
+    return ((_OWN in path and not any(w in path for w in _JOB_WORK)) or path.endswith("/runpy.py")
+            or path.startswith("<frozen runpy>"))
 _TORCH = re.compile(r"/(site|dist)-packages/torch/|/torch/(distributed|nn|autograd|_dynamo|_functorch|_inductor|utils|optim|_tensor\.py|_ops\.py)")
 _C10D = "/torch/distributed/distributed_c10d.py"
 _LIBS = re.compile(
@@ -65,7 +66,9 @@ def _innermost(stack: list[str] | tuple[str, ...]) -> str:
         path = _path(line)
         if not _runner(path) and "/threading.py" not in path:
             return line
-    return stack[-1] if stack else "?"
+    # only the runner's frames: the script's own are gone (it returned, or an exception is
+    # unwinding it), which says more than runpy's line would
+    return "(outside the script: only the launcher's frames are left)" if stack else "?"
 
 
 STACK_CACHE = 4096
