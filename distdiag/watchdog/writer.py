@@ -148,8 +148,20 @@ def render_hang_report(report: Report, exit_code: int | None = None) -> str:
         title = "distdiag hang-report: from flight-recorder dumps"
     else:
         title = (f"distdiag watchdog: {printable(report.outcome)} report, {report.world_size} rank(s) on "
-                 f"{len(hosts) or 1} host(s), written by rank {report.written_by}")
+                 f"{len(hosts) or 1} host(s), written by rank {report.written_by}{_lead_words(report)}")
     return render_report(report, exit_code=exit_code, title=title)
+
+
+def _lead_words(report: Report) -> str:
+    """'; lead: uneven_data on rank 1' where the lead's cause is not the outcome the title names
+    (a lost_rank report whose lead is the short rank that a peer's abort followed)."""
+    from distdiag.report.render import format_ranks
+
+    lead = next((f for p in report.probes for f in p.findings if f.severity in ("critical", "error")), None)
+    if lead is None or not lead.cause or not lead.ranks:
+        return ""
+    cause = printable(str(lead.cause))
+    return "" if cause == printable(report.outcome) else f"; lead: {cause} on {format_ranks(lead.ranks)}"
 
 
 Typed = dict[int, tuple[dict[str, Any], RankSnapshot]]

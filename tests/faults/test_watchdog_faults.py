@@ -272,6 +272,9 @@ def test_a_short_validation_pass_whose_own_rank_gloo_aborts_is_uneven_data(tmp_p
     assert "ended after 3 batch(es)" in crit[0].issue and "SIGABRT" in crit[0].issue, crit[0]
     assert _line("SITE:val_count") in crit[0].issue, crit[0].issue
     assert all(f.severity != "critical" for f in probe.findings if culprit not in f.ranks), probe.findings
+    # the title names the outcome (a lost rank) and, as it differs, the lead's cause
+    printed = result.stdout + result.stderr
+    assert f"lost_rank report, {world} rank(s) on 1 host(s)" in printed and f"; lead: uneven_data on rank {culprit}" in printed
 
 
 @pytest.mark.timeout(60)
