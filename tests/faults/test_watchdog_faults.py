@@ -191,6 +191,21 @@ def test_healthy_twins_write_no_report(tmp_path, fault, extra):
         assert "shorter than the watchdog's" in result.stderr  # pg timeout 1.5 s < watchdog 2 s
 
 
+@pytest.mark.parametrize("fault", ["val_even", "val_even_list", "lib_barrier_all"],
+                         ids=["even-pass-large-metric", "even-list-pass-large-metric", "library-barrier-on-every-rank"])
+@pytest.mark.timeout(60)
+def test_twins_of_the_abort_and_library_faults_at_three_ranks_write_no_report(tmp_path, fault):
+    """The twins of the short pass that gloo aborts its own rank for (DataLoader and plain list,
+    256-float metric) and of the library barrier on one rank, at the faults' world size: every
+    rank runs the same pass, or calls the library: quiet."""
+    lib = tmp_path / "lib" / "site-packages"
+    lib.mkdir(parents=True)
+    (lib / "fakesync.py").write_text("import torch.distributed as dist\n\n\ndef sync():\n    dist.barrier()\n")
+    result = _run(tmp_path, 3, f"fault={fault}", "rank=1", "step=2", "steps=5", "metric=256", f"libdir={lib}")
+    assert result.codes == [0, 0, 0], result.stderr[-3000:]
+    assert not (tmp_path / "hang-report").exists()
+
+
 @pytest.mark.timeout(60)
 def test_desync_twin_at_the_fault_runs_world_and_length(tmp_path):
     """The skip/extra desync runs (3 ranks, 14 steps) with rank 1 calling from another line

@@ -97,7 +97,7 @@ def train(argv: list[str]) -> int:
                 dist.all_reduce(t)  # healthy: this rank issues the next all_reduce (same op, shape) from another line
             else:
                 dist.all_reduce(t)  # SITE:B
-            if here and fault == "lib_barrier":
+            if (here and fault == "lib_barrier") or (step == s and fault == "lib_barrier_all"):
                 # a library installed in a site-packages folder of its own syncs on this rank only
                 # (as Lightning's self.log(sync_dist=True) inside a rank-0 branch does)
                 sys.path.insert(0, opts["libdir"])
@@ -118,13 +118,13 @@ def train(argv: list[str]) -> int:
                     with wd.phase("checkpoint", timeout=timedelta(seconds=float(opts["timeout"]) * 5)):
                         time.sleep(float(opts["timeout"]) * 2)  # healthy: long save on rank 0 only
                 dist.barrier()
-            if step == s and fault in ("val_short", "val_even", "val_short_list"):
+            if step == s and fault in ("val_short", "val_even", "val_short_list", "val_even_list"):
                 # a validation pass from a DataLoader (val_short_list: a plain list), a metric
                 # all_reduce per batch (float32[metric], 1 unless said) and the pass's count at its
                 # end (int64[1]); with fault val_short* rank K's pass is shorter. gloo aborts the
                 # rank that receives the larger message: a peer (metric=1), the short rank (metric=256)
-                n = 3 if bad and fault != "val_even" else 6  # FAULT:val_short
-                batches = list(range(n)) if fault == "val_short_list" else torch.utils.data.DataLoader(list(range(n)), batch_size=1)
+                n = 3 if bad and fault in ("val_short", "val_short_list") else 6  # FAULT:val_short
+                batches = list(range(n)) if fault.endswith("_list") else torch.utils.data.DataLoader(list(range(n)), batch_size=1)
                 for _ in batches:
                     dist.all_reduce(torch.ones(int(opts.get("metric", "1"))))  # SITE:val_metric
                 dist.all_reduce(torch.tensor([n], dtype=torch.int64))  # SITE:val_count
