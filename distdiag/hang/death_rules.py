@@ -52,9 +52,7 @@ def _dead_rank_departed(a: Any, dead: dict[int, Any], alive: list[int]) -> None:
     from a line none of the live ranks' recorded collectives came from (their histories cover
     their steps): it issued a collective they did not, and gloo aborted it when their next
     message, of another size, arrived."""
-    from distdiag.hang.desync import _records
-
-    seen = {c.get("call_site") for r in alive for c in _records(a.views[r].snap)} - {None}
+    seen = _live_sites(a, alive)
     if not seen:
         return
     odd = {r: d for r, d in dead.items() if d.call_site and d.call_site not in seen}
@@ -76,6 +74,13 @@ def _dead_rank_departed(a: Any, dead: dict[int, Any], alive: list[int]) -> None:
             )
         )
         a.explained.add(r)
+
+
+def _live_sites(a: Any, alive: list[int]) -> set[str]:
+    """Every line the live ranks' recorded collectives came from (their histories cover their steps)."""
+    from distdiag.hang.desync import _records
+
+    return {str(c["call_site"]) for r in alive for c in _records(a.views[r].snap) if c.get("call_site")}
 
 
 def _aborted(a: Any) -> dict[int, Any]:
@@ -243,9 +248,7 @@ def _both_departed(a: Any, dead: dict[int, Any], alive: list[int], changed: dict
     from a line none of the live ranks' recorded collectives came from. Both sides were in code
     new to them (an evaluation pass every rank begins, whose data ended first on one side, or a
     branch): the live side's departure does not make it the cause. Said as such, with both lines."""
-    from distdiag.hang.desync import _records
-
-    seen = {c.get("call_site") for r in alive for c in _records(a.views[r].snap)} - {None}
+    seen = _live_sites(a, alive)
     if not seen or not all(d.call_site and d.call_site not in seen for d in dead.values()):
         return False
     ranks = sorted({*changed, *dead})
