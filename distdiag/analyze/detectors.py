@@ -178,6 +178,22 @@ def _smoothed(loss: Series, min_points: int) -> tuple[Series, int, list[float], 
     return s, w, rolling_median(s.values, w), median(s.values[: max(3, w)])
 
 
+def _held_above_noise(values: list[float], sm: list[float], i: int, j: int, w: int) -> bool:
+    """Whether the points from i on are a rise and not batch noise: at least a smoothing window
+    of them (the centred median of the last few points is their raw value: a late batch or two
+    is the spike detector's), and their median above the median of as many points (two windows
+    at least) before the onset j by three standard errors of that difference, from the
+    batch-to-batch scatter around the smoothed curve (robustly: the lowest point of a noisy
+    smoothed curve is itself low by noise)."""
+    held = values[i:]
+    if len(held) < w:
+        return False
+    before = values[max(0, j - max(len(held), 2 * w)) : j + 1]
+    sigma = mad_scale([v - m for v, m in zip(values, sm, strict=True)], 0.0)
+    se = 1.2533 * sigma * math.sqrt(1 / len(held) + 1 / len(before))
+    return median(held) - median(before) > 3 * se
+
+
 def detect_divergence(loss: Series) -> list[Detection]:
     """The loss rises and stays up after a healthy start. Marks the step the rise began."""
     smooth = _smoothed(loss, 20)
@@ -202,6 +218,8 @@ def detect_divergence(loss: Series) -> list[Detection]:
         # the rise began where the curve last left the best level (the argmin of a flat,
         # noisy bottom would pick a random point of it)
         j = next((k for k in range(i, best_i - 1, -1) if sm[k] <= best + 0.1 * threshold), best_i)
+        if not _held_above_noise(s.values, sm, i, j, w):
+            continue
         onset = s.steps[j]
         healthy = start_level - best > 0.05 * abs(start_level)
         end_value = s.values[-1]
