@@ -66,6 +66,8 @@ class ProbeCause(Words):
     PARALLELIZE_CHANGES_TRAINABLE = "parallelize_changes_trainable"
     UNMANAGED_PARAMS = "unmanaged_params"
     GRAD_ACCUMULATION_MEANS = "grad_accumulation_means"
+    GRAD_ACCUMULATION_DROPS_MICROBATCHES = "grad_accumulation_drops_microbatches"
+    GRAD_CLIP_INSIDE_ACCUMULATION = "grad_clip_inside_accumulation"
     GRAD_ACCUMULATION_SCALED = "grad_accumulation_scaled"
     LOSS_SCALED_WRONG_GROUP = "loss_scaled_wrong_group"
     LOSS_NORMALISED_PER_RANK = "loss_normalised_per_rank"

@@ -18,8 +18,8 @@ TARGETS = Path(__file__).resolve().parent / "targets"
 ALL = "fsdp_plan,loss_parity,param_sync,determinism"
 
 
-def _run(workdir, target: str, probes: str, *, healthy: bool = False, world: int = 2):
-    env = {"DISTDIAG_TWIN": "healthy"} if healthy else {}
+def _run(workdir, target: str, probes: str, *, healthy: bool = False, world: int = 2, env: dict[str, str] | None = None):
+    env = {**(env or {}), **({"DISTDIAG_TWIN": "healthy"} if healthy else {})}
     args = ["--probes", probes, "--target", str(TARGETS / f"{target}.py")]
     return run_check(world, args, workdir, timeout=120, env=env)
 
@@ -53,6 +53,55 @@ def test_accumulation_of_micro_batch_means_is_named(workdir):
     (err,) = [f for f in findings if f.severity == "error"]
     assert "at step 1" in err.issue and "averaging micro-batch means" in err.fix
     assert err.cause == "grad_accumulation_means"
+
+
+@pytest.mark.parametrize(("world", "micro"), [(2, 4), (3, 3)])
+def test_zero_grad_inside_the_accumulation_loop_names_the_micro_batches_left_out(workdir, world, micro):
+    """optimizer.zero_grad() inside the loop: the step holds the last micro-batch's gradient only,
+    told by fitting train_step's gradient as a combination of the micro-batches' (weights 0 .. 0, 1)."""
+    env = {"DISTDIAG_ACCUM": "zero_grad", "DISTDIAG_MICRO": str(micro)}
+    result = _run(workdir, "accum_microbatches", "loss_parity", world=world, env=env)
+    assert result.codes == [1] * world, result.stderr
+    (err,) = _errors(result.report(), "loss_parity")
+    assert err.cause == "grad_accumulation_drops_microbatches" and err.confidence >= 0.8
+    rows = 8 if world == 2 else 9  # the built-in transformer's global batch, rounded up to the world
+    first = (micro - 1) * rows // micro
+    assert f"only rows {first}-{rows - 1} of the global batch's {rows} (the last micro-batch of {micro} " in err.issue
+    assert "other rows' gradients are cleared" in err.issue and "zero_grad() once per optimizer step" in err.fix
+
+
+def test_strided_micro_batches_are_named_by_the_rows_that_reached_the_step(workdir):
+    """The same zero_grad bug over strided micro-batches (rows i, i+4, ...): no cut into 2 or 4
+    contiguous parts fits, one row per part (8) does: the warning names rows 3 and 7, the last strided
+    micro-batch. (The parallel run matches the reference here: each rank's last row is one of them.)"""
+    env = {"DISTDIAG_ACCUM": "zero_grad", "DISTDIAG_MICRO": "4", "DISTDIAG_SPLIT": "strided"}
+    result = _run(workdir, "accum_microbatches", "loss_parity", env=env)
+    assert result.codes == [0, 0], result.stderr
+    (warn,) = [f for f in result.report().probe("loss_parity").findings if f.severity == "warning"]
+    assert warn.cause == "grad_accumulation_drops_microbatches", (warn.cause, warn.issue)
+    assert "only rows 3, 7 of the global batch's 8 (micro-batches 4, 8 of 8 equal contiguous ones)" in warn.issue
+
+
+@pytest.mark.parametrize(("world", "micro"), [(2, 4), (3, 3)])
+def test_a_clip_after_every_micro_batch_is_told_from_averaged_means(workdir, world, micro):
+    """clip_grad_norm_ after each micro-batch's backward: every clipped running sum has the max_norm
+    (0.2), which the finding gives; not the averaged-means cause."""
+    env = {"DISTDIAG_ACCUM": "clip", "DISTDIAG_MICRO": str(micro)}
+    result = _run(workdir, "accum_microbatches", "loss_parity", world=world, env=env)
+    assert result.codes == [1] * world, result.stderr
+    (err,) = _errors(result.report(), "loss_parity")
+    assert err.cause == "grad_clip_inside_accumulation", (err.cause, err.issue)
+    assert f"after each of its {micro} micro-batches" in err.issue and "norm 0.2" in err.issue
+    assert "clip once" in err.fix
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_an_accumulation_that_zeroes_and_clips_once_is_quiet(workdir, world):
+    """The twin at 2 and 3 ranks: zero_grad before the loop, one clip after it: no finding above info."""
+    result = _run(workdir, "accum_microbatches", "loss_parity", world=world, healthy=True,
+                  env={"DISTDIAG_MICRO": str(4 if world == 2 else 3)})
+    assert result.codes == [0] * world, result.stdout + result.stderr
+    assert result.report().findings("warning") == []
 
 
 def test_block_left_out_of_fully_shard_is_named(workdir):

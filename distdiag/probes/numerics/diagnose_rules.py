@@ -19,6 +19,7 @@ from distdiag.probes.numerics.parity_evidence import (
     factors_text,
     groups_making,
     locate,
+    parts_text,
     rank_factor,
     ratio_to_integer,
 )
@@ -214,6 +215,8 @@ def accumulation(ev: ParityEvidence) -> Diagnosis | None:
     """The reference's own train_step is not one step on the global batch (seen in one process)."""
     if not ev.accum_bad:
         return None
+    if ev.accum_parts and (told := microbatch_diagnosis(ev.accum_parts)) is not None:
+        return told
     return Diagnosis(
         ProbeCause.GRAD_ACCUMULATION_MEANS, "gradient accumulation that is not equivalent to one step on the global batch",
         ["in the reference process, train_step's gradients differ from one loss_fn backward on the same batch "
@@ -225,6 +228,10 @@ def accumulation(ev: ParityEvidence) -> Diagnosis | None:
 ACCUM_CANDIDATES = ("micro-batch means averaged while the micro-batches hold different token counts (the usual one), "
                     "gradient clipping inside the accumulation loop (after each micro-batch instead of once), a "
                     "micro-batch left out or counted twice, an optimizer step per micro-batch")
+ACCUM_MEANS_ONLY = ("micro-batch means averaged while the micro-batches hold different token counts, or any "
+                    "per-micro-batch normalisation (a loss divided by its own micro-batch's count)")
+MICRO_ZERO = 0.02
+"""Weights within this of each other (or of 1) are equal (microbatches.ZERO)."""
 ACCUM_DECIDES = ("train_step on a batch whose micro-batches hold equal valid-token counts: equal then, the means "
                  "were it; still different, look at what train_step does between the backward calls")
 ACCUM_FIX = ("not identified beyond 'train_step is not one step on the global batch'; if it averages micro-batch "
@@ -564,3 +571,63 @@ def unexplained(ev: ParityEvidence) -> Diagnosis:
 
 RULES: list[Callable[[ParityEvidence], Diagnosis | None]] = [setup, rank_dependent, trainable_changed, unmanaged, not_reduced, accumulation, partition, loss_scaled, loss_off,
                     clip_per_rank, grad_scaled, grad_sync, optimizer]
+
+
+def microbatch_diagnosis(parts: dict[str, Any]) -> Diagnosis | None:
+    """What the micro-batches' weights in train_step's step say (microbatches.explain), or None."""
+    if parts["kind"] == "dropped":
+        return _dropped_microbatches(parts)
+    if parts["kind"] == "clipped":
+        return _clipped_per_microbatch(parts)
+    if parts["kind"] == "weighted":
+        # a clip only shrinks: a micro-batch weighing more than in one step did not come from it
+        heavier = max(parts["weights"]) > 1 + MICRO_ZERO
+        return Diagnosis(
+            ProbeCause.GRAD_ACCUMULATION_MEANS, "micro-batches counted with unequal weights in train_step's accumulation",
+            ["in the reference process, " + parts_text(parts), "every micro-batch reached the step, so none was left out "
+             "or cleared; " + ("one weighs more than in one step on the global batch, which a clip (it only shrinks a "
+                               "gradient) cannot do" if heavier else "the weights are not what a clip after each "
+                               "micro-batch makes (its clipped running sums would share one norm)"),
+             f"candidates: {ACCUM_MEANS_ONLY}", f"what would decide: {ACCUM_DECIDES}"],
+            ACCUM_FIX, 0.7)
+    return None
+
+
+def _clipped_per_microbatch(parts: dict[str, Any]) -> Diagnosis:
+    k, weights = parts["k"], parts["weights"]
+    return Diagnosis(
+        ProbeCause.GRAD_CLIP_INSIDE_ACCUMULATION,
+        f"train_step clips the gradients after each of its {k} micro-batches, not once before the step: "
+        f"every clipped running sum has norm {parts['max_norm']:.4g}",
+        ["in the reference process, " + parts_text(parts),
+         "a clip after micro-batch j scales everything accumulated so far: the earlier micro-batches are scaled "
+         "again by each later clip (weights " + ", ".join(f"{w:.3g}" for w in weights) + ", falling towards the "
+         f"first), and each clipped running sum's norm is the same max_norm ({parts['max_norm']:.4g})"],
+        "clip once: call clip_grad_norm_ after the last micro-batch's backward, right before optimizer.step()", 0.85)
+
+
+def _rows_of(parts: dict[str, Any], which: list[int]) -> str:
+    """'rows 6-7' / 'rows 3, 7' of the global batch for 1-based slice numbers (microbatches.slice_rows's cut)."""
+    k, rows = parts["k"], parts["rows"]
+    spans = [(i - 1) * rows // k for i in which], [i * rows // k - 1 for i in which]
+    each = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in zip(*spans, strict=True)]
+    contiguous = all(spans[0][j + 1] == spans[1][j] + 1 for j in range(len(which) - 1))
+    text = f"{spans[0][0]}-{spans[1][-1]}" if contiguous and len(which) > 1 else ", ".join(each)
+    return f"row{'s' if spans[1][-1] > spans[0][0] else ''} {text}"
+
+
+def _dropped_microbatches(parts: dict[str, Any]) -> Diagnosis:
+    k, reached, rows = parts["k"], parts["reached"], parts["rows"]
+    which = (f"the last micro-batch of {k}" if reached == [k] else f"the first micro-batch of {k}" if reached == [1]
+             else f"micro-batch{'es' if len(reached) > 1 else ''} {', '.join(map(str, reached))} of {k}")
+    return Diagnosis(
+        ProbeCause.GRAD_ACCUMULATION_DROPS_MICROBATCHES,
+        f"only {_rows_of(parts, reached)} of the global batch's {rows} ({which} equal contiguous ones) reach "
+        f"train_step's optimizer step: the other rows' gradients are cleared or overwritten before it",
+        ["in the reference process, " + parts_text(parts),
+         "a weight of 0 is a micro-batch whose backward ran but whose gradient the optimizer never saw: "
+         "optimizer.zero_grad() (or model.zero_grad(), or .grad assigned) inside the accumulation loop"
+         + (", or a loop that stops after the first micro-batch" if reached == [1] else "")],
+        "call optimizer.zero_grad() once per optimizer step (before the accumulation loop, or right after "
+        "optimizer.step()), not inside the loop; check that nothing assigns or resets .grad between the "
+        "micro-batches' backward calls", 0.85)

@@ -21,8 +21,10 @@ import torch
 from distdiag.errors import ConfigError
 from distdiag.probes import training as tr
 from distdiag.probes.base import ConsolidationView
+from distdiag.probes.numerics import microbatches
 from distdiag.probes.numerics.batch_counts import cross_sample_modules, shard_counts
 from distdiag.probes.numerics.localise import first_divergent_step, localise
+from distdiag.probes.numerics.parity_evidence import accumulation_differs
 from distdiag.probes.numerics.shared import STEP_SEED, ParallelRun, parallel_run
 from distdiag.report.model import ProbeResult
 
@@ -420,6 +422,7 @@ class LossParityProbe(tr.NumericsProbe):
             plain = self._plain_grads(ctx, hooks, ref.model, ref.opt, ref.shards[step - 1])
             after_loss = _buffer_values(ref.model)
             _restore_buffers(ref.model, before)  # the check must not advance the reference past the parallel run
+            start = {n: p.detach().clone() for n, p in ref.model.named_parameters()}
         ctx.seed(STEP_SEED + step)
         ref_res = tr.run_step(hooks, ref.model, ref.opt, ref.shards[step - 1])
         if not ref_res.grads:
@@ -430,6 +433,8 @@ class LossParityProbe(tr.NumericsProbe):
         accum = _accumulation_check(ref_res.grads, plain, opts.tolerance_scale) if plain is not None else None
         if accum is not None:
             accum["state_changed"] = _changed_by_step(before, after_loss, _buffer_values(ref.model))
+            if plain is not None and accumulation_differs(accum):
+                accum["parts"] = microbatches.explain(ctx, hooks, ref.model, ref.shards[step - 1], start, ref_res.grads, plain)
         return ref_res, accum  # plain's gradients go with this frame, before the parallel step
 
     @staticmethod

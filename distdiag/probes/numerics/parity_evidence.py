@@ -55,6 +55,8 @@ class ParityEvidence:
     ref_differs: dict[str, list[list[int]]] = field(default_factory=dict)
     """Reference tensors whose bits differ across ranks: name -> groups of ranks that agree."""
     accum_bad: bool = False
+    accum_parts: dict[str, Any] | None = None
+    """Which micro-batches (equal contiguous slices) reached train_step's step, by weight (microbatches.explain)."""
     train_step: bool = False
     groups: dict[str, int] = field(default_factory=dict)
     sharded_params: int = 0
@@ -153,3 +155,17 @@ def factors_text(ev: ParityEvidence) -> str:
         f, resid = rank_factor(ev.rank_sums[r])
         parts.append(f"rank {r} x{f:.6g} (residual {resid:.1e})")
     return "gradients = reference x factor per rank: " + ", ".join(parts)
+
+
+def accumulation_differs(accum: dict[str, Any] | None) -> bool:
+    """train_step's gradients are not one loss_fn backward's by a uniform factor, from the same state."""
+    return bool(accum and not accum["equal"] and accum["scaled_resid"] > 1e-3 and not accum.get("state_changed"))
+
+
+def parts_text(parts: dict[str, Any]) -> str:
+    """The micro-batches' weights in one sentence: 'of 2 equal contiguous micro-batches of the global
+    batch, micro-batch 1 weighs 0 and micro-batch 2 weighs 1 of what one step on it gives them'."""
+    weights = ", ".join(f"micro-batch {i + 1} {0.0 if abs(w) < 5e-4 else w:.3g}" for i, w in enumerate(parts["weights"]))
+    return (f"cut into {parts['k']} equal contiguous micro-batches, the global batch's gradient is exactly a combination "
+            f"of theirs (fit residual {parts['resid']:.1e}); each one's weight in train_step's step relative to one step "
+            f"on the global batch: {weights}")

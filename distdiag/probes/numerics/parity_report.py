@@ -11,7 +11,7 @@ from distdiag.probes.causes import ProbeCause
 from distdiag.probes.numerics import diagnose_rules as rules
 from distdiag.probes.numerics.diagnose import Diagnosis, ParityEvidence, diagnose_parity, ratio_to_integer
 from distdiag.probes.numerics.localise_read import read_localised
-from distdiag.probes.numerics.parity_evidence import RATIO_HIGH
+from distdiag.probes.numerics.parity_evidence import RATIO_HIGH, accumulation_differs
 from distdiag.report.model import Finding, ProbeResult
 from distdiag.report.render import format_ranks
 
@@ -100,7 +100,7 @@ def consolidate_parity(name: str, payloads: dict[int, dict[str, Any]], view: Con
     table = _StepTable(payloads, ranks, world)
     divergent = table.divergent
     accum = first.get("accumulation")
-    accum_bad = bool(accum and not accum["equal"] and accum["scaled_resid"] > 1e-3 and not accum.get("state_changed"))
+    accum_bad = accumulation_differs(accum)
     if divergent:
         evidence = _evidence(payloads, divergent, world, order, accum_bad)
         findings.append(_divergence_finding(divergent, evidence, ranks))
@@ -199,7 +199,8 @@ def _evidence(payloads: dict[int, dict[str, Any]], d: _Divergence, world: int, o
         rank_sums={r: p["steps"][d.index]["grad"].get("sums", [0.0] * 4) for r, p in payloads.items()},
         order=order, setup_bad=setup_bad,
         ref_differs=_ref_differs({r: s["ref_bits"] for r, s in setups.items() if s}),
-        accum_bad=accum_bad, train_step=bool(first.get("train_step")), groups={"dp": world},
+        accum_bad=accum_bad, accum_parts=(first.get("accumulation") or {}).get("parts") if accum_bad else None,
+        train_step=bool(first.get("train_step")), groups={"dp": world},
         sharded_params=next((s.get("sharded", 1) for s in first["steps"] if s.get("order")), 1),
         fsdp=next((s.get("fsdp") for s in first["steps"] if s.get("order")), None),
         counts={r: p["steps"][d.index].get("counts") or {} for r, p in payloads.items()},
@@ -387,6 +388,12 @@ def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
             evidence="the clipped gradients are compared with the reference's at every step",
         )]
     top = "; ".join(f"{b['name']} rel err {b['rel']:.3g}" for b in accum["bad"][:4])
+    if accum.get("parts") and (told := rules.microbatch_diagnosis(accum["parts"])) is not None:
+        return [Finding(
+            severity="warning", issue=f"gradient accumulation in train_step is not equivalent to one step on the same global batch: {told.mechanism}",
+            evidence=f"reference process, step 1: {top}\n" + "\n".join(told.evidence), fix=told.fix,
+            confidence=told.confidence, cause=told.cause,
+        )]
     return [Finding(
         severity="warning",
         issue=(
