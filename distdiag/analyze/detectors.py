@@ -178,20 +178,21 @@ def _smoothed(loss: Series, min_points: int) -> tuple[Series, int, list[float], 
     return s, w, rolling_median(s.values, w), median(s.values[: max(3, w)])
 
 
-def _held_above_noise(values: list[float], sm: list[float], i: int, j: int, w: int) -> bool:
-    """Whether the points from i on are a rise and not batch noise: at least a smoothing window
-    of them (the centred median of the last few points is their raw value: a late batch or two
-    is the spike detector's), and their median above the median of as many points (two windows
-    at least) before the onset j by three standard errors of that difference, from the
-    batch-to-batch scatter around the smoothed curve (robustly: the lowest point of a noisy
-    smoothed curve is itself low by noise)."""
+def _held_above_noise(values: list[float], sm: list[float], i: int, j: int, w: int, floor: float) -> bool:
+    """Whether the points from the crossing i on are a rise and not batch noise: at least 4 of
+    them, their raw median above `floor` (best + threshold: near the end the centred median
+    shrinks to a few raw batches, so the smoothed curve alone is not enough), and that median
+    above the median of the points before the onset j (as many, two windows at least) by four
+    standard errors of the difference, from the batch-to-batch scatter around the smoothed
+    curve (robustly: the lowest point of a noisy smoothed curve is itself low by noise). Not a
+    whole window of points: a rise in the last 20 of 600 steps is found."""
     held = values[i:]
-    if len(held) < w:
+    if len(held) < 4 or median(held) <= floor:
         return False
     before = values[max(0, j - max(len(held), 2 * w)) : j + 1]
     sigma = mad_scale([v - m for v, m in zip(values, sm, strict=True)], 0.0)
     se = 1.2533 * sigma * math.sqrt(1 / len(held) + 1 / len(before))
-    return median(held) - median(before) > 3 * se
+    return median(held) - median(before) > 4 * se
 
 
 def detect_divergence(loss: Series) -> list[Detection]:
@@ -218,7 +219,7 @@ def detect_divergence(loss: Series) -> list[Detection]:
         # the rise began where the curve last left the best level (the argmin of a flat,
         # noisy bottom would pick a random point of it)
         j = next((k for k in range(i, best_i - 1, -1) if sm[k] <= best + 0.1 * threshold), best_i)
-        if not _held_above_noise(s.values, sm, i, j, w):
+        if not _held_above_noise(s.values, sm, i, j, w, best + threshold):
             continue
         onset = s.steps[j]
         healthy = start_level - best > 0.05 * abs(start_level)

@@ -91,6 +91,16 @@ def test_divergence_found_from_its_step(onset):
     assert _events(report, "spikes") == []  # the climb is one divergence, not a hundred spikes
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_divergence_in_the_last_20_of_600_steps_is_found(seed):
+    """A rise over the run's last 20 points (x e per 10 steps), shorter than the 25-point smoothing
+    window: still one divergence (the evidence asked for is 4 points past the threshold, not a window)."""
+    curve = clean_curve(seed=seed)
+    onset = len(curve) - 20
+    loss = [v if i < onset else v * math.exp((i - onset) / 10) for i, v in enumerate(curve)]
+    assert len(_events(analyze([_run(loss=loss)]), "divergence")) == 1
+
+
 @pytest.mark.parametrize("kind", [math.nan, math.inf])
 def test_nonfinite_found_at_its_step(kind):
     """NaN (or Inf) from step 420: one error naming step 420, and the last finite values."""
