@@ -72,6 +72,7 @@ class ProbeCause(Words):
     LOSS_SCALED_WRONG_GROUP = "loss_scaled_wrong_group"
     LOSS_NORMALISED_PER_RANK = "loss_normalised_per_rank"
     GRAD_CLIP_PER_RANK = "grad_clip_per_rank"
+    GRAD_CLIP_NORM_SUMMED = "grad_clip_norm_summed"
     GRAD_SCALED_UNIFORMLY = "grad_scaled_uniformly"
     GRAD_AVERAGED_TWICE = "grad_averaged_twice"
     GRAD_SUMMED_NOT_AVERAGED = "grad_summed_not_averaged"

@@ -104,6 +104,26 @@ def test_an_accumulation_that_zeroes_and_clips_once_is_quiet(workdir, world):
     assert result.report().findings("warning") == []
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_clip_norm_summed_over_the_ranks_is_named_by_its_norms(workdir, world):
+    """A hand-written clip all-reducing the local norms (not their squares) under FSDP2: every rank x
+    the same factor, and the ranks' local norms add up to the reference's clipped norm (0.25)."""
+    result = _run(workdir, "clip_norm_summed", "loss_parity", world=world)
+    assert result.codes == [1] * world, result.stderr
+    (err,) = _errors(result.report(), "loss_parity")
+    assert err.cause == "grad_clip_norm_summed", (err.cause, err.issue)
+    assert f"the sum of the {world} ranks' local gradient norms" in err.issue
+    assert "= 0.25 vs 0.25" in err.evidence and "all_reduce the sum of each rank's squared local norm" in err.fix
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_clip_norm_from_the_summed_squares_is_quiet(workdir, world):
+    """The twin: the squares all-reduced, the root taken: no finding above info at 2 and 3 ranks."""
+    result = _run(workdir, "clip_norm_summed", "loss_parity", world=world, healthy=True)
+    assert result.codes == [0] * world, result.stdout + result.stderr
+    assert result.report().findings("warning") == []
+
+
 def test_block_left_out_of_fully_shard_is_named(workdir):
     """blocks.1 not under fully_shard: its gradients diverge first, and the fix says they are not FSDP-managed."""
     result = _run(workdir, "unsharded_block", "loss_parity")

@@ -8,6 +8,7 @@ itself uses) and for "the same factor on every rank".
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -477,6 +478,8 @@ def grad_scaled(ev: ParityEvidence) -> Diagnosis | None:
     f = sum(factors.values()) / len(factors)
     found = ratio_to_integer(f)
     lines = [f"loss exact (rel err {ev.loss_rel:.1e})", factors_text(ev)]
+    if (summed := _clip_norms_summed(ev, f, lines)) is not None:
+        return summed
     if found is None or found[1] > 10 * ev.grad_tol:
         return Diagnosis(ProbeCause.GRAD_SCALED_UNIFORMLY, f"every gradient is the reference's x {f:.6g} on every rank", lines,
                          "something scales the gradients after backward by a constant the reference does not apply (a "
@@ -631,3 +634,30 @@ def _dropped_microbatches(parts: dict[str, Any]) -> Diagnosis:
         "call optimizer.zero_grad() once per optimizer step (before the accumulation loop, or right after "
         "optimizer.step()), not inside the loop; check that nothing assigns or resets .grad between the "
         "micro-batches' backward calls", 0.85)
+
+
+def _clip_norms_summed(ev: ParityEvidence, f: float, lines: list[str]) -> Diagnosis | None:
+    """Every rank's gradients the reference's x the same f < 1, and the ranks' local gradient norms
+    add up to the reference's whole norm: a clip whose total norm is the sum of the ranks' norms.
+
+    The reference clips to max_norm M: its norm is M. A clip that all-reduces the local norms
+    (not their squares) scales every rank by M / sum_r n_r, so the ranks' clipped local norms
+    add up to M too, while their root-sum-of-squares is f x M. The identity needs disjoint
+    local parts (every parameter sharded), else it does not hold and nothing is claimed."""
+    if not 0 < f < 1 - 10 * ev.grad_tol or len(ev.rank_sums) < 2:
+        return None
+    local = {r: math.sqrt(max(s[2] + s[3], 0.0)) for r, s in sorted(ev.rank_sums.items())}
+    whole = math.sqrt(sum(s[1] for s in ev.rank_sums.values()))
+    total = sum(local.values())
+    if whole <= 0 or abs(total - whole) > 1e-3 * whole:
+        return None
+    norms = " + ".join(f"{n:.6g}" for n in local.values())
+    lines.append(f"the ranks' local gradient norms add up to the reference's clipped norm: {norms} = {total:.6g} vs "
+                 f"{whole:.6g} (rel {abs(total - whole) / whole:.1e}); their root-sum-of-squares is "
+                 f"{math.sqrt(sum(n * n for n in local.values())):.6g} = {f:.6g} x it")
+    return Diagnosis(
+        ProbeCause.GRAD_CLIP_NORM_SUMMED,
+        f"the clipping norm is the sum of the {len(local)} ranks' local gradient norms, not the norm of the whole gradient",
+        lines,
+        "reduce the squares: all_reduce the sum of each rank's squared local norm and take the square root (or call "
+        "torch.nn.utils.clip_grad_norm_ on the DTensor parameters, which does it)", 0.85, uniform=True)
