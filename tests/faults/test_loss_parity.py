@@ -15,12 +15,14 @@ from tests.harness import run_check
 pytestmark = pytest.mark.timeout(150)
 
 TARGETS = Path(__file__).resolve().parent / "targets"
+GEN_TARGETS = Path(__file__).resolve().parents[1] / "corpus" / "gen_targets"
 ALL = "fsdp_plan,loss_parity,param_sync,determinism"
 
 
 def _run(workdir, target: str, probes: str, *, healthy: bool = False, world: int = 2, env: dict[str, str] | None = None):
     env = {**(env or {}), **({"DISTDIAG_TWIN": "healthy"} if healthy else {})}
-    args = ["--probes", probes, "--target", str(TARGETS / f"{target}.py")]
+    path = TARGETS / f"{target}.py"
+    args = ["--probes", probes, "--target", str(path if path.exists() else GEN_TARGETS / f"{target}.py")]
     return run_check(world, args, workdir, timeout=120, env=env)
 
 
@@ -106,20 +108,21 @@ def test_an_accumulation_that_zeroes_and_clips_once_is_quiet(workdir, world):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_clip_norm_summed_over_the_ranks_is_named_by_its_norms(workdir, world):
-    """A hand-written clip all-reducing the local norms (not their squares) under FSDP2: every rank x
-    the same factor, and the ranks' local norms add up to the reference's clipped norm (0.25)."""
-    result = _run(workdir, "clip_norm_summed", "loss_parity", world=world)
+    """A hand-written clip all-reducing the local norms (not their squares) under FSDP2 (the third
+    blind set's target): every rank x the same factor, and the ranks' local norms add up to the
+    reference's clipped norm (0.3)."""
+    result = _run(workdir, "blind3_clip_sum_of_norms", "loss_parity", world=world)
     assert result.codes == [1] * world, result.stderr
     (err,) = _errors(result.report(), "loss_parity")
     assert err.cause == "grad_clip_norm_summed", (err.cause, err.issue)
     assert f"the sum of the {world} ranks' local gradient norms" in err.issue
-    assert "= 0.25 vs 0.25" in err.evidence and "all_reduce the sum of each rank's squared local norm" in err.fix
+    assert "= 0.3 vs 0.3" in err.evidence and "all_reduce the sum of each rank's squared local norm" in err.fix
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_clip_norm_from_the_summed_squares_is_quiet(workdir, world):
     """The twin: the squares all-reduced, the root taken: no finding above info at 2 and 3 ranks."""
-    result = _run(workdir, "clip_norm_summed", "loss_parity", world=world, healthy=True)
+    result = _run(workdir, "blind3_clip_sum_of_norms", "loss_parity", world=world, healthy=True)
     assert result.codes == [0] * world, result.stdout + result.stderr
     assert result.report().findings("warning") == []
 
