@@ -3,6 +3,7 @@
     python tests/corpus/blind_oracle.py gen_targets/NAME.py [--steps 3]
     python tests/corpus/blind_oracle.py --blind2        # every target of the second blind set
     python tests/corpus/blind_oracle.py --blind3        # every target of the third blind set
+    python tests/corpus/blind_oracle.py --blind4        # every target of the fourth blind set
 
 Runs the target's own hooks twice from the same seed: once in one process (WORLD_SIZE=1, RANK=0, no
 parallelize: the single-GPU training) and once on 2 gloo ranks (parallelize, or fully_shard on each
@@ -112,6 +113,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--blind2", action="store_true", help="every target of the second blind set (BLIND2)")
     ap.add_argument("--blind3", action="store_true", help="every target of the third blind set (BLIND3)")
+    ap.add_argument("--blind4", action="store_true", help="every target of the fourth blind set (BLIND4)")
     args = ap.parse_args()
     targets = list(args.targets)
     if args.blind2:
@@ -122,6 +124,10 @@ def main() -> int:
         sys.path.insert(0, str(ROOT))
         from tests.corpus.generalisation import BLIND3
         targets += [f"gen_targets/{c.target}.py" for c in BLIND3]
+    if args.blind4:
+        sys.path.insert(0, str(ROOT))
+        from tests.corpus.generalisation import BLIND4
+        targets += [f"gen_targets/{c.target}.py" for c in BLIND4]
     for t in targets:
         path = Path(t) if Path(t).is_absolute() else Path(__file__).resolve().parent / t
         for healthy in (False, True):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GenCase", "CASES", "HELD_OUT", "BLIND", "BLIND2", "BLIND3", "HIGH", "band", "classify_bug", "twin_loud", "findings_of"]
+__all__ = ["GenCase", "CASES", "HELD_OUT", "BLIND", "BLIND2", "BLIND3", "BLIND4", "HIGH", "band", "classify_bug", "twin_loud", "findings_of"]
 
 TARGETS = Path(__file__).resolve().parent / "gen_targets"
 HIGH = 0.8
@@ -195,6 +195,46 @@ BLIND3 = [
             # updated_outside_optimizer_per_rank was made after the blind run (param_sync had called the
             # teacher's drift unreduced gradients); the blind figures are tests/corpus/results/blind3.*
             ("hook_depends_on_rank", "updated_outside_optimizer_per_rank"), ("teacher",)),
+]
+
+
+BLIND4 = [
+    # The fourth blind set, written by a second outside tester who read the cause names in the docs but no rule,
+    # and fixed (targets, oracle and these expectations) before the diagnosis ever ran on it; run once with no
+    # rule or expectation changed (`--blind4`). Each models a public report cited in its docstring, of a
+    # mechanism no earlier set or corpus case holds. As in BLIND2/BLIND3, where no documented cause fits the
+    # mechanism, `named` holds a descriptive name that does not exist, so the best answer there is
+    # `mechanism_not_identified` (or a broad true cause in `also_true`) with the place located.
+    GenCase("blind4_muon_local_shards", "loss_parity",
+            "a hand-written Muon orthogonalises each rank's local row shard of the momentum (Newton-Schulz on to_local())",
+            ("optimizer_step_differs",), ("build_optimizer",)),
+    GenCase("blind4_no_decay_attr_lost", "loss_parity",
+            "the no-weight-decay mark is a parameter attribute that fully_shard's new DTensor parameters lose: norms and biases decayed on the sharded path",
+            ("optimizer_step_differs",), ("build_optimizer",)),
+    GenCase("blind4_embed_max_norm_lost", "loss_parity",
+            "nn.Embedding(max_norm) renormalises rows in place in the forward; under FSDP2 that write goes to the all-gathered copy and is lost",
+            ("inplace_write_in_forward_lost",), ("embed",)),
+    GenCase("blind4_ddp_module_bypass", "loss_parity",
+            "loss_fn runs the forward through model.module: DDP's forward never arms the reducer, no gradient is all-reduced",
+            ("ddp_forward_bypassed",), ("loss_fn",), also_true=("grads_not_reduced", "grad_reduction")),
+    GenCase("blind4_zloss_local_mean", "loss_parity",
+            "an auxiliary z-loss term averaged over this rank's valid tokens while the cross-entropy is over the global count",
+            ("loss_normalised_per_rank",), ("loss_fn",)),
+    GenCase("blind4_sched_per_microbatch", "loss_parity",
+            "the lr scheduler steps once per fixed-size micro-batch: it advances 4 times per step in one process, 2 on each of 2 ranks",
+            ("optimizer_step_differs",), ("train_step",)),
+    GenCase("blind4_clip_value_hook_before_reduce", "loss_parity",
+            "gradient value clipping in a tensor hook on every parameter: under DDP it clips each rank's local gradient before the all-reduce",
+            ("grad_hook_alters_gradient", "clip_before_reduction"), ("hook",)),
+    GenCase("blind4_moe_aux_local_stats", "loss_parity",
+            "an MoE load-balancing loss E*sum(f*P) from this rank's tokens only (a product of local means), not the global batch's",
+            ("aux_loss_over_local_tokens",), ("loss_fn",)),
+    GenCase("blind4_pool_last_padded", "loss_parity",
+            "a classifier pools position -1 and each rank pads to its own longest row: the pooled position is padding that depends on the split",
+            ("pooling_reads_padding",), ("loss_fn",)),
+    GenCase("blind4_ntxent_local_negatives", "loss_parity",
+            "an NT-Xent loss contrasts each view only with this rank's views: nothing is gathered, 7 candidates instead of 15",
+            ("negatives_from_local_batch",), ("loss_fn",)),
 ]
 
 

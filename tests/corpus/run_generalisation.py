@@ -36,6 +36,7 @@ from tests.corpus.generalisation import (  # noqa: E402
     BLIND,
     BLIND2,
     BLIND3,
+    BLIND4,
     CASES,
     HELD_OUT,
     NEUTRAL,
@@ -135,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blind", action="store_true", help="run the blind cases (written 2026-11-28, run once) instead")
     ap.add_argument("--blind2", action="store_true", help="run the second blind set (written 2026-11-28, run once) instead")
     ap.add_argument("--blind3", action="store_true", help="run the third blind set (outside tester, run once) instead")
+    ap.add_argument("--blind4", action="store_true", help="run the fourth blind set (second outside tester, run once) instead")
     ap.add_argument("--corpus-only", action="store_true", help="only tests/corpus's own cases")
     ap.add_argument("--jobs", "-j", type=int, default=1, help="cases run at once (each runs its bug, then its twin)")
     ap.add_argument("--json", default="", help="write every row here (atomically)")
     args = ap.parse_args(argv)
     only = {s for s in args.only.split(",") if s}
-    pool_cases = BLIND3 if args.blind3 else BLIND2 if args.blind2 else BLIND if args.blind else HELD_OUT if args.held_out else CASES
+    pool_cases = BLIND4 if args.blind4 else BLIND3 if args.blind3 else BLIND2 if args.blind2 else BLIND if args.blind else HELD_OUT if args.held_out else CASES
     unknown = only - {c.target for c in pool_cases}
     if unknown:
         print(f"run_generalisation: unknown case(s) {', '.join(sorted(unknown))}", file=sys.stderr)
