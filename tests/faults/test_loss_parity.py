@@ -127,6 +127,18 @@ def test_a_clip_norm_from_the_summed_squares_is_quiet(workdir, world):
     assert result.report().findings("warning") == []
 
 
+@pytest.mark.parametrize("target", ["blind4_clip_value_hook_before_reduce", "blind4_embed_max_norm_lost"])
+def test_a_train_step_with_one_backward_is_no_accumulation_warning(workdir, target):
+    """Healthy twins whose train_step does one backward and then changes the gradients (a clip by
+    value) or whose forward renormalises a weight: no accumulation to check, so no warning (the
+    fourth blind set's two warned twins); an info says what differs."""
+    result = _run(workdir, target, "loss_parity", healthy=True)
+    assert result.codes == [0, 0], result.stdout + result.stderr
+    assert result.report().findings("warning") == []
+    infos = [f.issue for f in result.report().probe("loss_parity").findings if f.severity == "info"]
+    assert any("between its one backward and the optimizer step" in i for i in infos), infos
+
+
 def test_block_left_out_of_fully_shard_is_named(workdir):
     """blocks.1 not under fully_shard: its gradients diverge first, and the fix says they are not FSDP-managed."""
     result = _run(workdir, "unsharded_block", "loss_parity")

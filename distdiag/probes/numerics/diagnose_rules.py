@@ -505,7 +505,9 @@ def grad_sync(ev: ParityEvidence) -> Diagnosis | None:
     """Loss exact, gradients wrong by no pure factor: the reduction, its sync or the accumulation."""
     if not ev.gbad:
         return None
-    lines = [f"loss exact (rel err {ev.loss_rel:.1e}): the loss normalisation is right", factors_text(ev),
+    lines = [f"loss within tolerance (rel err {ev.loss_rel:.1e}, tolerance {ev.loss_tol:.0e}): the loss's "
+             "normalisation is off by no more than that, which a small loss term normalised per rank (an auxiliary "
+             "or z-loss) can stay under", factors_text(ev),
              *locate(ev.gbad, ev.order)]
     exact = _exact_modules(ev)
     if exact:

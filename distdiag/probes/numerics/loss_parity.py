@@ -424,7 +424,11 @@ class LossParityProbe(tr.NumericsProbe):
             _restore_buffers(ref.model, before)  # the check must not advance the reference past the parallel run
             start = {n: p.detach().clone() for n, p in ref.model.named_parameters()}
         ctx.seed(STEP_SEED + step)
-        ref_res = tr.run_step(hooks, ref.model, ref.opt, ref.shards[step - 1])
+        counter = microbatches.BackwardCounter(ref.model) if plain is not None else None
+        try:
+            ref_res = tr.run_step(hooks, ref.model, ref.opt, ref.shards[step - 1])
+        finally:
+            backwards = counter.close() if counter is not None else None
         if not ref_res.grads:
             raise tr.HookError(
                 "no gradient reached the optimizer in the reference step "
@@ -433,6 +437,7 @@ class LossParityProbe(tr.NumericsProbe):
         accum = _accumulation_check(ref_res.grads, plain, opts.tolerance_scale) if plain is not None else None
         if accum is not None:
             accum["state_changed"] = _changed_by_step(before, after_loss, _buffer_values(ref.model))
+            accum["backwards"] = backwards
             if plain is not None and accumulation_differs(accum):
                 accum["parts"] = microbatches.explain(ctx, hooks, ref.model, ref.shards[step - 1], start, ref_res.grads, plain)
         return ref_res, accum  # plain's gradients go with this frame, before the parallel step

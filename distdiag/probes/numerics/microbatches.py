@@ -140,6 +140,23 @@ def clip_level(rel: list[float], b: list[float], g: list[list[float]]) -> float 
     return None
 
 
+class BackwardCounter:
+    """How many backward passes reached the parameters while it is open (the most any parameter
+    got): 1 is a train_step without accumulation, whatever it then does to the gradients."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.counts: dict[int, int] = {}
+        self._handles = [p.register_post_accumulate_grad_hook(self._seen) for p in model.parameters() if p.requires_grad]
+
+    def _seen(self, p: torch.Tensor) -> None:
+        self.counts[id(p)] = self.counts.get(id(p), 0) + 1
+
+    def close(self) -> int:
+        for h in self._handles:
+            h.remove()
+        return max(self.counts.values(), default=0)
+
+
 def explain(ctx: RankContext, hooks: tr.Hooks, model: torch.nn.Module, batch: Any, start: dict[str, torch.Tensor],
             stepped: dict[str, torch.Tensor], plain: dict[str, torch.Tensor]) -> dict[str, Any] | None:
     """The slices' weights in train_step's step (see the module), computed from the parameters

@@ -158,8 +158,16 @@ def factors_text(ev: ParityEvidence) -> str:
 
 
 def accumulation_differs(accum: dict[str, Any] | None) -> bool:
-    """train_step's gradients are not one loss_fn backward's by a uniform factor, from the same state."""
-    return bool(accum and not accum["equal"] and accum["scaled_resid"] > 1e-3 and not accum.get("state_changed"))
+    """train_step accumulates over more than one backward, and its gradients are not one loss_fn
+    backward's by a uniform factor, from the same state."""
+    return bool(accum and not accum["equal"] and accum["scaled_resid"] > 1e-3 and not accum.get("state_changed")
+                and not one_backward(accum))
+
+
+def one_backward(accum: dict[str, Any]) -> bool:
+    """train_step ran one backward pass: no accumulation, whatever it did to the gradients after
+    (a clip by value, a hook, a forward that changes the weights). Older payloads: unknown."""
+    return accum.get("backwards") == 1
 
 
 def parts_text(parts: dict[str, Any]) -> str:
