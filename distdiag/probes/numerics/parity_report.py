@@ -350,6 +350,28 @@ def _state_changed(accum: dict[str, Any]) -> Finding:
     )
 
 
+def _micro_batches_told(told: Diagnosis, top: str) -> Finding:
+    """The accumulation warning when the micro-batches' weights name the mechanism."""
+    return Finding(
+        severity="warning",
+        issue=f"gradient accumulation in train_step is not equivalent to one step on the same global batch: {told.mechanism}",
+        evidence=f"reference process, step 1: {top}\n" + "\n".join(told.evidence), fix=told.fix,
+        confidence=told.confidence, cause=told.cause,
+    )
+
+
+def _one_backward(accum: dict[str, Any]) -> Finding:
+    """train_step ran one backward and changed the gradients after it: nothing accumulated to judge."""
+    return Finding(
+        severity="info",
+        issue=("train_step changes the gradients between its one backward and the optimizer step, not by one "
+               f"factor (max rel err {accum['max_rel']:.3g} against one loss_fn backward): no accumulation to check"),
+        evidence=("reference process, step 1: one backward pass reached the parameters; a clip by value, a gradient "
+                  "hook or a forward that changes the weights does this; every step is still compared with the "
+                  "reference's train_step"),
+    )
+
+
 def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
     if accum["equal"]:
         return []
@@ -357,14 +379,7 @@ def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
         return [_state_changed(accum)]
     exact = ratio_to_integer(accum["factor"])
     if one_backward(accum) and accum["scaled_resid"] > 1e-3:
-        return [Finding(
-            severity="info",
-            issue=("train_step changes the gradients between its one backward and the optimizer step, not by one "
-                   f"factor (max rel err {accum['max_rel']:.3g} against one loss_fn backward): no accumulation to check"),
-            evidence=("reference process, step 1: one backward pass reached the parameters; a clip by value, a gradient "
-                      "hook or a forward that changes the weights does this; every step is still compared with the "
-                      "reference's train_step"),
-        )]
+        return [_one_backward(accum)]
     if not bad and exact is not None and exact[1] <= RATIO_HIGH:
         k, _, inverted = exact
         shown = f"1/{k}" if inverted else f"{k}"
@@ -398,11 +413,7 @@ def _accumulation_findings(accum: dict[str, Any], bad: bool) -> list[Finding]:
         )]
     top = "; ".join(f"{b['name']} rel err {b['rel']:.3g}" for b in accum["bad"][:4])
     if accum.get("parts") and (told := rules.microbatch_diagnosis(accum["parts"])) is not None:
-        return [Finding(
-            severity="warning", issue=f"gradient accumulation in train_step is not equivalent to one step on the same global batch: {told.mechanism}",
-            evidence=f"reference process, step 1: {top}\n" + "\n".join(told.evidence), fix=told.fix,
-            confidence=told.confidence, cause=told.cause,
-        )]
+        return [_micro_batches_told(told, top)]
     return [Finding(
         severity="warning",
         issue=(
