@@ -14,6 +14,7 @@ from typing import Any
 
 from distdiag.probes.causes import ProbeCause
 from distdiag.probes.numerics.parity_evidence import (
+    MICRO_EQUAL,
     RATIO_HIGH,
     Diagnosis,
     ParityEvidence,
@@ -231,8 +232,6 @@ ACCUM_CANDIDATES = ("micro-batch means averaged while the micro-batches hold dif
                     "micro-batch left out or counted twice, an optimizer step per micro-batch")
 ACCUM_MEANS_ONLY = ("micro-batch means averaged while the micro-batches hold different token counts, or any "
                     "per-micro-batch normalisation (a loss divided by its own micro-batch's count)")
-MICRO_ZERO = 0.02
-"""Weights within this of each other (or of 1) are equal (microbatches.ZERO)."""
 ACCUM_DECIDES = ("train_step on a batch whose micro-batches hold equal valid-token counts: equal then, the means "
                  "were it; still different, look at what train_step does between the backward calls")
 ACCUM_FIX = ("not identified beyond 'train_step is not one step on the global batch'; if it averages micro-batch "
@@ -586,7 +585,7 @@ def microbatch_diagnosis(parts: dict[str, Any]) -> Diagnosis | None:
         return _clipped_per_microbatch(parts)
     if parts["kind"] == "weighted":
         # a clip only shrinks: a micro-batch weighing more than in one step did not come from it
-        heavier = max(parts["weights"]) > 1 + MICRO_ZERO
+        heavier = max(parts["weights"]) > 1 + MICRO_EQUAL
         return Diagnosis(
             ProbeCause.GRAD_ACCUMULATION_MEANS, "micro-batches counted with unequal weights in train_step's accumulation",
             ["in the reference process, " + parts_text(parts), "every micro-batch reached the step, so none was left out "

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distdiag.probes import training as tr
+from distdiag.probes.numerics.parity_evidence import MICRO_EQUAL
 from distdiag.probes.numerics.shared import STEP_SEED
 
 if TYPE_CHECKING:
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
 SPLITS = (2, 3, 4, 8)
 FIT_TOLERANCE = 1e-4
 """Relative residual under which a gradient is an exact combination of the slices' (fp32 sums: ~1e-6)."""
-ZERO = 0.02
-"""A slice weight under this share of the largest is a micro-batch left out."""
 _CAP = 1 << 26
 """Parameter elements above which the k slice gradients are not held (k copies of the model's gradients)."""
 
@@ -101,11 +100,11 @@ def classify(k: int, one_step: list[float], stepped: list[float]) -> dict[str, A
     top = max(abs(r) for r in rel)
     if top == 0:
         return None
-    kept = [i for i, r in enumerate(rel) if abs(r) > ZERO * top]
+    kept = [i for i, r in enumerate(rel) if abs(r) > MICRO_EQUAL * top]
     level = sum(rel[i] for i in kept) / len(kept)
-    if len(kept) < k and all(abs(rel[i] - level) <= ZERO * abs(level) for i in kept):
+    if len(kept) < k and all(abs(rel[i] - level) <= MICRO_EQUAL * abs(level) for i in kept):
         return {"k": k, "kind": "dropped", "weights": rel, "reached": [i + 1 for i in kept]}
-    if all(r > 0 for r in rel) and max(rel) - min(rel) > ZERO * top:
+    if all(r > 0 for r in rel) and max(rel) - min(rel) > MICRO_EQUAL * top:
         return {"k": k, "kind": "weighted", "weights": rel, "reached": list(range(1, k + 1))}
     return None
 
@@ -128,10 +127,10 @@ def clip_level(rel: list[float], b: list[float], g: list[list[float]]) -> float 
     if any(x <= 0 for x in after):
         return None
     scale = [rel[j] / after[j] for j in range(k)]
-    if any(x <= 0 or x > 1 + ZERO for x in scale):
+    if any(x <= 0 or x > 1 + MICRO_EQUAL for x in scale):
         return None
     norms = [_norm_of([b[i] / after[j] for i in range(j + 1)], g) for j in range(k)]
-    clipped = [norms[j] for j in range(k) if scale[j] < 1 - ZERO]
+    clipped = [norms[j] for j in range(k) if scale[j] < 1 - MICRO_EQUAL]
     if not clipped:
         return None
     level = sorted(clipped)[len(clipped) // 2]

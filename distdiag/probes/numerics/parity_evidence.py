@@ -177,3 +177,8 @@ def parts_text(parts: dict[str, Any]) -> str:
     return (f"cut into {parts['k']} equal contiguous micro-batches, the global batch's gradient is exactly a combination "
             f"of theirs (fit residual {parts['resid']:.1e}); each one's weight in train_step's step relative to one step "
             f"on the global batch: {weights}")
+
+
+MICRO_EQUAL = 0.02
+"""Micro-batch weights within this share of each other (or of 1) are equal; under it of the
+largest, a weight is 0 (microbatches.classify and the accumulation rule read it)."""
